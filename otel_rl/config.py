@@ -1,0 +1,119 @@
+"""Typed configuration of :func:`otel_rl.init`.
+
+Precedence: an argument beats its environment variable, which beats the
+default. Bad arguments raise at construction; bad environment values warn once
+and fall back to the default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_rl import environment_variables as env
+
+
+@dataclass(kw_only=True, slots=True)
+class TelemetryConfig:
+    enabled: bool = True
+    """False (or ``OTEL_SDK_DISABLED=true``) makes every call a no-op: no thread, no file."""
+
+    run_dir: Path | None = None
+    """Folder for the local outputs (``run_summary.json`` and later sinks); None writes no file."""
+
+    service_name: str | None = None
+    """``service.name`` of the resource; falls back to ``OTEL_SERVICE_NAME``, then ``otel-rl``."""
+
+    run_id: str | None = None
+    """``rl.run.id``; default: the run folder's name, else a timestamp and random suffix."""
+
+    algorithm: str | None = None
+    """``rl.algorithm`` resource attribute (``sac``, ``ppo``...)."""
+
+    resource_attributes: dict[str, Any] = field(default_factory=dict)
+    """Extra resource attributes (``OTEL_RESOURCE_ATTRIBUTES`` is read too)."""
+
+    span_budget_per_s: float = 1000.0
+    """Phase spans per second handed to span exporters; whole iterations are sampled above it."""
+
+    lane_capacity: int = 65_536
+    """Raw phase records buffered per thread; the oldest is dropped (and counted) when full."""
+
+    scalars_capacity: int = 10_000
+    """Pending ``scalars()`` calls; the oldest is dropped (and counted) when full."""
+
+    pipeline_interval_s: float = 0.1
+    """How often the pipeline thread drains the buffers."""
+
+    strict: bool = False
+    """Reject scalar keys and phases outside the canonical schema with :class:`otel_rl.schema.SchemaError`."""
+
+    shutdown_timeout_s: float = 5.0
+    """Upper bound of :meth:`Telemetry.close` (and of the exit hook)."""
+
+    metric_export_interval_ms: float | None = None
+    """Metric export interval; None reads ``OTEL_METRIC_EXPORT_INTERVAL`` (default 10 s)."""
+
+    rank: int = 0
+    """Rank of this process (``RANK`` is read by default)."""
+
+    world_size: int = 1
+    """Number of ranks (``WORLD_SIZE`` is read by default)."""
+
+    def __post_init__(self) -> None:
+        if self.run_dir is not None:
+            self.run_dir = Path(self.run_dir)
+        if not self.span_budget_per_s >= 0:
+            raise ValueError(f"span_budget_per_s must be >= 0, got {self.span_budget_per_s!r}")
+        for name in ("lane_capacity", "scalars_capacity"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("pipeline_interval_s", "shutdown_timeout_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
+        if self.run_id is None:
+            if self.run_dir is not None:
+                self.run_id = self.run_dir.resolve().name
+            else:
+                self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+    @classmethod
+    def from_options(cls, run_dir: Any = None, service_name: str | None = None, **options: Any) -> TelemetryConfig:
+        """Build a config from :func:`otel_rl.init` arguments and the environment.
+
+        Raises:
+            TypeError: an option that is not a field of this class.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        defaults: dict[str, Any] = {
+            "enabled": not env.read(env.OTEL_SDK_DISABLED, env.parse_bool, False, "true or false"),
+            "run_id": os.environ.get(env.OTEL_RL_RUN_ID) or None,
+            "algorithm": os.environ.get(env.OTEL_RL_ALGORITHM) or None,
+            "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, 1000.0, "spans per second >= 0"),
+            "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, False, "true or false"),
+            "rank": env.read("RANK", int, 0, "an integer"),
+            "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
+        }
+        merged = {**defaults, **options}
+        if options.get("enabled") is None:
+            merged["enabled"] = defaults["enabled"]
+        return cls(run_dir=run_dir, service_name=service_name, **merged)
+
+
+def _non_negative(raw: str) -> float:
+    value = float(raw)
+    if not value >= 0:
+        raise ValueError(raw)
+    return value

@@ -1,0 +1,99 @@
+"""Environment variables read by otel-rl, in one place.
+
+Precedence everywhere: an argument of :func:`otel_rl.init` beats the
+environment, which beats the default. A malformed value gets one warning
+naming the variable, and the default is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+_logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+# Standard OpenTelemetry variables.
+OTEL_SDK_DISABLED = "OTEL_SDK_DISABLED"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+OTEL_RESOURCE_ATTRIBUTES = "OTEL_RESOURCE_ATTRIBUTES"
+OTEL_TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+OTEL_METRICS_EXPORTER = "OTEL_METRICS_EXPORTER"
+OTEL_LOGS_EXPORTER = "OTEL_LOGS_EXPORTER"
+OTEL_METRIC_EXPORT_INTERVAL = "OTEL_METRIC_EXPORT_INTERVAL"
+OTEL_EXPORTER_OTLP_PROTOCOL = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTEL_EXPORTER_OTLP_ENDPOINT = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTEL_EXPORTER_OTLP_HEADERS = "OTEL_EXPORTER_OTLP_HEADERS"
+OTEL_EXPORTER_OTLP_TIMEOUT = "OTEL_EXPORTER_OTLP_TIMEOUT"
+OTEL_EXPORTER_OTLP_COMPRESSION = "OTEL_EXPORTER_OTLP_COMPRESSION"
+TRACEPARENT = "TRACEPARENT"
+"""W3C trace context of a parent process; a worker's run joins that trace."""
+
+# otel-rl's own variables.
+OTEL_RL_RUN_ID = "OTEL_RL_RUN_ID"
+OTEL_RL_ALGORITHM = "OTEL_RL_ALGORITHM"
+OTEL_RL_SPAN_BUDGET = "OTEL_RL_SPAN_BUDGET"
+"""Phase spans per second sent to span exporters; whole iterations are sampled above it."""
+OTEL_RL_STRICT = "OTEL_RL_STRICT"
+"""``true``: unknown scalar keys and phases raise instead of being namespaced."""
+OTEL_RL_CONSOLE = "OTEL_RL_CONSOLE"
+
+
+def signal_variable(base: str, signal: str) -> str:
+    """Per-signal form of an OTLP variable: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``."""
+    return base.replace("OTEL_EXPORTER_OTLP_", f"OTEL_EXPORTER_OTLP_{signal.upper()}_")
+
+
+_warned: set[str] = set()
+
+
+def warn_invalid(name: str, value: str, expected: str) -> None:
+    """One warning per variable: what was wrong and that the default is used."""
+    if name not in _warned:
+        _warned.add(name)
+        _logger.warning("otel-rl: ignoring %s=%r: expected %s; using the default", name, value, expected)
+
+
+def read(name: str, parse: Callable[[str], _T], default: _T, expected: str) -> _T:
+    """Parse a variable; unset or empty gives ``default``, malformed warns once."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        return parse(raw)
+    except (TypeError, ValueError):
+        warn_invalid(name, raw, expected)
+        return default
+
+
+def parse_bool(raw: str) -> bool:
+    lowered = raw.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
+def parse_positive_float(raw: str) -> float:
+    value = float(raw)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(raw)
+    return value
+
+
+def parse_key_values(raw: str) -> dict[str, str]:
+    """``k1=v1,k2=v2`` with percent-decoding, as the OTLP header and resource variables use."""
+    from urllib.parse import unquote
+
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(item)
+        out[unquote(key.strip())] = unquote(value.strip())
+    return out

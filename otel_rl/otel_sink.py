@@ -1,0 +1,308 @@
+"""The OpenTelemetry sink: spans, metrics and log records behind the SDK's processors.
+
+Built from the environment (:mod:`otel_rl.otlp`). Each signal with at least
+one exporter gets the SDK's batching machinery: ``BatchSpanProcessor``,
+``PeriodicExportingMetricReader`` and ``BatchLogRecordProcessor``, each with
+its own thread and bounded queue. A signal without exporters costs nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Status, StatusCode
+
+from otel_rl import environment_variables as env
+from otel_rl import otlp, schema
+from otel_rl.aggregation import Aggregates, MergingMetricExporter
+from otel_rl.pipeline import Clock, RecordSink
+from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes
+
+_logger = logging.getLogger(__name__)
+
+DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
+"""Metric export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is unset (the SDK's 60 s is too coarse for training)."""
+
+MAX_RUN_SPAN_EVENTS = 128
+
+
+def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
+    """Run ``fn`` on a daemon thread and wait at most ``timeout_s``.
+
+    The SDK bounds its own shutdowns loosely (30 s) and ``force_flush`` of the
+    batch span processor ignores its timeout; this keeps otel-rl's deadline.
+    """
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            fn()
+        except Exception:
+            _logger.exception("otel-rl: %s failed", name)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"otel-rl-{name}", daemon=True).start()
+    finished = done.wait(max(timeout_s, 0.0))
+    if not finished:
+        _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, timeout_s)
+    return finished
+
+
+class OpenTelemetrySink(RecordSink):
+    """Feeds assembled records to OpenTelemetry span, metric and log pipelines.
+
+    Args:
+        resource: the OpenTelemetry resource of this process.
+        clock: the pipeline's clock (for metric timestamps).
+        trace_id: trace of this process's run.
+        span_budget_per_s: phase spans per second (see :class:`SpanBudget`).
+        base_attributes: added to every span and data point (rank, world size).
+        pending: callable giving queue depths for the ``rl.telemetry.pending`` gauge.
+        dropped: callable giving records dropped so far, per queue.
+        span_exporters / metric_exporters / log_exporters: override the
+            exporters built from the environment (tests, custom backends).
+    """
+
+    def __init__(
+        self,
+        resource: Resource,
+        clock: Clock,
+        trace_id: int,
+        span_budget_per_s: float,
+        base_attributes: Mapping[str, Any],
+        pending: Callable[[], Mapping[str, int]],
+        dropped: Callable[[], Mapping[str, int]],
+        span_exporters: list | None = None,
+        metric_exporters: list | None = None,
+        log_exporters: list | None = None,
+        metric_export_interval_ms: float | None = None,
+    ) -> None:
+        from otel_rl import __version__
+
+        self._scope = InstrumentationScope("otel_rl", __version__)
+        self._resource = resource
+        self._clock = clock
+        self.trace_id = trace_id
+        self.budget = SpanBudget(span_budget_per_s)
+        self._builder = SpanBuilder(resource, self._scope, base_attributes)
+        self.aggregates = Aggregates(clock.now_ns(), base_attributes)
+        self._run_span_id: int | None = None
+        self._run_parent: int | None = None
+        self._run_events: list[Event] = []
+        self._pending = pending
+        self._dropped = dropped
+
+        span_exporters = otlp.build_exporters("traces") if span_exporters is None else span_exporters
+        metric_exporters = otlp.build_exporters("metrics") if metric_exporters is None else metric_exporters
+        log_exporters = otlp.build_exporters("logs") if log_exporters is None else log_exporters
+
+        self.tracer_provider = self._tracer_provider(span_exporters)
+        self._span_processors = list(self._processors)
+        self.meter_provider = self._meter_provider(metric_exporters, metric_export_interval_ms)
+        self.logger_provider, self._event_logger = self._logger_provider(log_exporters)
+
+    @property
+    def exporting(self) -> bool:
+        return bool(self._span_processors or self.meter_provider or self.logger_provider)
+
+    # -- construction ---------------------------------------------------
+
+    def _tracer_provider(self, exporters: list):
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        self._processors = [BatchSpanProcessor(e) for e in exporters]
+        if not exporters:
+            return None
+        provider = TracerProvider(resource=self._resource)
+        for processor in self._processors:
+            provider.add_span_processor(processor)
+        return provider
+
+    def _meter_provider(self, exporters: list, interval_ms: float | None):
+        if not exporters:
+            return None
+        from opentelemetry.metrics import Observation
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        if interval_ms is None:
+            interval_ms = env.read(
+                env.OTEL_METRIC_EXPORT_INTERVAL,
+                env.parse_positive_float,
+                DEFAULT_METRIC_EXPORT_INTERVAL_MS,
+                "a positive number of milliseconds",
+            )
+        readers = [
+            PeriodicExportingMetricReader(
+                MergingMetricExporter(e, self.aggregates, self._scope, self._clock),
+                export_interval_millis=interval_ms,
+            )
+            for e in exporters
+        ]
+        provider = MeterProvider(resource=self._resource, metric_readers=readers)
+        meter = provider.get_meter("otel_rl")
+
+        def pending_callback(_options):
+            return [Observation(v, {schema.ATTR_QUEUE: q}) for q, v in self._pending().items()]
+
+        # Also guarantees every collection has at least one SDK metric, so the
+        # reader always exports and our aggregates always ride along.
+        meter.create_observable_gauge(
+            "rl.telemetry.pending", [pending_callback], unit="{record}", description="Records waiting in otel-rl queues"
+        )
+        return provider
+
+    def _logger_provider(self, exporters: list):
+        if not exporters:
+            return None, None
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+        provider = LoggerProvider(resource=self._resource)
+        for exporter in exporters:
+            provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        return provider, provider.get_logger("otel_rl")
+
+    # -- records --------------------------------------------------------
+
+    def on_run(self, run: RunRecord) -> None:
+        if run.end_ns is None:
+            self._run_span_id = run.attributes["span_id"]
+            self._run_parent = run.attributes.get("parent_span_id")
+            return
+        if self._run_span_id is None or not self._span_processors:
+            return
+        status = Status(StatusCode.ERROR, run.reason) if run.status in ("failed", "killed") else Status(StatusCode.OK)
+        attributes = {schema.ATTR_STATUS: run.status}
+        if run.reason:
+            attributes["rl.run.reason"] = run.reason
+        span = self._builder.span(
+            schema.SPAN_RUN,
+            self.trace_id,
+            self._run_span_id,
+            self._run_parent,
+            run.start_ns,
+            run.end_ns,
+            attributes,
+            events=self._run_events,
+            status=status,
+            parent_remote=self._run_parent is not None,
+        )
+        self._end_spans([span])
+        self._run_span_id = None
+
+    def on_iteration(self, iteration: IterationRecord) -> None:
+        ids: dict[int, int] = {}
+        if self._span_processors and self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
+            self._end_spans(self._builder.iteration_spans(iteration, self.trace_id, self._run_span_id, ids))
+        self.aggregates.record_duration(
+            schema.METRIC_ITERATION_DURATION,
+            ((schema.ATTR_TIMELINE, iteration.timeline),),
+            iteration.wall_ns / 1e6,
+            iteration.end_ns,
+        )
+        if iteration.env_steps is not None:
+            self.aggregates.set_env_steps(iteration.timeline, iteration.env_steps)
+        for phase in iteration.phases:
+            self._record_phase(phase, ids)
+
+    def on_phase(self, phase: PhaseRecord) -> None:
+        ids: dict[int, int] = {}
+        if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):
+            self._end_spans(self._builder.phase_spans(phase, self.trace_id, self._run_span_id, ids))
+        self._record_phase(phase, ids)
+
+    def _record_phase(self, top: PhaseRecord, ids: dict[int, int]) -> None:
+        record = self.aggregates.record_duration
+        for phase in top.walk():
+            record(
+                schema.METRIC_PHASE_DURATION,
+                (
+                    (schema.ATTR_TIMELINE, phase.spec.timeline),
+                    (schema.ATTR_PHASE, phase.spec.name),
+                    (schema.ATTR_CLOCK, "host"),
+                ),
+                phase.duration_ns / 1e6,
+                phase.end_ns,
+                self.trace_id,
+                ids.get(id(phase)),
+            )
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        self.aggregates.set_gauges(record.values, record.time_ns)
+
+    def on_event(self, event: EventRecord) -> None:
+        attributes = {k: _attribute_value(v) for k, v in event.attributes.items()}
+        if len(self._run_events) < MAX_RUN_SPAN_EVENTS:
+            self._run_events.append(Event(event.name, attributes, event.time_ns))
+        if self._event_logger is not None:
+            context = None
+            if self._run_span_id is not None:
+                parent = trace_api.NonRecordingSpan(
+                    trace_api.SpanContext(
+                        self.trace_id, self._run_span_id, False, trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
+                    )
+                )
+                context = trace_api.set_span_in_context(parent)
+            self._event_logger.emit(
+                timestamp=event.time_ns,
+                context=context,
+                event_name=event.name,
+                body=event.name,
+                attributes=attributes,
+            )
+
+    def on_drain(self, now_ns: int) -> None:
+        self.aggregates.set_dropped("span_budget", self.budget.sampled_out)
+        for queue, count in self._dropped().items():
+            self.aggregates.set_dropped(queue, count)
+
+    def _end_spans(self, spans: list) -> None:
+        for processor in self._span_processors:
+            for span in spans:
+                processor.on_end(span)
+
+    # -- lifecycle ------------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        ok = True
+        for name, provider in self._providers():
+            ok = run_bounded(lambda p=provider: p.force_flush(int(timeout_s * 1000)), timeout_s, f"{name}-flush") and ok
+        return ok
+
+    def shutdown(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        for name, provider in self._providers():
+            left = max(deadline - time.monotonic(), 0.0)
+            if name == "metrics":
+                fn = lambda p=provider, ms=left * 1000: p.shutdown(timeout_millis=ms)  # noqa: E731
+            else:
+                fn = provider.shutdown
+            run_bounded(fn, left, f"{name}-shutdown")
+
+    def _providers(self):
+        if self.tracer_provider is not None:
+            yield "traces", self.tracer_provider
+        if self.meter_provider is not None:
+            yield "metrics", self.meter_provider
+        if self.logger_provider is not None:
+            yield "logs", self.logger_provider
+
+
+def _attribute_value(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+        return list(value)
+    return str(value)

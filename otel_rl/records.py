@@ -1,0 +1,109 @@
+"""Records assembled by the pipeline thread and handed to every sink.
+
+Times are epoch nanoseconds (one calibration of the monotonic clock per
+process). Records are built once and shared read-only by all sinks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from otel_rl.schema import PhaseSpec
+
+
+@dataclass(slots=True)
+class PhaseRecord:
+    """One completed phase, with its nested diagnostic phases in ``children``."""
+
+    spec: PhaseSpec
+    start_ns: int
+    end_ns: int
+    depth: int
+    thread_id: int
+    thread_name: str
+    error: str | None = None
+    children: list[PhaseRecord] = field(default_factory=list)
+    iteration: int | None = None
+    env_steps: int | None = None
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    def walk(self):
+        """This phase, then its nested phases depth first."""
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    """One completed cycle of a timeline and its top-level phases.
+
+    ``accounted_ns`` is the sum of top-level phases (nested phases are never
+    counted twice); ``other_ns = max(wall - accounted, 0)``.
+    """
+
+    timeline: str
+    index: int
+    env_steps: int | None
+    start_ns: int
+    end_ns: int
+    thread_id: int
+    thread_name: str
+    phases: list[PhaseRecord]
+
+    @property
+    def wall_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+    @property
+    def accounted_ns(self) -> int:
+        return sum(p.duration_ns for p in self.phases)
+
+    @property
+    def other_ns(self) -> int:
+        return max(self.wall_ns - self.accounted_ns, 0)
+
+    def phase_totals_ms(self) -> dict[str, float]:
+        """Total milliseconds per phase name, nested phases included."""
+        totals: dict[str, float] = {}
+        for top in self.phases:
+            for phase in top.walk():
+                name = phase.spec.name
+                totals[name] = totals.get(name, 0.0) + phase.duration_ns / 1e6
+        return totals
+
+
+@dataclass(slots=True)
+class ScalarsRecord:
+    """Values of one ``scalars()`` call. Values are floats, ints or None (non-finite)."""
+
+    time_ns: int
+    values: dict[str, Any]
+    step: int | None
+    iteration: int | None
+    env_steps: int | None
+
+
+@dataclass(slots=True)
+class EventRecord:
+    time_ns: int
+    name: str
+    attributes: dict[str, Any]
+
+
+@dataclass(slots=True)
+class RunRecord:
+    """Start (``end_ns is None``) or end of the run, with its final status.
+
+    ``status`` is ``running`` at start, then ``finished``, ``failed`` or ``killed``.
+    """
+
+    status: str
+    start_ns: int
+    end_ns: int | None = None
+    reason: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict)

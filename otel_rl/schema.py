@@ -1,0 +1,358 @@
+"""Canonical metric schema, version 1: the one place that spells metric names.
+
+Every scalar key a backend sees, every OpenTelemetry instrument and attribute
+name, and every phase of the learner and collector timelines is defined here.
+Exporters, dashboards and readers import these names; nothing else writes them
+by hand.
+
+Conventions (stable within schema version 1):
+
+* Phase timings are persisted in milliseconds with an ``_ms`` suffix, except
+  ``Perf/learning_time``, ``Perf/iteration_time`` and ``Perf/collection_time``,
+  which are wall times in seconds.
+* Keys live in families (``Perf/``, ``Train/``, ``Loss/``, ``Policy/``,
+  ``Episode/``, ``reward/``, ``sys/``). User keys outside these families are
+  namespaced (``team/metric``); strict mode rejects anything that is not
+  canonical.
+* Terminal-only derived values (Other, per-phase shares, collector cycle) are
+  never persisted.
+* A reader given a missing or unknown ``metric_schema_version`` fails closed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+"""Value of ``metric_schema_version`` in ``run_summary.json``."""
+
+SUPPORTED_SCHEMA_VERSIONS = frozenset({1})
+
+LEARNER = "learner"
+COLLECTOR = "collector"
+TIMELINES = (LEARNER, COLLECTOR)
+
+# OpenTelemetry names. Attribute names follow the proposed ``rl.*`` semantic
+# conventions where one exists.
+ATTR_TIMELINE = "rl.timeline"
+ATTR_PHASE = "rl.phase"
+ATTR_ITERATION = "rl.iteration"
+ATTR_ENV_STEPS = "rl.env_steps"
+ATTR_RANK = "rl.rank"
+ATTR_WORLD_SIZE = "rl.world_size"
+ATTR_CLOCK = "rl.clock"
+ATTR_RUN_ID = "rl.run.id"
+ATTR_ALGORITHM = "rl.algorithm"
+ATTR_STATUS = "rl.run.status"
+ATTR_QUEUE = "rl.telemetry.queue"
+
+METRIC_PHASE_DURATION = "rl.phase.duration"
+METRIC_ITERATION_DURATION = "rl.iteration.duration"
+METRIC_ENV_STEPS = "rl.env_steps"
+METRIC_DROPPED = "rl.telemetry.dropped"
+
+SPAN_RUN = "rl.run"
+SPAN_ITERATION = "rl.iteration"
+
+# Explicit histogram bounds in ms: 1-2-5 steps from 0.01 ms to 10 s.
+PHASE_BUCKETS_MS: tuple[float, ...] = tuple(
+    m * 10.0**e for e in range(-2, 4) for m in (1.0, 2.0, 5.0)
+) + (10_000.0,)
+
+
+class SchemaError(ValueError):
+    """A key, phase or schema version that the canonical schema rejects."""
+
+
+@dataclass(frozen=True, slots=True)
+class MetricSpec:
+    """One persisted scalar key.
+
+    ``aggregation`` says how values are combined over a window or across ranks
+    (``mean`` for timings and losses, ``sum`` for throughput, ``last`` for
+    state). ``axis`` is the step axis the key is plotted against.
+    """
+
+    key: str
+    unit: str
+    aggregation: str = "mean"
+    axis: str = "env_steps"
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpec:
+    """One phase of a timeline.
+
+    Top-level phases (``parent is None``) are mutually exclusive slices of the
+    timeline's cycle; nested phases are diagnostics of their parent and are
+    never counted twice.
+    """
+
+    name: str
+    timeline: str
+    title: str
+    parent: str | None = None
+
+    @property
+    def key(self) -> str:
+        return phase_key(self.timeline, self.name)
+
+
+LEARNER_PHASES: tuple[PhaseSpec, ...] = (
+    PhaseSpec("collector_wait", LEARNER, "Collector Wait"),
+    PhaseSpec("inference", LEARNER, "Inference"),
+    PhaseSpec("inference_h2d", LEARNER, "H2D", parent="inference"),
+    PhaseSpec("inference_forward", LEARNER, "Forward", parent="inference"),
+    PhaseSpec("inference_d2h", LEARNER, "D2H", parent="inference"),
+    PhaseSpec("collector_release", LEARNER, "Collector Release"),
+    PhaseSpec("replay_batch_wait", LEARNER, "Replay Batch Wait"),
+    PhaseSpec("replay_stage", LEARNER, "Replay Stage"),
+    PhaseSpec("replay_sample", LEARNER, "Replay Sample"),
+    PhaseSpec("learning", LEARNER, "Learning"),
+    PhaseSpec("weight_publish", LEARNER, "Weight Publish"),
+)
+
+COLLECTOR_PHASES: tuple[PhaseSpec, ...] = (
+    PhaseSpec("inference_request", COLLECTOR, "Inference Request"),
+    PhaseSpec("learner_action_wait", COLLECTOR, "Learner Action Wait"),
+    PhaseSpec("env_step", COLLECTOR, "Env Step"),
+    PhaseSpec("action_apply", COLLECTOR, "Apply Action", parent="env_step"),
+    PhaseSpec("backend_step", COLLECTOR, "Backend Step", parent="env_step"),
+    PhaseSpec("reset_done", COLLECTOR, "Reset Done", parent="env_step"),
+    PhaseSpec("replay_write", COLLECTOR, "Replay Write"),
+)
+
+PHASES: dict[tuple[str, str], PhaseSpec] = {
+    (p.timeline, p.name): p for p in LEARNER_PHASES + COLLECTOR_PHASES
+}
+
+_PHASE_NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
+
+# Phases persisted as seconds under a dedicated key instead of ``_ms``.
+_SECONDS_PHASE_KEYS = {(LEARNER, "learning"): "Perf/learning_time"}
+
+
+def phase_key(timeline: str, phase: str) -> str:
+    """Persisted key of a phase, e.g. ``Perf/learner_replay_sample_ms``."""
+    return _SECONDS_PHASE_KEYS.get((timeline, phase), f"Perf/{timeline}_{phase}_ms")
+
+
+def phase_key_scale(timeline: str, phase: str) -> float:
+    """Factor from milliseconds to the unit of :func:`phase_key`."""
+    return 1e-3 if (timeline, phase) in _SECONDS_PHASE_KEYS else 1.0
+
+
+def phase_spec(timeline: str, phase: str, *, strict: bool = False) -> PhaseSpec:
+    """Return the canonical spec of a phase, or a custom one.
+
+    Raises:
+        SchemaError: the timeline is unknown, the name is not snake_case, or
+            ``strict`` is set and the phase is not canonical.
+    """
+    if timeline not in TIMELINES:
+        raise SchemaError(f"unknown timeline {timeline!r}; expected one of {TIMELINES}")
+    spec = PHASES.get((timeline, phase))
+    if spec is not None:
+        return spec
+    if not isinstance(phase, str) or not _PHASE_NAME.match(phase):
+        raise SchemaError(f"phase name {phase!r} must be snake_case ([a-z][a-z0-9_]*)")
+    if strict:
+        raise SchemaError(
+            f"phase {phase!r} is not a canonical {timeline} phase (strict mode); "
+            f"known: {', '.join(n for (t, n) in PHASES if t == timeline)}"
+        )
+    return PhaseSpec(phase, timeline, phase.replace("_", " ").title())
+
+
+def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:
+    return tuple(p for p in PHASES.values() if p.timeline == timeline and p.parent is None)
+
+
+_CANONICAL_METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("Perf/total_fps", "1/s", "sum", description="Env steps per second of the whole job"),
+    MetricSpec("Perf/iteration_time", "s", description="Learner Iter Wall"),
+    MetricSpec("Perf/learning_time", "s", description="Learner update wall time"),
+    MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time"),
+    MetricSpec("Perf/replay_ingress_h2d_submit_ms", "ms", description="Background replay submit (overlaps)"),
+    MetricSpec("Perf/dp_gradient_sync_ms_per_rank", "ms"),
+    MetricSpec("Perf/dp_gradient_sync_calls_per_rank", "1"),
+    MetricSpec("Train/mean_reward", "1", description="Mean return of the last 100 episodes"),
+    MetricSpec("Train/mean_episode_length", "1"),
+    MetricSpec("Episode/timeout_rate", "1"),
+) + tuple(
+    MetricSpec(phase_key(p.timeline, p.name), "s" if phase_key_scale(p.timeline, p.name) != 1.0 else "ms")
+    for p in LEARNER_PHASES + COLLECTOR_PHASES
+)
+
+METRICS: dict[str, MetricSpec] = {m.key: m for m in _CANONICAL_METRICS}
+
+# Families whose members are canonical by prefix, with their default unit.
+FAMILIES: dict[str, str] = {
+    "Perf/": "1",
+    "Train/": "1",
+    "Loss/": "1",
+    "Policy/": "1",
+    "Episode/": "1",
+    "reward/": "1",
+    "sys/": "1",
+}
+
+_KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)+$")
+
+
+def metric_spec(key: str, *, strict: bool = False) -> MetricSpec:
+    """Return the spec of a scalar key.
+
+    Canonical keys and members of the canonical families are accepted as is.
+    Other keys must be namespaced (``namespace/name``); in strict mode they are
+    rejected.
+
+    Raises:
+        SchemaError: the key is malformed, not namespaced, or unknown in strict mode.
+    """
+    spec = METRICS.get(key)
+    if spec is not None:
+        return spec
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise SchemaError(
+            f"scalar key {key!r} must be namespaced like 'Family/name' "
+            "(letters, digits, '_', '.', '-' separated by '/')"
+        )
+    for prefix, unit in FAMILIES.items():
+        if key.startswith(prefix):
+            unit = _unit_from_suffix(key) or unit
+            return MetricSpec(key, unit, "sum" if key.endswith("_fps") else "mean")
+    if strict:
+        raise SchemaError(
+            f"scalar key {key!r} is outside the canonical families "
+            f"({', '.join(FAMILIES)}) and strict mode is on"
+        )
+    return MetricSpec(key, _unit_from_suffix(key) or "1")
+
+
+def _unit_from_suffix(key: str) -> str | None:
+    if key.endswith("_ms"):
+        return "ms"
+    if key.endswith("_bytes"):
+        return "By"
+    if key.endswith("_percent") or key.endswith("_pct"):
+        return "%"
+    return None
+
+
+def otel_gauge_name(key: str) -> str:
+    """OpenTelemetry instrument name of a scalar key.
+
+    ``Perf/learner_collector_wait_ms`` becomes ``rl.perf.learner_collector_wait``
+    (the unit is metadata: Prometheus appends ``_milliseconds`` itself).
+    """
+    name = key.lower()
+    for suffix in ("_ms", "_bytes", "_percent", "_pct"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    return "rl." + re.sub(r"[^a-z0-9_.]", "_", name.replace("/", "."))
+
+
+# Legacy tags of earlier loggers and their canonical replacements:
+# legacy -> (canonical, factor to multiply the legacy value by).
+LEGACY_TAGS: dict[str, tuple[str, float]] = {
+    "perf/steps_per_sec": ("Perf/total_fps", 1.0),
+    "reward/mean": ("Train/mean_reward", 1.0),
+    "reward/mean_ep100": ("Train/mean_reward", 1.0),
+    "episode/timeout_rate": ("Episode/timeout_rate", 1.0),
+    "perf/iter_ms": ("Perf/iteration_time", 1e-3),
+    "timing/learner_train_ms": ("Perf/learning_time", 1e-3),
+    "timing/inference_total_ms": ("Perf/learner_inference_ms", 1.0),
+    "timing/inference_h2d_ms": ("Perf/learner_inference_h2d_ms", 1.0),
+    "timing/inference_forward_ms": ("Perf/learner_inference_forward_ms", 1.0),
+    "timing/inference_d2h_ms": ("Perf/learner_inference_d2h_ms", 1.0),
+    "timing/learner_incremental_h2d_ms": ("Perf/replay_ingress_h2d_submit_ms", 1.0),
+    "timing/replay_ingress_h2d_submit_ms": ("Perf/replay_ingress_h2d_submit_ms", 1.0),
+    "timing/collector_inference_wait_ms": ("Perf/collector_learner_action_wait_ms", 1.0),
+    "timing/collector_rollout_ms": ("Perf/collection_time", 1e-3),
+    "train/dp_sync_time": ("Perf/dp_gradient_sync_ms_per_rank", 1e3),
+    "train/dp_gradient_sync_calls": ("Perf/dp_gradient_sync_calls_per_rank", 1.0),
+}
+
+# Legacy tags retired without a replacement: derivable or terminal-only.
+RETIRED_TAGS = frozenset(
+    {
+        "perf/effective_samples_per_sec",
+        "perf/learner_samples_per_sec",
+        "perf/collector_active_steps_per_sec",
+        "perf/collector_cycle_ms",
+        "timing/learner_other_ms",
+        "perf/learner_pipeline_ms",
+    }
+)
+
+_LEGACY_PHASE = re.compile(r"^timing/(learner|collector)_([a-z0-9_]+)_ms$")
+
+
+def legacy_to_canonical(tag: str) -> tuple[str, float] | None:
+    """Canonical key and factor for a legacy tag; None if retired or not legacy."""
+    if tag in LEGACY_TAGS:
+        return LEGACY_TAGS[tag]
+    if tag in RETIRED_TAGS or tag.startswith("perf/learner_") and tag.endswith("_pct"):
+        return None
+    match = _LEGACY_PHASE.match(tag)
+    if match:
+        return f"Perf/{match.group(1)}_{match.group(2)}_ms", 1.0
+    return None
+
+
+def is_legacy(tag: str) -> bool:
+    return (
+        tag in LEGACY_TAGS
+        or tag in RETIRED_TAGS
+        or bool(_LEGACY_PHASE.match(tag))
+        or (tag.startswith("perf/learner_") and tag.endswith("_pct"))
+    )
+
+
+def migrate_legacy(values: Mapping[str, float]) -> dict[str, float]:
+    """Translate a pre-schema (unversioned) record into canonical keys.
+
+    Only for logs written before schema version 1. Retired tags are dropped;
+    keys that are neither legacy nor canonical pass through unchanged.
+
+    Raises:
+        SchemaError: the record mixes canonical and legacy keys, which means it
+            is not an unversioned legacy record and must not be guessed at.
+    """
+    legacy = [k for k in values if is_legacy(k)]
+    canonical = [k for k in values if k in METRICS]
+    if legacy and canonical:
+        raise SchemaError(
+            f"record mixes canonical keys ({canonical[0]!r}) and legacy tags ({legacy[0]!r}); refusing to guess"
+        )
+    out: dict[str, float] = {}
+    for tag, value in values.items():
+        if not is_legacy(tag):
+            out[tag] = value
+            continue
+        target = legacy_to_canonical(tag)
+        if target is not None:
+            key, factor = target
+            out[key] = value * factor if value is not None else None
+    return out
+
+
+def check_schema_version(document: Mapping[str, object]) -> int:
+    """Return ``metric_schema_version`` of a summary, failing closed.
+
+    Raises:
+        SchemaError: the version is missing or not supported by this reader.
+    """
+    version = document.get("metric_schema_version")
+    if version is None:
+        raise SchemaError("metric_schema_version is missing; refusing to read an unversioned record")
+    if isinstance(version, bool) or version not in SUPPORTED_SCHEMA_VERSIONS:
+        raise SchemaError(
+            f"metric_schema_version {version!r} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)})"
+        )
+    return int(version)  # type: ignore[arg-type]

@@ -1,0 +1,366 @@
+"""The public :class:`Telemetry` object and its disabled twin.
+
+A training loop calls telemetry unconditionally; when telemetry is disabled
+the calls land on :class:`NoOpTelemetry`, which starts no thread, opens no
+file and does close to nothing per call.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import traceback
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from time import perf_counter_ns
+from typing import Any
+
+from otel_rl import schema
+from otel_rl.config import TelemetryConfig
+from otel_rl.pipeline import Clock, Pipeline, RecordSink
+from otel_rl.recorder import Iteration, Phase, Recorder, warn_once
+from otel_rl.records import RunRecord
+from otel_rl.spans import new_span_id, new_trace_id
+from otel_rl.values import snapshot
+
+_logger = logging.getLogger(__name__)
+
+REASON_LIMIT_BYTES = 2048
+
+
+def failure_reason(exc: BaseException) -> str:
+    """``Type: message`` of an exception, capped at 2 KB of UTF-8."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    encoded = text.encode("utf-8")
+    if len(encoded) > REASON_LIMIT_BYTES:
+        text = encoded[: REASON_LIMIT_BYTES - 3].decode("utf-8", "ignore") + "..."
+    return text
+
+
+def run_status(exc: BaseException | None) -> str:
+    """Terminal status of a run that ended with ``exc`` (None: normal exit)."""
+    if exc is None:
+        return "finished"
+    if isinstance(exc, SystemExit):
+        return "finished" if exc.code in (None, 0) else "failed"
+    if isinstance(exc, KeyboardInterrupt):
+        return "killed"
+    return "failed"
+
+
+def parse_traceparent(value: str) -> tuple[int, int] | None:
+    """(trace id, parent span id) of a W3C ``traceparent``; None if malformed."""
+    parts = value.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    try:
+        trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
+    except ValueError:
+        return None
+    return (trace_id, span_id) if trace_id and span_id else None
+
+
+class Telemetry:
+    """Telemetry of one process of a training job. Create it with :func:`otel_rl.init`.
+
+    All methods are safe to call from any thread. Nothing here raises into
+    training once construction succeeded, except the documented argument
+    errors (unknown timeline, malformed phase name, strict-mode schema errors).
+    """
+
+    enabled = True
+
+    def __init__(self, config: TelemetryConfig, sinks: list[RecordSink] | None = None, **sink_options: Any) -> None:
+        self.config = config
+        self._clock = Clock()
+        self._recorder = Recorder(config.lane_capacity, config.scalars_capacity)
+        self._phases: dict[tuple[str, str], Phase] = {}
+        self._phases_lock = threading.Lock()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._last_iteration: int | None = None
+        self._last_env_steps: int | None = None
+        self._strict_keys: set[str] = set()
+        self._run_open = False
+
+        parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
+        self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
+        self.resource = self._resource()
+        self.base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
+
+        from otel_rl.otel_sink import OpenTelemetrySink
+        from otel_rl.summary import SummarySink
+
+        self.otel = OpenTelemetrySink(
+            self.resource,
+            self._clock,
+            self.trace_id,
+            config.span_budget_per_s,
+            self.base_attributes,
+            pending=self._pending,
+            dropped=self._dropped,
+            metric_export_interval_ms=config.metric_export_interval_ms,
+            **sink_options,
+        )
+        all_sinks: list[RecordSink] = [self.otel]
+        if config.run_dir is not None:
+            all_sinks.append(SummarySink(config))
+        all_sinks.extend(sinks or [])
+        self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, config.pipeline_interval_s)
+        self._pipeline.start()
+        # The exit hook holds a weak reference: it must not keep a forgotten
+        # Telemetry alive, and it is bounded by the shutdown timeout.
+        ref = weakref.ref(self)
+        self._atexit = lambda: (t := ref()) is not None and t.close()
+        atexit.register(self._atexit)
+
+    def _resource(self):
+        from opentelemetry.sdk.resources import Resource
+
+        attributes: dict[str, Any] = {schema.ATTR_RUN_ID: self.config.run_id, **self.config.resource_attributes}
+        if self.config.algorithm:
+            attributes[schema.ATTR_ALGORITHM] = self.config.algorithm
+        service = self.config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
+        attributes["service.name"] = service
+        return Resource.create(attributes)
+
+    # -- the training thread's API ---------------------------------------
+
+    def phase(self, name: str, timeline: str = schema.LEARNER) -> Phase:
+        """A phase of ``timeline``: use as ``with tel.phase("learning"):`` or as a decorator.
+
+        Phases nest; a nested phase is a diagnostic child of the enclosing one
+        and is not counted again in the iteration's accounted time.
+
+        Raises:
+            otel_rl.schema.SchemaError: unknown timeline, malformed name, or a
+                non-canonical phase in strict mode.
+        """
+        phase = self._phases.get((name, timeline))
+        if phase is None:
+            spec = schema.phase_spec(timeline, name, strict=self.config.strict)
+            with self._phases_lock:
+                phase = self._phases.setdefault((name, timeline), Phase(spec, self._recorder))
+        if self._closed:
+            warn_once("closed-phase", "otel-rl: phase() after close(); nothing is recorded")
+        return phase
+
+    def iteration(self, index: int, env_steps: int | None = None, timeline: str = schema.LEARNER) -> Iteration:
+        """One cycle of ``timeline``; for the learner its wall time is Iter Wall.
+
+        ``env_steps`` is the job's cumulative env-step count at this iteration
+        (the step axis of scalars recorded during it).
+        """
+        if timeline not in schema.TIMELINES:
+            raise schema.SchemaError(f"unknown timeline {timeline!r}; expected one of {schema.TIMELINES}")
+        if self._closed:
+            warn_once("closed-iteration", "otel-rl: iteration() after close(); nothing is recorded")
+        return Iteration(self._recorder, timeline, index, env_steps, self._on_iteration)
+
+    def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None:
+        """Record a phase measured elsewhere, with ``time.perf_counter_ns()`` timestamps.
+
+        It belongs to the calling thread, nested in whatever phase is open there.
+        """
+        if not end_ns >= start_ns:
+            raise ValueError(f"phase {name!r}: end_ns {end_ns} is before start_ns {start_ns}")
+        phase = self.phase(name, timeline)
+        lane = self._recorder.lane()
+        lane.append((phase, start_ns, end_ns, len(lane.stack), None))
+
+    def _on_iteration(self, iteration: Iteration) -> None:
+        if iteration.timeline == schema.LEARNER:
+            self._last_iteration = iteration.index
+            if iteration.env_steps is not None:
+                self._last_env_steps = iteration.env_steps
+
+    def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        """Record scalar values (losses, rewards, throughput) at ``step``.
+
+        ``step`` defaults to the current iteration's env steps. numpy and torch
+        values are converted with one host transfer per call; NaN and Inf are
+        exported as null.
+        """
+        if self._closed:
+            warn_once("closed-scalars", "otel-rl: scalars() after close(); values dropped")
+            return
+        values = snapshot(values)
+        if self.config.strict:
+            for key in values:
+                if key not in self._strict_keys:
+                    schema.metric_spec(key, strict=True)
+                    self._strict_keys.add(key)
+        self._recorder.add_scalars((perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps))
+
+    def event(self, name: str, **attributes: Any) -> None:
+        """Record a named event (``warmup_done``, ``checkpoint_saved``...)."""
+        if not isinstance(name, str) or not name:
+            raise TypeError(f"event name must be a non-empty string, got {name!r}")
+        if self._closed:
+            warn_once("closed-event", "otel-rl: event() after close(); event %r dropped", name)
+            return
+        self._recorder.add_event((perf_counter_ns(), name, attributes))
+
+    @contextmanager
+    def run(self, **attributes: Any) -> Iterator[Telemetry]:
+        """The whole run: the root span, ended with status finished, failed or killed.
+
+        Exceptions propagate unchanged. ``SystemExit(0)`` counts as finished,
+        ``KeyboardInterrupt`` as killed.
+        """
+        if self._run_open:
+            warn_once("run-twice", "otel-rl: run() entered while a run is open; the inner one is not recorded")
+            yield self
+            return
+        self._run_open = True
+        span_id = new_span_id()
+        start_ns = self._clock.now_ns()
+        self._recorder.add_control(
+            RunRecord(
+                "running",
+                start_ns,
+                attributes={"span_id": span_id, "parent_span_id": self._parent_span_id, **attributes},
+            )
+        )
+        self.run_span_id = span_id
+        try:
+            yield self
+        except BaseException as exc:
+            self._end_run(start_ns, run_status(exc), None if run_status(exc) == "finished" else failure_reason(exc))
+            raise
+        else:
+            self._end_run(start_ns, "finished", None)
+
+    def _end_run(self, start_ns: int, status: str, reason: str | None) -> None:
+        self._run_open = False
+        self._recorder.add_control(RunRecord(status, start_ns, self._clock.now_ns(), reason))
+
+    def traceparent(self) -> str:
+        """W3C ``traceparent`` of the open run (for worker processes to join the trace)."""
+        span_id = getattr(self, "run_span_id", None) or self._parent_span_id or new_span_id()
+        return f"00-{self.trace_id:032x}-{span_id:016x}-01"
+
+    # -- lifecycle ------------------------------------------------------
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Drain the buffers and push everything to the exporters; True if all finished in time."""
+        if self._closed:
+            return True
+        return self._pipeline.flush(timeout_s)
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Drain, export and stop every thread, within ``timeout_s`` (default from the config).
+
+        Idempotent. Calls made after it are ignored with one warning.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self._atexit)
+        self._pipeline.shutdown(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
+
+    def __enter__(self) -> Telemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- health ---------------------------------------------------------
+
+    def _pending(self) -> dict[str, int]:
+        return {
+            "phases": sum(len(lane.records) for lane in self._recorder.snapshot_lanes()),
+            "scalars": len(self._recorder.scalars),
+            "events": len(self._recorder.events),
+        }
+
+    def _dropped(self) -> dict[str, int]:
+        return {
+            "phases": self._recorder.phases_dropped,
+            "scalars": self._recorder.scalars_dropped,
+            "events": self._recorder.events_dropped,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """Counters of the telemetry itself: pending, dropped, spans sampled out."""
+        return {
+            "pending": self._pending(),
+            "dropped": self._dropped(),
+            "spans_sampled_out": self.otel.budget.sampled_out,
+        }
+
+    @property
+    def tracer_provider(self):
+        """The SDK tracer provider (None when no span exporter is configured), for the user's own spans."""
+        return self.otel.tracer_provider
+
+    @property
+    def meter_provider(self):
+        """The SDK meter provider (None when no metric exporter is configured), for the user's own instruments."""
+        return self.otel.meter_provider
+
+
+class _NoOpPhase:
+    __slots__ = ()
+
+    def __enter__(self) -> _NoOpPhase:
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        return False
+
+    def __call__(self, fn):
+        return fn
+
+
+_NOOP_PHASE = _NoOpPhase()
+
+
+class NoOpTelemetry:
+    """Disabled telemetry: same API, no thread, no file, no work."""
+
+    enabled = False
+    trace_id = 0
+    tracer_provider = None
+    meter_provider = None
+
+    def __init__(self, config: TelemetryConfig | None = None) -> None:
+        self.config = config
+
+    def phase(self, name: str, timeline: str = schema.LEARNER) -> _NoOpPhase:
+        return _NOOP_PHASE
+
+    def iteration(self, index: int, env_steps: int | None = None, timeline: str = schema.LEARNER) -> _NoOpPhase:
+        return _NOOP_PHASE
+
+    def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        pass
+
+    def event(self, name: str, **attributes: Any) -> None:
+        pass
+
+    @contextmanager
+    def run(self, **attributes: Any) -> Iterator[NoOpTelemetry]:
+        yield self
+
+    def traceparent(self) -> str:
+        return ""
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        return True
+
+    def close(self, timeout_s: float | None = None) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {}
+
+    def __enter__(self) -> NoOpTelemetry:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass

@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from otel_rl.pipeline import RecordSink
+
+_OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE")
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    """Each test starts from an environment without OTEL_* or MOTRIX_* settings."""
+    for name in list(os.environ):
+        if name.startswith(_OTEL_PREFIXES):
+            monkeypatch.delenv(name)
+    from otel_rl import environment_variables
+
+    environment_variables._warned.clear()
+    from otel_rl.recorder import warn_once
+
+    warn_once._seen.clear()
+    yield
+
+
+class CaptureSink(RecordSink):
+    """A real sink that keeps every record it is given."""
+
+    def __init__(self) -> None:
+        self.iterations = []
+        self.phases = []
+        self.scalars = []
+        self.events = []
+        self.runs = []
+
+    def on_iteration(self, iteration):
+        self.iterations.append(iteration)
+
+    def on_phase(self, phase):
+        self.phases.append(phase)
+
+    def on_scalars(self, record):
+        self.scalars.append(record)
+
+    def on_event(self, event):
+        self.events.append(event)
+
+    def on_run(self, run):
+        self.runs.append(run)
+
+
+@pytest.fixture
+def capture():
+    return CaptureSink()
