@@ -1,22 +1,22 @@
-"""Metric aggregates kept by otel-rl itself and merged into each metric export.
+"""Metric aggregates kept by otel-rl itself, and how they join each metric export.
 
 One ``Histogram.record`` through the SDK costs about 10 us of CPU under the
 GIL; at thousands of phases per second that would steal the training loop's
-time. The pipeline thread instead bins each phase into explicit buckets (a
-bisect and two additions) and the aggregates leave as ready-made
-OpenTelemetry data points when the SDK's periodic reader exports: the SDK has
-no hook for externally produced metrics, so :class:`MergingMetricExporter`
-adds them at the exporter boundary. All points are cumulative.
+time. :class:`AggregatorSink` instead bins each phase into explicit buckets on
+the pipeline thread (a bisect and a few additions). The aggregates are read by
+the metric export (:class:`MergingMetricExporter`: the SDK has no hook for
+externally produced metrics, so they are added at the exporter boundary) and
+by the run summary. All points are cumulative.
 """
 
 from __future__ import annotations
 
 import threading
 from bisect import bisect_left
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     Gauge,
@@ -31,32 +31,54 @@ from opentelemetry.sdk.metrics.export import (
     ScopeMetrics,
     Sum,
 )
-from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_rl import schema
+from otel_rl.pipeline import RecordSink
 from otel_rl.recorder import warn_once
+from otel_rl.records import IterationRecord, PhaseRecord, ScalarsRecord
 
 MAX_GAUGE_KEYS = 2000
 """Distinct scalar keys exported as gauges; more are dropped with one warning."""
 
 
-@dataclass(slots=True)
-class _Bins:
-    counts: list[int]
-    total: float = 0.0
-    count: int = 0
-    minimum: float = float("inf")
-    maximum: float = float("-inf")
-    exemplars: dict[int, Exemplar] = field(default_factory=dict)
+class Bins:
+    """Explicit-bucket histogram of one series, in milliseconds."""
+
+    __slots__ = ("attributes", "counts", "total", "count", "minimum", "maximum", "exemplars")
+
+    def __init__(self, attributes: dict[str, Any], buckets: int) -> None:
+        self.attributes = attributes
+        self.counts = [0] * buckets
+        self.total = 0.0
+        self.count = 0
+        self.minimum = float("inf")
+        self.maximum = float("-inf")
+        self.exemplars: dict[int, Exemplar] = {}
+
+    def quantile(self, q: float, bounds: tuple[float, ...]) -> float:
+        """Estimate of quantile ``q`` by linear interpolation inside its bucket."""
+        if not self.count:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for index, n in enumerate(self.counts):
+            if n and seen + n >= rank:
+                low = bounds[index - 1] if index > 0 else 0.0
+                high = bounds[index] if index < len(bounds) else self.maximum
+                low, high = max(low, self.minimum), min(high, self.maximum)
+                return low + (high - low) * ((rank - seen) / n)
+            seen += n
+        return self.maximum
 
 
 class Aggregates:
-    """Cumulative histograms, gauges and counters, updated on the pipeline thread.
+    """Cumulative histograms, gauges and counters; written by the pipeline thread, read by exporters.
 
     Args:
         start_time_ns: start of every cumulative series (telemetry start).
         base_attributes: attributes added to every data point (rank, world size).
+        trace_id: trace of the exemplars' spans.
         bounds_ms: explicit histogram bucket bounds in milliseconds.
     """
 
@@ -64,48 +86,73 @@ class Aggregates:
         self,
         start_time_ns: int,
         base_attributes: Mapping[str, Any],
+        trace_id: int,
         bounds_ms: tuple[float, ...] = schema.PHASE_BUCKETS_MS,
     ) -> None:
         self._start_ns = start_time_ns
         self._base = dict(base_attributes)
-        self._bounds = bounds_ms
+        self._trace_id = trace_id
+        self.bounds = bounds_ms
         self._lock = threading.Lock()
-        self._histograms: dict[str, dict[tuple, _Bins]] = {
-            schema.METRIC_PHASE_DURATION: {},
-            schema.METRIC_ITERATION_DURATION: {},
-        }
+        self._phases: dict[int, tuple[schema.PhaseSpec, Bins]] = {}
+        self._iterations: dict[str, Bins] = {}
+        self._accounted_ms: dict[str, float] = {}
         self._gauges: dict[str, tuple[float, int]] = {}
         self._env_steps: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
 
-    def record_duration(
-        self,
-        metric: str,
-        attributes: tuple[tuple[str, Any], ...],
-        value_ms: float,
-        time_ns: int,
-        trace_id: int | None = None,
-        span_id: int | None = None,
-    ) -> None:
-        """Bin one duration; with a span id, keep it as the bucket's exemplar."""
-        series = self._histograms[metric]
-        bucket = bisect_left(self._bounds, value_ms)
+    def _phase_bins(self, spec: schema.PhaseSpec) -> Bins:
+        entry = self._phases.get(id(spec))
+        if entry is None:
+            attributes = {
+                **self._base,
+                schema.ATTR_TIMELINE: spec.timeline,
+                schema.ATTR_PHASE: spec.name,
+                schema.ATTR_CLOCK: "host",
+            }
+            entry = self._phases[id(spec)] = (spec, Bins(attributes, len(self.bounds) + 1))
+        return entry[1]
+
+    def _add(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
+        bucket = bisect_left(self.bounds, value_ms)
+        bins.counts[bucket] += 1
+        bins.total += value_ms
+        bins.count += 1
+        if value_ms < bins.minimum:
+            bins.minimum = value_ms
+        if value_ms > bins.maximum:
+            bins.maximum = value_ms
+        if span_id:
+            bins.exemplars[bucket] = Exemplar({}, value_ms, time_ns, span_id, self._trace_id)
+
+    def record_phases(self, phases: Iterable[PhaseRecord]) -> None:
+        """Bin top-level phases and their nested phases; a span id becomes the bucket's exemplar."""
         with self._lock:
-            bins = series.get(attributes)
+            for top in phases:
+                for phase in top.walk() if top.children else (top,):
+                    self._add(
+                        self._phase_bins(phase.spec),
+                        (phase.end_ns - phase.start_ns) / 1e6,
+                        phase.end_ns,
+                        phase.span_id,
+                    )
+
+    def record_iteration(self, iteration: IterationRecord) -> None:
+        timeline = iteration.timeline
+        with self._lock:
+            bins = self._iterations.get(timeline)
             if bins is None:
-                bins = series[attributes] = _Bins([0] * (len(self._bounds) + 1))
-            bins.counts[bucket] += 1
-            bins.total += value_ms
-            bins.count += 1
-            if value_ms < bins.minimum:
-                bins.minimum = value_ms
-            if value_ms > bins.maximum:
-                bins.maximum = value_ms
-            if span_id is not None and trace_id is not None:
-                bins.exemplars[bucket] = Exemplar({}, value_ms, time_ns, span_id, trace_id)
+                bins = self._iterations[timeline] = Bins(
+                    {**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1
+                )
+            self._add(bins, iteration.wall_ns / 1e6, iteration.end_ns, 0)
+            self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
+            if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
+                self._env_steps[timeline] = iteration.env_steps
+        self.record_phases(iteration.phases)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int) -> None:
-        """Latest value per scalar key; None (non-finite) leaves the last value."""
+        """Latest value per scalar key; None (non-finite) keeps the last value."""
         with self._lock:
             for key, value in values.items():
                 if value is None:
@@ -115,81 +162,99 @@ class Aggregates:
                     continue
                 self._gauges[key] = (value, time_ns)
 
-    def set_env_steps(self, timeline: str, env_steps: int) -> None:
+    def set_dropped(self, counts: Mapping[str, int]) -> None:
         with self._lock:
-            if env_steps > self._env_steps.get(timeline, -1):
-                self._env_steps[timeline] = env_steps
+            self._dropped.update(counts)
 
-    def set_dropped(self, queue: str, count: int) -> None:
-        with self._lock:
-            self._dropped[queue] = count
+    # -- readers --------------------------------------------------------
 
-    def histogram_snapshot(self, metric: str) -> dict[tuple, tuple[list[int], float, int]]:
-        """Bucket counts, sum and count per attribute set (for tests and readers)."""
+    def phase_summary(self) -> dict[str, dict[str, Any]]:
+        """Per timeline: iteration stats, accounted and Other shares, per-phase count/mean/p50/p95 (ms).
+
+        Percentiles are estimated from the histogram buckets.
+        """
+        out: dict[str, dict[str, Any]] = {}
         with self._lock:
-            return {k: (list(b.counts), b.total, b.count) for k, b in self._histograms[metric].items()}
+            for spec, bins in self._phases.values():
+                entry = out.setdefault(spec.timeline, {"phases": {}})
+                entry["phases"][spec.name] = self._stats(bins)
+            for timeline, bins in self._iterations.items():
+                entry = out.setdefault(timeline, {"phases": {}})
+                entry["iterations"] = self._stats(bins)
+                accounted = self._accounted_ms.get(timeline, 0.0)
+                entry["accounted_share"] = accounted / bins.total if bins.total else 0.0
+                entry["other_share"] = max(bins.total - accounted, 0.0) / bins.total if bins.total else 0.0
+        return out
+
+    def _stats(self, bins: Bins) -> dict[str, Any]:
+        return {
+            "count": bins.count,
+            "mean_ms": bins.total / bins.count if bins.count else 0.0,
+            "p50_ms": bins.quantile(0.5, self.bounds),
+            "p95_ms": bins.quantile(0.95, self.bounds),
+            "max_ms": bins.maximum if bins.count else 0.0,
+        }
 
     def collect(self, now_ns: int) -> list[Metric]:
         """Data points of every aggregate; exemplars are handed out once."""
         metrics: list[Metric] = []
         with self._lock:
-            for name, series in self._histograms.items():
-                if not series:
-                    continue
-                points = []
-                for attrs, bins in series.items():
-                    points.append(
-                        HistogramDataPoint(
-                            attributes={**self._base, **dict(attrs)},
-                            start_time_unix_nano=self._start_ns,
-                            time_unix_nano=now_ns,
-                            count=bins.count,
-                            sum=bins.total,
-                            bucket_counts=list(bins.counts),
-                            explicit_bounds=list(self._bounds),
-                            min=bins.minimum,
-                            max=bins.maximum,
-                            exemplars=list(bins.exemplars.values()),
-                        )
-                    )
-                    bins.exemplars = {}
-                description = (
-                    "Wall time of one phase" if name == schema.METRIC_PHASE_DURATION else "Wall time of one iteration"
-                )
-                metrics.append(
-                    Metric(name, description, "ms", Histogram(points, AggregationTemporality.CUMULATIVE))
-                )
+            for name, series, description in (
+                (schema.METRIC_PHASE_DURATION, [b for _, b in self._phases.values()], "Wall time of one phase"),
+                (schema.METRIC_ITERATION_DURATION, list(self._iterations.values()), "Wall time of one iteration"),
+            ):
+                if series:
+                    points = [self._histogram_point(bins, now_ns) for bins in series]
+                    metrics.append(Metric(name, description, "ms", Histogram(points, AggregationTemporality.CUMULATIVE)))
             for key, (value, time_ns) in self._gauges.items():
                 spec = schema.metric_spec(key)
                 point = NumberDataPoint({**self._base, "rl.key": key}, self._start_ns, time_ns, value)
                 metrics.append(Metric(schema.otel_gauge_name(key), spec.description, spec.unit, Gauge([point])))
-            if self._env_steps:
-                points = [
-                    NumberDataPoint({**self._base, schema.ATTR_TIMELINE: t}, self._start_ns, now_ns, v)
-                    for t, v in self._env_steps.items()
-                ]
-                metrics.append(
-                    Metric(
-                        schema.METRIC_ENV_STEPS,
-                        "Environment steps taken",
-                        "{step}",
-                        Sum(points, AggregationTemporality.CUMULATIVE, True),
-                    )
-                )
-            points = [
-                NumberDataPoint({**self._base, schema.ATTR_QUEUE: q}, self._start_ns, now_ns, v)
-                for q, v in self._dropped.items()
-            ]
-            if points:
-                metrics.append(
-                    Metric(
-                        schema.METRIC_DROPPED,
-                        "Telemetry records dropped or sampled out, by queue",
-                        "{record}",
-                        Sum(points, AggregationTemporality.CUMULATIVE, True),
-                    )
-                )
+            for name, values, attribute, unit, description in (
+                (schema.METRIC_ENV_STEPS, self._env_steps, schema.ATTR_TIMELINE, "{step}", "Environment steps taken"),
+                (schema.METRIC_DROPPED, self._dropped, schema.ATTR_QUEUE, "{record}", "Telemetry records dropped or sampled out"),
+            ):
+                if values:
+                    points = [
+                        NumberDataPoint({**self._base, attribute: k}, self._start_ns, now_ns, v) for k, v in values.items()
+                    ]
+                    metrics.append(Metric(name, description, unit, Sum(points, AggregationTemporality.CUMULATIVE, True)))
         return metrics
+
+    def _histogram_point(self, bins: Bins, now_ns: int) -> HistogramDataPoint:
+        exemplars, bins.exemplars = list(bins.exemplars.values()), {}
+        return HistogramDataPoint(
+            attributes=bins.attributes,
+            start_time_unix_nano=self._start_ns,
+            time_unix_nano=now_ns,
+            count=bins.count,
+            sum=bins.total,
+            bucket_counts=list(bins.counts),
+            explicit_bounds=list(self.bounds),
+            min=bins.minimum,
+            max=bins.maximum,
+            exemplars=exemplars,
+        )
+
+
+class AggregatorSink(RecordSink):
+    """Feeds :class:`Aggregates` from the pipeline. Runs after span sinks, so exemplars find span ids."""
+
+    def __init__(self, aggregates: Aggregates, dropped: Callable[[], Mapping[str, int]]) -> None:
+        self.aggregates = aggregates
+        self._dropped = dropped
+
+    def on_iteration(self, iteration: IterationRecord) -> None:
+        self.aggregates.record_iteration(iteration)
+
+    def on_phase(self, phase: PhaseRecord) -> None:
+        self.aggregates.record_phases((phase,))
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        self.aggregates.set_gauges(record.values, record.time_ns)
+
+    def on_drain(self, now_ns: int) -> None:
+        self.aggregates.set_dropped(self._dropped())
 
 
 class MergingMetricExporter(MetricExporter):

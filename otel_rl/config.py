@@ -59,6 +59,15 @@ class TelemetryConfig:
     metric_export_interval_ms: float | None = None
     """Metric export interval; None reads ``OTEL_METRIC_EXPORT_INTERVAL`` (default 10 s)."""
 
+    span_exporters: list | None = None
+    """SDK span exporters to use instead of those the environment asks for (None: from the environment)."""
+
+    metric_exporters: list | None = None
+    """SDK metric exporters to use instead of those the environment asks for."""
+
+    log_exporters: list | None = None
+    """SDK log exporters to use instead of those the environment asks for."""
+
     rank: int = 0
     """Rank of this process (``RANK`` is read by default)."""
 

@@ -24,8 +24,8 @@ from otel_rl import environment_variables as env
 from otel_rl import otlp, schema
 from otel_rl.aggregation import Aggregates, MergingMetricExporter
 from otel_rl.pipeline import Clock, RecordSink
-from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
-from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes
+from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord
+from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes, span_context
 
 _logger = logging.getLogger(__name__)
 
@@ -66,9 +66,8 @@ class OpenTelemetrySink(RecordSink):
         clock: the pipeline's clock (for metric timestamps).
         trace_id: trace of this process's run.
         span_budget_per_s: phase spans per second (see :class:`SpanBudget`).
-        base_attributes: added to every span and data point (rank, world size).
+        aggregates: histograms and gauges merged into every metric export.
         pending: callable giving queue depths for the ``rl.telemetry.pending`` gauge.
-        dropped: callable giving records dropped so far, per queue.
         span_exporters / metric_exporters / log_exporters: override the
             exporters built from the environment (tests, custom backends).
     """
@@ -79,9 +78,8 @@ class OpenTelemetrySink(RecordSink):
         clock: Clock,
         trace_id: int,
         span_budget_per_s: float,
-        base_attributes: Mapping[str, Any],
+        aggregates: Aggregates,
         pending: Callable[[], Mapping[str, int]],
-        dropped: Callable[[], Mapping[str, int]],
         span_exporters: list | None = None,
         metric_exporters: list | None = None,
         log_exporters: list | None = None,
@@ -94,13 +92,12 @@ class OpenTelemetrySink(RecordSink):
         self._clock = clock
         self.trace_id = trace_id
         self.budget = SpanBudget(span_budget_per_s)
-        self._builder = SpanBuilder(resource, self._scope, base_attributes)
-        self.aggregates = Aggregates(clock.now_ns(), base_attributes)
-        self._run_span_id: int | None = None
-        self._run_parent: int | None = None
+        self._builder = SpanBuilder(resource, self._scope, trace_id)
+        self.aggregates = aggregates
+        self._run_context: trace_api.SpanContext | None = None
+        self._run_parent: trace_api.SpanContext | None = None
         self._run_events: list[Event] = []
         self._pending = pending
-        self._dropped = dropped
 
         span_exporters = otlp.build_exporters("traces") if span_exporters is None else span_exporters
         metric_exporters = otlp.build_exporters("metrics") if metric_exporters is None else metric_exporters
@@ -178,69 +175,36 @@ class OpenTelemetrySink(RecordSink):
 
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
-            self._run_span_id = run.attributes["span_id"]
-            self._run_parent = run.attributes.get("parent_span_id")
+            self._run_context = span_context(self.trace_id, run.attributes["span_id"])
+            parent_span_id = run.attributes.get("parent_span_id")
+            self._run_parent = span_context(self.trace_id, parent_span_id, remote=True) if parent_span_id else None
             return
-        if self._run_span_id is None or not self._span_processors:
+        if self._run_context is None or not self._span_processors:
             return
         status = Status(StatusCode.ERROR, run.reason) if run.status in ("failed", "killed") else Status(StatusCode.OK)
-        attributes = {schema.ATTR_STATUS: run.status}
+        attributes: dict[str, Any] = {schema.ATTR_STATUS: run.status}
         if run.reason:
             attributes["rl.run.reason"] = run.reason
         span = self._builder.span(
             schema.SPAN_RUN,
-            self.trace_id,
-            self._run_span_id,
+            self._run_context,
             self._run_parent,
             run.start_ns,
             run.end_ns,
             attributes,
             events=self._run_events,
             status=status,
-            parent_remote=self._run_parent is not None,
         )
         self._end_spans([span])
-        self._run_span_id = None
+        self._run_context = None
 
     def on_iteration(self, iteration: IterationRecord) -> None:
-        ids: dict[int, int] = {}
         if self._span_processors and self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
-            self._end_spans(self._builder.iteration_spans(iteration, self.trace_id, self._run_span_id, ids))
-        self.aggregates.record_duration(
-            schema.METRIC_ITERATION_DURATION,
-            ((schema.ATTR_TIMELINE, iteration.timeline),),
-            iteration.wall_ns / 1e6,
-            iteration.end_ns,
-        )
-        if iteration.env_steps is not None:
-            self.aggregates.set_env_steps(iteration.timeline, iteration.env_steps)
-        for phase in iteration.phases:
-            self._record_phase(phase, ids)
+            self._end_spans(self._builder.iteration_spans(iteration, self._run_context))
 
     def on_phase(self, phase: PhaseRecord) -> None:
-        ids: dict[int, int] = {}
         if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):
-            self._end_spans(self._builder.phase_spans(phase, self.trace_id, self._run_span_id, ids))
-        self._record_phase(phase, ids)
-
-    def _record_phase(self, top: PhaseRecord, ids: dict[int, int]) -> None:
-        record = self.aggregates.record_duration
-        for phase in top.walk():
-            record(
-                schema.METRIC_PHASE_DURATION,
-                (
-                    (schema.ATTR_TIMELINE, phase.spec.timeline),
-                    (schema.ATTR_PHASE, phase.spec.name),
-                    (schema.ATTR_CLOCK, "host"),
-                ),
-                phase.duration_ns / 1e6,
-                phase.end_ns,
-                self.trace_id,
-                ids.get(id(phase)),
-            )
-
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        self.aggregates.set_gauges(record.values, record.time_ns)
+            self._end_spans(self._builder.phase_spans(phase, self._run_context))
 
     def on_event(self, event: EventRecord) -> None:
         attributes = {k: _attribute_value(v) for k, v in event.attributes.items()}
@@ -248,13 +212,8 @@ class OpenTelemetrySink(RecordSink):
             self._run_events.append(Event(event.name, attributes, event.time_ns))
         if self._event_logger is not None:
             context = None
-            if self._run_span_id is not None:
-                parent = trace_api.NonRecordingSpan(
-                    trace_api.SpanContext(
-                        self.trace_id, self._run_span_id, False, trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
-                    )
-                )
-                context = trace_api.set_span_in_context(parent)
+            if self._run_context is not None:
+                context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(self._run_context))
             self._event_logger.emit(
                 timestamp=event.time_ns,
                 context=context,
@@ -262,11 +221,6 @@ class OpenTelemetrySink(RecordSink):
                 body=event.name,
                 attributes=attributes,
             )
-
-    def on_drain(self, now_ns: int) -> None:
-        self.aggregates.set_dropped("span_budget", self.budget.sampled_out)
-        for queue, count in self._dropped().items():
-            self.aggregates.set_dropped(queue, count)
 
     def _end_spans(self, spans: list) -> None:
         for processor in self._span_processors:

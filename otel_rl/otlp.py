@@ -130,10 +130,9 @@ def _otlp_exporter(settings: OtlpSettings):
     """Construct the SDK's OTLP exporter of a signal with explicit settings."""
     grpc = settings.protocol == "grpc"
     if settings.signal == "traces":
-        if grpc:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as cls
-        else:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as cls
+        from otel_rl.exporters.otlp_spans import GrpcSpanExporter, HttpSpanExporter
+
+        cls = GrpcSpanExporter if grpc else HttpSpanExporter
     elif settings.signal == "metrics":
         if grpc:
             from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as cls

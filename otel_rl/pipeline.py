@@ -9,13 +9,15 @@ and worker. An exception in a sink is logged once and never reaches training.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 
-from otel_rl.recorder import ITERATION_END, ITERATION_START, Lane, Phase, Recorder, warn_once
+from otel_rl import schema
+from otel_rl.recorder import ITERATION_END, ITERATION_START, PyLane, Recorder, warn_once
 from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
 from otel_rl.values import finite_or_none
 
@@ -97,6 +99,11 @@ class Pipeline:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
         self._recorder = recorder
         self.sinks = list(sinks)
+        # Bound methods per record kind, skipping sinks that keep the no-op default.
+        self._handlers = {
+            method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
+            for method in ("on_run", "on_iteration", "on_phase", "on_scalars", "on_event", "on_drain")
+        }
         self._clock = clock
         self._interval_s = interval_s
         self._lane_states: dict[int, _LaneState] = {}
@@ -106,6 +113,7 @@ class Pipeline:
         self._thread: threading.Thread | None = None
         self._failed_sinks: set[str] = set()
         self.seen_nonfinite: set[str] = set()
+        self._accepted_keys: dict[str, str] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
@@ -179,7 +187,10 @@ class Pipeline:
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
         time_ns, values, step, iteration, env_steps = raw
         clean: dict[str, float | int | None] = {}
-        for key, value in values.items():
+        for raw_key, value in values.items():
+            key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
+            if key is None:
+                key = self._accept_key(raw_key)
             clean[key] = cleaned = finite_or_none(key, value)
             if cleaned is None and key not in self.seen_nonfinite:
                 self.seen_nonfinite.add(key)
@@ -189,58 +200,71 @@ class Pipeline:
                 )
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps)
 
-    def _drain_lane(self, lane: Lane) -> None:
-        records = lane.records
+    def _accept_key(self, raw_key: object) -> str:
+        """The key as exported: canonical keys as is, others namespaced under ``custom/`` with one warning."""
+        try:
+            key = schema.metric_spec(raw_key).key  # type: ignore[arg-type]
+        except schema.SchemaError as exc:
+            key = "custom/" + re.sub(r"[^A-Za-z0-9_.\-]", "_", str(raw_key)) or "custom/unnamed"
+            warn_once(f"key:{raw_key}", "otel-rl: %s; exporting it as %r", exc, key)
+        if len(self._accepted_keys) < 10_000:
+            self._accepted_keys[raw_key] = key  # type: ignore[index]
+        return key
+
+    def _drain_lane(self, lane: PyLane) -> None:
+        records = lane.drain()
         if not records:
             return
-        state = self._lane_states.setdefault(id(lane), _LaneState())
-        to_epoch = self._clock.to_epoch_ns
-        for _ in range(len(records)):
-            raw = records.popleft()
+        state = self._lane_states.get(id(lane))
+        if state is None:
+            state = self._lane_states[id(lane)] = _LaneState()
+        offset = self._clock.offset_ns
+        children_by_depth = state.children_by_depth
+        open_iterations = state.open_iterations
+        thread_id, thread_name = lane.thread_id, lane.thread_name
+        for raw in records:
             head = raw[0]
-            if isinstance(head, Phase):
-                _, start, end, depth, exc_type = raw
-                phase = PhaseRecord(
-                    head.spec,
-                    to_epoch(start),
-                    to_epoch(end),
-                    depth,
-                    lane.thread_id,
-                    lane.thread_name,
-                    error=exc_type.__name__ if exc_type is not None else None,
-                    children=state.children_by_depth.pop(depth + 1, []),
-                )
-                if depth == 0:
-                    self._place_top_level(state, phase)
-                else:
-                    state.children_by_depth.setdefault(depth, []).append(phase)
-            elif head == ITERATION_START:
+            if head is ITERATION_START:
                 _, start, timeline, index, env_steps = raw
-                state.open_iterations[timeline] = (to_epoch(start), index, env_steps, [])
-            elif head == ITERATION_END:
+                open_iterations[timeline] = (start + offset, index, env_steps, [])
+            elif head is ITERATION_END:
                 _, end, timeline, index, env_steps = raw
-                opened = state.open_iterations.pop(timeline, None)
+                opened = open_iterations.pop(timeline, None)
                 if opened is None:  # its start was dropped with an overflow
                     continue
                 start_ns, index, env_steps, phases = opened
-                state.children_by_depth.clear()
+                children_by_depth.clear()
+                accounted = 0
+                for phase in phases:
+                    accounted += phase.end_ns - phase.start_ns
                 self._emit_iteration(
                     IterationRecord(
-                        timeline, index, env_steps, start_ns, to_epoch(end), lane.thread_id, lane.thread_name, phases
+                        timeline, index, env_steps, start_ns, end + offset, thread_id, thread_name, phases, accounted
                     )
                 )
-
-    def _place_top_level(self, state: _LaneState, phase: PhaseRecord) -> None:
-        # A top-level phase belongs to the open iteration of its own timeline;
-        # otherwise it is a loose phase (a collector without cycles, say).
-        opened = state.open_iterations.get(phase.spec.timeline)
-        if opened is not None and phase.start_ns >= opened[0]:
-            for node in phase.walk():
-                node.iteration = opened[1]
-                node.env_steps = opened[2]
-            opened[3].append(phase)
-        else:
-            self._fanout("on_phase", phase)
+            else:
+                _, start, end, depth, exc_type = raw
+                phase = PhaseRecord(
+                    head.spec,
+                    start + offset,
+                    end + offset,
+                    depth,
+                    thread_id,
+                    thread_name,
+                    None if exc_type is None else exc_type.__name__,
+                    children_by_depth.pop(depth + 1, None) if children_by_depth else None,
+                )
+                if depth:
+                    children_by_depth.setdefault(depth, []).append(phase)
+                    continue
+                # A top-level phase belongs to the open iteration of its own
+                # timeline; otherwise it is a loose phase (a collector without cycles, say).
+                opened = open_iterations.get(head.spec.timeline)
+                if opened is not None and phase.start_ns >= opened[0]:
+                    phase.iteration, phase.env_steps = opened[1], opened[2]
+                    opened[3].append(phase)
+                else:
+                    self._fanout("on_phase", phase)
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
         if iteration.accounted_ns > iteration.wall_ns:
@@ -256,15 +280,21 @@ class Pipeline:
         self._fanout("on_iteration", iteration)
 
     def _fanout(self, method: str, record: object) -> None:
-        for sink in self.sinks:
-            self._call(sink, method, record)
+        for handler in self._handlers[method]:
+            try:
+                handler(record)
+            except Exception:
+                self._report(handler.__self__, method)
 
     def _call(self, sink: RecordSink, method: str, *args: object) -> object:
         try:
             return getattr(sink, method)(*args)
         except Exception:
-            key = f"{type(sink).__name__}.{method}"
-            if key not in self._failed_sinks:
-                self._failed_sinks.add(key)
-                _logger.exception("otel-rl: sink %s failed (further failures of it are not logged)", key)
+            self._report(sink, method)
             return None
+
+    def _report(self, sink: RecordSink, method: str) -> None:
+        key = f"{type(sink).__name__}.{method}"
+        if key not in self._failed_sinks:
+            self._failed_sinks.add(key)
+            _logger.exception("otel-rl: sink %s failed (further failures of it are not logged)", key)

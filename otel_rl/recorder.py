@@ -4,7 +4,7 @@ Nothing here builds an OpenTelemetry object, serializes, or does IO. Entering
 and leaving a phase costs two ``perf_counter_ns()`` calls and a deque append;
 everything else happens on the pipeline thread (:mod:`otel_rl.pipeline`).
 
-Each thread that records gets its own :class:`Lane`: a bounded deque of raw
+Each thread that records gets its own lane (:class:`PyLane` or its C twin): a bounded deque of raw
 records plus the stack of open phases. One writer per lane means the lane
 needs no lock; the pipeline drains it with ``popleft`` (atomic in CPython).
 A full lane drops its oldest record and counts the drop; it never blocks.
@@ -13,7 +13,9 @@ A full lane drops its oldest record and counts the drop; it never blocks.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -23,6 +25,7 @@ from typing import Any, TypeVar
 from otel_rl.schema import PhaseSpec
 
 _logger = logging.getLogger(__name__)
+_RECORDER_IDS = itertools.count()
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 # Raw record tags (first tuple element when the record is not a phase).
@@ -30,7 +33,7 @@ ITERATION_START = "iteration_start"
 ITERATION_END = "iteration_end"
 
 
-class Lane:
+class PyLane:
     """Records of one thread, in the order that thread produced them.
 
     Raw record shapes:
@@ -40,25 +43,85 @@ class Lane:
     * iteration end: ``(ITERATION_END, end_ns, timeline, index, env_steps)``
 
     Times are ``perf_counter_ns()`` values; the pipeline converts them to epoch.
+    This is the pure-Python lane; ``otel_rl._hotpath.Lane`` is its C twin.
     """
 
-    __slots__ = ("records", "stack", "capacity", "dropped", "thread_id", "thread_name", "open_iterations")
+    __slots__ = ("records", "capacity", "dropped", "thread_id", "thread_name", "open_iterations", "stack")
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, thread_id: int, thread_name: str) -> None:
         self.records: deque[tuple] = deque(maxlen=capacity)
-        self.stack: list[tuple[Phase, int]] = []
         self.capacity = capacity
         self.dropped = 0
-        thread = threading.current_thread()
-        self.thread_id = threading.get_native_id()
-        self.thread_name = thread.name
+        self.thread_id = thread_id
+        self.thread_name = thread_name
         self.open_iterations: dict[str, Iteration] = {}
+        self.stack: list[tuple[PyPhase, int]] = []
+
+    @property
+    def depth(self) -> int:
+        return len(self.stack)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def drain(self) -> list[tuple]:
+        """Remove and return every pending record, oldest first (called by the pipeline)."""
+        records = self.records
+        return [records.popleft() for _ in range(len(records))]
 
     def append(self, record: tuple) -> None:
         records = self.records
         if len(records) == self.capacity:
             self.dropped += 1
         records.append(record)
+
+
+MAX_DEPTH = 64
+"""Deepest phase nesting recorded; deeper phases warn once and are not recorded."""
+
+
+class PyPhase:
+    """Pure-Python enter/exit of a phase (``otel_rl._hotpath.Phase`` is its C twin)."""
+
+    __slots__ = ("spec", "_local", "_recorder", "_warn")
+
+    def __init__(self, spec: PhaseSpec, local: threading.local, recorder: Recorder, warn: Callable) -> None:
+        self.spec = spec
+        self._local = local
+        self._recorder = recorder
+        self._warn = warn
+
+    def __enter__(self) -> PyPhase:
+        try:
+            lane = self._local.lane
+        except AttributeError:
+            lane = self._recorder.lane()
+        if len(lane.stack) >= MAX_DEPTH:
+            self._warn("too-deep", self, None)
+            return self
+        lane.stack.append((self, perf_counter_ns()))
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
+        end = perf_counter_ns()
+        try:
+            stack = self._local.lane.stack
+            entered, start = stack[-1]
+        except (AttributeError, IndexError):
+            self._warn("foreign", self, None)
+            return False
+        if entered is not self:
+            self._warn("order", self, entered)
+            return False
+        stack.pop()
+        self._local.lane.append((self, start, end, len(stack), exc_type))
+        return False
+
+
+try:
+    from otel_rl import _hotpath
+except ImportError:  # not built (no compiler at install time): pure Python
+    _hotpath = None
 
 
 class _WarnOnce:
@@ -86,7 +149,13 @@ class Recorder:
             full queue counts the drop and warns once.
     """
 
-    def __init__(self, lane_capacity: int = 65_536, scalars_capacity: int = 10_000, events_capacity: int = 10_000):
+    def __init__(
+        self,
+        lane_capacity: int = 65_536,
+        scalars_capacity: int = 10_000,
+        events_capacity: int = 10_000,
+        implementation: str | None = None,
+    ):
         for name, value in (
             ("lane_capacity", lane_capacity),
             ("scalars_capacity", scalars_capacity),
@@ -94,9 +163,15 @@ class Recorder:
         ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.implementation = implementation or default_implementation()
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {sorted(IMPLEMENTATIONS)}, got {implementation!r}")
+        self._lane_class, self._phase_class = IMPLEMENTATIONS[self.implementation]
         self.lane_capacity = lane_capacity
         self.local = threading.local()
-        self.lanes: list[Lane] = []
+        # Key of this recorder's lane in each thread state's dict (C lanes).
+        self._key = f"otel_rl.lane.{next(_RECORDER_IDS)}"
+        self.lanes: list[PyLane] = []
         self._lanes_lock = threading.Lock()
         self.scalars: deque[tuple] = deque(maxlen=scalars_capacity)
         self.scalars_dropped = 0
@@ -105,18 +180,31 @@ class Recorder:
         self.events_dropped = 0
         self.closed = False
 
-    def lane(self) -> Lane:
+    def lane(self) -> PyLane:
         """The calling thread's lane, created on first use."""
-        try:
-            return self.local.lane
-        except AttributeError:
-            lane = Lane(self.lane_capacity)
-            with self._lanes_lock:
-                self.lanes.append(lane)
+        if self.implementation == "c":
+            lane = _hotpath.current_lane(self._key)
+            if lane is not None:
+                return lane
+        else:
+            try:
+                return self.local.lane
+            except AttributeError:
+                pass
+        lane = self._lane_class(self.lane_capacity, threading.get_native_id(), threading.current_thread().name)
+        with self._lanes_lock:
+            self.lanes.append(lane)
+        if self.implementation == "c":
+            _hotpath.bind_lane(self._key, lane)
+        else:
             self.local.lane = lane
-            return lane
+        return lane
 
-    def snapshot_lanes(self) -> list[Lane]:
+    def new_phase(self, spec: PhaseSpec) -> Phase:
+        where = self._key if self.implementation == "c" else self.local
+        return self._phase_class(spec, where, self, phase_misuse)
+
+    def snapshot_lanes(self) -> list[PyLane]:
         with self._lanes_lock:
             return list(self.lanes)
 
@@ -142,67 +230,70 @@ class Recorder:
     def phases_dropped(self) -> int:
         return sum(lane.dropped for lane in self.snapshot_lanes())
 
+    @property
+    def phases_pending(self) -> int:
+        return sum(len(lane) for lane in self.snapshot_lanes())
+
 
 class Phase:
     """A named phase of one timeline: a reusable context manager and decorator.
 
     Instances are cached per (timeline, name) by :class:`otel_rl.Telemetry`,
     hold no per-call state, and are safe to use from many threads at once: the
-    open-phase stack lives in the calling thread's lane.
+    open-phase stack lives in the calling thread's lane. Exceptions propagate
+    unchanged; the phase is recorded with the exception's type.
+
+    The enter/exit machinery comes from ``otel_rl._hotpath`` (C) when it is
+    built, else from :class:`PyPhase`.
     """
 
-    __slots__ = ("spec", "_recorder", "_local")
-
-    def __init__(self, spec: PhaseSpec, recorder: Recorder) -> None:
-        self.spec = spec
-        self._recorder = recorder
-        self._local = recorder.local
-
-    def __enter__(self) -> Phase:
-        try:
-            lane = self._local.lane
-        except AttributeError:
-            lane = self._recorder.lane()
-        lane.stack.append((self, perf_counter_ns()))
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
-        end = perf_counter_ns()
-        try:
-            lane = self._local.lane
-            entered, start = lane.stack.pop()
-        except (AttributeError, IndexError):
-            warn_once(
-                f"exit-foreign:{self.spec.name}",
-                "otel-rl: phase %r exited on a thread that did not enter it; its record is dropped",
-                self.spec.name,
-            )
-            return False
-        if entered is not self:
-            lane.stack.append((entered, start))
-            warn_once(
-                f"exit-order:{self.spec.name}",
-                "otel-rl: phase %r exited while phase %r was innermost; its record is dropped",
-                self.spec.name,
-                entered.spec.name,
-            )
-            return False
-        records = lane.records
-        if len(records) == lane.capacity:
-            lane.dropped += 1
-        records.append((self, start, end, len(lane.stack), exc_type))
-        return False
+    __slots__ = ()
+    spec: PhaseSpec
 
     def __call__(self, fn: _F) -> _F:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
+            with self:  # type: ignore[attr-defined]
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
 
     def __repr__(self) -> str:
         return f"Phase({self.spec.timeline}/{self.spec.name})"
+
+
+class PurePythonPhase(Phase, PyPhase):
+    __slots__ = ()
+
+
+IMPLEMENTATIONS: dict[str, tuple[type, type]] = {"python": (PyLane, PurePythonPhase)}
+if _hotpath is not None:
+
+    class CPhase(Phase, _hotpath.Phase):
+        __slots__ = ()
+
+    IMPLEMENTATIONS["c"] = (_hotpath.Lane, CPhase)
+
+
+def default_implementation() -> str:
+    """``c`` when the extension is built, unless ``OTEL_RL_PURE_PYTHON=1``."""
+    if os.environ.get("OTEL_RL_PURE_PYTHON", "").lower() in ("1", "true"):
+        return "python"
+    return "c" if "c" in IMPLEMENTATIONS else "python"
+
+
+def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
+    """Called by the hot path when a phase is used wrongly; warns once per phase and kind."""
+    name = phase.spec.name
+    if kind == "foreign":
+        message = "otel-rl: phase %r exited on a thread that did not enter it; its record is dropped"
+        warn_once(f"exit-foreign:{name}", message, name)
+    elif kind == "order":
+        message = "otel-rl: phase %r exited while phase %r was innermost; its record is dropped"
+        warn_once(f"exit-order:{name}", message, name, other.spec.name if other is not None else "?")
+    else:
+        message = "otel-rl: phase %r nested deeper than %d phases; it is not recorded"
+        warn_once(f"too-deep:{name}", message, name, MAX_DEPTH)
 
 
 class Iteration:
@@ -256,8 +347,3 @@ class Iteration:
         del lane.open_iterations[self.timeline]
         lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps))
         return False
-
-
-def copy_values(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Snapshot a scalars mapping on the training thread (the caller may mutate it)."""
-    return dict(values)

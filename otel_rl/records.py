@@ -14,7 +14,12 @@ from otel_rl.schema import PhaseSpec
 
 @dataclass(slots=True)
 class PhaseRecord:
-    """One completed phase, with its nested diagnostic phases in ``children``."""
+    """One completed phase, with its nested diagnostic phases in ``children``.
+
+    ``iteration`` and ``env_steps`` are set on top-level phases only (nested
+    phases share their parent's). ``span_id`` is non-zero once a span sink
+    exported the phase as a span (exemplars point at it).
+    """
 
     spec: PhaseSpec
     start_ns: int
@@ -23,19 +28,23 @@ class PhaseRecord:
     thread_id: int
     thread_name: str
     error: str | None = None
-    children: list[PhaseRecord] = field(default_factory=list)
+    children: list[PhaseRecord] | None = None
     iteration: int | None = None
     env_steps: int | None = None
+    span_id: int = 0
 
     @property
     def duration_ns(self) -> int:
         return self.end_ns - self.start_ns
 
-    def walk(self):
+    def walk(self) -> list[PhaseRecord]:
         """This phase, then its nested phases depth first."""
-        yield self
+        if not self.children:
+            return [self]
+        out = [self]
         for child in self.children:
-            yield from child.walk()
+            out.extend(child.walk())
+        return out
 
 
 @dataclass(slots=True)
@@ -54,14 +63,11 @@ class IterationRecord:
     thread_id: int
     thread_name: str
     phases: list[PhaseRecord]
+    accounted_ns: int
 
     @property
     def wall_ns(self) -> int:
         return self.end_ns - self.start_ns
-
-    @property
-    def accounted_ns(self) -> int:
-        return sum(p.duration_ns for p in self.phases)
 
     @property
     def other_ns(self) -> int:

@@ -11,7 +11,7 @@ raw records and is not affected by the budget.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -24,6 +24,7 @@ from otel_rl import schema
 from otel_rl.records import IterationRecord, PhaseRecord
 
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
+_UNSET = Status(StatusCode.UNSET)
 
 
 def new_span_id() -> int:
@@ -34,8 +35,8 @@ def new_trace_id() -> int:
     return random.getrandbits(128) or 1
 
 
-def span_context(trace_id: int, span_id: int) -> trace_api.SpanContext:
-    return trace_api.SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED)
+def span_context(trace_id: int, span_id: int, remote: bool = False) -> trace_api.SpanContext:
+    return trace_api.SpanContext(trace_id, span_id, is_remote=remote, trace_flags=_SAMPLED)
 
 
 class SpanBudget:
@@ -68,78 +69,79 @@ class SpanBudget:
 
 
 class SpanBuilder:
-    """Builds finished spans sharing one resource, scope and base attributes."""
+    """Builds finished spans of one trace, sharing one resource and scope.
 
-    def __init__(self, resource: Resource, scope: InstrumentationScope, base_attributes: Mapping[str, Any]) -> None:
+    Per-process attributes (rank, world size) live on the resource, not on
+    each span: they are the same for every span, and each attribute costs
+    encoding time on the export thread.
+    """
+
+    def __init__(self, resource: Resource, scope: InstrumentationScope, trace_id: int) -> None:
         self._resource = resource
         self._scope = scope
-        self._base = dict(base_attributes)
+        self.trace_id = trace_id
 
     def span(
         self,
         name: str,
-        trace_id: int,
-        span_id: int,
-        parent_span_id: int | None,
+        context: trace_api.SpanContext,
+        parent: trace_api.SpanContext | None,
         start_ns: int,
         end_ns: int,
-        attributes: Mapping[str, Any],
+        attributes: dict[str, Any],
         error: str | None = None,
         events: Iterable[Event] = (),
         status: Status | None = None,
-        parent_remote: bool = False,
     ) -> ReadableSpan:
-        attrs = {**self._base, **attributes}
         if error is not None:
-            attrs["exception.type"] = error
+            attributes["exception.type"] = error
             status = Status(StatusCode.ERROR, error)
-        parent = None
-        if parent_span_id is not None:
-            parent = trace_api.SpanContext(trace_id, parent_span_id, is_remote=parent_remote, trace_flags=_SAMPLED)
         return ReadableSpan(
             name,
-            context=span_context(trace_id, span_id),
+            context=context,
             parent=parent,
             resource=self._resource,
-            attributes=attrs,
+            attributes=attributes,
             events=tuple(events),
-            status=status or Status(StatusCode.UNSET),
+            status=status or _UNSET,
             start_time=start_ns,
             end_time=end_ns,
             instrumentation_scope=self._scope,
         )
 
     def phase_spans(
-        self, phase: PhaseRecord, trace_id: int, parent_span_id: int | None, ids: dict[int, int]
+        self,
+        phase: PhaseRecord,
+        parent: trace_api.SpanContext | None,
+        iteration: int | None = None,
+        env_steps: int | None = None,
     ) -> list[ReadableSpan]:
-        """Spans of a phase and its nested phases; ``ids`` maps id(record) to the span id used."""
-        span_id = new_span_id()
-        ids[id(phase)] = span_id
+        """Spans of a phase and its nested phases; sets each record's ``span_id``.
+
+        Nested phases inherit the iteration and env steps of their top-level phase.
+        """
+        context = span_context(self.trace_id, new_span_id())
+        phase.span_id = context.span_id
+        if phase.depth == 0:
+            iteration, env_steps = phase.iteration, phase.env_steps
         attributes: dict[str, Any] = {
             schema.ATTR_TIMELINE: phase.spec.timeline,
             schema.ATTR_PHASE: phase.spec.name,
             "thread.id": phase.thread_id,
-            "thread.name": phase.thread_name,
         }
-        if phase.iteration is not None:
-            attributes[schema.ATTR_ITERATION] = phase.iteration
-        if phase.env_steps is not None:
-            attributes[schema.ATTR_ENV_STEPS] = phase.env_steps
+        if iteration is not None:
+            attributes[schema.ATTR_ITERATION] = iteration
+        if env_steps is not None:
+            attributes[schema.ATTR_ENV_STEPS] = env_steps
         if phase.depth:
             attributes["rl.phase.nested"] = True
-        spans = [
-            self.span(
-                phase.spec.title, trace_id, span_id, parent_span_id, phase.start_ns, phase.end_ns, attributes, phase.error
-            )
-        ]
-        for child in phase.children:
-            spans.extend(self.phase_spans(child, trace_id, span_id, ids))
+        spans = [self.span(phase.spec.title, context, parent, phase.start_ns, phase.end_ns, attributes, phase.error)]
+        for child in phase.children or ():
+            spans.extend(self.phase_spans(child, context, iteration, env_steps))
         return spans
 
-    def iteration_spans(
-        self, iteration: IterationRecord, trace_id: int, parent_span_id: int | None, ids: dict[int, int]
-    ) -> list[ReadableSpan]:
-        span_id = new_span_id()
+    def iteration_spans(self, iteration: IterationRecord, parent: trace_api.SpanContext | None) -> list[ReadableSpan]:
+        context = span_context(self.trace_id, new_span_id())
         attributes: dict[str, Any] = {
             schema.ATTR_TIMELINE: iteration.timeline,
             schema.ATTR_ITERATION: iteration.index,
@@ -150,21 +152,11 @@ class SpanBuilder:
             attributes[schema.ATTR_ENV_STEPS] = iteration.env_steps
         if iteration.accounted_ns > iteration.wall_ns:
             attributes["rl.contract_violation"] = True
-        spans = [
-            self.span(
-                schema.SPAN_ITERATION,
-                trace_id,
-                span_id,
-                parent_span_id,
-                iteration.start_ns,
-                iteration.end_ns,
-                attributes,
-            )
-        ]
+        spans = [self.span(schema.SPAN_ITERATION, context, parent, iteration.start_ns, iteration.end_ns, attributes)]
         for phase in iteration.phases:
-            spans.extend(self.phase_spans(phase, trace_id, span_id, ids))
+            spans.extend(self.phase_spans(phase, context))
         return spans
 
 
 def count_nodes(phases: Iterable[PhaseRecord]) -> int:
-    return sum(1 for top in phases for _ in top.walk())
+    return sum(len(top.walk()) for top in phases)

@@ -73,7 +73,7 @@ class Telemetry:
 
     enabled = True
 
-    def __init__(self, config: TelemetryConfig, sinks: list[RecordSink] | None = None, **sink_options: Any) -> None:
+    def __init__(self, config: TelemetryConfig, sinks: list[RecordSink] | None = None) -> None:
         self.config = config
         self._clock = Clock()
         self._recorder = Recorder(config.lane_capacity, config.scalars_capacity)
@@ -88,26 +88,31 @@ class Telemetry:
 
         parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
-        self.resource = self._resource()
         self.base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
+        self.resource = self._resource()
 
+        from otel_rl.aggregation import Aggregates, AggregatorSink
         from otel_rl.otel_sink import OpenTelemetrySink
         from otel_rl.summary import SummarySink
 
+        self.aggregates = Aggregates(self._clock.now_ns(), self.base_attributes, self.trace_id)
         self.otel = OpenTelemetrySink(
             self.resource,
             self._clock,
             self.trace_id,
             config.span_budget_per_s,
-            self.base_attributes,
+            self.aggregates,
             pending=self._pending,
-            dropped=self._dropped,
+            span_exporters=config.span_exporters,
+            metric_exporters=config.metric_exporters,
+            log_exporters=config.log_exporters,
             metric_export_interval_ms=config.metric_export_interval_ms,
-            **sink_options,
         )
-        all_sinks: list[RecordSink] = [self.otel]
+        # Order matters: the span sink assigns span ids that the aggregator
+        # keeps as exemplars.
+        all_sinks: list[RecordSink] = [self.otel, AggregatorSink(self.aggregates, self._dropped)]
         if config.run_dir is not None:
-            all_sinks.append(SummarySink(config))
+            all_sinks.append(SummarySink(config, self.aggregates))
         all_sinks.extend(sinks or [])
         self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, config.pipeline_interval_s)
         self._pipeline.start()
@@ -120,7 +125,11 @@ class Telemetry:
     def _resource(self):
         from opentelemetry.sdk.resources import Resource
 
-        attributes: dict[str, Any] = {schema.ATTR_RUN_ID: self.config.run_id, **self.config.resource_attributes}
+        attributes: dict[str, Any] = {
+            schema.ATTR_RUN_ID: self.config.run_id,
+            **self.base_attributes,
+            **self.config.resource_attributes,
+        }
         if self.config.algorithm:
             attributes[schema.ATTR_ALGORITHM] = self.config.algorithm
         service = self.config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
@@ -143,7 +152,7 @@ class Telemetry:
         if phase is None:
             spec = schema.phase_spec(timeline, name, strict=self.config.strict)
             with self._phases_lock:
-                phase = self._phases.setdefault((name, timeline), Phase(spec, self._recorder))
+                phase = self._phases.setdefault((name, timeline), self._recorder.new_phase(spec))
         if self._closed:
             warn_once("closed-phase", "otel-rl: phase() after close(); nothing is recorded")
         return phase
@@ -169,7 +178,7 @@ class Telemetry:
             raise ValueError(f"phase {name!r}: end_ns {end_ns} is before start_ns {start_ns}")
         phase = self.phase(name, timeline)
         lane = self._recorder.lane()
-        lane.append((phase, start_ns, end_ns, len(lane.stack), None))
+        lane.append((phase, start_ns, end_ns, lane.depth, None))
 
     def _on_iteration(self, iteration: Iteration) -> None:
         if iteration.timeline == schema.LEARNER:
@@ -273,7 +282,7 @@ class Telemetry:
 
     def _pending(self) -> dict[str, int]:
         return {
-            "phases": sum(len(lane.records) for lane in self._recorder.snapshot_lanes()),
+            "phases": self._recorder.phases_pending,
             "scalars": len(self._recorder.scalars),
             "events": len(self._recorder.events),
         }
@@ -283,6 +292,7 @@ class Telemetry:
             "phases": self._recorder.phases_dropped,
             "scalars": self._recorder.scalars_dropped,
             "events": self._recorder.events_dropped,
+            "span_budget": self.otel.budget.sampled_out,
         }
 
     def stats(self) -> dict[str, Any]:

@@ -70,5 +70,8 @@ def finite_or_none(key: str, value: Any) -> float | int | None:
     try:
         number = float(value)
     except (TypeError, ValueError):
+        from otel_rl.recorder import warn_once
+
+        warn_once(f"value:{key}", "otel-rl: scalar %r is not a number (%s); exported as null", key, type(value).__name__)
         return None
     return number if math.isfinite(number) else None

@@ -37,7 +37,7 @@ def test_nested_phases_are_children_and_not_counted_twice(capture):
     assert [p.spec.name for p in it.phases] == ["collector_wait", "inference", "learning"]
     inference = it.phases[1]
     assert [c.spec.name for c in inference.children] == ["inference_h2d", "inference_forward"]
-    assert all(c.iteration == 7 and c.env_steps == 56 for c in inference.children)
+    assert (inference.iteration, inference.env_steps) == (7, 56)  # nested phases share it
     assert it.accounted_ns == sum(p.duration_ns for p in it.phases)
     assert it.accounted_ns + it.other_ns == it.wall_ns
     assert it.other_ns >= 3_000_000
@@ -286,3 +286,16 @@ def test_run_summary_is_written_and_versioned(tmp_path):
     assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == 1
     learner = summary["timelines"]["learner"]
     assert abs(learner["accounted_share"] + learner["other_share"] - 1.0) < 1e-9
+
+
+def test_unnamespaced_and_bad_values_warn_and_keep_going(capture, caplog):
+    tel = make(capture)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        tel.scalars({"loss": 1.0, "Loss/critic": "not a number"})
+        tel.scalars({"loss": 2.0})
+    tel.close()
+    assert [r.values for r in capture.scalars] == [
+        {"custom/loss": 1.0, "Loss/critic": None},
+        {"custom/loss": 2.0},
+    ]
+    assert sum("custom/loss" in r.getMessage() for r in caplog.records) == 1

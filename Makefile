@@ -1,0 +1,23 @@
+# The two quickstart commands: `make demo` and `make test`. Each creates the
+# virtual environment on first use and installs what it needs into it.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: demo test bench
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+demo: $(BIN)/python
+	$(BIN)/pip install -q -e '.[demo]'
+	$(BIN)/otel-rl demo
+
+test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/python bench/phase_cost.py

@@ -1,0 +1,398 @@
+/*
+ * The training thread's hot path in C: entering and leaving a phase.
+ *
+ * A Python context manager pays for two Python-level calls (__enter__ and
+ * __exit__) plus tuples for the stack and the record; that alone is two to
+ * three times the cost of two perf_counter_ns() calls and a list append. Here
+ * nothing is allocated on the training thread: the open-phase stack and the
+ * finished records are fixed arrays inside the lane (a ring that overwrites
+ * its oldest record when full, counting the drop), the lane is found in the
+ * thread state's dict, and record tuples are only built by drain(), on the
+ * pipeline thread.
+ *
+ * Semantics are identical to the pure-Python fallback in recorder.py, which
+ * is used when this module is not built. Timestamps come from
+ * CLOCK_MONOTONIC, the clock behind time.perf_counter_ns() on Linux.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <time.h>
+
+#define MAX_DEPTH 64
+
+static inline long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- Lane */
+
+typedef struct {
+    PyObject *obj;  /* a Phase, or a ready-made record (obj of a generic append) */
+    PyObject *exc;  /* exception type or NULL */
+    long long start, end;
+    int depth;
+} Slot;
+
+typedef struct {
+    PyObject_HEAD
+    Slot *ring;
+    Py_ssize_t capacity, head, count, dropped;
+    PyObject *thread_id;
+    PyObject *thread_name;
+    PyObject *open_iterations; /* dict: timeline -> Iteration */
+    int depth;
+    PyObject *stack_phase[MAX_DEPTH]; /* strong references while open */
+    long long stack_start[MAX_DEPTH];
+} LaneObject;
+
+static void slot_clear(Slot *slot) {
+    Py_CLEAR(slot->obj);
+    Py_CLEAR(slot->exc);
+}
+
+static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"capacity", "thread_id", "thread_name", NULL};
+    PyObject *thread_id, *thread_name;
+    Py_ssize_t capacity;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOO", kwlist, &capacity, &thread_id, &thread_name))
+        return -1;
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "capacity must be positive, got %zd", capacity);
+        return -1;
+    }
+    if (self->ring != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "lane already initialised");
+        return -1;
+    }
+    self->ring = PyMem_Calloc((size_t)capacity, sizeof(Slot));
+    if (self->ring == NULL) { PyErr_NoMemory(); return -1; }
+    PyObject *open_iterations = PyDict_New();
+    if (open_iterations == NULL) return -1;
+    Py_INCREF(thread_id); Py_XSETREF(self->thread_id, thread_id);
+    Py_INCREF(thread_name); Py_XSETREF(self->thread_name, thread_name);
+    Py_XSETREF(self->open_iterations, open_iterations);
+    self->capacity = capacity;
+    self->head = self->count = self->dropped = 0;
+    self->depth = 0;
+    return 0;
+}
+
+static int Lane_traverse(LaneObject *self, visitproc visit, void *arg) {
+    for (int i = 0; i < self->depth; i++) Py_VISIT(self->stack_phase[i]);
+    if (self->ring != NULL) {
+        for (Py_ssize_t i = 0; i < self->count; i++) {
+            Slot *slot = &self->ring[(self->head + i) % self->capacity];
+            Py_VISIT(slot->obj);
+            Py_VISIT(slot->exc);
+        }
+    }
+    Py_VISIT(self->open_iterations);
+    return 0;
+}
+
+static int Lane_clear(LaneObject *self) {
+    while (self->depth > 0) {
+        self->depth--;
+        Py_CLEAR(self->stack_phase[self->depth]);
+    }
+    if (self->ring != NULL) {
+        for (Py_ssize_t i = 0; i < self->count; i++) slot_clear(&self->ring[(self->head + i) % self->capacity]);
+        self->count = 0;
+    }
+    Py_CLEAR(self->thread_id);
+    Py_CLEAR(self->thread_name);
+    Py_CLEAR(self->open_iterations);
+    return 0;
+}
+
+static void Lane_dealloc(LaneObject *self) {
+    PyObject_GC_UnTrack(self);
+    Lane_clear(self);
+    PyMem_Free(self->ring);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The slot for the next record; when full, the oldest record is released and counted. */
+static Slot *lane_next_slot(LaneObject *lane) {
+    Slot *slot;
+    if (lane->count == lane->capacity) {
+        slot = &lane->ring[lane->head];
+        slot_clear(slot);
+        lane->head = (lane->head + 1) % lane->capacity;
+        lane->dropped++;
+    } else {
+        slot = &lane->ring[(lane->head + lane->count) % lane->capacity];
+        lane->count++;
+    }
+    return slot;
+}
+
+static PyObject *Lane_append(LaneObject *self, PyObject *record) {
+    if (self->ring == NULL) { PyErr_SetString(PyExc_RuntimeError, "lane not initialised"); return NULL; }
+    Slot *slot = lane_next_slot(self);
+    Py_INCREF(record);
+    slot->obj = record;
+    slot->exc = NULL;
+    slot->depth = -1;  /* marks a ready-made record */
+    Py_RETURN_NONE;
+}
+
+/* Every pending record, oldest first, as tuples; the lane is left empty. */
+static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
+    Py_ssize_t n = self->ring == NULL ? 0 : self->count;
+    PyObject *out = PyList_New(n);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Slot *slot = &self->ring[(self->head + i) % self->capacity];
+        PyObject *item;
+        if (slot->depth < 0) {
+            item = slot->obj;  /* steal */
+            slot->obj = NULL;
+        } else {
+            item = Py_BuildValue("(OLLiO)", slot->obj, slot->start, slot->end, slot->depth,
+                                 slot->exc ? slot->exc : Py_None);
+            if (item == NULL) { Py_DECREF(out); return NULL; }  /* ring left intact */
+            slot_clear(slot);
+        }
+        PyList_SET_ITEM(out, i, item);
+    }
+    /* Only now that every tuple exists is the ring emptied. */
+    self->head = 0;
+    self->count = 0;
+    return out;
+}
+
+static Py_ssize_t Lane_len(LaneObject *self) {
+    return self->count;
+}
+
+static PyObject *Lane_get_depth(LaneObject *self, void *closure) {
+    return PyLong_FromLong(self->depth);
+}
+
+static PyMethodDef Lane_methods[] = {
+    {"append", (PyCFunction)Lane_append, METH_O, "Append a ready-made raw record, dropping the oldest when full."},
+    {"drain", (PyCFunction)Lane_drain, METH_NOARGS, "Remove and return every pending record, oldest first."},
+    {NULL}
+};
+
+static PySequenceMethods Lane_as_sequence = {
+    .sq_length = (lenfunc)Lane_len,
+};
+
+static PyMemberDef Lane_members[] = {
+    {"thread_id", T_OBJECT_EX, offsetof(LaneObject, thread_id), READONLY, NULL},
+    {"thread_name", T_OBJECT_EX, offsetof(LaneObject, thread_name), READONLY, NULL},
+    {"open_iterations", T_OBJECT_EX, offsetof(LaneObject, open_iterations), READONLY, NULL},
+    {"capacity", T_PYSSIZET, offsetof(LaneObject, capacity), READONLY, NULL},
+    {"dropped", T_PYSSIZET, offsetof(LaneObject, dropped), READONLY, NULL},
+    {NULL}
+};
+
+static PyGetSetDef Lane_getset[] = {
+    {"depth", (getter)Lane_get_depth, NULL, "Number of open phases on this thread.", NULL},
+    {NULL}
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_rl._hotpath.Lane",
+    .tp_basicsize = sizeof(LaneObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Raw records of one thread (a bounded ring) and its open-phase stack.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Lane_init,
+    .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_traverse = (traverseproc)Lane_traverse,
+    .tp_clear = (inquiry)Lane_clear,
+    .tp_methods = Lane_methods,
+    .tp_members = Lane_members,
+    .tp_getset = Lane_getset,
+    .tp_as_sequence = &Lane_as_sequence,
+};
+
+/* The calling thread's lane for `key` (borrowed), or NULL without an error set. */
+static LaneObject *lookup_lane(PyObject *key) {
+    PyObject *dict = PyThreadState_GetDict();
+    if (dict == NULL) return NULL;
+    PyObject *lane = PyDict_GetItemWithError(dict, key);
+    if (lane == NULL || !PyObject_TypeCheck(lane, &LaneType)) return NULL;
+    return (LaneObject *)lane;
+}
+
+static PyObject *current_lane(PyObject *module, PyObject *key) {
+    LaneObject *lane = lookup_lane(key);
+    if (lane == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(lane);
+    return (PyObject *)lane;
+}
+
+static PyObject *bind_lane(PyObject *module, PyObject *args) {
+    PyObject *key, *lane;
+    if (!PyArg_ParseTuple(args, "UO!", &key, &LaneType, &lane)) return NULL;
+    PyObject *dict = PyThreadState_GetDict();
+    if (dict == NULL) { PyErr_SetString(PyExc_RuntimeError, "no thread state dict"); return NULL; }
+    if (PyDict_SetItem(dict, key, lane) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* --------------------------------------------------------------- Phase */
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *spec;
+    PyObject *key;      /* the recorder's lane key in each thread state's dict */
+    PyObject *recorder; /* recorder.lane() creates and binds the lane on first use */
+    PyObject *warn;     /* warn(kind, phase, other) on misuse */
+} PhaseObject;
+
+static int Phase_init(PhaseObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"spec", "key", "recorder", "warn", NULL};
+    PyObject *spec, *key, *recorder, *warn;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOO", kwlist, &spec, &key, &recorder, &warn))
+        return -1;
+    Py_INCREF(spec); Py_XSETREF(self->spec, spec);
+    Py_INCREF(key); Py_XSETREF(self->key, key);
+    Py_INCREF(recorder); Py_XSETREF(self->recorder, recorder);
+    Py_INCREF(warn); Py_XSETREF(self->warn, warn);
+    return 0;
+}
+
+static int Phase_traverse(PhaseObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->spec);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->warn);
+    return 0;
+}
+
+static int Phase_clear(PhaseObject *self) {
+    Py_CLEAR(self->spec);
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->warn);
+    return 0;
+}
+
+static void Phase_dealloc(PhaseObject *self) {
+    PyObject_GC_UnTrack(self);
+    Phase_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *warn(PhaseObject *self, const char *kind, PyObject *other) {
+    PyObject *r = PyObject_CallFunction(self->warn, "sOO", kind, (PyObject *)self, other ? other : Py_None);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *Phase_enter(PhaseObject *self, PyObject *unused) {
+    LaneObject *lane = lookup_lane(self->key);
+    if (lane == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        PyObject *created = PyObject_CallMethod(self->recorder, "lane", NULL);
+        if (created == NULL) return NULL;
+        Py_DECREF(created);  /* the thread state's dict keeps it */
+        lane = lookup_lane(self->key);
+        if (lane == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.lane() did not bind a C lane");
+            return NULL;
+        }
+    }
+    if (lane->depth >= MAX_DEPTH) {
+        PyObject *r = warn(self, "too-deep", NULL);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    } else {
+        Py_INCREF(self);
+        lane->stack_phase[lane->depth] = (PyObject *)self;
+        lane->stack_start[lane->depth] = now_ns();
+        lane->depth++;
+    }
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long end = now_ns();
+    PyObject *exc_type = nargs > 0 ? args[0] : Py_None;
+    LaneObject *lane = lookup_lane(self->key);
+    if (lane == NULL || lane->depth == 0) {
+        if (PyErr_Occurred()) return NULL;
+        return warn(self, "foreign", NULL);
+    }
+    PyObject *innermost = lane->stack_phase[lane->depth - 1];
+    if (innermost != (PyObject *)self) return warn(self, "order", innermost);
+    lane->depth--;
+    Slot *slot = lane_next_slot(lane);
+    slot->obj = (PyObject *)self;  /* the stack's reference moves into the record */
+    lane->stack_phase[lane->depth] = NULL;
+    if (exc_type != Py_None) {
+        Py_INCREF(exc_type);
+        slot->exc = exc_type;
+    } else {
+        slot->exc = NULL;
+    }
+    slot->start = lane->stack_start[lane->depth];
+    slot->end = end;
+    slot->depth = lane->depth;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef Phase_methods[] = {
+    {"__enter__", (PyCFunction)Phase_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Phase_exit, METH_FASTCALL, NULL},
+    {NULL}
+};
+
+static PyMemberDef Phase_members[] = {
+    {"spec", T_OBJECT_EX, offsetof(PhaseObject, spec), READONLY, NULL},
+    {NULL}
+};
+
+static PyTypeObject PhaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_rl._hotpath.Phase",
+    .tp_basicsize = sizeof(PhaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Enter/exit of a phase: timestamps into the calling thread's lane.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Phase_init,
+    .tp_dealloc = (destructor)Phase_dealloc,
+    .tp_traverse = (traverseproc)Phase_traverse,
+    .tp_clear = (inquiry)Phase_clear,
+    .tp_methods = Phase_methods,
+    .tp_members = Phase_members,
+};
+
+static PyObject *monotonic_ns(PyObject *module, PyObject *unused) {
+    return PyLong_FromLongLong(now_ns());
+}
+
+static PyMethodDef module_methods[] = {
+    {"monotonic_ns", monotonic_ns, METH_NOARGS, "The clock this module stamps phases with."},
+    {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
+    {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
+    {NULL}
+};
+
+static struct PyModuleDef hotpath_module = {
+    PyModuleDef_HEAD_INIT, "otel_rl._hotpath", "C hot path of the phase recorder.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PhaseType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&hotpath_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) { Py_DECREF(&LaneType); Py_DECREF(m); return NULL; }
+    Py_INCREF(&PhaseType);
+    if (PyModule_AddObject(m, "Phase", (PyObject *)&PhaseType) < 0) { Py_DECREF(&PhaseType); Py_DECREF(m); return NULL; }
+    return m;
+}

@@ -1,0 +1,130 @@
+"""The C hot path and its pure-Python twin behave the same."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+
+from otel_rl import recorder as recorder_module
+from otel_rl.recorder import IMPLEMENTATIONS, ITERATION_START, Recorder
+from otel_rl.schema import phase_spec
+
+IMPLS = sorted(IMPLEMENTATIONS)
+
+
+def test_c_extension_is_built_and_default():
+    # The test command builds the package; a missing extension would silently cost 4x per phase.
+    assert "c" in IMPLEMENTATIONS
+    assert recorder_module.default_implementation() == "c"
+
+
+def test_pure_python_can_be_forced(monkeypatch):
+    monkeypatch.setenv("OTEL_RL_PURE_PYTHON", "1")
+    assert Recorder().implementation == "python"
+
+
+def test_c_clock_is_perf_counter():
+    from otel_rl import _hotpath
+
+    before = time.perf_counter_ns()
+    mid = _hotpath.monotonic_ns()
+    after = time.perf_counter_ns()
+    assert before <= mid <= after
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_records_nesting_and_order(impl):
+    rec = Recorder(implementation=impl)
+    outer = rec.new_phase(phase_spec("learner", "inference"))
+    inner = rec.new_phase(phase_spec("learner", "inference_forward"))
+    with outer:
+        with inner:
+            pass
+    lane = rec.lane()
+    lane.append((ITERATION_START, 1, "learner", 0, None))
+    assert len(lane) == 3
+    records = lane.drain()
+    assert len(lane) == 0 and lane.drain() == []
+    (p1, s1, e1, d1, x1), (p2, s2, e2, d2, x2), marker = records
+    assert (p1, d1, p2, d2) == (inner, 1, outer, 0)
+    assert s2 <= s1 <= e1 <= e2
+    assert x1 is None and marker[0] is ITERATION_START
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_exception_type_is_recorded(impl):
+    rec = Recorder(implementation=impl)
+    phase = rec.new_phase(phase_spec("learner", "learning"))
+    with pytest.raises(KeyError):
+        with phase:
+            raise KeyError("x")
+    (record,) = rec.lane().drain()
+    assert record[4] is KeyError
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_ring_drops_oldest_and_counts(impl):
+    rec = Recorder(lane_capacity=10, implementation=impl)
+    phase = rec.new_phase(phase_spec("learner", "learning"))
+    for _ in range(25):
+        with phase:
+            pass
+    lane = rec.lane()
+    assert (len(lane), lane.dropped) == (10, 15)
+    records = lane.drain()
+    assert len(records) == 10
+    starts = [r[1] for r in records]
+    assert starts == sorted(starts)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_lanes_are_per_thread(impl):
+    rec = Recorder(implementation=impl)
+    phase = rec.new_phase(phase_spec("collector", "env_step"))
+
+    def work():
+        with phase:
+            pass
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    lanes = rec.snapshot_lanes()
+    assert len(lanes) == 3
+    assert len({lane.thread_id for lane in lanes}) == 3
+    assert all(len(lane) == 1 for lane in lanes)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_misuse_warns_and_keeps_stack_intact(impl, caplog):
+    rec = Recorder(implementation=impl)
+    a = rec.new_phase(phase_spec("learner", "learning"))
+    b = rec.new_phase(phase_spec("learner", "replay_sample"))
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        a.__enter__()
+        b.__exit__(None, None, None)  # b was never entered: a stays open
+        a.__exit__(None, None, None)
+        a.__exit__(None, None, None)  # nothing open any more
+    records = rec.lane().drain()
+    assert [r[0] for r in records] == [a]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("was innermost" in m for m in messages)
+    assert any("did not enter" in m for m in messages)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_nesting_deeper_than_the_limit_warns(impl, caplog):
+    rec = Recorder(implementation=impl)
+    phases = [rec.new_phase(phase_spec("learner", f"level_{i}")) for i in range(recorder_module.MAX_DEPTH + 1)]
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        for phase in phases:
+            phase.__enter__()
+        for phase in reversed(phases):
+            phase.__exit__(None, None, None)
+    assert len(rec.lane().drain()) == recorder_module.MAX_DEPTH
+    assert any("deeper than" in r.getMessage() for r in caplog.records)
