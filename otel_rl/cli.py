@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 
@@ -16,12 +17,43 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--iterations", type=int, default=None, help="stop after this many learner iterations")
     demo.add_argument("--runs-dir", default="runs", help="parent folder of the run folder")
 
+    serve = commands.add_parser("serve", help="run the motrix.metrics/v1 ingest server")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--db", default="motrix-metrics.sqlite3", help="SQLite database file")
+    serve.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before a run is lost")
+    serve.add_argument(
+        "--require-token",
+        action="store_true",
+        help="require MOTRIX_METRICS_TOKEN as a bearer token (read from the environment, never from the command line)",
+    )
+
+    backfill = commands.add_parser("backfill", help="replay a run's metrics.jsonl into an ingest service")
+    backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
+    backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
         from otel_rl.demo import run_demo
 
         return run_demo(args)
+    token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
+    if args.command == "serve":
+        from otel_rl.server import serve_forever
+
+        if args.require_token and not token:
+            parser.error("--require-token needs MOTRIX_METRICS_TOKEN in the environment")
+        serve_forever(args.db, args.host, args.port, token if args.require_token else None, args.lost_after)
+        return 0
+    if args.command == "backfill":
+        from otel_rl.backfill import backfill as run_backfill
+
+        if not args.url:
+            parser.error("--url (or MOTRIX_METRICS_URL) is required")
+        totals = run_backfill(args.run_dir, args.url, token)
+        print(f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there")
+        return 0
     return 2
 
 

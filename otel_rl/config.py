@@ -8,6 +8,7 @@ and fall back to the default.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 import time
@@ -59,6 +60,27 @@ class TelemetryConfig:
     metric_export_interval_ms: float | None = None
     """Metric export interval; None reads ``OTEL_METRIC_EXPORT_INTERVAL`` (default 10 s)."""
 
+    motrix_url: str | None = None
+    """Base URL of a ``motrix.metrics/v1`` ingest service (``MOTRIX_METRICS_URL``); None: no live streaming."""
+
+    motrix_token: str | None = field(default=None, repr=False)
+    """Bearer token for the ingest service (``MOTRIX_METRICS_TOKEN``); only ever sent in a header."""
+
+    project: str | None = None
+    """Project of the run's records (``MOTRIX_METRICS_PROJECT``)."""
+
+    group: str | None = None
+    """Group of the run's records (``MOTRIX_METRICS_GROUP``)."""
+
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Free-form metadata of the run (``MOTRIX_METRICS_META``, a JSON object)."""
+
+    jsonl: bool | None = None
+    """Write ``run_dir/metrics.jsonl``; None: on when ``motrix_url`` is set and there is a run folder."""
+
+    perf_interval_s: float = 1.0
+    """At most one ``Perf/*`` protocol record per this many seconds (a window average when iterations are faster)."""
+
     span_exporters: list | None = None
     """SDK span exporters to use instead of those the environment asks for (None: from the environment)."""
 
@@ -89,6 +111,14 @@ class TelemetryConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
+        if self.jsonl is None:
+            self.jsonl = bool(self.motrix_url) and self.run_dir is not None
+        if self.jsonl and self.run_dir is None:
+            raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
+        if not isinstance(self.meta, dict):
+            raise TypeError(f"meta must be a dict, got {type(self.meta).__name__}")
+        if not self.perf_interval_s > 0:
+            raise ValueError(f"perf_interval_s must be positive, got {self.perf_interval_s!r}")
         if self.run_id is None:
             if self.run_dir is not None:
                 self.run_id = self.run_dir.resolve().name
@@ -108,7 +138,12 @@ class TelemetryConfig:
             raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
         defaults: dict[str, Any] = {
             "enabled": not env.read(env.OTEL_SDK_DISABLED, env.parse_bool, False, "true or false"),
-            "run_id": os.environ.get(env.OTEL_RL_RUN_ID) or None,
+            "run_id": os.environ.get(env.OTEL_RL_RUN_ID) or os.environ.get(env.MOTRIX_METRICS_RUN_ID) or None,
+            "motrix_url": os.environ.get(env.MOTRIX_METRICS_URL, "").strip() or None,
+            "motrix_token": os.environ.get(env.MOTRIX_METRICS_TOKEN) or None,
+            "project": os.environ.get(env.MOTRIX_METRICS_PROJECT) or None,
+            "group": os.environ.get(env.MOTRIX_METRICS_GROUP) or None,
+            "meta": env.read(env.MOTRIX_METRICS_META, _json_object, {}, "a JSON object"),
             "algorithm": os.environ.get(env.OTEL_RL_ALGORITHM) or None,
             "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, 1000.0, "spans per second >= 0"),
             "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, False, "true or false"),
@@ -119,6 +154,13 @@ class TelemetryConfig:
         if options.get("enabled") is None:
             merged["enabled"] = defaults["enabled"]
         return cls(run_dir=run_dir, service_name=service_name, **merged)
+
+
+def _json_object(raw: str) -> dict[str, Any]:
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise ValueError(raw)
+    return value
 
 
 def _non_negative(raw: str) -> float:

@@ -38,7 +38,19 @@ OTEL_RL_SPAN_BUDGET = "OTEL_RL_SPAN_BUDGET"
 """Phase spans per second sent to span exporters; whole iterations are sampled above it."""
 OTEL_RL_STRICT = "OTEL_RL_STRICT"
 """``true``: unknown scalar keys and phases raise instead of being namespaced."""
-OTEL_RL_CONSOLE = "OTEL_RL_CONSOLE"
+OTEL_RL_PURE_PYTHON = "OTEL_RL_PURE_PYTHON"
+"""``1``: use the pure-Python recorder even when the C hot path is built."""
+
+# The motrix.metrics/v1 live-metrics protocol.
+MOTRIX_METRICS_URL = "MOTRIX_METRICS_URL"
+"""Base URL of the ingest service; live streaming is off without it."""
+MOTRIX_METRICS_TOKEN = "MOTRIX_METRICS_TOKEN"
+"""Bearer token; sent only in the Authorization header."""
+MOTRIX_METRICS_RUN_ID = "MOTRIX_METRICS_RUN_ID"
+MOTRIX_METRICS_PROJECT = "MOTRIX_METRICS_PROJECT"
+MOTRIX_METRICS_GROUP = "MOTRIX_METRICS_GROUP"
+MOTRIX_METRICS_META = "MOTRIX_METRICS_META"
+"""A JSON object of free-form run metadata."""
 
 
 def signal_variable(base: str, signal: str) -> str:

@@ -12,7 +12,7 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 
@@ -94,10 +94,18 @@ class _LaneState:
 class Pipeline:
     """Drains a :class:`Recorder` into sinks on a daemon thread."""
 
-    def __init__(self, recorder: Recorder, sinks: Sequence[RecordSink], clock: Clock, interval_s: float = 0.1) -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        sinks: Sequence[RecordSink],
+        clock: Clock,
+        seq: Iterator[int],
+        interval_s: float = 0.1,
+    ) -> None:
         if interval_s <= 0:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
         self._recorder = recorder
+        self._seq = seq
         self.sinks = list(sinks)
         # Bound methods per record kind, skipping sinks that keep the no-op default.
         self._handlers = {
@@ -173,8 +181,8 @@ class Pipeline:
                 else:
                     ends.append(item)
             else:
-                time_ns, name, attributes = item
-                self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes))
+                time_ns, name, attributes, seq = item
+                self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes, seq))
         for lane in self._recorder.snapshot_lanes():
             self._drain_lane(lane)
         scalars = self._recorder.scalars
@@ -185,7 +193,7 @@ class Pipeline:
         self._fanout("on_drain", self._clock.now_ns())
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
-        time_ns, values, step, iteration, env_steps = raw
+        time_ns, values, step, iteration, env_steps, seq = raw
         clean: dict[str, float | int | None] = {}
         for raw_key, value in values.items():
             key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
@@ -196,9 +204,11 @@ class Pipeline:
                 self.seen_nonfinite.add(key)
                 self._fanout(
                     "on_event",
-                    EventRecord(self._clock.to_epoch_ns(time_ns), "nonfinite", {"key": key, "value": repr(value)}),
+                    EventRecord(
+                        self._clock.to_epoch_ns(time_ns), "nonfinite", {"key": key, "value": repr(value)}, next(self._seq)
+                    ),
                 )
-        return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps)
+        return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
 
     def _accept_key(self, raw_key: object) -> str:
         """The key as exported: canonical keys as is, others namespaced under ``custom/`` with one warning."""

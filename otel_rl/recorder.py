@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any, TypeVar
 
+from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.schema import PhaseSpec
 
 _logger = logging.getLogger(__name__)
@@ -277,7 +278,7 @@ if _hotpath is not None:
 
 def default_implementation() -> str:
     """``c`` when the extension is built, unless ``OTEL_RL_PURE_PYTHON=1``."""
-    if os.environ.get("OTEL_RL_PURE_PYTHON", "").lower() in ("1", "true"):
+    if os.environ.get(OTEL_RL_PURE_PYTHON, "").lower() in ("1", "true"):
         return "python"
     return "c" if "c" in IMPLEMENTATIONS else "python"
 

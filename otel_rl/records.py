@@ -92,6 +92,7 @@ class ScalarsRecord:
     step: int | None
     iteration: int | None
     env_steps: int | None
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -99,6 +100,7 @@ class EventRecord:
     time_ns: int
     name: str
     attributes: dict[str, Any]
+    seq: int = 0
 
 
 @dataclass(slots=True)
@@ -106,6 +108,8 @@ class RunRecord:
     """Start (``end_ns is None``) or end of the run, with its final status.
 
     ``status`` is ``running`` at start, then ``finished``, ``failed`` or ``killed``.
+    ``seq`` (here and on scalars and events) is the record's ``motrix.metrics/v1``
+    sequence number, assigned when the call was made.
     """
 
     status: str
@@ -113,3 +117,4 @@ class RunRecord:
     end_ns: int | None = None
     reason: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
+    seq: int = 0

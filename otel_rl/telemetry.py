@@ -10,15 +10,15 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import signal
 import threading
-import traceback
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import schema
+from otel_rl import protocol, schema
 from otel_rl.config import TelemetryConfig
 from otel_rl.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.recorder import Iteration, Phase, Recorder, warn_once
@@ -28,22 +28,49 @@ from otel_rl.values import snapshot
 
 _logger = logging.getLogger(__name__)
 
-REASON_LIMIT_BYTES = 2048
-
-
 def failure_reason(exc: BaseException) -> str:
     """``Type: message`` of an exception, capped at 2 KB of UTF-8."""
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    message = str(exc)
+    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     encoded = text.encode("utf-8")
-    if len(encoded) > REASON_LIMIT_BYTES:
-        text = encoded[: REASON_LIMIT_BYTES - 3].decode("utf-8", "ignore") + "..."
+    if len(encoded) > protocol.REASON_LIMIT_BYTES:
+        text = encoded[: protocol.REASON_LIMIT_BYTES - 3].decode("utf-8", "ignore") + "..."
     return text
+
+
+class Terminated(SystemExit):
+    """Raised in the main thread on SIGTERM during :meth:`Telemetry.run`; exits with status 143."""
+
+    def __init__(self) -> None:
+        super().__init__(128 + signal.SIGTERM)
+
+    def __str__(self) -> str:
+        return "SIGTERM"
+
+
+def _terminate_on_sigterm() -> Callable[[], None] | None:
+    """Install the SIGTERM handler if we may (main thread, default action); return its undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return None  # the application handles SIGTERM itself
+
+        def handler(signum: int, frame: object) -> None:
+            raise Terminated()
+
+        signal.signal(signal.SIGTERM, handler)
+    except (ValueError, OSError):
+        return None
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_status(exc: BaseException | None) -> str:
     """Terminal status of a run that ended with ``exc`` (None: normal exit)."""
     if exc is None:
         return "finished"
+    if isinstance(exc, Terminated):
+        return "killed"
     if isinstance(exc, SystemExit):
         return "finished" if exc.code in (None, 0) else "failed"
     if isinstance(exc, KeyboardInterrupt):
@@ -85,6 +112,8 @@ class Telemetry:
         self._last_env_steps: int | None = None
         self._strict_keys: set[str] = set()
         self._run_open = False
+        self._seq = protocol.seq_counter()
+        self.writer = protocol.writer_id()
 
         parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
@@ -113,14 +142,43 @@ class Telemetry:
         all_sinks: list[RecordSink] = [self.otel, AggregatorSink(self.aggregates, self._dropped)]
         if config.run_dir is not None:
             all_sinks.append(SummarySink(config, self.aggregates))
+        self.motrix = self._motrix_sink()
+        if self.motrix is not None:
+            all_sinks.append(self.motrix)
         all_sinks.extend(sinks or [])
-        self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, config.pipeline_interval_s)
+        self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, self._seq, config.pipeline_interval_s)
         self._pipeline.start()
         # The exit hook holds a weak reference: it must not keep a forgotten
         # Telemetry alive, and it is bounded by the shutdown timeout.
         ref = weakref.ref(self)
         self._atexit = lambda: (t := ref()) is not None and t.close()
         atexit.register(self._atexit)
+
+    def _motrix_sink(self):
+        """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
+        config = self.config
+        if not config.motrix_url and not config.jsonl:
+            return None
+        from otel_rl.exporters.http_sender import HttpSender
+        from otel_rl.exporters.jsonl import JSONL_FILE, JsonlWriter
+        from otel_rl.exporters.motrix import MotrixSink
+
+        sink = MotrixSink(
+            config.run_id,
+            self.writer,
+            self._seq,
+            outputs=[],
+            project=config.project,
+            group=config.group,
+            meta=config.meta,
+            perf_interval_s=config.perf_interval_s,
+        )
+        if config.jsonl:
+            sink.outputs.append(JsonlWriter(config.run_dir / JSONL_FILE, drop_event=sink.drop_event))
+        if config.motrix_url:
+            sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, sink.drop_event))
+        sink.pending()
+        return sink
 
     def _resource(self):
         from opentelemetry.sdk.resources import Resource
@@ -202,7 +260,9 @@ class Telemetry:
                 if key not in self._strict_keys:
                     schema.metric_spec(key, strict=True)
                     self._strict_keys.add(key)
-        self._recorder.add_scalars((perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps))
+        self._recorder.add_scalars(
+            (perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps, next(self._seq))
+        )
 
     def event(self, name: str, **attributes: Any) -> None:
         """Record a named event (``warmup_done``, ``checkpoint_saved``...)."""
@@ -211,14 +271,32 @@ class Telemetry:
         if self._closed:
             warn_once("closed-event", "otel-rl: event() after close(); event %r dropped", name)
             return
-        self._recorder.add_event((perf_counter_ns(), name, attributes))
+        self._recorder.add_event((perf_counter_ns(), name, attributes, next(self._seq)))
 
     @contextmanager
-    def run(self, **attributes: Any) -> Iterator[Telemetry]:
+    def run(
+        self,
+        *,
+        family: str | None = None,
+        total_steps: int | None = None,
+        num_envs: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        handle_sigterm: bool = True,
+    ) -> Iterator[Telemetry]:
         """The whole run: the root span, ended with status finished, failed or killed.
 
+        Args:
+            family: algorithm family, ``rl.offpolicy`` or ``rl.onpolicy``.
+            total_steps: planned env steps (for progress).
+            num_envs: parallel environments.
+            config: the resolved training configuration (JSON-serialisable).
+            handle_sigterm: on the main thread, and when SIGTERM has its default
+                action, turn SIGTERM into :class:`Terminated` for the run's
+                duration so the run ends as ``killed`` and telemetry is flushed.
+
         Exceptions propagate unchanged. ``SystemExit(0)`` counts as finished,
-        ``KeyboardInterrupt`` as killed.
+        ``KeyboardInterrupt`` and SIGTERM as killed, any other exception as
+        failed with its ``Type: message`` as the reason.
         """
         if self._run_open:
             warn_once("run-twice", "otel-rl: run() entered while a run is open; the inner one is not recorded")
@@ -227,25 +305,41 @@ class Telemetry:
         self._run_open = True
         span_id = new_span_id()
         start_ns = self._clock.now_ns()
+        metadata = {"family": family, "total_steps": total_steps, "num_envs": num_envs, "config": config}
         self._recorder.add_control(
             RunRecord(
                 "running",
                 start_ns,
-                attributes={"span_id": span_id, "parent_span_id": self._parent_span_id, **attributes},
+                attributes={
+                    "span_id": span_id,
+                    "parent_span_id": self._parent_span_id,
+                    **{k: v for k, v in metadata.items() if v is not None},
+                },
+                seq=next(self._seq),
             )
         )
         self.run_span_id = span_id
+        restore = _terminate_on_sigterm() if handle_sigterm else None
         try:
             yield self
         except BaseException as exc:
-            self._end_run(start_ns, run_status(exc), None if run_status(exc) == "finished" else failure_reason(exc))
+            status = run_status(exc)
+            self._end_run(start_ns, status, None if status == "finished" else failure_reason(exc))
             raise
         else:
             self._end_run(start_ns, "finished", None)
+        finally:
+            if restore is not None:
+                restore()
 
     def _end_run(self, start_ns: int, status: str, reason: str | None) -> None:
         self._run_open = False
-        self._recorder.add_control(RunRecord(status, start_ns, self._clock.now_ns(), reason))
+        attributes: dict[str, Any] = {}
+        if status == "failed" and self.config.run_dir is not None:
+            attributes["error_logs"] = sorted(str(p) for p in (self.config.run_dir / "errors").glob("*.log"))
+        self._recorder.add_control(
+            RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes, seq=next(self._seq))
+        )
 
     def traceparent(self) -> str:
         """W3C ``traceparent`` of the open run (for worker processes to join the trace)."""
@@ -354,7 +448,7 @@ class NoOpTelemetry:
         pass
 
     @contextmanager
-    def run(self, **attributes: Any) -> Iterator[NoOpTelemetry]:
+    def run(self, **metadata: Any) -> Iterator[NoOpTelemetry]:
         yield self
 
     def traceparent(self) -> str:

@@ -1,0 +1,101 @@
+"""Real misbehaving HTTP peers on loopback for the live-metrics fault tests."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class ScriptedIngest:
+    """An ingest endpoint whose answers follow a script.
+
+    ``answers`` is consumed one per request: an int status, or a tuple
+    ``(status, headers)``; once exhausted every request gets ``then``.
+    ``delay_s`` delays every answer. Decoded batches of 2xx answers are kept.
+    """
+
+    def __init__(self, answers=(), then=200, delay_s: float = 0.0) -> None:
+        self.answers = list(answers)
+        self.then = then
+        self.delay_s = delay_s
+        self.requests: list[dict] = []
+        self.accepted: list[dict] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                body = json.loads(gzip.decompress(raw)) if self.headers.get("Content-Encoding") == "gzip" else None
+                with outer.lock:
+                    answer = outer.answers.pop(0) if outer.answers else outer.then
+                    outer.requests.append({"headers": dict(self.headers), "path": self.path, "body": body})
+                status, headers = answer if isinstance(answer, tuple) else (answer, {})
+                if outer.delay_s:
+                    time.sleep(outer.delay_s)
+                if 200 <= status < 300 and body is not None:
+                    with outer.lock:
+                        outer.accepted.extend(body["records"])
+                payload = json.dumps({"status": status}).encode()
+                self.send_response(status)
+                for key, value in headers.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+
+    def kinds(self) -> list[str]:
+        with self.lock:
+            return [r["kind"] for r in self.accepted]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class SilentServer:
+    """Accepts connections and never answers."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._held: list[socket.socket] = []
+        self._stop = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self._held.append(conn)
+
+    def stop(self) -> None:
+        self._stop = True
+        self._sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+def refused_url() -> str:
+    """A loopback URL where nothing listens."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"

@@ -1,0 +1,83 @@
+"""Builds the golden records of tests/fixtures/metrics_v1 from the real MotrixSink."""
+
+from __future__ import annotations
+
+import itertools
+
+from otel_rl.exporters.motrix import MotrixSink
+from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
+
+FIXED_TS = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+FIXED_VERSIONS = {"python": "3.11.7", "otel_rl": "0.1.0"}
+
+
+class ListOutput:
+    def __init__(self) -> None:
+        self.records: list[dict] = []
+
+    def submit(self, record: dict) -> None:
+        self.records.append(record)
+
+
+def golden_records() -> dict[str, dict]:
+    out = ListOutput()
+    seq = itertools.count(1_767_225_600_000_000)  # shared with the sink, as in Telemetry
+    sink = MotrixSink(
+        "sac-pendulum-1",
+        "trainer-0:4242",
+        seq,
+        [out],
+        project="pendulum",
+        group="ablation-lr",
+        meta={"owner": "rl-team"},
+    )
+    start_ns = int(FIXED_TS * 1e9)
+    sink.pending()
+    sink.on_run(
+        RunRecord(
+            "running",
+            start_ns,
+            attributes={"family": "rl.offpolicy", "total_steps": 100_000, "num_envs": 8, "config": {"lr": 0.0003}},
+            seq=next(seq),
+        )
+    )
+    sink.on_scalars(
+        ScalarsRecord(
+            start_ns + 1_000_000_000,
+            {"Loss/critic": 0.25, "Train/mean_reward": -812.5, "Policy/entropy": None},
+            None,
+            12,
+            96,
+            seq=next(seq),
+        )
+    )
+    sink.on_event(EventRecord(start_ns + 2_000_000_000, "checkpoint_saved", {"path": "ckpt/000096.pt", "env_steps": 96}, next(seq)))
+    heartbeat = sink.heartbeat()
+    sink.on_run(RunRecord("finished", start_ns, start_ns + 3_000_000_000, None, seq=next(seq)))
+    failed_sink = MotrixSink("sac-pendulum-2", "trainer-0:4243", itertools.count(1_767_225_700_000_000), [out])
+    failed_sink.on_run(
+        RunRecord(
+            "failed",
+            start_ns,
+            start_ns + 5_000_000_000,
+            "RuntimeError: CUDA error: out of memory",
+            {"error_logs": ["runs/sac-pendulum-2/errors/learner.log"]},
+            seq=1_767_225_700_000_009,
+        )
+    )
+    killed = MotrixSink("sac-pendulum-3", "trainer-0:4244", itertools.count(1_767_225_800_000_000), [out])
+    killed.on_run(RunRecord("killed", start_ns, start_ns + 7_000_000_000, "KeyboardInterrupt", seq=1_767_225_800_000_004))
+    pending, running, scalars, event, finished, failed, killed_rec = out.records
+    for rec in (pending, heartbeat):
+        rec["ts"] = FIXED_TS
+    running["versions"] = dict(FIXED_VERSIONS)
+    return {
+        "run_pending": pending,
+        "run_running": running,
+        "scalars": scalars,
+        "event": event,
+        "heartbeat": heartbeat,
+        "run_finished": finished,
+        "run_failed": failed,
+        "run_killed": killed_rec,
+    }

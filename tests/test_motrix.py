@@ -1,0 +1,378 @@
+"""The motrix.metrics/v1 client: records, outputs, drop policy, faults and lifecycle, against real peers."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import otel_rl
+from otel_rl import protocol
+from otel_rl.exporters.http_sender import HttpSender, retry_after_s
+from otel_rl.exporters.record_queue import RecordQueue
+
+from fault_servers import ScriptedIngest, SilentServer, refused_url
+from motrix_golden import golden_records
+
+FIXTURES = Path(__file__).parent / "fixtures" / "metrics_v1"
+TOKEN = "s3cr3t-t0ken-value"
+
+
+def read_jsonl(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
+
+
+def train(tel, iterations: int = 20, scalars_keys: int = 40) -> list[float]:
+    """A small instrumented loop; returns the duration of every scalars() call."""
+    durations = []
+    with tel.run(family="rl.offpolicy", total_steps=iterations * 8, num_envs=8, config={"lr": 1e-3}):
+        for i in range(iterations):
+            with tel.iteration(i, env_steps=(i + 1) * 8):
+                with tel.phase("collector_wait"):
+                    pass
+                with tel.phase("learning"):
+                    time.sleep(0.001)
+            values = {f"Loss/k{j}": float(i * j) for j in range(scalars_keys)}
+            start = time.perf_counter()
+            tel.scalars(values)
+            durations.append(time.perf_counter() - start)
+        tel.event("checkpoint_saved", path="ckpt.pt")
+    return durations
+
+
+# -- the format -------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(golden_records()))
+def test_golden_fixtures(name):
+    expected = json.loads((FIXTURES / f"{name}.json").read_text())
+    assert golden_records()[name] == expected
+
+
+def test_fixtures_follow_the_json_schema():
+    batch = json.loads((FIXTURES / "batch.json").read_text())
+    assert len(protocol.validate_batch(batch)) == len(golden_records())
+
+
+def test_schema_rejects_bad_records_naming_the_field():
+    good = golden_records()["scalars"]
+    for change, field in (
+        ({"seq": "7"}, "$.records[0].seq"),
+        ({"kind": "gossip"}, "$.records[0].kind"),
+        ({"values": {"Loss/critic": "high"}}, "$.records[0].values['Loss/critic']"),
+    ):
+        with pytest.raises(protocol.ProtocolError) as raised:
+            protocol.validate_batch(protocol.batch([{**good, **change}]))
+        assert raised.value.field == field
+    with pytest.raises(protocol.ProtocolError) as raised:
+        protocol.validate_batch({"protocol": "motrix.metrics/v2", "records": []})
+    assert raised.value.field == "$.protocol"
+
+
+# -- behaviour --------------------------------------------------------
+
+
+def test_off_without_url_or_jsonl(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path)
+    assert tel.motrix is None
+    tel.close()
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_same_records_with_same_seq_in_file_and_service(tmp_path):
+    server = ScriptedIngest()
+    try:
+        tel = otel_rl.init(run_dir=tmp_path, motrix_url=server.url, perf_interval_s=0.05)
+        train(tel)
+        tel.close()
+        assert tel.motrix.join(10)
+    finally:
+        server.stop()
+    in_file = read_jsonl(tmp_path)
+    by_key = {(r["writer"], r["seq"]): r for r in in_file}
+    assert len(by_key) == len(in_file)  # seqs are unique per writer
+    assert {(r["writer"], r["seq"]): r for r in server.accepted} == by_key
+    kinds = [r["kind"] for r in in_file]
+    assert kinds.count("run") == 3  # pending, running, finished
+    statuses = [r["status"] for r in in_file if r["kind"] == "run"]
+    assert statuses == ["pending", "running", "finished"]
+    running = next(r for r in in_file if r.get("status") == "running")
+    assert (running["family"], running["total_steps"], running["num_envs"]) == ("rl.offpolicy", 160, 8)
+    assert running["config"] == {"lr": 1e-3} and "otel_rl" in running["versions"]
+    scalars = [r for r in in_file if r["kind"] == "scalars" and "Loss/k1" in r["values"]]
+    assert [r["axes"]["env_steps"] for r in scalars] == [(i + 1) * 8 for i in range(20)]
+    assert all(r["step"] == r["axes"]["env_steps"] for r in scalars)
+    perf = [r for r in in_file if r["kind"] == "scalars" and "Perf/iteration_time" in r["values"]]
+    assert perf and all(r["axes"]["env_steps"] is not None for r in perf)
+    assert all(0.001 <= r["values"]["Perf/learning_time"] < 1.0 for r in perf)
+    assert all("Perf/learner_collector_wait_ms" in r["values"] for r in perf)
+    assert len(perf) < 20  # bounded rate: windows, not one record per iteration
+    request = server.requests[0]
+    assert request["path"] == "/api/v1/ingest"
+    assert request["headers"]["Content-Encoding"] == "gzip"
+    assert request["headers"]["Content-Type"] == "application/json"
+    assert "Authorization" not in request["headers"]
+
+
+def test_token_is_only_in_the_authorization_header(tmp_path, caplog):
+    server = ScriptedIngest(then=401)
+    try:
+        with caplog.at_level(logging.DEBUG):
+            tel = otel_rl.init(run_dir=tmp_path, motrix_url=server.url, motrix_token=TOKEN)
+            train(tel, iterations=3)
+            tel.close()
+            tel.motrix.join(10)
+    finally:
+        server.stop()
+    assert all(r["headers"]["Authorization"] == f"Bearer {TOKEN}" for r in server.requests)
+    assert TOKEN not in (tmp_path / "metrics.jsonl").read_text()
+    assert TOKEN not in repr(tel.config)
+    assert all(TOKEN not in r.getMessage() and TOKEN not in (r.exc_text or "") for r in caplog.records)
+    assert any("answered 401" in r.getMessage() for r in caplog.records)
+
+
+def test_environment_configuration(tmp_path, monkeypatch, caplog):
+    server = ScriptedIngest()
+    monkeypatch.setenv("MOTRIX_METRICS_URL", server.url)
+    monkeypatch.setenv("MOTRIX_METRICS_RUN_ID", "my-run")
+    monkeypatch.setenv("MOTRIX_METRICS_PROJECT", "proj")
+    monkeypatch.setenv("MOTRIX_METRICS_GROUP", "grp")
+    monkeypatch.setenv("MOTRIX_METRICS_META", '["not", "an", "object"]')
+    try:
+        with caplog.at_level(logging.WARNING):
+            tel = otel_rl.init(run_dir=tmp_path)
+            tel.close()
+            tel.motrix.join(10)
+    finally:
+        server.stop()
+    (pending,) = server.accepted
+    assert (pending["run_id"], pending["project"], pending["group"], pending["meta"]) == ("my-run", "proj", "grp", {})
+    assert sum("MOTRIX_METRICS_META" in r.getMessage() for r in caplog.records) == 1
+    assert read_jsonl(tmp_path) == [pending]
+
+
+def test_nonfinite_values_become_null_with_one_event_per_key(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True)
+    tel.scalars({"Loss/critic": float("nan"), "Loss/actor": 1.0})
+    tel.scalars({"Loss/critic": float("inf"), "Loss/actor": float("-inf")})
+    tel.scalars({"Loss/critic": float("nan")})
+    tel.close()
+    tel.motrix.join(10)
+    records = read_jsonl(tmp_path)
+    values = [r["values"] for r in records if r["kind"] == "scalars"]
+    assert values == [{"Loss/critic": None, "Loss/actor": 1.0}, {"Loss/critic": None, "Loss/actor": None}, {"Loss/critic": None}]
+    events = [r["attributes"]["key"] for r in records if r["kind"] == "event" and r["name"] == "nonfinite"]
+    assert sorted(events) == ["Loss/actor", "Loss/critic"]
+
+
+def test_numpy_values_convert(tmp_path):
+    np = pytest.importorskip("numpy")
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True)
+    tel.scalars({"Loss/critic": np.float32(0.5), "Train/mean_episode_length": np.int64(200), "Loss/nan": np.float64("nan")})
+    tel.close()
+    tel.motrix.join(10)
+    (scalars,) = [r for r in read_jsonl(tmp_path) if r["kind"] == "scalars"]
+    assert scalars["values"] == {"Loss/critic": 0.5, "Train/mean_episode_length": 200, "Loss/nan": None}
+
+
+# -- drop policy ------------------------------------------------------
+
+
+def _rec(kind: str, n: int) -> dict:
+    return {"kind": kind, "seq": n}
+
+
+def test_full_queue_drops_oldest_scalars_only():
+    queue = RecordQueue(4, "test")
+    queue.put(_rec("run", 0))
+    for n in range(1, 4):
+        queue.put(_rec("scalars", n))
+    queue.put(_rec("event", 4))  # full: the oldest scalars (1) makes room
+    queue.put(_rec("scalars", 5))  # full: scalars 2 goes
+    assert [r["seq"] for r in queue.take()] == [0, 3, 4, 5]
+    assert queue.dropped == {"scalars": 2}
+    assert queue.take_drop_report() == {"scalars": 2} and queue.take_drop_report() == {}
+
+
+def test_lifecycle_records_are_kept_up_to_the_hard_bound(caplog):
+    queue = RecordQueue(3, "test")
+    with caplog.at_level(logging.WARNING):
+        for n in range(8):
+            queue.put(_rec("event", n))
+    assert len(queue) == 6  # twice the capacity, never more
+    assert queue.dropped == {"event": 2}
+    assert sum("lifecycle records" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_drops_are_reported_once_delivery_recovers():
+    server = ScriptedIngest(answers=[(503, {"Retry-After": "1"})])
+    seq = iter(range(10**6))
+    made = lambda kind, **f: protocol.record("r", "h:1", next(seq), time.time(), kind, **f)  # noqa: E731
+    sender = HttpSender(
+        server.url,
+        None,
+        heartbeat=lambda: made("heartbeat"),
+        drop_event=lambda output, counts: made("event", name="records_dropped", attributes={"output": output, **counts}),
+        capacity=5,
+        batch_size=5,
+        interval_s=0.05,
+    )
+    try:
+        sender.submit(made("run", status="running"))
+        for i in range(4):
+            sender.submit(made("scalars", step=i, axes={}, values={"x": i}))
+        time.sleep(0.3)  # the first batch is now waiting out Retry-After
+        for i in range(20):
+            sender.submit(made("scalars", step=i, axes={}, values={"x": i}))
+        sender.close()
+        assert sender.join(15)
+    finally:
+        server.stop()
+    dropped = [r for r in server.accepted if r["kind"] == "event" and r["name"] == "records_dropped"]
+    # Every drop is reported once (a report can itself push out a scalars record, reported next).
+    assert dropped and sum(d["attributes"]["scalars"] for d in dropped) == sender.queue.dropped["scalars"] > 0
+    assert {d["attributes"]["output"] for d in dropped} == {"http"}
+    assert "run" in server.kinds()
+
+
+def test_retry_after_parsing():
+    assert retry_after_s("2") == 2.0
+    assert retry_after_s("9999") == 60.0
+    assert retry_after_s(None) is None and retry_after_s("soon") is None
+    assert retry_after_s("Wed, 21 Oct 2015 07:28:00 GMT") == 0.0
+
+
+# -- faults -----------------------------------------------------------
+
+
+def _fault_server(kind: str):
+    if kind == "silent":
+        return SilentServer()
+    if kind == "refused":
+
+        class Refused:
+            url = refused_url()
+
+            def stop(self):
+                pass
+
+        return Refused()
+    answers = {
+        "slow": ScriptedIngest(delay_s=0.5),
+        "400": ScriptedIngest(then=400),
+        "401": ScriptedIngest(then=401),
+        "413": ScriptedIngest(then=413),
+        "429": ScriptedIngest(then=(429, {"Retry-After": "1"})),
+        "500": ScriptedIngest(then=500),
+        "503": ScriptedIngest(then=(503, {"Retry-After": "1"})),
+    }
+    server = answers.pop(kind)
+    for other in answers.values():
+        other.stop()
+    return server
+
+
+@pytest.mark.parametrize("kind", ["slow", "silent", "refused", "400", "401", "413", "429", "500", "503"])
+def test_service_faults_never_reach_training(kind, tmp_path):
+    server = _fault_server(kind)
+    try:
+        tel = otel_rl.init(run_dir=tmp_path, motrix_url=server.url)
+        durations = train(tel, iterations=30)
+        started = time.monotonic()
+        tel.close()
+        close_s = time.monotonic() - started
+    finally:
+        server.stop()
+    # close() hands the final records over and returns; it never waits on the service.
+    assert close_s < tel.config.shutdown_timeout_s
+    assert len(durations) == 30
+    # The file holds everything whatever the service does.
+    tel.motrix.outputs[0].flush(10)
+    kinds = [r["kind"] for r in read_jsonl(tmp_path)]
+    assert kinds.count("scalars") >= 30 and kinds.count("run") == 3 and "event" in kinds
+
+
+def test_service_recovering_within_the_retry_window_loses_no_lifecycle_record(tmp_path):
+    server = ScriptedIngest(answers=[(503, {"Retry-After": "0"})] * 3 + [500, 502])
+    try:
+        tel = otel_rl.init(run_dir=tmp_path, motrix_url=server.url)
+        train(tel, iterations=5)
+        tel.event("warmup_done")
+        tel.close()
+        assert tel.motrix.join(30)
+    finally:
+        server.stop()
+    delivered = {(r["writer"], r["seq"]) for r in server.accepted}
+    for rec in read_jsonl(tmp_path):
+        if rec["kind"] in ("run", "event"):
+            assert (rec["writer"], rec["seq"]) in delivered, rec
+
+
+# -- disk faults ------------------------------------------------------
+
+
+def _disk_fault(kind: str, run_dir: Path):
+    """Make run_dir/metrics.jsonl misbehave for real; returns a cleanup function."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target = run_dir / "metrics.jsonl"
+    if kind == "erroring":
+        target.symlink_to("/dev/full")  # every write fails with ENOSPC
+        return lambda: None
+    if kind in ("stalled", "slow"):
+        os.mkfifo(target)  # opening for writing blocks until a reader comes
+        stop = threading.Event()
+
+        def slow_reader():
+            with open(target, "rb") as fifo:
+                while not stop.is_set() and fifo.read(256):
+                    time.sleep(0.05)
+
+        if kind == "slow":
+            threading.Thread(target=slow_reader, daemon=True).start()
+
+        def release():
+            stop.set()
+            # Unblock a writer still waiting in open() so its thread can end.
+            fd = os.open(target, os.O_RDONLY | os.O_NONBLOCK)
+            os.close(fd)
+
+        return release
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["slow", "stalled", "erroring"])
+def test_disk_faults_never_reach_training(kind, tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    release = _disk_fault(kind, run_dir)
+    try:
+        with caplog.at_level(logging.WARNING):
+            tel = otel_rl.init(run_dir=run_dir, jsonl=True)
+            train(tel, iterations=30)
+            tel.flush(timeout_s=0.5)  # bounded even though the disk is not
+            started = time.monotonic()
+            tel.close()
+            assert time.monotonic() - started < tel.config.shutdown_timeout_s
+    finally:
+        release()
+    writer = tel.motrix.outputs[0]
+    if kind == "erroring":
+        assert writer.written == 0
+        assert sum(f"cannot write {run_dir}" in r.getMessage() for r in caplog.records) == 1
+    assert (run_dir / "run_summary.json").exists()  # the rest of telemetry carried on
+
+
+def test_unwritable_directory(tmp_path, caplog):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the run folder should be")
+    with caplog.at_level(logging.WARNING):
+        tel = otel_rl.init(run_dir=blocker / "run", jsonl=True)
+        train(tel, iterations=5)
+        tel.flush(timeout_s=3)  # the writer tries (and fails) now
+        tel.close()
+        tel.motrix.join(0.5)
+    assert sum(str(blocker / "run" / "metrics.jsonl") in r.getMessage() for r in caplog.records) == 1
