@@ -32,12 +32,21 @@ def main(argv: list[str] | None = None) -> int:
     backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
     backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL")
 
+    analyze = commands.add_parser("analyze", help="say where the time goes, from a run's Perfetto trace")
+    analyze.add_argument("path", help="trace file or run folder")
+    analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto")
+    analyze.add_argument("--trace-processor", help="trace_processor_shell binary for the SQL engine")
+    analyze.add_argument("--json", action="store_true", help="print the report as JSON")
+    analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
         from otel_rl.demo import run_demo
 
         return run_demo(args)
+    if args.command == "analyze":
+        return _analyze(args)
     token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
     if args.command == "serve":
         from otel_rl.server import serve_forever
@@ -55,6 +64,29 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there")
         return 0
     return 2
+
+
+def _analyze(args) -> int:
+    import json
+
+    from otel_rl.analysis import read_trace
+    from otel_rl.analysis.report import analyze_model, render_text
+    from otel_rl.analysis.sql_engine import TraceProcessorUnavailable
+
+    try:
+        model, engine = read_trace(args.path, args.engine, args.trace_processor)
+    except (FileNotFoundError, TraceProcessorUnavailable, ValueError) as exc:
+        print(f"otel-rl analyze: {exc}", file=sys.stderr)
+        return 2
+    report = analyze_model(model)
+    report["engine"] = engine
+    print(json.dumps(report, indent=2) if args.json else render_text(report))
+    if args.plot:
+        from otel_rl.analysis.plot import plot
+
+        plot(model, report, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -81,6 +81,24 @@ class TelemetryConfig:
     perf_interval_s: float = 1.0
     """At most one ``Perf/*`` protocol record per this many seconds (a window average when iterations are faster)."""
 
+    role: str = "learner"
+    """What this process is (``learner``, ``collector 0``...): its process name in the trace."""
+
+    trace_enabled: bool = False
+    """Write a Perfetto trace of every phase (``OTEL_RL_TRACE_ENABLED``)."""
+
+    trace_output_dir: Path | None = None
+    """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""
+
+    trace_thread_time: bool = False
+    """Add each thread's CPU share per iteration as a counter (``OTEL_RL_TRACE_THREAD_TIME``)."""
+
+    trace_cuda_events: bool = True
+    """Put CUDA-timed device intervals on GPU stream tracks (``OTEL_RL_TRACE_CUDA_EVENTS``)."""
+
+    trace_max_bytes: int = 256 * 1024 * 1024
+    """Rotate the trace file to ``trace.1.perfetto-trace`` past this size."""
+
     span_exporters: list | None = None
     """SDK span exporters to use instead of those the environment asks for (None: from the environment)."""
 
@@ -111,6 +129,10 @@ class TelemetryConfig:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
+        if self.trace_output_dir is not None:
+            self.trace_output_dir = Path(self.trace_output_dir)
+        if self.trace_enabled and self.trace_output_dir is None and self.run_dir is None:
+            raise ValueError("trace_enabled needs a run_dir or a trace_output_dir")
         if self.jsonl is None:
             self.jsonl = bool(self.motrix_url) and self.run_dir is not None
         if self.jsonl and self.run_dir is None:
@@ -147,6 +169,10 @@ class TelemetryConfig:
             "algorithm": os.environ.get(env.OTEL_RL_ALGORITHM) or None,
             "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, 1000.0, "spans per second >= 0"),
             "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, False, "true or false"),
+            "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, False, "true or false"),
+            "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
+            "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
+            "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),
             "rank": env.read("RANK", int, 0, "an integer"),
             "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
         }

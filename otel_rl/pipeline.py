@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 
 from otel_rl import schema
-from otel_rl.recorder import ITERATION_END, ITERATION_START, PyLane, Recorder, warn_once
-from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.recorder import FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder, warn_once
+from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
 from otel_rl.values import finite_or_none
 
 _logger = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class RecordSink:
     def on_phase(self, phase: PhaseRecord) -> None:
         """A top-level phase recorded outside any iteration of its thread."""
 
+    def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        """Where a CUDA-timed phase ran on the GPU."""
+
     def on_scalars(self, record: ScalarsRecord) -> None:
         """One ``scalars()`` call, values already made finite or None."""
 
@@ -88,7 +91,8 @@ class _LaneState:
     """Assembly state of one lane between pipeline passes."""
 
     children_by_depth: dict[int, list[PhaseRecord]] = field(default_factory=dict)
-    open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord]]] = field(default_factory=dict)
+    flows_by_depth: dict[int, list[tuple[int, bool]]] = field(default_factory=dict)
+    open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord], int | None]] = field(default_factory=dict)
 
 
 class Pipeline:
@@ -110,7 +114,15 @@ class Pipeline:
         # Bound methods per record kind, skipping sinks that keep the no-op default.
         self._handlers = {
             method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
-            for method in ("on_run", "on_iteration", "on_phase", "on_scalars", "on_event", "on_drain")
+            for method in (
+                "on_run",
+                "on_iteration",
+                "on_phase",
+                "on_device_interval",
+                "on_scalars",
+                "on_event",
+                "on_drain",
+            )
         }
         self._clock = clock
         self._interval_s = interval_s
@@ -185,6 +197,9 @@ class Pipeline:
                 self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes, seq))
         for lane in self._recorder.snapshot_lanes():
             self._drain_lane(lane)
+        intervals = self._recorder.device_intervals
+        for _ in range(len(intervals)):
+            self._fanout("on_device_interval", intervals.popleft())
         scalars = self._recorder.scalars
         for _ in range(len(scalars)):
             self._fanout("on_scalars", self._scalars_record(scalars.popleft()))
@@ -235,25 +250,40 @@ class Pipeline:
         for raw in records:
             head = raw[0]
             if head is ITERATION_START:
-                _, start, timeline, index, env_steps = raw
-                open_iterations[timeline] = (start + offset, index, env_steps, [])
+                _, start, timeline, index, env_steps, cpu = raw
+                open_iterations[timeline] = (start + offset, index, env_steps, [], cpu)
             elif head is ITERATION_END:
-                _, end, timeline, index, env_steps = raw
+                _, end, timeline, index, env_steps, cpu = raw
                 opened = open_iterations.pop(timeline, None)
                 if opened is None:  # its start was dropped with an overflow
                     continue
-                start_ns, index, env_steps, phases = opened
+                start_ns, index, env_steps, phases, start_cpu = opened
                 children_by_depth.clear()
                 accounted = 0
                 for phase in phases:
                     accounted += phase.end_ns - phase.start_ns
                 self._emit_iteration(
                     IterationRecord(
-                        timeline, index, env_steps, start_ns, end + offset, thread_id, thread_name, phases, accounted
+                        timeline,
+                        index,
+                        env_steps,
+                        start_ns,
+                        end + offset,
+                        thread_id,
+                        thread_name,
+                        phases,
+                        accounted,
+                        None if cpu is None or start_cpu is None else cpu - start_cpu,
                     )
                 )
+            elif head is FLOW:
+                _, _, flow_id, terminating, open_phases = raw
+                if open_phases:
+                    state.flows_by_depth.setdefault(open_phases - 1, []).append((flow_id, terminating))
+                else:
+                    warn_once("flow-outside", "otel-rl: flow() called outside any phase; ignored")
             else:
-                _, start, end, depth, exc_type = raw
+                start, end, depth, exc_type = raw[1], raw[2], raw[3], raw[4]
                 phase = PhaseRecord(
                     head.spec,
                     start + offset,
@@ -264,6 +294,10 @@ class Pipeline:
                     None if exc_type is None else exc_type.__name__,
                     children_by_depth.pop(depth + 1, None) if children_by_depth else None,
                 )
+                if state.flows_by_depth:
+                    phase.flows = state.flows_by_depth.pop(depth, None)
+                if len(raw) > 5:
+                    phase.correlation = raw[5]
                 if depth:
                     children_by_depth.setdefault(depth, []).append(phase)
                     continue

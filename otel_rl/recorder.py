@@ -19,7 +19,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any, TypeVar
 
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
@@ -32,6 +32,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 # Raw record tags (first tuple element when the record is not a phase).
 ITERATION_START = "iteration_start"
 ITERATION_END = "iteration_end"
+FLOW = "flow"
 
 
 class PyLane:
@@ -40,8 +41,10 @@ class PyLane:
     Raw record shapes:
 
     * phase: ``(Phase, start_ns, end_ns, depth, exception_type_or_None)``
-    * iteration start: ``(ITERATION_START, start_ns, timeline, index, env_steps)``
-    * iteration end: ``(ITERATION_END, end_ns, timeline, index, env_steps)``
+    * CUDA-timed phase: the same plus a correlation id (see :mod:`otel_rl.cuda_timing`)
+    * iteration start/end: ``(ITERATION_START or ITERATION_END, time_ns, timeline,
+      index, env_steps, thread_cpu_ns_or_None)``
+    * flow mark: ``(FLOW, time_ns, flow_id, terminating, open_phases)``
 
     Times are ``perf_counter_ns()`` values; the pipeline converts them to epoch.
     This is the pure-Python lane; ``otel_rl._hotpath.Lane`` is its C twin.
@@ -179,7 +182,8 @@ class Recorder:
         self.events: deque[tuple] = deque()
         self.events_capacity = events_capacity
         self.events_dropped = 0
-        self.closed = False
+        self.device_intervals: deque = deque(maxlen=scalars_capacity)
+        self.device_intervals_dropped = 0
 
     def lane(self) -> PyLane:
         """The calling thread's lane, created on first use."""
@@ -222,6 +226,12 @@ class Recorder:
             return False
         self.events.append(record)
         return True
+
+    def add_device_interval(self, record: object) -> None:
+        """Queue a resolved GPU interval (from the CUDA resolver thread); bounded like scalars."""
+        if len(self.device_intervals) == self.device_intervals.maxlen:
+            self.device_intervals_dropped += 1
+        self.device_intervals.append(record)
 
     def add_control(self, record: tuple) -> None:
         """Queue a lifecycle record; never dropped (there are only a handful per run)."""
@@ -300,7 +310,7 @@ def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
 class Iteration:
     """One cycle of a timeline (a learner iteration: its wall time is Iter Wall)."""
 
-    __slots__ = ("_recorder", "timeline", "index", "env_steps", "_active", "_on_enter")
+    __slots__ = ("_recorder", "timeline", "index", "env_steps", "_active", "_on_enter", "_thread_time")
 
     def __init__(
         self,
@@ -309,6 +319,7 @@ class Iteration:
         index: int,
         env_steps: int | None,
         on_enter: Callable[[Iteration], None] | None = None,
+        thread_time: bool = False,
     ) -> None:
         self._recorder = recorder
         self.timeline = timeline
@@ -316,6 +327,7 @@ class Iteration:
         self.env_steps = env_steps
         self._active = False
         self._on_enter = on_enter
+        self._thread_time = thread_time
 
     def __enter__(self) -> Iteration:
         lane = self._recorder.lane()
@@ -333,7 +345,8 @@ class Iteration:
         lane.open_iterations[self.timeline] = self
         if self._on_enter is not None:
             self._on_enter(self)
-        lane.append((ITERATION_START, perf_counter_ns(), self.timeline, self.index, self.env_steps))
+        cpu = thread_time_ns() if self._thread_time else None
+        lane.append((ITERATION_START, perf_counter_ns(), self.timeline, self.index, self.env_steps, cpu))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
@@ -346,5 +359,6 @@ class Iteration:
             warn_once("iteration-foreign", "otel-rl: iteration %r exited on another thread; dropped", self.index)
             return False
         del lane.open_iterations[self.timeline]
-        lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps))
+        cpu = thread_time_ns() if self._thread_time else None
+        lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps, cpu))
         return False

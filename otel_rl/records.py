@@ -18,7 +18,10 @@ class PhaseRecord:
 
     ``iteration`` and ``env_steps`` are set on top-level phases only (nested
     phases share their parent's). ``span_id`` is non-zero once a span sink
-    exported the phase as a span (exemplars point at it).
+    exported the phase as a span (exemplars point at it). ``flows`` are
+    ``(flow_id, terminating)`` pairs marked inside the phase
+    (:meth:`otel_rl.Telemetry.flow`). ``correlation`` pairs a CUDA-timed
+    phase with its :class:`DeviceIntervalRecord`.
     """
 
     spec: PhaseSpec
@@ -32,6 +35,8 @@ class PhaseRecord:
     iteration: int | None = None
     env_steps: int | None = None
     span_id: int = 0
+    flows: list[tuple[int, bool]] | None = None
+    correlation: int = 0
 
     @property
     def duration_ns(self) -> int:
@@ -64,6 +69,7 @@ class IterationRecord:
     thread_name: str
     phases: list[PhaseRecord]
     accounted_ns: int
+    thread_cpu_ns: int | None = None
 
     @property
     def wall_ns(self) -> int:
@@ -81,6 +87,22 @@ class IterationRecord:
                 name = phase.spec.name
                 totals[name] = totals.get(name, 0.0) + phase.duration_ns / 1e6
         return totals
+
+
+@dataclass(slots=True)
+class DeviceIntervalRecord:
+    """Where a CUDA-timed phase really ran on the GPU (from CUDA events, calibrated to epoch ns)."""
+
+    spec: PhaseSpec
+    device: int
+    stream: int
+    start_ns: int
+    end_ns: int
+    correlation: int
+
+    @property
+    def duration_ns(self) -> int:
+        return self.end_ns - self.start_ns
 
 
 @dataclass(slots=True)

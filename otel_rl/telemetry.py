@@ -21,7 +21,7 @@ from typing import Any
 from otel_rl import protocol, schema
 from otel_rl.config import TelemetryConfig
 from otel_rl.pipeline import Clock, Pipeline, RecordSink
-from otel_rl.recorder import Iteration, Phase, Recorder, warn_once
+from otel_rl.recorder import FLOW, Iteration, Phase, Recorder, warn_once
 from otel_rl.records import RunRecord
 from otel_rl.spans import new_span_id, new_trace_id
 from otel_rl.values import snapshot
@@ -145,6 +145,18 @@ class Telemetry:
         self.motrix = self._motrix_sink()
         if self.motrix is not None:
             all_sinks.append(self.motrix)
+        self.trace = None
+        if config.trace_enabled:
+            from otel_rl.exporters.perfetto import TRACE_FILE, PerfettoTraceSink
+
+            self.trace = PerfettoTraceSink(
+                (config.trace_output_dir or config.run_dir) / TRACE_FILE,
+                config.role,
+                thread_time=config.trace_thread_time,
+                cuda_events=config.trace_cuda_events,
+                max_bytes=config.trace_max_bytes,
+            )
+            all_sinks.append(self.trace)
         all_sinks.extend(sinks or [])
         self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, self._seq, config.pipeline_interval_s)
         self._pipeline.start()
@@ -225,7 +237,20 @@ class Telemetry:
             raise schema.SchemaError(f"unknown timeline {timeline!r}; expected one of {schema.TIMELINES}")
         if self._closed:
             warn_once("closed-iteration", "otel-rl: iteration() after close(); nothing is recorded")
-        return Iteration(self._recorder, timeline, index, env_steps, self._on_iteration)
+        return Iteration(
+            self._recorder, timeline, index, env_steps, self._on_iteration, self.config.trace_thread_time
+        )
+
+    def flow(self, flow_id: int, end: bool = False) -> None:
+        """Link the innermost open phase of this thread to others marked with the same ``flow_id``.
+
+        In the Perfetto trace, phases sharing a flow id are joined by arrows in
+        the order they started (across threads and processes): a collector's
+        inference request, the learner's inference serving it, and the
+        collector's action wait (``end=True`` closes the flow).
+        """
+        lane = self._recorder.lane()
+        lane.append((FLOW, perf_counter_ns(), flow_id, end, lane.depth))
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None:
         """Record a phase measured elsewhere, with ``time.perf_counter_ns()`` timestamps.
@@ -442,6 +467,9 @@ class NoOpTelemetry:
         return _NOOP_PHASE
 
     def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        pass
+
+    def flow(self, flow_id: int, end: bool = False) -> None:
         pass
 
     def event(self, name: str, **attributes: Any) -> None:
