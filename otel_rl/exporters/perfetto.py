@@ -327,12 +327,21 @@ class PerfettoTraceSink(RecordSink):
     def _write_pending(self) -> None:
         queue = self._queue
         chunks: list[bytes] = []
+        pending = 0
         for _ in range(len(queue)):
             item = queue.popleft()
+            if pending and self._size + pending > self._max_bytes:
+                # Rotate between records, so each file starts with its own descriptors.
+                self._write(b"".join(chunks))
+                chunks, pending = [], 0
+                self._rotate()
             try:
-                chunks.extend(self._encode(item))
+                encoded = self._encode(item)
             except Exception:
                 warn_once("perfetto-encode", "otel-rl: could not encode a trace record; skipped", exc_info=True)
+                continue
+            chunks.extend(encoded)
+            pending += sum(len(c) for c in encoded)
         if chunks:
             self._write(b"".join(chunks))
 
@@ -394,12 +403,10 @@ class PerfettoTraceSink(RecordSink):
         except OSError as exc:
             warn_once("perfetto-write", "otel-rl: cannot write %s (%s); trace records are lost", self.path, exc)
             self._close_file()
-            return
-        if self._size > self._max_bytes:
-            self._rotate()
 
     def _rotate(self) -> None:
         self._close_file()
+        self._size = 0
         try:
             os.replace(self.path, self.path.with_name(self.path.stem + ".1" + self.path.suffix))
         except OSError as exc:

@@ -1,0 +1,146 @@
+"""otel-rl analyze: statistics and the bottleneck diagnosis on traces built for each class."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+import otel_rl
+from otel_rl.analysis import analyze, read_trace
+from otel_rl.analysis.report import analyze_model
+from otel_rl.analysis.sql_engine import TraceProcessorUnavailable
+
+from synthetic_trace import write_trace
+
+COLLECTOR_BOUND = dict(
+    learner=[("collector_wait", 6.0, []), ("inference", 0.5, []), ("learning", 2.0, [])],
+    collector=[("inference_request", 0.1, []), ("learner_action_wait", 0.8, []), ("env_step", 6.0, []), ("replay_write", 1.0, [])],
+)
+LEARNER_BOUND = dict(
+    learner=[("collector_wait", 0.2, []), ("inference", 0.5, []), ("replay_sample", 0.5, []), ("learning", 8.0, [])],
+    collector=[("inference_request", 0.1, []), ("learner_action_wait", 7.0, []), ("env_step", 1.0, []), ("replay_write", 0.5, [])],
+)
+
+
+def test_collector_bound(tmp_path):
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", **COLLECTOR_BOUND))
+    assert report["diagnosis"]["bottleneck"] == "collector (env step)"
+    finding = report["diagnosis"]["findings"][0]
+    assert "Collector Wait is 70% of Iter Wall" in finding["evidence"]
+    assert "Env Step is" in finding["evidence"] and "env step cost" in finding["check"]
+
+
+def test_learner_bound(tmp_path):
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", **LEARNER_BOUND))
+    assert report["diagnosis"]["bottleneck"] == "learner (learning)"
+    finding = report["diagnosis"]["findings"][0]
+    assert "Learner Action Wait" in finding["evidence"] and "Learning is" in finding["evidence"]
+    assert "updates per step" in finding["check"]
+
+
+def test_inference_points_at_its_largest_part(tmp_path):
+    learner = [
+        ("collector_wait", 0.2, []),
+        ("inference", 5.0, [("inference_h2d", 0.5), ("inference_forward", 1.0), ("inference_d2h", 3.4)]),
+        ("learning", 4.0, []),
+    ]
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=learner))
+    assert report["diagnosis"]["bottleneck"] == "learner (inference)"
+    (inference,) = [f for f in report["diagnosis"]["findings"] if "action path" in f["finding"]]
+    assert inference["check"] == "d2h first"
+    assert "D2H 37%" in inference["evidence"]
+    table = report["timelines"]["learner"]["phases"]
+    assert table["inference_d2h"]["nested"] and not table["inference"]["nested"]
+    # Nested phases are never counted twice.
+    assert abs(report["timelines"]["learner"]["accounted_share"] - 9.2 / 9.3) < 0.01
+
+
+def test_replay_batch_wait_means_prefetch_falls_behind(tmp_path):
+    learner = [("collector_wait", 0.2, []), ("replay_batch_wait", 2.0, []), ("learning", 6.0, [])]
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=learner))
+    assert any("prefetch falls behind" in f["finding"] for f in report["diagnosis"]["findings"])
+
+
+def test_replay_write_means_ingress_saturated(tmp_path):
+    collector = [("learner_action_wait", 0.5, []), ("env_step", 1.0, []), ("replay_write", 3.0, [])]
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=COLLECTOR_BOUND["learner"], collector=collector))
+    assert report["diagnosis"]["bottleneck"] == "collector (replay write)"
+    assert any("ingress is saturated" in f["finding"] for f in report["diagnosis"]["findings"])
+
+
+def test_background_submit_is_not_a_bottleneck(tmp_path):
+    learner = [("collector_wait", 0.2, []), ("learning", 5.0, [])]
+    report = analyze(
+        write_trace(tmp_path / "t.perfetto-trace", learner=learner, background=("replay_ingress_h2d_submit", 4.0))
+    )
+    assert report["diagnosis"]["bottleneck"] == "learner (learning)"
+    (background,) = [f for f in report["diagnosis"]["findings"] if "background" in f["finding"]]
+    assert "not a bottleneck" in background["finding"]
+    submit = report["timelines"]["learner"]["phases"]["replay_ingress_h2d_submit"]
+    assert submit["background"] and abs(report["timelines"]["learner"]["accounted_share"] - 5.2 / 5.3) < 0.01
+
+
+def test_other_and_overlap(tmp_path):
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=[("learning", 2.0, [])], learner_other_ms=2.0))
+    entry = report["timelines"]["learner"]
+    assert abs(entry["other_share"] - 0.5) < 0.01 and abs(entry["accounted_share"] + entry["other_share"] - 1) < 1e-9
+    assert any("in no phase" in f["finding"] for f in report["diagnosis"]["findings"])
+    overlapping = analyze(write_trace(tmp_path / "o.perfetto-trace", **LEARNER_BOUND))
+    # Learner busy 9.0 of 9.3 ms per cycle, collector busy 1.6 of 8.6: both busy about 1.6 / 9.3 of the time.
+    assert 0.1 < overlapping["overlap_share"] < 0.25
+
+
+def test_host_timing_matches_known_sleeps(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, trace_enabled=True)
+    for i in range(20):
+        with tel.iteration(i):
+            with tel.phase("learning"):
+                time.sleep(0.005)
+    tel.close()
+    stat = analyze(tmp_path)["timelines"]["learner"]["phases"]["learning"]
+    assert stat["count"] == 20
+    assert 5.0 <= stat["p50_ms"] < 5.0 + 2.0  # sleep() may overshoot, never undershoot
+
+
+def test_sql_engine_says_clearly_that_it_needs_a_binary(tmp_path):
+    path = write_trace(tmp_path / "t.perfetto-trace", learner=[("learning", 1.0, [])], cycles=3)
+    with pytest.raises(TraceProcessorUnavailable, match="trace_processor_shell"):
+        read_trace(path, engine="sql")
+    assert read_trace(path)[1] == "python"  # auto falls back
+
+
+TRACE_PROCESSOR = os.environ.get("OTEL_RL_TRACE_PROCESSOR") or shutil.which("trace_processor_shell")
+
+
+@pytest.mark.skipif(
+    not TRACE_PROCESSOR,
+    reason="no trace_processor_shell binary (set OTEL_RL_TRACE_PROCESSOR); the perfetto package cannot download one without internet",
+)
+def test_engines_agree(tmp_path):
+    path = write_trace(tmp_path / "t.perfetto-trace", gpu=[(7, 0.5, 2.0)], **LEARNER_BOUND)
+    python_model, _ = read_trace(path, "python")
+    sql_model, _ = read_trace(path, "sql", TRACE_PROCESSOR)
+    assert analyze_model(python_model) == analyze_model(sql_model)
+
+
+def test_cli_text_json_and_plot(tmp_path):
+    path = write_trace(tmp_path / "t.perfetto-trace", **COLLECTOR_BOUND)
+    text = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(tmp_path)], capture_output=True, text=True, check=True)
+    assert text.stdout.splitlines()[0] == "bottleneck: collector (env step)"
+    png = tmp_path / "plot.png"
+    out = subprocess.run(
+        [sys.executable, "-m", "otel_rl.cli", "analyze", str(path), "--json", "--plot", str(png)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)["engine"] == "python"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    missing = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(tmp_path / "nope")], capture_output=True, text=True)
+    assert missing.returncode == 2 and "no trace" in missing.stderr

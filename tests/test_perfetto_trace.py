@@ -1,0 +1,163 @@
+"""The Perfetto trace: tracks, nesting, flows and counters parse back with the perfetto protos."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections import Counter
+
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+
+import otel_rl
+from otel_rl.analysis import analyze, protobuf_engine, trace_files
+from otel_rl.exporters.perfetto import PerfettoTraceSink
+
+from synthetic_trace import write_trace
+
+
+def instrumented(run_dir, iterations=15, **options):
+    tel = otel_rl.init(run_dir=run_dir, trace_enabled=True, **options)
+
+    def collector():
+        for t in range(iterations):
+            with tel.iteration(t, timeline="collector"):
+                with tel.phase("inference_request", "collector"):
+                    tel.flow(t + 1)
+                with tel.phase("learner_action_wait", "collector"):
+                    time.sleep(0.001)
+                    tel.flow(t + 1, end=True)
+                with tel.phase("env_step", "collector"):
+                    time.sleep(0.002)
+
+    thread = threading.Thread(target=collector, name="collector")
+    thread.start()
+    with tel.run():
+        for i in range(iterations):
+            with tel.iteration(i, env_steps=8 * i):
+                with tel.phase("inference"):
+                    tel.flow(i + 1)
+                    with tel.phase("inference_forward"):
+                        time.sleep(0.001)
+                with tel.phase("learning"):
+                    time.sleep(0.002)
+            tel.scalars({"Perf/total_fps": 100.0 + i, "Loss/critic": 1.0})
+    thread.join()
+    tel.close()
+    return tel
+
+
+def test_trace_parses_back_with_tracks_nesting_flows_and_counters(tmp_path):
+    instrumented(tmp_path, trace_thread_time=True)
+    trace = Trace.FromString((tmp_path / "trace.perfetto-trace").read_bytes())
+    descriptors = [p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")]
+    processes = [d.process.process_name for d in descriptors if d.HasField("process")]
+    threads = {d.thread.thread_name for d in descriptors if d.HasField("thread")}
+    counters = {d.name for d in descriptors if d.HasField("counter")}
+    assert processes == ["learner"]
+    assert threads == {"MainThread", "collector"}
+    assert counters == {"Perf/total_fps", "MainThread CPU", "collector CPU"}  # Loss/* is not a counter track
+    assert len({d.uuid for d in descriptors}) == len(descriptors)
+
+    events = Counter(TrackEvent.Type.Name(p.track_event.type) for p in trace.packet if p.HasField("track_event"))
+    assert events["TYPE_SLICE_BEGIN"] == events["TYPE_SLICE_END"] == 15 * 4 + 15 * 4  # iteration + 3 slices, on each side
+    assert events["TYPE_COUNTER"] == 15 + 2 * 15
+
+    model = protobuf_engine.read([tmp_path / "trace.perfetto-trace"])
+    by_name = {}
+    for s in model.slices:
+        by_name.setdefault(s.name, []).append(s)
+    forward = by_name["Forward"][0]
+    parent = model.slices[forward.parent]
+    assert parent.name == "Inference" and model.slices[parent.parent].name == "learner iteration"
+    assert parent.start_ns <= forward.start_ns <= forward.end_ns <= parent.end_ns
+    # One flow per tick: collector request -> learner inference -> collector action wait (terminating).
+    flows = Counter(f for s in model.slices for f in s.flows)
+    assert flows == Counter({f: 3 for f in range(1, 16)})
+    wait_packets = [p for p in trace.packet if p.track_event.terminating_flow_ids]
+    assert len(wait_packets) == 15
+    fps = model.counters["Perf/total_fps"]
+    assert [v for _, v in fps] == [100.0 + i for i in range(15)]
+
+
+def test_every_phase_is_on_the_timeline_even_when_spans_are_sampled_out(tmp_path):
+    tel = instrumented(tmp_path, span_budget_per_s=0)
+    model = protobuf_engine.read([tmp_path / "trace.perfetto-trace"])
+    assert sum(1 for s in model.slices if s.name == "Learning") == 15
+    assert tel.stats()["dropped"]["phases"] == 0
+
+
+def test_rotation_keeps_both_files_readable(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, trace_enabled=True, trace_max_bytes=4096)
+    for i in range(300):
+        with tel.iteration(i):
+            with tel.phase("learning"):
+                pass
+        if i % 50 == 0:
+            tel.flush()
+    tel.close()
+    files = trace_files(tmp_path)
+    assert [f.name for f in files] == ["trace.1.perfetto-trace", "trace.perfetto-trace"]
+    for path in files:
+        trace = Trace.FromString(path.read_bytes())
+        first = trace.packet[0]
+        assert first.first_packet_on_sequence and first.sequence_flags & 1  # a fresh sequence state
+        assert any(p.HasField("track_descriptor") for p in trace.packet)
+    assert os.path.getsize(files[0]) < 4096 + 4096
+    model = protobuf_engine.read(files)
+    assert 0 < sum(1 for s in model.slices if s.name == "Learning") <= 300
+
+
+def test_full_queue_drops_and_counts(tmp_path):
+    sink = PerfettoTraceSink(tmp_path / "t.perfetto-trace", "learner", capacity=10)
+    sink._wake.clear()
+    from otel_rl import schema
+    from otel_rl.records import PhaseRecord
+
+    spec = schema.phase_spec("learner", "learning")
+    for i in range(1000):
+        sink.on_phase(PhaseRecord(spec, i * 10, i * 10 + 5, 0, 1, "t"))
+    sink.shutdown(5)
+    assert sink.dropped > 0
+    model = protobuf_engine.read([tmp_path / "t.perfetto-trace"])
+    assert len(model.slices) == 1000 - sink.dropped
+
+
+def test_gpu_streams_get_their_own_process_and_tracks(tmp_path):
+    path = write_trace(tmp_path / "t.perfetto-trace", [("learning", 5.0, [])], cycles=4, gpu=[(7, 0.5, 2.0), (9, 1.0, 1.0)])
+    trace = Trace.FromString(path.read_bytes())
+    names = {(d.process.process_name or d.name) for p in trace.packet if p.HasField("track_descriptor") for d in [p.track_descriptor]}
+    assert {"GPU 0", "stream 7", "stream 9"} <= names
+    report = analyze(path)
+    shares = report["gpu_busy_share"]
+    assert set(shares) == {"GPU 0/stream 7", "GPU 0/stream 9"}
+    assert abs(shares["GPU 0/stream 7"] - 2.0 / 5.1) < 0.02
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    import otel_rl
+    tel = otel_rl.init(trace_enabled=True, trace_output_dir=sys.argv[1], role="collector 0")
+    for t in range(10):
+        with tel.iteration(t, timeline="collector"):
+            with tel.phase("env_step", "collector"):
+                time.sleep(0.002)
+    tel.close()
+    """
+)
+
+
+def test_traces_of_several_processes_read_as_one(tmp_path):
+    learner_dir, collector_dir = tmp_path / "learner", tmp_path / "collector"
+    subprocess.run([sys.executable, "-c", CHILD, str(collector_dir)], check=True, timeout=60)
+    instrumented(learner_dir, iterations=5)
+    (learner_dir / "trace-collector.perfetto-trace").write_bytes((collector_dir / "trace.perfetto-trace").read_bytes())
+    model = protobuf_engine.read(trace_files(learner_dir))
+    processes = {s.process for s in model.slices}
+    assert processes == {"learner", "collector 0"}
+    steps = [s for s in model.slices if s.name == "Env Step" and s.process == "collector 0"]
+    assert len(steps) == 10 and all(s.duration_ns >= 2_000_000 for s in steps)
