@@ -36,7 +36,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_rl import schema
 from otel_rl.pipeline import RecordSink
 from otel_rl.recorder import warn_once
-from otel_rl.records import IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
 
 MAX_GAUGE_KEYS = 2000
 """Distinct scalar keys exported as gauges; more are dropped with one warning."""
@@ -94,23 +94,24 @@ class Aggregates:
         self._trace_id = trace_id
         self.bounds = bounds_ms
         self._lock = threading.Lock()
-        self._phases: dict[int, tuple[schema.PhaseSpec, Bins]] = {}
+        self._phases: dict[tuple[str, str, str], tuple[schema.PhaseSpec, Bins]] = {}
         self._iterations: dict[str, Bins] = {}
         self._accounted_ms: dict[str, float] = {}
         self._gauges: dict[str, tuple[float, int]] = {}
         self._env_steps: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
 
-    def _phase_bins(self, spec: schema.PhaseSpec) -> Bins:
-        entry = self._phases.get(id(spec))
+    def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
+        key = (spec.timeline, spec.name, clock)
+        entry = self._phases.get(key)
         if entry is None:
             attributes = {
                 **self._base,
                 schema.ATTR_TIMELINE: spec.timeline,
                 schema.ATTR_PHASE: spec.name,
-                schema.ATTR_CLOCK: "host",
+                schema.ATTR_CLOCK: clock,
             }
-            entry = self._phases[id(spec)] = (spec, Bins(attributes, len(self.bounds) + 1))
+            entry = self._phases[key] = (spec, Bins(attributes, len(self.bounds) + 1))
         return entry[1]
 
     def _add(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
@@ -136,6 +137,13 @@ class Aggregates:
                         phase.end_ns,
                         phase.span_id,
                     )
+
+    def record_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        """A GPU interval: the same histogram, with ``rl.clock=gpu``."""
+        with self._lock:
+            self._add(
+                self._phase_bins(interval.spec, "gpu"), interval.duration_ns / 1e6, interval.end_ns, interval.span_id
+            )
 
     def record_iteration(self, iteration: IterationRecord) -> None:
         timeline = iteration.timeline
@@ -175,9 +183,9 @@ class Aggregates:
         """
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
-            for spec, bins in self._phases.values():
+            for (_, _, clock), (spec, bins) in self._phases.items():
                 entry = out.setdefault(spec.timeline, {"phases": {}})
-                entry["phases"][spec.name] = self._stats(bins)
+                entry["phases"][spec.name if clock == "host" else f"{spec.name}@{clock}"] = self._stats(bins)
             for timeline, bins in self._iterations.items():
                 entry = out.setdefault(timeline, {"phases": {}})
                 entry["iterations"] = self._stats(bins)
@@ -249,6 +257,9 @@ class AggregatorSink(RecordSink):
 
     def on_phase(self, phase: PhaseRecord) -> None:
         self.aggregates.record_phases((phase,))
+
+    def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        self.aggregates.record_device_interval(interval)
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         self.aggregates.set_gauges(record.values, record.time_ns)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -24,8 +25,8 @@ from otel_rl import environment_variables as env
 from otel_rl import otlp, schema
 from otel_rl.aggregation import Aggregates, MergingMetricExporter
 from otel_rl.pipeline import Clock, RecordSink
-from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord
-from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes, span_context
+from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
+from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
 
 _logger = logging.getLogger(__name__)
 
@@ -33,6 +34,8 @@ DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
 """Metric export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is unset (the SDK's 60 s is too coarse for training)."""
 
 MAX_RUN_SPAN_EVENTS = 128
+MAX_CORRELATIONS = 4096
+"""CPU span ids kept for linking the GPU spans of CUDA-timed phases."""
 
 
 def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
@@ -93,11 +96,13 @@ class OpenTelemetrySink(RecordSink):
         self.trace_id = trace_id
         self.budget = SpanBudget(span_budget_per_s)
         self._builder = SpanBuilder(resource, self._scope, trace_id)
+        self.cuda_fallback = self._builder.cuda_fallback
         self.aggregates = aggregates
         self._run_context: trace_api.SpanContext | None = None
         self._run_parent: trace_api.SpanContext | None = None
         self._run_events: list[Event] = []
         self._pending = pending
+        self._cpu_spans: OrderedDict[int, int] = OrderedDict()
 
         span_exporters = otlp.build_exporters("traces") if span_exporters is None else span_exporters
         metric_exporters = otlp.build_exporters("metrics") if metric_exporters is None else metric_exporters
@@ -201,10 +206,42 @@ class OpenTelemetrySink(RecordSink):
     def on_iteration(self, iteration: IterationRecord) -> None:
         if self._span_processors and self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
             self._end_spans(self._builder.iteration_spans(iteration, self._run_context))
+            self._remember_correlations(iteration.phases)
 
     def on_phase(self, phase: PhaseRecord) -> None:
         if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):
             self._end_spans(self._builder.phase_spans(phase, self._run_context))
+            self._remember_correlations([phase])
+
+    def _remember_correlations(self, phases: list[PhaseRecord]) -> None:
+        for top in phases:
+            for phase in top.walk():
+                if phase.correlation:
+                    self._cpu_spans[phase.correlation] = phase.span_id
+                    if len(self._cpu_spans) > MAX_CORRELATIONS:
+                        self._cpu_spans.popitem(last=False)
+
+    def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        """A GPU interval becomes its own span, linked to the CPU span of its phase when that was sent."""
+        if not self._span_processors or not self.budget.take(1, time.monotonic()):
+            return
+        links = ()
+        cpu_span = self._cpu_spans.pop(interval.correlation, None)
+        if cpu_span:
+            links = (trace_api.Link(span_context(self.trace_id, cpu_span), {"rl.link": "host phase"}),)
+        context = span_context(self.trace_id, new_span_id())
+        interval.span_id = context.span_id
+        attributes = {
+            schema.ATTR_TIMELINE: interval.spec.timeline,
+            schema.ATTR_PHASE: interval.spec.name,
+            schema.ATTR_CLOCK: "gpu",
+            "rl.gpu.device": interval.device,
+            "rl.gpu.stream": interval.stream,
+        }
+        span = self._builder.span(
+            interval.spec.title, context, self._run_context, interval.start_ns, interval.end_ns, attributes, links=links
+        )
+        self._end_spans([span])
 
     def on_event(self, event: EventRecord) -> None:
         attributes = {k: _attribute_value(v) for k, v in event.attributes.items()}

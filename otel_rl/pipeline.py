@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from time import perf_counter_ns
 
 from otel_rl import schema
-from otel_rl.recorder import FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder, warn_once
+from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder, warn_once
 from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
 from otel_rl.values import finite_or_none
 
@@ -92,6 +92,7 @@ class _LaneState:
 
     children_by_depth: dict[int, list[PhaseRecord]] = field(default_factory=dict)
     flows_by_depth: dict[int, list[tuple[int, bool]]] = field(default_factory=dict)
+    correlations_by_depth: dict[int, int] = field(default_factory=dict)
     open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord], int | None]] = field(default_factory=dict)
 
 
@@ -276,6 +277,10 @@ class Pipeline:
                         None if cpu is None or start_cpu is None else cpu - start_cpu,
                     )
                 )
+            elif head is CORRELATE:
+                _, correlation, open_phases = raw
+                if open_phases:
+                    state.correlations_by_depth[open_phases - 1] = correlation
             elif head is FLOW:
                 _, _, flow_id, terminating, open_phases = raw
                 if open_phases:
@@ -296,8 +301,8 @@ class Pipeline:
                 )
                 if state.flows_by_depth:
                     phase.flows = state.flows_by_depth.pop(depth, None)
-                if len(raw) > 5:
-                    phase.correlation = raw[5]
+                if state.correlations_by_depth:
+                    phase.correlation = state.correlations_by_depth.pop(depth, 0)
                 if depth:
                     children_by_depth.setdefault(depth, []).append(phase)
                     continue

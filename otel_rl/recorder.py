@@ -33,6 +33,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 ITERATION_START = "iteration_start"
 ITERATION_END = "iteration_end"
 FLOW = "flow"
+CORRELATE = "correlate"
 
 
 class PyLane:
@@ -41,10 +42,10 @@ class PyLane:
     Raw record shapes:
 
     * phase: ``(Phase, start_ns, end_ns, depth, exception_type_or_None)``
-    * CUDA-timed phase: the same plus a correlation id (see :mod:`otel_rl.cuda_timing`)
     * iteration start/end: ``(ITERATION_START or ITERATION_END, time_ns, timeline,
       index, env_steps, thread_cpu_ns_or_None)``
     * flow mark: ``(FLOW, time_ns, flow_id, terminating, open_phases)``
+    * CUDA correlation mark: ``(CORRELATE, correlation, open_phases)``
 
     Times are ``perf_counter_ns()`` values; the pipeline converts them to epoch.
     This is the pure-Python lane; ``otel_rl._hotpath.Lane`` is its C twin.

@@ -99,6 +99,7 @@ class DeviceIntervalRecord:
     start_ns: int
     end_ns: int
     correlation: int
+    span_id: int = 0
 
     @property
     def duration_ns(self) -> int:

@@ -80,6 +80,8 @@ class SpanBuilder:
         self._resource = resource
         self._scope = scope
         self.trace_id = trace_id
+        self.cuda_fallback: dict[tuple[str, str], str] = {}
+        """Phases asked to be CUDA-timed that fell back to the host clock, with the reason."""
 
     def span(
         self,
@@ -92,6 +94,7 @@ class SpanBuilder:
         error: str | None = None,
         events: Iterable[Event] = (),
         status: Status | None = None,
+        links: Iterable[trace_api.Link] = (),
     ) -> ReadableSpan:
         if error is not None:
             attributes["exception.type"] = error
@@ -103,6 +106,7 @@ class SpanBuilder:
             resource=self._resource,
             attributes=attributes,
             events=tuple(events),
+            links=tuple(links),
             status=status or _UNSET,
             start_time=start_ns,
             end_time=end_ns,
@@ -129,6 +133,10 @@ class SpanBuilder:
             schema.ATTR_PHASE: phase.spec.name,
             "thread.id": phase.thread_id,
         }
+        fallback = self.cuda_fallback.get((phase.spec.timeline, phase.spec.name)) if self.cuda_fallback else None
+        if fallback:
+            attributes[schema.ATTR_CLOCK] = "host"
+            attributes["rl.cuda.fallback"] = fallback
         if iteration is not None:
             attributes[schema.ATTR_ITERATION] = iteration
         if env_steps is not None:

@@ -104,7 +104,7 @@ class Telemetry:
         self.config = config
         self._clock = Clock()
         self._recorder = Recorder(config.lane_capacity, config.scalars_capacity)
-        self._phases: dict[tuple[str, str], Phase] = {}
+        self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
         self._close_lock = threading.Lock()
@@ -112,6 +112,7 @@ class Telemetry:
         self._last_env_steps: int | None = None
         self._strict_keys: set[str] = set()
         self._run_open = False
+        self._cuda_timer = None
         self._seq = protocol.seq_counter()
         self.writer = protocol.writer_id()
 
@@ -208,16 +209,23 @@ class Telemetry:
 
     # -- the training thread's API ---------------------------------------
 
-    def phase(self, name: str, timeline: str = schema.LEARNER) -> Phase:
+    def phase(self, name: str, timeline: str = schema.LEARNER, cuda: bool = False, stream: Any = None) -> Phase:
         """A phase of ``timeline``: use as ``with tel.phase("learning"):`` or as a decorator.
 
         Phases nest; a nested phase is a diagnostic child of the enclosing one
         and is not counted again in the iteration's accounted time.
 
+        ``cuda=True`` (or a ``torch.cuda.Stream`` as ``stream``) also times the
+        phase on the GPU with CUDA events, without synchronizing (see
+        :mod:`otel_rl.cuda_timing`); without CUDA it is timed on the host and
+        its spans say so.
+
         Raises:
             otel_rl.schema.SchemaError: unknown timeline, malformed name, or a
                 non-canonical phase in strict mode.
         """
+        if cuda or stream is not None:
+            return self._cuda_phase(name, timeline, stream)
         phase = self._phases.get((name, timeline))
         if phase is None:
             spec = schema.phase_spec(timeline, name, strict=self.config.strict)
@@ -251,6 +259,27 @@ class Telemetry:
         """
         lane = self._recorder.lane()
         lane.append((FLOW, perf_counter_ns(), flow_id, end, lane.depth))
+
+    def _cuda_phase(self, name: str, timeline: str, stream: Any):
+        key = (name, timeline, "cuda", id(stream))
+        phase = self._phases.get(key)
+        if phase is not None:
+            return phase
+        host = self.phase(name, timeline)
+        from otel_rl.cuda_timing import CudaPhase, CudaTimer, cuda_unavailable_reason
+
+        reason = cuda_unavailable_reason()
+        if reason is not None:
+            warn_once(f"cuda:{reason}", "otel-rl: %s; CUDA phases are timed on the host", reason)
+            self.otel.cuda_fallback[(timeline, name)] = reason
+            phase = host
+        else:
+            with self._phases_lock:
+                if self._cuda_timer is None:
+                    self._cuda_timer = CudaTimer(self._recorder, self._clock.to_epoch_ns)
+            phase = CudaPhase(host, self._cuda_timer, stream, self._recorder)
+        with self._phases_lock:
+            return self._phases.setdefault(key, phase)
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None:
         """Record a phase measured elsewhere, with ``time.perf_counter_ns()`` timestamps.
@@ -389,7 +418,10 @@ class Telemetry:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
-        self._pipeline.shutdown(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
+        timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        if self._cuda_timer is not None:
+            self._cuda_timer.shutdown(min(1.0, timeout_s / 4))
+        self._pipeline.shutdown(timeout_s)
 
     def __enter__(self) -> Telemetry:
         return self
@@ -460,7 +492,7 @@ class NoOpTelemetry:
     def __init__(self, config: TelemetryConfig | None = None) -> None:
         self.config = config
 
-    def phase(self, name: str, timeline: str = schema.LEARNER) -> _NoOpPhase:
+    def phase(self, name: str, timeline: str = schema.LEARNER, cuda: bool = False, stream: Any = None) -> _NoOpPhase:
         return _NOOP_PHASE
 
     def iteration(self, index: int, env_steps: int | None = None, timeline: str = schema.LEARNER) -> _NoOpPhase:
