@@ -12,10 +12,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="otel-rl", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="run the instrumented training demo")
-    demo.add_argument("--seconds", type=float, default=20.0, help="wall-clock budget")
-    demo.add_argument("--iterations", type=int, default=None, help="stop after this many learner iterations")
-    demo.add_argument("--runs-dir", default="runs", help="parent folder of the run folder")
+    demo = commands.add_parser("demo", help="train SAC on Pendulum with every phase instrumented")
+    from otel_rl.demo import add_arguments
+
+    add_arguments(demo)
 
     serve = commands.add_parser("serve", help="run the motrix.metrics/v1 ingest server")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")

@@ -81,6 +81,12 @@ class TelemetryConfig:
     perf_interval_s: float = 1.0
     """At most one ``Perf/*`` protocol record per this many seconds (a window average when iterations are faster)."""
 
+    system_metrics_interval_s: float = 2.0
+    """Sampling period of the ``sys/*`` metrics (``OTEL_RL_SYSTEM_METRICS_INTERVAL``); 0 turns them off."""
+
+    panel: bool = False
+    """Show the live terminal panel (a plain line every few seconds when stdout is not a terminal)."""
+
     role: str = "learner"
     """What this process is (``learner``, ``collector 0``...): its process name in the trace."""
 
@@ -169,6 +175,9 @@ class TelemetryConfig:
             "algorithm": os.environ.get(env.OTEL_RL_ALGORITHM) or None,
             "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, 1000.0, "spans per second >= 0"),
             "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, False, "true or false"),
+            "system_metrics_interval_s": env.read(
+                env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, 2.0, "seconds >= 0"
+            ),
             "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, False, "true or false"),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),

@@ -69,6 +69,9 @@ class RecordSink:
     def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
         """Where a CUDA-timed phase ran on the GPU."""
 
+    def on_remote_cycle(self, cycle) -> None:
+        """A cycle of a worker process (:class:`otel_rl.workers.RemoteCycle`)."""
+
     def on_scalars(self, record: ScalarsRecord) -> None:
         """One ``scalars()`` call, values already made finite or None."""
 
@@ -112,19 +115,8 @@ class Pipeline:
         self._recorder = recorder
         self._seq = seq
         self.sinks = list(sinks)
-        # Bound methods per record kind, skipping sinks that keep the no-op default.
-        self._handlers = {
-            method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
-            for method in (
-                "on_run",
-                "on_iteration",
-                "on_phase",
-                "on_device_interval",
-                "on_scalars",
-                "on_event",
-                "on_drain",
-            )
-        }
+        self._handlers: dict[str, list] = {}
+        self._index_handlers()
         self._clock = clock
         self._interval_s = interval_s
         self._lane_states: dict[int, _LaneState] = {}
@@ -135,6 +127,30 @@ class Pipeline:
         self._failed_sinks: set[str] = set()
         self.seen_nonfinite: set[str] = set()
         self._accepted_keys: dict[str, str] = {}
+
+    _METHODS = (
+        "on_run",
+        "on_iteration",
+        "on_phase",
+        "on_device_interval",
+        "on_remote_cycle",
+        "on_scalars",
+        "on_event",
+        "on_drain",
+    )
+
+    def _index_handlers(self) -> None:
+        # Bound methods per record kind, skipping sinks that keep the no-op default.
+        self._handlers = {
+            method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
+            for method in self._METHODS
+        }
+
+    def add_sink(self, sink: RecordSink) -> None:
+        """Add a sink while running; it sees records from the next pass on."""
+        with self._lock:
+            self.sinks.append(sink)
+            self._index_handlers()
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
@@ -198,6 +214,9 @@ class Pipeline:
                 self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes, seq))
         for lane in self._recorder.snapshot_lanes():
             self._drain_lane(lane)
+        remote = self._recorder.remote
+        for _ in range(len(remote)):
+            self._fanout("on_remote_cycle", remote.popleft())
         intervals = self._recorder.device_intervals
         for _ in range(len(intervals)):
             self._fanout("on_device_interval", intervals.popleft())

@@ -184,6 +184,8 @@ class Recorder:
         self.events_capacity = events_capacity
         self.events_dropped = 0
         self.device_intervals: deque = deque(maxlen=scalars_capacity)
+        self.remote: deque = deque(maxlen=scalars_capacity)
+        """Cycles relayed from worker processes (bounded; the oldest go first)."""
         self.device_intervals_dropped = 0
 
     def lane(self) -> PyLane:

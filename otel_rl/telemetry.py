@@ -113,6 +113,9 @@ class Telemetry:
         self._strict_keys: set[str] = set()
         self._run_open = False
         self._cuda_timer = None
+        self._num_envs: int | None = None
+        self._relays: list = []
+        self._monitor = None
         self._seq = protocol.seq_counter()
         self.writer = protocol.writer_id()
 
@@ -149,18 +152,34 @@ class Telemetry:
         self.trace = None
         if config.trace_enabled:
             from otel_rl.exporters.perfetto import TRACE_FILE, PerfettoTraceSink
+            from otel_rl.workers import fragment_name
 
+            learner = config.role == "learner"
             self.trace = PerfettoTraceSink(
-                (config.trace_output_dir or config.run_dir) / TRACE_FILE,
+                (config.trace_output_dir or config.run_dir) / (TRACE_FILE if learner else fragment_name(config.role)),
                 config.role,
+                merge_fragments=learner,
                 thread_time=config.trace_thread_time,
                 cuda_events=config.trace_cuda_events,
                 max_bytes=config.trace_max_bytes,
             )
             all_sinks.append(self.trace)
+        self.panel = None
+        if config.panel:
+            from otel_rl.panel import PanelSink
+
+            self.panel = PanelSink(config.run_id, num_envs=lambda: self._num_envs)
+            all_sinks.append(self.panel)
         all_sinks.extend(sinks or [])
         self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, self._seq, config.pipeline_interval_s)
         self._pipeline.start()
+        self.system = None
+        if config.system_metrics_interval_s:
+            from otel_rl.system_metrics import SystemSampler
+
+            self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s)
+            if self.otel.meter_provider is not None:
+                self.system.register_gauges(self.otel.meter_provider.get_meter("otel_rl.system"))
         # The exit hook holds a weak reference: it must not keep a forgotten
         # Telemetry alive, and it is bounded by the shutdown timeout.
         ref = weakref.ref(self)
@@ -198,6 +217,7 @@ class Telemetry:
 
         attributes: dict[str, Any] = {
             schema.ATTR_RUN_ID: self.config.run_id,
+            "rl.role": self.config.role,
             **self.base_attributes,
             **self.config.resource_attributes,
         }
@@ -318,6 +338,10 @@ class Telemetry:
             (perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps, next(self._seq))
         )
 
+    def _system_scalars(self, values: dict[str, float]) -> None:
+        if not self._closed:
+            self.scalars(values)
+
     def event(self, name: str, **attributes: Any) -> None:
         """Record a named event (``warmup_done``, ``checkpoint_saved``...)."""
         if not isinstance(name, str) or not name:
@@ -357,6 +381,7 @@ class Telemetry:
             yield self
             return
         self._run_open = True
+        self._num_envs = num_envs
         span_id = new_span_id()
         start_ns = self._clock.now_ns()
         metadata = {"family": family, "total_steps": total_steps, "num_envs": num_envs, "config": config}
@@ -395,6 +420,42 @@ class Telemetry:
             RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes, seq=next(self._seq))
         )
 
+    def add_sink(self, sink: RecordSink) -> None:
+        """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""
+        self._pipeline.add_sink(sink)
+
+    def worker_spec(self, role: str, context: Any = None, **options: Any):
+        """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.workers`).
+
+        ``context`` is the multiprocessing context the worker is started with
+        (its queue must come from the same one).
+        """
+        import multiprocessing
+
+        from otel_rl.workers import RelayReceiver, WorkerSpec
+
+        relay = (context or multiprocessing).Queue(maxsize=10_000)
+        self._relays.append(RelayReceiver(relay, self._recorder.remote.append))
+        directory = self.config.trace_output_dir or self.config.run_dir
+        return WorkerSpec(
+            role=role,
+            run_id=self.config.run_id,
+            traceparent=self.traceparent(),
+            relay=relay,
+            run_dir=str(directory) if directory is not None else None,
+            trace_enabled=self.config.trace_enabled,
+            options=options,
+        )
+
+    def watch_worker(self, process: Any, role: str) -> None:
+        """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""
+        from otel_rl.workers import WorkerMonitor
+
+        with self._phases_lock:
+            if self._monitor is None:
+                self._monitor = WorkerMonitor(self.event)
+        self._monitor.watch(process, role)
+
     def traceparent(self) -> str:
         """W3C ``traceparent`` of the open run (for worker processes to join the trace)."""
         span_id = getattr(self, "run_span_id", None) or self._parent_span_id or new_span_id()
@@ -419,6 +480,12 @@ class Telemetry:
             self._closed = True
         atexit.unregister(self._atexit)
         timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
+        if self.system is not None:
+            self.system.shutdown(0.5)
+        if self._monitor is not None:
+            self._monitor.shutdown(0.5)
+        for relay in self._relays:
+            relay.shutdown(0.3)
         if self._cuda_timer is not None:
             self._cuda_timer.shutdown(min(1.0, timeout_s / 4))
         self._pipeline.shutdown(timeout_s)
@@ -510,6 +577,42 @@ class NoOpTelemetry:
     @contextmanager
     def run(self, **metadata: Any) -> Iterator[NoOpTelemetry]:
         yield self
+
+    def add_sink(self, sink: RecordSink) -> None:
+        """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""
+        self._pipeline.add_sink(sink)
+
+    def worker_spec(self, role: str, context: Any = None, **options: Any):
+        """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.workers`).
+
+        ``context`` is the multiprocessing context the worker is started with
+        (its queue must come from the same one).
+        """
+        import multiprocessing
+
+        from otel_rl.workers import RelayReceiver, WorkerSpec
+
+        relay = (context or multiprocessing).Queue(maxsize=10_000)
+        self._relays.append(RelayReceiver(relay, self._recorder.remote.append))
+        directory = self.config.trace_output_dir or self.config.run_dir
+        return WorkerSpec(
+            role=role,
+            run_id=self.config.run_id,
+            traceparent=self.traceparent(),
+            relay=relay,
+            run_dir=str(directory) if directory is not None else None,
+            trace_enabled=self.config.trace_enabled,
+            options=options,
+        )
+
+    def watch_worker(self, process: Any, role: str) -> None:
+        """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""
+        from otel_rl.workers import WorkerMonitor
+
+        with self._phases_lock:
+            if self._monitor is None:
+                self._monitor = WorkerMonitor(self.event)
+        self._monitor.watch(process, role)
 
     def traceparent(self) -> str:
         return ""

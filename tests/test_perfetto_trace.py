@@ -151,12 +151,12 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_traces_of_several_processes_read_as_one(tmp_path):
-    learner_dir, collector_dir = tmp_path / "learner", tmp_path / "collector"
-    subprocess.run([sys.executable, "-c", CHILD, str(collector_dir)], check=True, timeout=60)
-    instrumented(learner_dir, iterations=5)
-    (learner_dir / "trace-collector.perfetto-trace").write_bytes((collector_dir / "trace.perfetto-trace").read_bytes())
-    model = protobuf_engine.read(trace_files(learner_dir))
+def test_worker_fragments_are_merged_into_the_learner_trace(tmp_path):
+    subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], check=True, timeout=60)
+    assert (tmp_path / "trace-collector-0.perfetto-trace").exists()  # complete: renamed from .partial
+    instrumented(tmp_path, iterations=5)
+    assert [f.name for f in trace_files(tmp_path)] == ["trace.perfetto-trace"]  # one file to open
+    model = protobuf_engine.read(trace_files(tmp_path))
     processes = {s.process for s in model.slices}
     assert processes == {"learner", "collector 0"}
     steps = [s for s in model.slices if s.name == "Env Step" and s.process == "collector 0"]

@@ -25,7 +25,6 @@ from otel_rl.analysis.trace_model import Slice, TraceModel
 
 HIGH_WAIT = 0.25
 """A wait phase above this share of its cycle means the other side holds it up."""
-LOW_WAIT = 0.10
 HIGH_INFERENCE = 0.25
 HIGH_REPLAY_BATCH_WAIT = 0.15
 HIGH_REPLAY_WRITE = 0.30
@@ -118,7 +117,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
             stat["title"] = occurrences[0].name
             stat["nested"] = not any(is_top(s) for s in occurrences)
             # Work on other threads, never inside this timeline's cycles: it overlaps them.
-            stat["background"] = bool(cycles) and not any(s.parent != -1 and is_top(s) for s in occurrences)
+            stat["background"] = bool(cycles) and not stat["nested"] and all(s.parent == -1 for s in occurrences)
             stat["share"] = stat["total_ms"] * 1e6 / wall if wall else 0.0
             table[name] = stat
         accounted = sum(s.duration_ns for s in top)
@@ -196,7 +195,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
                 "check": "env step cost, transition post-processing, collector liveness and IPC",
             }
         )
-    elif have_c and action_wait >= HIGH_WAIT and collector_wait < LOW_WAIT:
+    elif have_c and action_wait >= HIGH_WAIT:
         culprit = _largest(report, L, exclude=("collector_wait",)) or "learning"
         bottleneck = f"learner ({_title(report, L, culprit).lower()})"
         findings.append(

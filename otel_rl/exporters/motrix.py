@@ -182,6 +182,17 @@ class MotrixSink(RecordSink):
             window = self._windows[phase.spec.timeline] = _PerfWindow()
         window.add_phase(phase)
 
+    def on_remote_cycle(self, cycle) -> None:
+        window = self._windows.get(cycle.timeline)
+        if window is None:
+            window = self._windows[cycle.timeline] = _PerfWindow()
+        window.cycles += 1
+        window.wall_ns += cycle.wall_ns
+        for names in (cycle.top, cycle.nested):
+            for name, ns in names.items():
+                window.phase_ns[name] = window.phase_ns.get(name, 0) + ns
+                window.phase_count[name] = window.phase_count.get(name, 0) + 1
+
     def on_drain(self, now_ns: int) -> None:
         if time.monotonic() - self._last_perf >= self._perf_interval_s:
             self._emit_perf()

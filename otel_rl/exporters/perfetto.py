@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import threading
 from collections import deque
 from pathlib import Path
@@ -270,8 +271,13 @@ class PerfettoTraceSink(RecordSink):
         cuda_events: bool = True,
         max_bytes: int = DEFAULT_MAX_BYTES,
         capacity: int = QUEUE_CAPACITY,
+        merge_fragments: bool = False,
     ) -> None:
         self.path = Path(path)
+        self._merge_fragments = merge_fragments
+        # A worker's fragment is written under a temporary name and renamed when
+        # complete, so the learner only ever merges finished fragments.
+        self._writing = self.path if merge_fragments else self.path.with_name(self.path.name + ".partial")
         self._encoder = TraceEncoder(os.getpid(), process_name)
         self._thread_time = thread_time
         self._cuda_events = cuda_events
@@ -395,7 +401,7 @@ class PerfettoTraceSink(RecordSink):
         try:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.path, "wb")  # noqa: SIM115 - kept open while streaming
+                self._file = open(self._writing, "wb")  # noqa: SIM115 - kept open while streaming
                 self._size = 0
             self._file.write(data)
             self._file.flush()
@@ -408,7 +414,7 @@ class PerfettoTraceSink(RecordSink):
         self._close_file()
         self._size = 0
         try:
-            os.replace(self.path, self.path.with_name(self.path.stem + ".1" + self.path.suffix))
+            os.replace(self._writing, self.path.with_name(self.path.stem + ".1" + self.path.suffix))
         except OSError as exc:
             warn_once("perfetto-rotate", "otel-rl: cannot rotate %s (%s)", self.path, exc)
         self._encoder.reset()  # the new file must carry its own descriptors and interned names
@@ -433,5 +439,23 @@ class PerfettoTraceSink(RecordSink):
         self._thread.join(max(timeout_s, 0.0))
         if self.dropped:
             _logger.warning("otel-rl: trace queue was full; %d records are missing from %s", self.dropped, self.path)
+        try:
+            if self._writing != self.path and self._writing.exists():
+                os.replace(self._writing, self.path)
+            if self._merge_fragments:
+                self._merge()
+        except OSError as exc:
+            warn_once("perfetto-merge", "otel-rl: could not finish %s (%s)", self.path, exc)
+
+    def _merge(self) -> None:
+        """Append the finished fragments of worker processes: serialized traces concatenate."""
+        fragments = sorted(self.path.parent.glob("trace-*.perfetto-trace"))
+        if not fragments:
+            return
+        with open(self.path, "ab") as merged:
+            for fragment in fragments:
+                with open(fragment, "rb") as part:
+                    shutil.copyfileobj(part, merged)
+                fragment.unlink()
 
 

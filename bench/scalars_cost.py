@@ -1,0 +1,149 @@
+"""Training-thread cost of one ``scalars()`` call with 40 keys, sinks off, on, and failing.
+
+Every arm runs in this process, interleaved round by round so machine drift
+hits all alike; peers (the ingest server, misbehaving servers) run in other
+processes so they do not compete for this process's GIL. The reference is
+TensorBoard's ``SummaryWriter.add_scalar`` called 40 times.
+
+Arms:
+  off            telemetry on, no motrix outputs
+  jsonl+http     metrics.jsonl and a live ingest server (otel-rl serve)
+  ingest hung    the server accepts connections and never answers
+  ingest refused nothing listens
+  ingest 500     every batch gets HTTP 500
+  disk stalled   metrics.jsonl is a FIFO nobody reads (open() never returns)
+  disk erroring  metrics.jsonl is /dev/full (every write fails)
+
+Usage: python bench/scalars_cost.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+
+import otel_rl  # noqa: E402
+
+KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
+PEER = """
+import sys, time
+sys.path.insert(0, {tests!r})
+import fault_servers
+kind = sys.argv[1]
+server = fault_servers.SilentServer() if kind == "hung" else fault_servers.ScriptedIngest(then=int(kind))
+print(server.url, flush=True)
+time.sleep(3600)
+"""
+
+
+def start_peer(kind: str) -> tuple[subprocess.Popen, str]:
+    code = PEER.format(tests=str(Path(__file__).parent.parent / "tests"))
+    proc = subprocess.Popen([sys.executable, "-c", code, kind], stdout=subprocess.PIPE, text=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def start_server(tmp: Path) -> tuple[subprocess.Popen, str]:
+    port = 18000 + os.getpid() % 1000
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "otel_rl.cli", "serve", "--port", str(port), "--db", str(tmp / "ingest.sqlite3")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    proc.stdout.readline()
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def time_calls(call, n: int) -> list[float]:
+    out = []
+    for i in range(n):
+        values = {k: float(i + j) for j, k in enumerate(KEYS)}
+        start = time.perf_counter_ns()
+        call(values, i)
+        out.append((time.perf_counter_ns() - start) / 1000)
+        time.sleep(0.0005)  # a training step between logging calls
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    rounds, calls = (3, 200) if args.quick else (7, 500)
+    tmp = Path(tempfile.mkdtemp(prefix="otel-rl-scalars-"))
+    peers = []
+    server, server_url = start_server(tmp)
+    peers.append(server)
+    hung, hung_url = start_peer("hung")
+    failing, failing_url = start_peer("500")
+    peers += [hung, failing]
+    from fault_servers import refused_url
+
+    stalled = tmp / "stalled"
+    stalled.mkdir()
+    os.mkfifo(stalled / "metrics.jsonl")
+    erroring = tmp / "erroring"
+    erroring.mkdir()
+    (erroring / "metrics.jsonl").symlink_to("/dev/full")
+
+    common = dict(system_metrics_interval_s=0)
+    arms = {
+        "off": otel_rl.init(**common),
+        "jsonl+http": otel_rl.init(run_dir=tmp / "ok", motrix_url=server_url, **common),
+        "ingest hung": otel_rl.init(run_dir=tmp / "hung", motrix_url=hung_url, **common),
+        "ingest refused": otel_rl.init(run_dir=tmp / "refused", motrix_url=refused_url(), **common),
+        "ingest 500": otel_rl.init(run_dir=tmp / "500", motrix_url=failing_url, **common),
+        "disk stalled": otel_rl.init(run_dir=stalled, jsonl=True, **common),
+        "disk erroring": otel_rl.init(run_dir=erroring, jsonl=True, **common),
+    }
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter(str(tmp / "tb"))
+
+    def tensorboard(values, step):
+        for key, value in values.items():
+            writer.add_scalar(key, value, step)
+
+    samples: dict[str, list[float]] = {name: [] for name in [*arms, "tensorboard"]}
+    for _ in range(rounds):
+        for name, tel in arms.items():
+            samples[name] += time_calls(lambda v, i, tel=tel: tel.scalars(v, step=i), calls)
+        samples["tensorboard"] += time_calls(tensorboard, calls)
+    delivered = {}
+    for tel in arms.values():
+        tel.close()
+    for tel in arms.values():
+        if tel.motrix is not None:
+            tel.motrix.join(3)
+    for name, tel in arms.items():
+        if tel.motrix is not None:
+            outputs = {type(o).__name__: o for o in tel.motrix.outputs}
+            http = outputs.get("HttpSender")
+            jsonl = outputs.get("JsonlWriter")
+            delivered[name] = (
+                (f"http {http.sent}" if http else "") + (" / " if http and jsonl else "") + (f"jsonl {jsonl.written}" if jsonl else "")
+            )
+    writer.close()
+    for proc in peers:
+        proc.kill()
+
+    tb = statistics.median(samples["tensorboard"])
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; {rounds} interleaved rounds of {calls} calls per arm")
+    print()
+    print("| arm | p50 us | p99 us | p50 vs TensorBoard | delivered (records) |")
+    print("|---|---|---|---|---|")
+    for name, values in samples.items():
+        p50 = statistics.median(values)
+        p99 = statistics.quantiles(values, n=100)[98]
+        print(f"| {name} | {p50:.1f} | {p99:.1f} | {100 * p50 / tb:.2f}% | {delivered.get(name, '')} |")
+
+
+if __name__ == "__main__":
+    main()

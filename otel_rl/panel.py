@@ -1,0 +1,278 @@
+"""The live terminal panel: what the training is doing, redrawn at 2 Hz by its own thread.
+
+It reads the pipeline's records (a :class:`~otel_rl.pipeline.RecordSink`) into
+bounded windows and shows 2-second averages ("Avg 2s (n=...)"): the backends
+keep the unsmoothed per-iteration values. The training loop never triggers a
+redraw. Width tiers: under 96 columns everything stacks with a single Timing
+column; from 96 metrics and rewards sit side by side with Learner and
+Collector timing; from 120 a System column joins. When stdout is not a
+terminal, a plain line is printed every few seconds instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+
+from otel_rl import schema
+from otel_rl.pipeline import RecordSink
+from otel_rl.records import IterationRecord, ScalarsRecord
+
+WINDOW_S = 2.0
+REFRESH_HZ = 2.0
+PLAIN_EVERY_S = 5.0
+QUIET_SHARE = 0.01
+"""Nested and diagnostic collector rows below this share of the cycle are not shown."""
+_KEEP = 4096
+
+
+def round_to_total(shares: list[float], decimals: int = 1) -> list[float]:
+    """Round shares (fractions of 1) to percentages with ``decimals`` that add up to exactly 100."""
+    scale = 10**decimals
+    raw = [s * 100 * scale for s in shares]
+    floors = [int(r) for r in raw]
+    missing = round(sum(raw)) - sum(floors)
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - floors[i], reverse=True)
+    for i in order[: max(missing, 0)]:
+        floors[i] += 1
+    return [f / scale for f in floors]
+
+
+class PanelState:
+    """Windows of recent records; all reads compute 2-second averages at the given time."""
+
+    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+        self._clock = clock
+        self.learner: deque[tuple[int, float, dict[str, float], dict[str, float]]] = deque(maxlen=_KEEP)
+        self.collector: deque[tuple[int, float, dict[str, float], dict[str, float]]] = deque(maxlen=_KEEP)
+        self.scalars: deque[tuple[int, dict[str, Any]]] = deque(maxlen=_KEEP)
+        self.latest: dict[str, Any] = {}
+
+    def add_iteration(self, iteration: IterationRecord) -> None:
+        top = {}
+        nested = {}
+        for phase in iteration.phases:
+            top[phase.spec.name] = top.get(phase.spec.name, 0.0) + phase.duration_ns / 1e6
+            for child in phase.walk()[1:]:
+                nested[child.spec.name] = nested.get(child.spec.name, 0.0) + child.duration_ns / 1e6
+        target = self.learner if iteration.timeline == schema.LEARNER else self.collector
+        target.append((iteration.end_ns, iteration.wall_ns / 1e6, top, nested))
+
+    def add_cycle(self, end_ns: int, wall_ms: float, top: dict[str, float], nested: dict[str, float]) -> None:
+        """A collector cycle from another process (see :mod:`otel_rl.workers`)."""
+        self.collector.append((end_ns, wall_ms, top, nested))
+
+    def add_scalars(self, record: ScalarsRecord) -> None:
+        self.scalars.append((record.time_ns, record.values))
+        self.latest.update({k: v for k, v in record.values.items() if v is not None})
+
+    def _recent(self, items: deque) -> list:
+        since = self._clock() - int(WINDOW_S * 1e9)
+        return [item for item in list(items) if item[0] >= since]
+
+    def timing(self, timeline: str) -> dict[str, Any]:
+        """Window means: cycle wall, top-level and nested phase ms per cycle, and n."""
+        items = self._recent(self.learner if timeline == schema.LEARNER else self.collector)
+        n = len(items)
+        if not n:
+            return {"n": 0}
+        top: dict[str, float] = {}
+        nested: dict[str, float] = {}
+        for _, _, t, s in items:
+            for k, v in t.items():
+                top[k] = top.get(k, 0.0) + v / n
+            for k, v in s.items():
+                nested[k] = nested.get(k, 0.0) + v / n
+        wall = sum(item[1] for item in items) / n
+        return {"n": n, "wall_ms": wall, "top": top, "nested": nested}
+
+    def scalar_means(self) -> dict[str, float]:
+        sums: dict[str, float] = {}
+        counts: dict[str, int] = {}
+        for _, values in self._recent(self.scalars):
+            for key, value in values.items():
+                if value is not None:
+                    sums[key] = sums.get(key, 0.0) + value
+                    counts[key] = counts.get(key, 0) + 1
+        means = {k: sums[k] / counts[k] for k in sums}
+        for key, value in self.latest.items():
+            means.setdefault(key, value)  # keys not updated in the window keep their last value
+        return means
+
+
+def _title(timeline: str, name: str) -> str:
+    spec = schema.PHASES.get((timeline, name))
+    return spec.title if spec else name.replace("_", " ").title()
+
+
+def timing_rows(timing: dict[str, Any], timeline: str) -> list[tuple[str, str, str]]:
+    """(label, ms, share) rows; top-level rows and Other add up to exactly 100%."""
+    if not timing.get("n"):
+        return [("(no data yet)", "", "")]
+    wall = timing["wall_ms"]
+    top = sorted(timing["top"].items(), key=lambda kv: -kv[1])
+    if timeline == schema.COLLECTOR and not wall:
+        wall = sum(v for _, v in top)
+    accounted = sum(v for _, v in top)
+    other = max(wall - accounted, 0.0)
+    shares = round_to_total([v / wall for _, v in top] + [other / wall] if wall else [0.0] * (len(top) + 1))
+    label = "Iter Wall" if timeline == schema.LEARNER else "Cycle"
+    rows = [(label, f"{wall:.2f}", "100.0%")]
+    for (name, ms), share in zip(top, shares, strict=False):
+        rows.append((_title(timeline, name), f"{ms:.2f}", f"{share:.1f}%"))
+        for child, child_ms in timing["nested"].items():
+            spec = schema.PHASES.get((timeline, child))
+            if spec and spec.parent == name and (timeline == schema.LEARNER or child_ms / wall >= QUIET_SHARE):
+                rows.append(("  " + spec.title, f"{child_ms:.2f}", f"{100 * child_ms / wall:.1f}%"))
+    if timeline == schema.LEARNER or other / wall >= QUIET_SHARE:
+        rows.append(("Other", f"{other:.2f}", f"{shares[-1]:.1f}%"))
+    return rows
+
+
+def _fmt(value: float) -> str:
+    if abs(value) >= 1e9:
+        return f"{value / 2**30:.2f} Gi"
+    if abs(value) >= 1e6:
+        return f"{value / 2**20:.1f} Mi"
+    if abs(value) >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.4g}"
+
+
+class PanelView:
+    """Builds the renderable for a console width from a :class:`PanelState`."""
+
+    def __init__(self, state: PanelState, run_id: str, num_envs: Callable[[], int | None] = lambda: None) -> None:
+        self.state = state
+        self.run_id = run_id
+        self._num_envs = num_envs
+
+    def _kv_table(self, title: str, rows: list[tuple[str, str]]) -> Table:
+        table = Table(title=title, show_header=False, box=None, title_justify="left", pad_edge=False)
+        table.add_column(style="cyan", no_wrap=True)
+        table.add_column(justify="right", no_wrap=True)
+        for row in rows or [("(none yet)", "")]:
+            table.add_row(*row)
+        return table
+
+    def _timing_table(self, title: str, rows: list[tuple[str, str, str]]) -> Table:
+        table = Table(title=title, box=None, title_justify="left", pad_edge=False)
+        table.add_column("phase", style="cyan", no_wrap=True)
+        table.add_column("ms", justify="right", no_wrap=True)
+        table.add_column("share", justify="right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        return table
+
+    def sections(self, short: bool) -> dict[str, Any]:
+        means = self.state.scalar_means()
+        metrics = [("Steps/s" if short else "Steps/s (Perf/total_fps)", _fmt(means["Perf/total_fps"]))] if "Perf/total_fps" in means else []
+        for key in sorted(means):
+            if key.startswith(("Loss/", "Policy/")) or key == "Train/mean_episode_length":
+                metrics.append((key.split("/", 1)[1] if short else key, _fmt(means[key])))
+        rewards = []
+        if "Train/mean_reward" in means:
+            rewards.append(("Mean reward" if short else "Train/mean_reward", f"{means['Train/mean_reward']:.1f}" if short else f"{means['Train/mean_reward']:.3f}"))
+        for key in sorted(k for k in means if k.startswith("reward/")):
+            rewards.append((key.split("/", 1)[1] if short else key, f"{means[key]:.3g}"))
+        system = [
+            ("Envs", str(self._num_envs() or "-")),
+            ("Buffer", _fmt(means["Train/buffer_size"]) if "Train/buffer_size" in means else "-"),
+            ("CPU", f"{means.get('sys/process_cpu_percent', 0):.0f}%"),
+            ("RSS", _fmt(means.get("sys/process_rss_bytes", 0)) + "B"),
+        ]
+        for key in sorted(k for k in means if k.startswith("sys/gpu") and k.endswith("_util_percent")):
+            system.append((key.removeprefix("sys/").removesuffix("_util_percent").upper(), f"{means[key]:.0f}%"))
+        return {"metrics": metrics, "rewards": rewards, "system": system}
+
+    def render(self, width: int):
+        learner = self.state.timing(schema.LEARNER)
+        collector = self.state.timing(schema.COLLECTOR)
+        short = width < 96
+        parts = self.sections(short)
+        metrics = self._kv_table("Metrics", parts["metrics"])
+        rewards = self._kv_table("Rewards", parts["rewards"])
+        learner_rows = timing_rows(learner, schema.LEARNER)
+        collector_rows = timing_rows(collector, schema.COLLECTOR)
+        gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU"))
+        title = f"otel-rl · {self.run_id} · Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)}) · GPUs {gpus}"
+        if short:
+            timing = self._timing_table(
+                "Timing", learner_rows + [("Collector", "", "")] + [("  " + r[0], r[1], r[2]) for r in collector_rows]
+            )
+            body = Group(metrics, rewards, timing)
+        else:
+            top = Table.grid(padding=(0, 4))
+            top.add_row(metrics, rewards)
+            timings = Table.grid(padding=(0, 4))
+            columns = [
+                self._timing_table("Learner" if width < 120 else "Learner (Iter Wall)", learner_rows),
+                self._timing_table("Collector" if width < 120 else "Collector (own clock)", collector_rows),
+            ]
+            if width >= 120:
+                columns.append(self._kv_table("System", parts["system"]))
+            timings.add_row(*columns)
+            body = Group(top, timings)
+        return Panel(body, title=title, title_align="left")
+
+    def plain_line(self) -> str:
+        learner = self.state.timing(schema.LEARNER)
+        means = self.state.scalar_means()
+        parts = [f"otel-rl {self.run_id}"]
+        if learner.get("n"):
+            parts.append(f"iter {learner['wall_ms']:.2f} ms (n={learner['n']})")
+            shares = sorted(learner["top"].items(), key=lambda kv: -kv[1])[:3]
+            parts.append(", ".join(f"{_title(schema.LEARNER, k)} {100 * v / learner['wall_ms']:.0f}%" for k, v in shares))
+        if "Perf/total_fps" in means:
+            parts.append(f"{means['Perf/total_fps']:.0f} steps/s")
+        if "Train/mean_reward" in means:
+            parts.append(f"reward {means['Train/mean_reward']:.1f}")
+        return " | ".join(parts)
+
+
+class PanelSink(RecordSink):
+    """Feeds the panel from the pipeline and redraws it on its own thread."""
+
+    def __init__(self, run_id: str, console: Console | None = None, num_envs: Callable[[], int | None] = lambda: None) -> None:
+        self.state = PanelState()
+        self.view = PanelView(self.state, run_id, num_envs)
+        self.console = console or Console()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otel-rl-panel", daemon=True)
+        self._thread.start()
+
+    def on_iteration(self, iteration: IterationRecord) -> None:
+        self.state.add_iteration(iteration)
+
+    def on_remote_cycle(self, cycle) -> None:
+        self.state.add_cycle(
+            cycle.end_ns,
+            cycle.wall_ns / 1e6,
+            {k: v / 1e6 for k, v in cycle.top.items()},
+            {k: v / 1e6 for k, v in cycle.nested.items()},
+        )
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        self.state.add_scalars(record)
+
+    def _run(self) -> None:
+        if not self.console.is_terminal:
+            while not self._stop.wait(PLAIN_EVERY_S):
+                self.console.print(self.view.plain_line(), highlight=False, soft_wrap=True)
+            return
+        with Live(console=self.console, auto_refresh=False, transient=False) as live:
+            while not self._stop.wait(1.0 / REFRESH_HZ):
+                live.update(self.view.render(self.console.width), refresh=True)
+            live.update(self.view.render(self.console.width), refresh=True)
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._stop.set()
+        self._thread.join(max(timeout_s, 0.0))

@@ -1,0 +1,144 @@
+"""``sys/*`` resource metrics: process and host CPU and memory, and per-GPU NVML readings.
+
+A daemon thread samples every ``interval_s`` and records the values as
+scalars (so they reach the JSONL file, the live service, the panel and the
+``rl.sys.*`` gauges) and keeps the latest sample for the OpenTelemetry
+observable gauges named after the semantic conventions (``process.cpu.utilization``...).
+Nothing is sampled unless telemetry is enabled; GPU keys appear only where
+NVML finds a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+
+from otel_rl.recorder import warn_once
+
+_logger = logging.getLogger(__name__)
+
+
+class Nvml:
+    """NVML readings per GPU, or nothing when there is no NVML or no GPU."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        except Exception:  # no library, no driver, no GPU: no GPU keys
+            self.handles = []
+
+    def sample(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for index, handle in enumerate(self.handles):
+            nvml = self._nvml
+            readings = (
+                ("util_percent", lambda h: nvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                ("memory_used_bytes", lambda h: nvml.nvmlDeviceGetMemoryInfo(h).used),
+                ("power_watts", lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                ("temperature_celsius", lambda h: nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+            )
+            for name, read in readings:
+                try:
+                    out[f"sys/gpu{index}_{name}"] = float(read(handle))
+                except Exception:
+                    continue  # a reading this GPU does not support
+        return out
+
+
+def sample_host(process: psutil.Process) -> dict[str, float]:
+    """One sample of the process and the host (CPU percentages since the previous sample)."""
+    memory = psutil.virtual_memory()
+    with process.oneshot():
+        values = {
+            "sys/process_cpu_percent": process.cpu_percent(None),
+            "sys/process_rss_bytes": float(process.memory_info().rss),
+            "sys/process_threads": float(process.num_threads()),
+        }
+    values["sys/cpu_percent"] = psutil.cpu_percent(None)
+    values["sys/memory_percent"] = memory.percent
+    values["sys/memory_used_bytes"] = float(memory.total - memory.available)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            if torch.cuda.is_initialized():
+                values["sys/torch_cuda_max_allocated_bytes"] = float(torch.cuda.max_memory_allocated())
+        except Exception:
+            pass
+    return values
+
+
+class SystemSampler:
+    """Samples ``sys/*`` every ``interval_s`` on a daemon thread and hands each sample to ``record``."""
+
+    def __init__(self, record: Callable[[dict[str, float]], None], interval_s: float = 2.0) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"system metrics interval must be positive, got {interval_s!r}")
+        self._record = record
+        self._interval_s = interval_s
+        self._process = psutil.Process()
+        self._process.cpu_percent(None)  # the first reading only starts the measurement
+        psutil.cpu_percent(None)
+        self._nvml = Nvml()
+        self.latest: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otel-rl-system", daemon=True)
+        self._thread.start()
+
+    def sample(self) -> dict[str, float]:
+        values = sample_host(self._process)
+        values.update(self._nvml.sample())
+        self.latest = values
+        return values
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self._record(self.sample())
+            except Exception:
+                warn_once("system-sample", "otel-rl: system metrics sampling failed", exc_info=True)
+
+    def register_gauges(self, meter) -> None:
+        """Observable gauges under semantic-convention names, read from the latest sample."""
+        from opentelemetry.metrics import Observation
+
+        def gauge(name: str, key: str, unit: str, scale: float = 1.0) -> None:
+            def callback(_options):
+                value = self.latest.get(key)
+                return [] if value is None else [Observation(value * scale)]
+
+            meter.create_observable_gauge(name, [callback], unit=unit)
+
+        gauge("process.cpu.utilization", "sys/process_cpu_percent", "1", 0.01)
+        gauge("process.memory.usage", "sys/process_rss_bytes", "By")
+        gauge("process.thread.count", "sys/process_threads", "{thread}")
+        gauge("system.cpu.utilization", "sys/cpu_percent", "1", 0.01)
+        gauge("system.memory.usage", "sys/memory_used_bytes", "By")
+
+        def gpu_callback(key: str, scale: float):
+            def callback(_options):
+                return [
+                    Observation(v * scale, {"gpu.index": int(k.split("_")[0].removeprefix("sys/gpu"))})
+                    for k, v in self.latest.items()
+                    if k.startswith("sys/gpu") and k.endswith(key)
+                ]
+
+            return callback
+
+        meter.create_observable_gauge("gpu.utilization", [gpu_callback("_util_percent", 0.01)], unit="1")
+        meter.create_observable_gauge("gpu.memory.usage", [gpu_callback("_memory_used_bytes", 1.0)], unit="By")
+        meter.create_observable_gauge("gpu.power", [gpu_callback("_power_watts", 1.0)], unit="W")
+        meter.create_observable_gauge("gpu.temperature", [gpu_callback("_temperature_celsius", 1.0)], unit="Cel")
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._stop.set()
+        self._thread.join(max(timeout_s, 0.0))
