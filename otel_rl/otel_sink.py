@@ -87,6 +87,7 @@ class OpenTelemetrySink(RecordSink):
         metric_exporters: list | None = None,
         log_exporters: list | None = None,
         metric_export_interval_ms: float | None = None,
+        parent_span_id: int | None = None,
     ) -> None:
         from otel_rl import __version__
 
@@ -98,6 +99,8 @@ class OpenTelemetrySink(RecordSink):
         self._builder = SpanBuilder(resource, self._scope, trace_id)
         self.cuda_fallback = self._builder.cuda_fallback
         self.aggregates = aggregates
+        # A worker joined from a traceparent hangs its spans under that (remote) run span.
+        self._remote_parent = span_context(trace_id, parent_span_id, remote=True) if parent_span_id else None
         self._run_context: trace_api.SpanContext | None = None
         self._run_parent: trace_api.SpanContext | None = None
         self._run_events: list[Event] = []
@@ -205,12 +208,12 @@ class OpenTelemetrySink(RecordSink):
 
     def on_iteration(self, iteration: IterationRecord) -> None:
         if self._span_processors and self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
-            self._end_spans(self._builder.iteration_spans(iteration, self._run_context))
+            self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))
             self._remember_correlations(iteration.phases)
 
     def on_phase(self, phase: PhaseRecord) -> None:
         if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):
-            self._end_spans(self._builder.phase_spans(phase, self._run_context))
+            self._end_spans(self._builder.phase_spans(phase, self._run_context or self._remote_parent))
             self._remember_correlations([phase])
 
     def _remember_correlations(self, phases: list[PhaseRecord]) -> None:
@@ -239,7 +242,7 @@ class OpenTelemetrySink(RecordSink):
             "rl.gpu.stream": interval.stream,
         }
         span = self._builder.span(
-            interval.spec.title, context, self._run_context, interval.start_ns, interval.end_ns, attributes, links=links
+            interval.spec.title, context, self._run_context or self._remote_parent, interval.start_ns, interval.end_ns, attributes, links=links
         )
         self._end_spans([span])
 
@@ -249,8 +252,9 @@ class OpenTelemetrySink(RecordSink):
             self._run_events.append(Event(event.name, attributes, event.time_ns))
         if self._event_logger is not None:
             context = None
-            if self._run_context is not None:
-                context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(self._run_context))
+            parent = self._run_context or self._remote_parent
+            if parent is not None:
+                context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent))
             self._event_logger.emit(
                 timestamp=event.time_ns,
                 context=context,

@@ -140,6 +140,7 @@ class Telemetry:
             metric_exporters=config.metric_exporters,
             log_exporters=config.log_exporters,
             metric_export_interval_ms=config.metric_export_interval_ms,
+            parent_span_id=self._parent_span_id,
         )
         # Order matters: the span sink assigns span ids that the aggregator
         # keeps as exemplars.

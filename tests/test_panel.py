@@ -1,0 +1,119 @@
+"""The terminal panel: width tiers, window averages, shares that add up, the plain fallback."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from otel_rl import schema
+from otel_rl.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
+from otel_rl.records import IterationRecord, PhaseRecord, ScalarsRecord
+
+NOW = 1_000_000_000_000
+
+
+def iteration(end_ns: int, phases_ms: dict[str, float], wall_ms: float, timeline: str = "learner") -> IterationRecord:
+    t = end_ns - int(wall_ms * 1e6)
+    records = []
+    for name, ms in phases_ms.items():
+        children = None
+        if name == "inference":
+            children = [PhaseRecord(schema.phase_spec(timeline, "inference_forward"), t, t + int(ms * 0.8e6), 1, 1, "main")]
+        records.append(PhaseRecord(schema.phase_spec(timeline, name), t, t + int(ms * 1e6), 0, 1, "main", children=children))
+        t += int(ms * 1e6)
+    return IterationRecord(timeline, 0, 0, end_ns - int(wall_ms * 1e6), end_ns, 1, "main", records, sum(p.duration_ns for p in records))
+
+
+def state_with_data() -> PanelState:
+    state = PanelState(clock=lambda: NOW)
+    # Outside the 2 s window: must not count.
+    state.add_iteration(iteration(NOW - 3_000_000_000, {"learning": 100.0}, 100.0))
+    for k in range(4):
+        state.add_iteration(iteration(NOW - k * 100_000_000, {"collector_wait": 1.0, "inference": 2.0, "learning": 6.0}, 10.0))
+        state.add_iteration(iteration(NOW - k * 100_000_000, {"env_step": 3.0, "learner_action_wait": 5.0}, 8.0, "collector"))
+    state.add_scalars(ScalarsRecord(NOW - 5_000_000_000, {"Train/mean_reward": -1000.0}, None, None, None))
+    state.add_scalars(ScalarsRecord(NOW - 100, {"Train/mean_reward": -200.0, "Loss/critic": 1.0, "Perf/total_fps": 900.0}, None, None, None))
+    state.add_scalars(ScalarsRecord(NOW - 50, {"Loss/critic": 3.0, "sys/process_cpu_percent": 150.0, "reward/upright": 0.5}, None, None, None))
+    return state
+
+
+def titles(text: str) -> set[str]:
+    """Section titles: words at the start of a line, each followed by two or more spaces or the line end."""
+    import re
+
+    found = set()
+    for line in text.splitlines():
+        for part in re.split(r"\s{2,}", line.strip("│ ╭╮╰╯─")):
+            found.add(part.strip())
+    return found
+
+
+def render(state: PanelState, width: int) -> str:
+    console = Console(width=width, record=True, file=io.StringIO(), force_terminal=True, color_system=None)
+    console.print(PanelView(state, "run-7", num_envs=lambda: 8).render(width))
+    return console.export_text()
+
+
+def test_window_averages_on_known_inputs():
+    state = state_with_data()
+    learner = state.timing("learner")
+    assert learner["n"] == 4 and learner["wall_ms"] == 10.0
+    assert learner["top"] == {"collector_wait": 1.0, "inference": 2.0, "learning": 6.0}
+    assert abs(learner["nested"]["inference_forward"] - 1.6) < 1e-9
+    means = state.scalar_means()
+    assert means["Train/mean_reward"] == -200.0  # the 5 s old value is outside the window
+    assert means["Loss/critic"] == 2.0
+
+
+def test_learner_shares_add_up_to_100():
+    rows = timing_rows(state_with_data().timing("learner"), "learner")
+    labels = [r[0] for r in rows]
+    assert labels[0] == "Iter Wall" and labels[-1] == "Other"
+    top = [float(r[2].rstrip("%")) for r in rows[1:] if not r[0].startswith("  ")]
+    assert round(sum(top), 6) == 100.0
+    assert "  Forward" in labels  # nested rows are shown but not counted
+
+
+def test_round_to_total():
+    assert round_to_total([1 / 3, 1 / 3, 1 / 3]) == [33.4, 33.3, 33.3]  # 1000 tenths in all
+    assert round_to_total([0.5, 0.25, 0.25]) == [50.0, 25.0, 25.0]
+
+
+def test_narrow_terminal_stacks_with_a_single_timing_column():
+    text = render(state_with_data(), 80)
+    assert {"Metrics", "Rewards", "Timing"} <= titles(text)
+    assert not {"Learner", "System", "Learner (Iter Wall)", "Collector (own clock)"} & titles(text)
+    assert "Avg 2s (n=4)" in text
+    assert "Mean reward" in text  # short titles
+    assert max(len(line) for line in text.splitlines()) <= 80
+
+
+def test_medium_terminal_has_learner_and_collector_columns():
+    text = render(state_with_data(), 100)
+    assert {"Learner", "Collector"} <= titles(text) and not {"System", "Timing"} & titles(text)
+    metrics_line = next(line for line in text.splitlines() if "Metrics" in line)
+    assert "Rewards" in metrics_line  # side by side
+
+
+def test_wide_terminal_has_three_timing_columns():
+    text = render(state_with_data(), 140)
+    header = next(line for line in text.splitlines() if "Learner (Iter Wall)" in line)
+    assert "Collector (own clock)" in header and "System" in header
+    assert "Envs" in text and "Iter Wall" in text and "Learner Action Wait" in text
+
+
+def test_not_a_terminal_prints_plain_lines(monkeypatch):
+    import otel_rl.panel as panel
+
+    monkeypatch.setattr(panel, "PLAIN_EVERY_S", 0.05)
+    out = io.StringIO()
+    sink = PanelSink("run-7", console=Console(file=out, force_terminal=False, width=200))
+    for record in state_with_data().learner:
+        sink.state.learner.append(record)
+    import time
+
+    time.sleep(0.3)
+    sink.shutdown(2)
+    lines = [line for line in out.getvalue().splitlines() if line]
+    assert lines and all(line.startswith("otel-rl run-7") for line in lines)
