@@ -16,6 +16,8 @@ demo: $(BIN)/python
 
 test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	command -v prometheus >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus)
+	bash collector-config/build.sh
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/python

@@ -178,10 +178,10 @@ _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time"),
     MetricSpec("Perf/replay_ingress_h2d_submit_ms", "ms", description="Background replay submit (overlaps)"),
     MetricSpec("Perf/dp_gradient_sync_ms_per_rank", "ms"),
-    MetricSpec("Perf/dp_gradient_sync_calls_per_rank", "1"),
-    MetricSpec("Train/mean_reward", "1", description="Mean return of the last 100 episodes"),
-    MetricSpec("Train/mean_episode_length", "1"),
-    MetricSpec("Episode/timeout_rate", "1"),
+    MetricSpec("Perf/dp_gradient_sync_calls_per_rank", ""),
+    MetricSpec("Train/mean_reward", "", description="Mean return of the last 100 episodes"),
+    MetricSpec("Train/mean_episode_length", ""),
+    MetricSpec("Episode/timeout_rate", ""),
 ) + tuple(
     MetricSpec(phase_key(p.timeline, p.name), "s" if phase_key_scale(p.timeline, p.name) != 1.0 else "ms")
     for p in LEARNER_PHASES + COLLECTOR_PHASES
@@ -190,14 +190,16 @@ _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
 METRICS: dict[str, MetricSpec] = {m.key: m for m in _CANONICAL_METRICS}
 
 # Families whose members are canonical by prefix, with their default unit.
+# Dimensionless values have no unit (""), not "1": Prometheus would append
+# "_ratio" to a unit-1 gauge, which a reward or a loss is not.
 FAMILIES: dict[str, str] = {
-    "Perf/": "1",
-    "Train/": "1",
-    "Loss/": "1",
-    "Policy/": "1",
-    "Episode/": "1",
-    "reward/": "1",
-    "sys/": "1",
+    "Perf/": "",
+    "Train/": "",
+    "Loss/": "",
+    "Policy/": "",
+    "Episode/": "",
+    "reward/": "",
+    "sys/": "",
 }
 
 _KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]*(/[A-Za-z0-9_.\-]+)+$")
@@ -230,7 +232,7 @@ def metric_spec(key: str, *, strict: bool = False) -> MetricSpec:
             f"scalar key {key!r} is outside the canonical families "
             f"({', '.join(FAMILIES)}) and strict mode is on"
         )
-    return MetricSpec(key, _unit_from_suffix(key) or "1")
+    return MetricSpec(key, _unit_from_suffix(key) or "")
 
 
 def _unit_from_suffix(key: str) -> str | None:

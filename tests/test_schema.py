@@ -37,7 +37,7 @@ def test_custom_phases_are_allowed_unless_strict():
 
 
 def test_metric_specs_families_namespaces_and_strict():
-    assert schema.metric_spec("Loss/critic").unit == "1"
+    assert schema.metric_spec("Loss/critic").unit == ""
     assert schema.metric_spec("sys/rss_bytes").unit == "By"
     assert schema.metric_spec("myteam/thing").key == "myteam/thing"
     with pytest.raises(SchemaError, match="namespaced"):
