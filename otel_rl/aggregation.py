@@ -176,6 +176,13 @@ class Aggregates:
 
     # -- readers --------------------------------------------------------
 
+    def totals(self) -> tuple[dict[tuple[str, str], float], dict[str, tuple[int, float]]]:
+        """Cumulative host milliseconds per (timeline, phase), and (cycles, wall ms) per timeline."""
+        with self._lock:
+            phases = {(k[0], k[1]): b.total for k, (_, b) in self._phases.items() if k[2] == "host"}
+            cycles = {t: (b.count, b.total) for t, b in self._iterations.items()}
+        return phases, cycles
+
     def phase_summary(self) -> dict[str, dict[str, Any]]:
         """Per timeline: iteration stats, accounted and Other shares, per-phase count/mean/p50/p95 (ms).
 

@@ -114,6 +114,9 @@ class TelemetryConfig:
     log_exporters: list | None = None
     """SDK log exporters to use instead of those the environment asks for."""
 
+    outputs_on_every_rank: bool = False
+    """By default only rank 0 writes the panel, the JSONL file, the live stream and the trace; every rank exports OTLP."""
+
     rank: int = 0
     """Rank of this process (``RANK`` is read by default)."""
 
@@ -141,6 +144,9 @@ class TelemetryConfig:
             raise ValueError("trace_enabled needs a run_dir or a trace_output_dir")
         if self.jsonl is None:
             self.jsonl = bool(self.motrix_url) and self.run_dir is not None
+        if self.rank != 0 and not self.outputs_on_every_rank:
+            # Rank 0 speaks for the job; the others would duplicate its records.
+            self.jsonl, self.motrix_url, self.panel, self.trace_enabled = False, None, False, False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
         if not isinstance(self.meta, dict):

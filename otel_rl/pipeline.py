@@ -234,6 +234,8 @@ class Pipeline:
             key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
             if key is None:
                 key = self._accept_key(raw_key)
+            if not key:
+                continue
             clean[key] = cleaned = finite_or_none(key, value)
             if cleaned is None and key not in self.seen_nonfinite:
                 self.seen_nonfinite.add(key)
@@ -246,7 +248,14 @@ class Pipeline:
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
 
     def _accept_key(self, raw_key: object) -> str:
-        """The key as exported: canonical keys as is, others namespaced under ``custom/`` with one warning."""
+        """The key as exported: canonical keys as is, others namespaced under ``custom/`` with one warning.
+
+        Internal weighting counts of :mod:`otel_rl.stats` (``key__count``) give "": never exported.
+        """
+        if isinstance(raw_key, str) and raw_key.endswith("__count"):
+            warn_once("count-key", "otel-rl: %r is a stats weighting count; such keys are not exported", raw_key)
+            self._accepted_keys[raw_key] = ""
+            return ""
         try:
             key = schema.metric_spec(raw_key).key  # type: ignore[arg-type]
         except schema.SchemaError as exc:

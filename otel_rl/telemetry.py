@@ -90,6 +90,23 @@ def parse_traceparent(value: str) -> tuple[int, int] | None:
     return (trace_id, span_id) if trace_id and span_id else None
 
 
+_live: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child inherits Telemetry objects whose threads did not come along: switch them off.
+
+    The child starts its own telemetry instead (:func:`otel_rl.workers.init_worker`).
+    """
+    for telemetry in list(_live):
+        telemetry._closed = True
+        atexit.unregister(telemetry._atexit)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Telemetry:
     """Telemetry of one process of a training job. Create it with :func:`otel_rl.init`.
 
@@ -114,6 +131,7 @@ class Telemetry:
         self._run_open = False
         self._cuda_timer = None
         self._num_envs: int | None = None
+        self._window_mark: tuple[dict, dict] = ({}, {})
         self._relays: list = []
         self._monitor = None
         self._seq = protocol.seq_counter()
@@ -186,6 +204,7 @@ class Telemetry:
         ref = weakref.ref(self)
         self._atexit = lambda: (t := ref()) is not None and t.close()
         atexit.register(self._atexit)
+        _live.add(self)
 
     def _motrix_sink(self):
         """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
@@ -421,6 +440,45 @@ class Telemetry:
             RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes, seq=next(self._seq))
         )
 
+    def window_timings(self) -> dict[str, float]:
+        """Learner timings per iteration since the previous call, under their ``Perf/*`` keys.
+
+        Reads what the pipeline has assembled so far (it trails the training
+        thread by at most ``pipeline_interval_s``; :meth:`flush` first for an exact window).
+        """
+        phases, cycles = self.aggregates.totals()
+        last_phases, last_cycles = self._window_mark
+        self._window_mark = (phases, cycles)
+        count, wall = cycles.get(schema.LEARNER, (0, 0.0))
+        count -= last_cycles.get(schema.LEARNER, (0, 0.0))[0]
+        wall -= last_cycles.get(schema.LEARNER, (0, 0.0))[1]
+        if count <= 0:
+            return {}
+        out = {"Perf/iteration_time": wall / count / 1e3}
+        for (timeline, name), total in phases.items():
+            if timeline == schema.LEARNER:
+                delta = total - last_phases.get((timeline, name), 0.0)
+                out[schema.phase_key(timeline, name)] = delta / count * schema.phase_key_scale(timeline, name)
+        return out
+
+    def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
+        """The job's view of a log window: timings averaged and throughput summed across ranks.
+
+        ``values`` (``Perf/total_fps``, losses...) join this rank's learner
+        timings of the window; with an initialised ``torch.distributed`` and a
+        ``group`` they are reduced across ranks with one packed all-reduce.
+        Rank 0 records the result as scalars; every rank gets it back.
+        """
+        local = {**self.window_timings(), **snapshot(values or {})}
+        reduced = local
+        if group is not None:
+            from otel_rl.distributed import reduce_across_ranks
+
+            reduced = reduce_across_ranks(local, group)
+        if self.config.rank == 0:
+            self.scalars(reduced)
+        return reduced
+
     def add_sink(self, sink: RecordSink) -> None:
         """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""
         self._pipeline.add_sink(sink)
@@ -578,6 +636,45 @@ class NoOpTelemetry:
     @contextmanager
     def run(self, **metadata: Any) -> Iterator[NoOpTelemetry]:
         yield self
+
+    def window_timings(self) -> dict[str, float]:
+        """Learner timings per iteration since the previous call, under their ``Perf/*`` keys.
+
+        Reads what the pipeline has assembled so far (it trails the training
+        thread by at most ``pipeline_interval_s``; :meth:`flush` first for an exact window).
+        """
+        phases, cycles = self.aggregates.totals()
+        last_phases, last_cycles = self._window_mark
+        self._window_mark = (phases, cycles)
+        count, wall = cycles.get(schema.LEARNER, (0, 0.0))
+        count -= last_cycles.get(schema.LEARNER, (0, 0.0))[0]
+        wall -= last_cycles.get(schema.LEARNER, (0, 0.0))[1]
+        if count <= 0:
+            return {}
+        out = {"Perf/iteration_time": wall / count / 1e3}
+        for (timeline, name), total in phases.items():
+            if timeline == schema.LEARNER:
+                delta = total - last_phases.get((timeline, name), 0.0)
+                out[schema.phase_key(timeline, name)] = delta / count * schema.phase_key_scale(timeline, name)
+        return out
+
+    def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
+        """The job's view of a log window: timings averaged and throughput summed across ranks.
+
+        ``values`` (``Perf/total_fps``, losses...) join this rank's learner
+        timings of the window; with an initialised ``torch.distributed`` and a
+        ``group`` they are reduced across ranks with one packed all-reduce.
+        Rank 0 records the result as scalars; every rank gets it back.
+        """
+        local = {**self.window_timings(), **snapshot(values or {})}
+        reduced = local
+        if group is not None:
+            from otel_rl.distributed import reduce_across_ranks
+
+            reduced = reduce_across_ranks(local, group)
+        if self.config.rank == 0:
+            self.scalars(reduced)
+        return reduced
 
     def add_sink(self, sink: RecordSink) -> None:
         """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""

@@ -299,3 +299,10 @@ def test_unnamespaced_and_bad_values_warn_and_keep_going(capture, caplog):
         {"custom/loss": 2.0},
     ]
     assert sum("custom/loss" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_stats_weighting_counts_never_reach_a_backend(capture):
+    tel = make(capture)
+    tel.scalars({"reward": 1.0, "rollout/reward": 2.0, "rollout/reward__count": 4.0})
+    tel.close()
+    assert capture.scalars[0].values == {"custom/reward": 1.0, "rollout/reward": 2.0}

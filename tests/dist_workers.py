@@ -1,0 +1,97 @@
+"""Scenarios run on every rank of a real gloo process group (see test_distributed.py)."""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+
+
+def run(rank: int, world: int, port: int, scenario: str, results, extra) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        results.put((rank, "ok", globals()[scenario](rank, world, extra)))
+    except Exception as exc:  # the test asserts on it
+        results.put((rank, "error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        dist.destroy_process_group()
+
+
+def rank_data(rank: int) -> dict:
+    """Deterministic raw data of one rank, also rebuilt by the test for the reference."""
+    g = torch.Generator().manual_seed(100 + rank)
+    n = 6 + 3 * rank
+    return {
+        "values": torch.randn(n, generator=g, dtype=torch.float64).float(),
+        "mask": torch.rand(n, generator=g) > 0.4,
+        "lr": [0.1 * (rank + 1), 0.2 * (rank + 1)][: 1 + rank % 2],
+    }
+
+
+def reduce_types(rank: int, world: int, extra) -> dict:
+    from otel_rl.stats import ReduceType, StatsTracker
+
+    calls = []
+    original = dist.all_reduce
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    dist.all_reduce = counting
+    tracker = StatsTracker()
+    data = rank_data(rank)
+    tracker.denominator(valid=data["mask"])
+    with tracker.scope("actor"):
+        tracker.denominator(valid=data["mask"])
+        for reduce_type in ReduceType:
+            if reduce_type is not ReduceType.SCALAR:
+                tracker.stat("valid", reduce_type, **{f"x_{reduce_type.value}": data["values"]})
+    tracker.scalar(**{"lr": data["lr"][0]})
+    if len(data["lr"]) > 1:
+        tracker.scalar(lr=data["lr"][1])
+    if rank == 0:
+        tracker.scalar(only_rank0=5.0)  # other ranks lack this key but still join the collectives
+    tracker.denominator(none=torch.zeros(4, dtype=torch.bool))
+    tracker.stat("none", empty_mask=torch.ones(4))  # an all-false mask: dropped
+    out = tracker.export(reduce_group=dist.group.WORLD)
+    many = StatsTracker()
+    for i in range(50):
+        many.scalar(**{f"k{i}": float(i)})
+    before = len(calls)
+    many.export(reduce_group=dist.group.WORLD)
+    dist.all_reduce = original
+    return {"stats": out, "collectives_small": before, "collectives_many": len(calls) - before}
+
+
+def disagreement(rank: int, world: int, extra) -> dict:
+    from otel_rl.stats import ReduceType, StatsTracker
+
+    tracker = StatsTracker()
+    tracker.denominator(valid=torch.ones(3, dtype=torch.bool))
+    tracker.stat("valid", ReduceType.AVG if rank == 0 else ReduceType.SUM, loss=torch.ones(3))
+    return tracker.export(reduce_group=dist.group.WORLD)
+
+
+def telemetry(rank: int, world: int, extra) -> dict:
+    import otel_rl
+
+    run_dir, endpoint = extra
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+    tel = otel_rl.init(
+        run_dir=run_dir, rank=rank, world_size=world, jsonl=True, trace_enabled=True, system_metrics_interval_s=0
+    )
+    with tel.run():
+        for i in range(5):
+            with tel.iteration(i, env_steps=i * 8):
+                with tel.phase("learning"):
+                    time.sleep(0.004 * (rank + 1))
+        tel.flush()
+        reduced = tel.log_window({"Perf/total_fps": 100.0 * (rank + 1), "Loss/critic": float(rank)}, group=dist.group.WORLD)
+    tel.close()
+    return reduced
