@@ -715,6 +715,27 @@ class NoOpTelemetry:
     def traceparent(self) -> str:
         return ""
 
+    def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None:
+        pass
+
+    def window_timings(self) -> dict[str, float]:
+        return {}
+
+    def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
+        return dict(values or {})
+
+    def add_sink(self, sink: RecordSink) -> None:
+        pass
+
+    def worker_spec(self, role: str, context: Any = None, **options: Any):
+        """A spec that makes the worker's telemetry disabled too."""
+        from otel_rl.workers import WorkerSpec
+
+        return WorkerSpec(role=role, run_id="", traceparent="", relay=None, options={"enabled": False})
+
+    def watch_worker(self, process: Any, role: str) -> None:
+        pass
+
     def flush(self, timeout_s: float = 5.0) -> bool:
         return True
 

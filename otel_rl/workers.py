@@ -71,7 +71,8 @@ def init_worker(spec: WorkerSpec, **options: Any):
     """
     import otel_rl
 
-    os.environ["TRACEPARENT"] = spec.traceparent
+    if spec.traceparent:
+        os.environ["TRACEPARENT"] = spec.traceparent
     settings: dict[str, Any] = {
         "run_id": spec.run_id,
         "role": spec.role,

@@ -306,3 +306,9 @@ def test_stats_weighting_counts_never_reach_a_backend(capture):
     tel.scalars({"reward": 1.0, "rollout/reward": 2.0, "rollout/reward__count": 4.0})
     tel.close()
     assert capture.scalars[0].values == {"custom/reward": 1.0, "rollout/reward": 2.0}
+
+
+def test_noop_has_the_whole_api():
+    noop_api = {n for n in dir(otel_rl.NoOpTelemetry) if not n.startswith("_")}
+    real_api = {n for n in dir(Telemetry) if not n.startswith("_")}
+    assert real_api - noop_api <= {"tracer_provider", "meter_provider", "enabled"}, real_api - noop_api

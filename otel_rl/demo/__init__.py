@@ -154,6 +154,7 @@ def _learn(tel, args, agent, slots, replay, episodes, collector, shared_actor, w
     env_steps = 0
     warm = False
     deadline = time.monotonic() + args.seconds
+    steady = time.monotonic()
     window_start, window_steps = time.monotonic(), 0
     iteration = 0
     while time.monotonic() < deadline and env_steps < args.total_steps:
@@ -215,9 +216,13 @@ def _learn(tel, args, agent, slots, replay, episodes, collector, shared_actor, w
             tel.scalars(values)
         if iteration and iteration % 5000 == 0:
             _checkpoint(tel, agent, run_dir, env_steps)
+        if iteration == 0:
+            steady = time.monotonic()  # throughput excludes the collector's start-up
         iteration += 1
+    elapsed = time.monotonic() - steady if iteration > 1 else 0.0
     _checkpoint(tel, agent, run_dir, env_steps)
     return {
+        "iterations_per_s": (iteration - 1) / elapsed if elapsed else 0.0,
         "iterations": iteration,
         "env_steps": env_steps,
         "first_mean_reward": sum(first_rewards) / len(first_rewards) if first_rewards else None,
@@ -243,9 +248,13 @@ def _report(run_dir: Path, summary: dict) -> None:
         print(f"  {name}")
     first, final = summary.get("first_mean_reward"), summary.get("final_mean_reward")
     print(
-        f"{summary.get('iterations', 0)} learner iterations, {summary.get('env_steps', 0)} env steps; "
+        f"{summary.get('iterations', 0)} learner iterations ({summary.get('iterations_per_s', 0):.1f}/s), "
+        f"{summary.get('env_steps', 0)} env steps; "
         f"mean episode return {first if first is None else round(first, 1)} at the start, "
         f"{final if final is None else round(final, 1)} over the last {summary.get('episodes', 0)} episodes"
     )
     print()
-    print(render_text(analyze(run_dir)))
+    try:
+        print(render_text(analyze(run_dir)))
+    except FileNotFoundError:
+        print("no trace to analyse (telemetry disabled)")
