@@ -95,6 +95,8 @@ class Aggregates:
         self.bounds = bounds_ms
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], tuple[schema.PhaseSpec, Bins]] = {}
+        self._by_spec: dict[tuple[int, str], Bins] = {}
+        self._spec_refs: list[schema.PhaseSpec] = []  # keeps ids in _by_spec valid
         self._iterations: dict[str, Bins] = {}
         self._accounted_ms: dict[str, float] = {}
         self._gauges: dict[str, tuple[float, int]] = {}
@@ -102,6 +104,9 @@ class Aggregates:
         self._dropped: dict[str, int] = {}
 
     def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
+        entry = self._by_spec.get((id(spec), clock))
+        if entry is not None:
+            return entry
         key = (spec.timeline, spec.name, clock)
         entry = self._phases.get(key)
         if entry is None:
@@ -112,6 +117,10 @@ class Aggregates:
                 schema.ATTR_CLOCK: clock,
             }
             entry = self._phases[key] = (spec, Bins(attributes, len(self.bounds) + 1))
+        # Fast path by spec identity (specs are cached per phase); the name key merges
+        # specs that describe the same series (a CUDA phase's host fallback, say).
+        self._by_spec[(id(spec), clock)] = entry[1]
+        self._spec_refs.append(spec)
         return entry[1]
 
     def _add(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
@@ -129,14 +138,13 @@ class Aggregates:
     def record_phases(self, phases: Iterable[PhaseRecord]) -> None:
         """Bin top-level phases and their nested phases; a span id becomes the bucket's exemplar."""
         with self._lock:
-            for top in phases:
-                for phase in top.walk() if top.children else (top,):
-                    self._add(
-                        self._phase_bins(phase.spec),
-                        (phase.end_ns - phase.start_ns) / 1e6,
-                        phase.end_ns,
-                        phase.span_id,
-                    )
+            self._record_phases(phases)
+
+    def _record_phases(self, phases: Iterable[PhaseRecord]) -> None:
+        add, bins_of = self._add, self._phase_bins
+        for top in phases:
+            for phase in top.walk() if top.children else (top,):
+                add(bins_of(phase.spec), (phase.end_ns - phase.start_ns) / 1e6, phase.end_ns, phase.span_id)
 
     def record_device_interval(self, interval: DeviceIntervalRecord) -> None:
         """A GPU interval: the same histogram, with ``rl.clock=gpu``."""
@@ -157,7 +165,7 @@ class Aggregates:
             self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
             if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
                 self._env_steps[timeline] = iteration.env_steps
-        self.record_phases(iteration.phases)
+            self._record_phases(iteration.phases)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int) -> None:
         """Latest value per scalar key; None (non-finite) keeps the last value."""

@@ -57,18 +57,14 @@ class PanelState:
         self.latest: dict[str, Any] = {}
 
     def add_iteration(self, iteration: IterationRecord) -> None:
-        top = {}
-        nested = {}
-        for phase in iteration.phases:
-            top[phase.spec.name] = top.get(phase.spec.name, 0.0) + phase.duration_ns / 1e6
-            for child in phase.walk()[1:]:
-                nested[child.spec.name] = nested.get(child.spec.name, 0.0) + child.duration_ns / 1e6
+        # Nanoseconds are kept; the (rare) render converts.
+        top, nested = iteration.totals_ns()
         target = self.learner if iteration.timeline == schema.LEARNER else self.collector
-        target.append((iteration.end_ns, iteration.wall_ns / 1e6, top, nested))
+        target.append((iteration.end_ns, iteration.wall_ns, top, nested))
 
-    def add_cycle(self, end_ns: int, wall_ms: float, top: dict[str, float], nested: dict[str, float]) -> None:
-        """A collector cycle from another process (see :mod:`otel_rl.workers`)."""
-        self.collector.append((end_ns, wall_ms, top, nested))
+    def add_cycle(self, end_ns: int, wall_ns: int, top: dict[str, int], nested: dict[str, int]) -> None:
+        """A collector cycle from another process (see :mod:`otel_rl.workers`), in nanoseconds."""
+        self.collector.append((end_ns, wall_ns, top, nested))
 
     def add_scalars(self, record: ScalarsRecord) -> None:
         self.scalars.append((record.time_ns, record.values))
@@ -88,10 +84,10 @@ class PanelState:
         nested: dict[str, float] = {}
         for _, _, t, s in items:
             for k, v in t.items():
-                top[k] = top.get(k, 0.0) + v / n
+                top[k] = top.get(k, 0.0) + v / n / 1e6
             for k, v in s.items():
-                nested[k] = nested.get(k, 0.0) + v / n
-        wall = sum(item[1] for item in items) / n
+                nested[k] = nested.get(k, 0.0) + v / n / 1e6
+        wall = sum(item[1] for item in items) / n / 1e6
         return {"n": n, "wall_ms": wall, "top": top, "nested": nested}
 
     def scalar_means(self) -> dict[str, float]:
@@ -253,12 +249,7 @@ class PanelSink(RecordSink):
         self.state.add_iteration(iteration)
 
     def on_remote_cycle(self, cycle) -> None:
-        self.state.add_cycle(
-            cycle.end_ns,
-            cycle.wall_ns / 1e6,
-            {k: v / 1e6 for k, v in cycle.top.items()},
-            {k: v / 1e6 for k, v in cycle.nested.items()},
-        )
+        self.state.add_cycle(cycle.end_ns, cycle.wall_ns, cycle.top, cycle.nested)
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         self.state.add_scalars(record)
@@ -268,7 +259,8 @@ class PanelSink(RecordSink):
             while not self._stop.wait(PLAIN_EVERY_S):
                 self.console.print(self.view.plain_line(), highlight=False, soft_wrap=True)
             return
-        with Live(console=self.console, auto_refresh=False, transient=False) as live:
+        # Never take over the training script's stdout and stderr: its prints go where they always went.
+        with Live(console=self.console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False) as live:
             while not self._stop.wait(1.0 / REFRESH_HZ):
                 live.update(self.view.render(self.console.width), refresh=True)
             live.update(self.view.render(self.console.width), refresh=True)

@@ -70,10 +70,25 @@ class IterationRecord:
     phases: list[PhaseRecord]
     accounted_ns: int
     thread_cpu_ns: int | None = None
+    _totals: tuple[dict[str, int], dict[str, int]] | None = None
 
     @property
     def wall_ns(self) -> int:
         return self.end_ns - self.start_ns
+
+    def totals_ns(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Nanoseconds per phase name: (top-level phases, nested phases); computed once, shared by sinks."""
+        if self._totals is None:
+            top: dict[str, int] = {}
+            nested: dict[str, int] = {}
+            for phase in self.phases:
+                name = phase.spec.name
+                top[name] = top.get(name, 0) + phase.end_ns - phase.start_ns
+                if phase.children:
+                    for child in phase.walk()[1:]:
+                        nested[child.spec.name] = nested.get(child.spec.name, 0) + child.end_ns - child.start_ns
+            self._totals = (top, nested)
+        return self._totals
 
     @property
     def other_ns(self) -> int:

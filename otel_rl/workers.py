@@ -99,12 +99,7 @@ class RelaySink(RecordSink):
         self.dropped = 0
 
     def on_iteration(self, iteration: IterationRecord) -> None:
-        top: dict[str, int] = {}
-        nested: dict[str, int] = {}
-        for phase in iteration.phases:
-            top[phase.spec.name] = top.get(phase.spec.name, 0) + phase.duration_ns
-            for child in phase.walk()[1:]:
-                nested[child.spec.name] = nested.get(child.spec.name, 0) + child.duration_ns
+        top, nested = iteration.totals_ns()
         cycle = RemoteCycle(self._role, iteration.timeline, iteration.end_ns, iteration.wall_ns, top, nested)
         try:
             self._relay.put_nowait(cycle)

@@ -98,7 +98,8 @@ class HttpSender:
         self._thread.start()
 
     def submit(self, record: dict[str, Any]) -> None:
-        self._idle.clear()
+        if self._idle.is_set():
+            self._idle.clear()
         self.queue.put(record, wake_at=self._batch_size)
 
     def _run(self) -> None:

@@ -59,7 +59,8 @@ class JsonlWriter:
         self._thread.start()
 
     def submit(self, record: dict[str, Any]) -> None:
-        self._idle.clear()
+        if self._idle.is_set():
+            self._idle.clear()
         self.queue.put(record, wake_at=self.queue.capacity + 1)  # time-driven, not size-driven
 
     def _run(self) -> None:

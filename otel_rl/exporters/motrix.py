@@ -60,6 +60,12 @@ class _PerfWindow:
             self.phase_ns[name] = self.phase_ns.get(name, 0) + phase.end_ns - phase.start_ns
             self.phase_count[name] = self.phase_count.get(name, 0) + 1
 
+    def add_totals(self, totals: dict[str, int]) -> None:
+        phase_ns, phase_count = self.phase_ns, self.phase_count
+        for name, ns in totals.items():
+            phase_ns[name] = phase_ns.get(name, 0) + ns
+            phase_count[name] = phase_count.get(name, 0) + 1
+
     def values(self, timeline: str) -> dict[str, float]:
         """Mean per cycle (per occurrence for timelines without cycles), in each key's unit."""
         out: dict[str, float] = {}
@@ -171,8 +177,9 @@ class MotrixSink(RecordSink):
             window = self._windows[iteration.timeline] = _PerfWindow()
         window.cycles += 1
         window.wall_ns += iteration.wall_ns
-        for phase in iteration.phases:
-            window.add_phase(phase)
+        top, nested = iteration.totals_ns()
+        window.add_totals(top)
+        window.add_totals(nested)
         if iteration.timeline == schema.LEARNER:
             self._axes = {"env_steps": iteration.env_steps, "iteration": iteration.index}
 
@@ -188,10 +195,8 @@ class MotrixSink(RecordSink):
             window = self._windows[cycle.timeline] = _PerfWindow()
         window.cycles += 1
         window.wall_ns += cycle.wall_ns
-        for names in (cycle.top, cycle.nested):
-            for name, ns in names.items():
-                window.phase_ns[name] = window.phase_ns.get(name, 0) + ns
-                window.phase_count[name] = window.phase_count.get(name, 0) + 1
+        window.add_totals(cycle.top)
+        window.add_totals(cycle.nested)
 
     def on_drain(self, now_ns: int) -> None:
         if time.monotonic() - self._last_perf >= self._perf_interval_s:

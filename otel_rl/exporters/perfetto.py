@@ -297,10 +297,12 @@ class PerfettoTraceSink(RecordSink):
     # -- pipeline side: enqueue only -------------------------------------
 
     def _put(self, item: object) -> None:
-        if len(self._queue) == self._queue.maxlen:
+        queue = self._queue
+        if len(queue) == queue.maxlen:
             self.dropped += 1
-        self._idle.clear()
-        self._queue.append(item)
+        if self._idle.is_set():
+            self._idle.clear()
+        queue.append(item)
 
     def on_iteration(self, iteration: IterationRecord) -> None:
         self._put(iteration)

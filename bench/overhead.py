@@ -1,0 +1,413 @@
+"""Overhead study: the same training loop with telemetry off, on, on with every output failing, and the alternatives.
+
+    python bench/overhead.py            # the full study (about 20 minutes on 2 cores)
+    python bench/overhead.py --quick    # fewer rounds and configurations
+    python bench/overhead.py --markdown docs/overhead.md
+
+Every measurement runs the loop in a fresh child process (one process tree),
+and the arms are interleaved round by round in a shuffled order, so machine
+drift hits every arm alike. Peers (OTLP receiver, ingest server, misbehaving
+servers) run in their own processes.
+
+Arms: off; off again (the noise control); otel-rl with every output on (OTLP
+to a local receiver, live stream to a local ingest server, JSONL, Perfetto
+trace, system metrics, the panel); otel-rl with each fault (ingest hung,
+ingest refusing, collector down, disk stalled, disk erroring, and all of them
+at once); the OpenTelemetry SDK used directly (a span per phase through
+``start_as_current_span`` and a histogram record); TensorBoard's
+``SummaryWriter`` (a scalar per phase and per key).
+
+Workloads: ``numpy`` (matrix products release the GIL) and ``python``
+(a pure-Python loop holds it), at iterations of about 200 us, 2 ms and 20 ms
+with 4 phases; scalars (40 keys) every iteration and every 50. Plus the real
+demo training loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent / "tests"
+PHASES = (("collector_wait", 0.1), ("inference", 0.2), ("replay_sample", 0.1), ("learning", 0.6))
+KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
+SAMPLE_EVERY = 8  # time every 8th phase and scalars call (the timing itself costs)
+
+
+# -- the child: one arm, one workload, one measurement ------------------------
+
+
+def make_work(kind: str, units: int):
+    if kind == "numpy":
+        import numpy as np
+
+        a = np.random.default_rng(0).standard_normal((units, units))
+
+        def work(share: float) -> None:
+            for _ in range(max(int(share * 10), 1)):
+                a @ a
+    else:
+
+        def work(share: float) -> None:
+            total = 0
+            for i in range(max(int(share * units), 1)):
+                total += i * i
+
+    return work
+
+
+def build_arm(arm: str, peers: dict, tmp: Path):
+    """The instrumentation of an arm: (phase factory, scalars function, closer, delivered())."""
+    import otel_rl
+
+    run_dir = tmp / "run"
+    if arm in ("off", "off-control"):
+        tel = otel_rl.init(enabled=False)
+        return tel.phase, tel.scalars, tel.close, lambda: {}
+    if arm == "otel-sdk":
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        tracer_provider = TracerProvider()
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=peers["otlp"] + "/v1/traces")))
+        meter_provider = MeterProvider(
+            metric_readers=[PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=peers["otlp"] + "/v1/metrics"), 1000)]
+        )
+        tracer = tracer_provider.get_tracer("bench")
+        meter = meter_provider.get_meter("bench")
+        histogram = meter.create_histogram("rl.phase.duration", unit="ms")
+        gauges = {k: meter.create_gauge(k) for k in KEYS}
+
+        class SdkPhase:
+            def __init__(self, name):
+                self.name, self.attrs = name, {"rl.phase": name}
+
+            def __enter__(self):
+                self.cm = tracer.start_as_current_span(self.name)
+                self.cm.__enter__()
+                self.t = time.perf_counter_ns()
+
+            def __exit__(self, *exc):
+                histogram.record((time.perf_counter_ns() - self.t) / 1e6, self.attrs)
+                self.cm.__exit__(*exc)
+
+        def scalars(values, step=None):
+            for key, value in values.items():
+                gauges[key].set(value)
+
+        def close():
+            tracer_provider.shutdown()
+            meter_provider.shutdown()
+
+        return SdkPhase, scalars, close, lambda: {}
+    if arm == "tensorboard":
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(tmp / "tb"))
+        steps = [0]
+
+        class TbPhase:
+            def __init__(self, name):
+                self.tag = f"timing/{name}_ms"
+
+            def __enter__(self):
+                self.t = time.perf_counter_ns()
+
+            def __exit__(self, *exc):
+                writer.add_scalar(self.tag, (time.perf_counter_ns() - self.t) / 1e6, steps[0])
+
+        def scalars(values, step=None):  # noqa: F811 - the TensorBoard arm's own step counter
+            steps[0] += 1
+            for key, value in values.items():
+                writer.add_scalar(key, value, steps[0])
+
+        return TbPhase, scalars, writer.close, lambda: {}
+
+    # otel-rl with every output on, pointed at healthy or failing peers.
+    faults = set(arm.removeprefix("otel-rl").strip(": ").split("+")) - {""}
+    if "all-faults" in faults:
+        faults = {"ingest-hung", "ingest-refused", "collector-down", "disk-stalled", "disk-erroring"}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if "disk-stalled" in faults:
+        os.mkfifo(run_dir / "metrics.jsonl")
+    elif "disk-erroring" in faults:
+        (run_dir / "metrics.jsonl").symlink_to("/dev/full")
+    ingest = peers["ingest"]
+    if "ingest-hung" in faults:
+        ingest = peers["hung"]
+    elif "ingest-refused" in faults:
+        ingest = peers["refused"]
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = peers["refused"] if "collector-down" in faults else peers["otlp"]
+    os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf"
+    os.environ["OTEL_METRIC_EXPORT_INTERVAL"] = "5000"
+    tel = otel_rl.init(
+        run_dir=run_dir,
+        motrix_url=ingest,
+        jsonl=True,
+        trace_enabled=True,
+        system_metrics_interval_s=2.0,
+        shutdown_timeout_s=2.0,
+    )
+    from rich.console import Console
+
+    from otel_rl.panel import PanelSink
+
+    tel.add_sink(PanelSink(tel.config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140)))  # noqa: SIM115
+    tel.run().__enter__()
+
+    def delivered():
+        tel.motrix.join(5.0)  # what the exit hook would wait for
+        out = {"phases dropped": tel.stats()["dropped"]["phases"]}
+        for output in tel.motrix.outputs:
+            name = type(output).__name__
+            out[name] = output.written if name == "JsonlWriter" else output.sent
+            out[name + " dropped"] = sum(output.queue.dropped.values())
+        return out
+
+    return tel.phase, tel.scalars, lambda: tel.close(timeout_s=2.0), delivered
+
+
+def child(spec: dict) -> dict:
+    tmp = Path(tempfile.mkdtemp(prefix="otel-rl-overhead-"))
+    work = make_work(spec["workload"], spec["units"])
+    make_phase, scalars, close, delivered = build_arm(spec["arm"], spec["peers"], tmp)
+    phases = [(make_phase(name), share) for name, share in PHASES]
+    values = {k: float(i) for i, k in enumerate(KEYS)}
+    phase_ns: list[int] = []
+    scalars_ns: list[int] = []
+    iterations = 0
+    produced_scalars = 0
+    perf = time.perf_counter_ns
+    warmup_until = time.monotonic() + spec["warmup_s"]
+    while time.monotonic() < warmup_until:
+        for phase, share in phases:
+            with phase:
+                work(share)
+    start = time.monotonic()
+    end = start + spec["duration_s"]
+    while time.monotonic() < end:
+        for phase, share in phases:
+            if iterations % SAMPLE_EVERY == 0:
+                t0 = perf()
+                phase.__enter__()
+                t1 = perf()
+                work(share)
+                t2 = perf()
+                phase.__exit__(None, None, None)
+                t3 = perf()
+                phase_ns.append((t1 - t0) + (t3 - t2))
+            else:
+                with phase:
+                    work(share)
+        if iterations % spec["scalars_every"] == 0:
+            produced_scalars += 1
+            t0 = perf()
+            scalars(values, step=iterations)
+            scalars_ns.append(perf() - t0)
+        iterations += 1
+    elapsed = time.monotonic() - start
+    close()
+    return {
+        "iterations_per_s": iterations / elapsed,
+        "phase_ns": phase_ns,
+        "scalars_ns": scalars_ns,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "produced": {"phases": iterations * len(PHASES), "scalars": produced_scalars},
+        "delivered": delivered(),
+    }
+
+
+# -- the parent: peers, calibration, interleaved rounds, the table ---------
+
+
+def start_peers(tmp: Path) -> tuple[dict, list]:
+    procs = []
+
+    def spawn(code: str) -> str:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(TESTS)}
+        )
+        procs.append(proc)
+        return proc.stdout.readline().strip()
+
+    otlp = spawn("import otlp_receivers, time; r = otlp_receivers.HttpReceiver().start(); print(r.endpoint, flush=True); time.sleep(86400)")
+    hung = spawn("import fault_servers, time; s = fault_servers.SilentServer(); print(s.url, flush=True); time.sleep(86400)")
+    port = 19000 + os.getpid() % 1000
+    server = subprocess.Popen(
+        [sys.executable, "-m", "otel_rl.cli", "serve", "--port", str(port), "--db", str(tmp / "ingest.sqlite3")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    server.stdout.readline()
+    procs.append(server)
+    sys.path.insert(0, str(TESTS))
+    from fault_servers import refused_url
+
+    return {"otlp": otlp, "hung": hung, "ingest": f"http://127.0.0.1:{port}", "refused": refused_url()}, procs
+
+
+def calibrate(kind: str, target_s: float) -> int:
+    """Work units such that one iteration of the 4 phases takes about target_s."""
+    units = 32 if kind == "numpy" else 1000
+    while True:
+        work = make_work(kind, units)
+        start = time.perf_counter()
+        for _ in range(5):
+            for _, share in PHASES:
+                work(share)
+        took = (time.perf_counter() - start) / 5
+        if took >= target_s * 0.8 or units > 10**8:
+            return units
+        units = int(units * min(max(target_s / max(took, 1e-7), 1.1), 4)) if kind == "python" else units + 16
+
+
+def run_child(spec: dict) -> dict:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=300
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"{spec['arm']} failed: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def demo_rate(disabled: bool, iterations: int) -> float:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    if disabled:
+        env["OTEL_SDK_DISABLED"] = "true"
+    with tempfile.TemporaryDirectory() as runs:
+        out = subprocess.run(
+            [sys.executable, "-m", "otel_rl.cli", "demo", "--iterations", str(iterations), "--learning-starts", "800",
+             "--no-panel", "--runs-dir", runs],
+            capture_output=True, text=True, env=env, timeout=900,
+        )  # fmt: skip
+    line = next(line for line in out.stdout.splitlines() if "learner iterations (" in line)
+    return float(line.split("(")[1].split("/s")[0])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--markdown", help="also write the report to this file")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+    quick = args.quick
+    rounds = args.rounds or (3 if quick else 5)
+    arms = [
+        "off", "off-control", "otel-rl",
+        "otel-rl: ingest-hung", "otel-rl: ingest-refused", "otel-rl: collector-down",
+        "otel-rl: disk-stalled", "otel-rl: disk-erroring", "otel-rl: all-faults",
+        "otel-sdk", "tensorboard",
+    ]  # fmt: skip
+    lengths = {"200us": 200e-6, "2ms": 2e-3, "20ms": 20e-3}
+    workloads = [("numpy", "200us"), ("python", "200us"), ("numpy", "2ms"), ("python", "2ms"), ("numpy", "20ms"), ("python", "20ms")]
+    scalars_every = [1, 50]
+    if quick:
+        workloads = [("numpy", "200us"), ("python", "200us"), ("python", "2ms")]
+    tmp = Path(tempfile.mkdtemp(prefix="otel-rl-overhead-"))
+    peers, procs = start_peers(tmp)
+    units = {(kind, name): calibrate(kind, lengths[name]) for kind, name in workloads}
+    results: dict[tuple, list[dict]] = {}
+    try:
+        for kind, name in workloads:
+            for every in scalars_every:
+                for _ in range(rounds):
+                    order = arms[:]
+                    random.shuffle(order)
+                    for arm in order:
+                        spec = {
+                            "arm": arm, "workload": kind, "units": units[(kind, name)], "scalars_every": every,
+                            "duration_s": 1.5 if quick else 2.0, "warmup_s": 0.3, "peers": peers,
+                        }  # fmt: skip
+                        results.setdefault((kind, name, every, arm), []).append(run_child(spec))
+                print(f"done: {kind} {name} scalars every {every}", file=sys.stderr, flush=True)
+        demo = {"off": [], "otel-rl": []}
+        for _ in range(2 if quick else 3):
+            for arm in random.sample(list(demo), 2):
+                demo[arm].append(demo_rate(arm == "off", 1200 if quick else 2500))
+    finally:
+        for proc in procs:
+            proc.kill()
+    report = render(results, demo, workloads, scalars_every, arms, rounds)
+    print(report)
+    if args.markdown:
+        Path(args.markdown).write_text(report)
+
+
+def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
+    lines = [
+        "# Overhead study",
+        "",
+        f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {platform.system()} {platform.release()}. "
+        f"{rounds} interleaved rounds per configuration, each arm in a fresh process.",
+        "",
+        "Throughput change is the median iterations per second of an arm against `off` "
+        "(positive: slower). The control band is `off-control` against `off`, the noise of the machine.",
+        "",
+    ]
+    for kind, name in workloads:
+        for every in scalars_every:
+            base = statistics.median(r["iterations_per_s"] for r in results[(kind, name, every, "off")])
+            lines += [
+                f"## {kind} workload, {name} iterations, scalars every {every}",
+                "",
+                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | peak RSS (MiB) | delivered |",
+                "|---|---|---|---|---|---|",
+            ]
+            for arm in arms:
+                runs = results[(kind, name, every, arm)]
+                rate = statistics.median(r["iterations_per_s"] for r in runs)
+                phase = [ns / 1000 for r in runs for ns in r["phase_ns"]]
+                calls = [ns / 1000 for r in runs for ns in r["scalars_ns"]]
+                rss = max(r["peak_rss_mib"] for r in runs)
+                last = runs[-1]
+                delivered = ", ".join(f"{k} {v}" for k, v in last["delivered"].items())
+                if delivered:
+                    delivered += f" (of {last['produced']['scalars']} scalars calls, {last['produced']['phases']} phases)"
+                lines.append(
+                    f"| {arm} | {100 * (base / rate - 1):+.2f}% | {percentile(phase, 0.5):.2f} / {percentile(phase, 0.99):.2f} "
+                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {rss:.0f} | {delivered} |"
+                )
+            lines.append("")
+    if demo["off"]:
+        off, on = statistics.median(demo["off"]), statistics.median(demo["otel-rl"])
+        lines += [
+            "## The demo's real training loop (SAC, Pendulum, collector process)",
+            "",
+            "| arm | learner iterations/s (median) | runs |",
+            "|---|---|---|",
+            f"| off (OTEL_SDK_DISABLED) | {off:.1f} | {', '.join(f'{x:.1f}' for x in demo['off'])} |",
+            f"| otel-rl, every local output | {on:.1f} ({100 * (off / on - 1):+.2f}%) | {', '.join(f'{x:.1f}' for x in demo['otel-rl'])} |",
+            "",
+        ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
