@@ -161,7 +161,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         jsonl=True,
         trace_enabled=True,
         system_metrics_interval_s=2.0,
-        shutdown_timeout_s=2.0,
+        shutdown_timeout_s=1.0,
     )
     from rich.console import Console
 
@@ -171,7 +171,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
     tel.run().__enter__()
 
     def delivered():
-        tel.motrix.join(5.0)  # what the exit hook would wait for
+        tel.motrix.join(1.0)  # a bounded wait for what is still in flight
         out = {"phases dropped": tel.stats()["dropped"]["phases"]}
         for output in tel.motrix.outputs:
             name = type(output).__name__
@@ -179,7 +179,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
             out[name + " dropped"] = sum(output.queue.dropped.values())
         return out
 
-    return tel.phase, tel.scalars, lambda: tel.close(timeout_s=2.0), delivered
+    return tel.phase, tel.scalars, lambda: tel.close(timeout_s=1.0), delivered
 
 
 def child(spec: dict) -> dict:
@@ -312,6 +312,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--markdown", help="also write the report to this file")
+    parser.add_argument("--workloads", help="comma-separated kind:length, e.g. numpy:200us,python:2ms")
+    parser.add_argument("--duration", type=float, default=None, help="seconds measured per child")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
@@ -329,6 +331,8 @@ def main() -> None:
     scalars_every = [1, 50]
     if quick:
         workloads = [("numpy", "200us"), ("python", "200us"), ("python", "2ms")]
+    if args.workloads:
+        workloads = [tuple(item.split(":")) for item in args.workloads.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="otel-rl-overhead-"))
     peers, procs = start_peers(tmp)
     units = {(kind, name): calibrate(kind, lengths[name]) for kind, name in workloads}
@@ -342,7 +346,7 @@ def main() -> None:
                     for arm in order:
                         spec = {
                             "arm": arm, "workload": kind, "units": units[(kind, name)], "scalars_every": every,
-                            "duration_s": 1.5 if quick else 2.0, "warmup_s": 0.3, "peers": peers,
+                            "duration_s": args.duration or (1.5 if quick else 2.0), "warmup_s": 0.3, "peers": peers,
                         }  # fmt: skip
                         results.setdefault((kind, name, every, arm), []).append(run_child(spec))
                 print(f"done: {kind} {name} scalars every {every}", file=sys.stderr, flush=True)

@@ -72,7 +72,7 @@ def _stat(title: str, unit: str, expr: str, grid: GridPos, description: str):
 
 
 def _base(uid: str, title: str, description: str) -> dashboard.Dashboard:
-    runs = f'label_values(rl_iteration_duration_milliseconds_count{{service_name=~"$service"}}, rl_run_id)'
+    runs = 'label_values(rl_iteration_duration_milliseconds_count{service_name=~"$service"}, rl_run_id)'
     return (
         dashboard.Dashboard(title)
         .uid(uid)

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, TypeVar
 

@@ -94,15 +94,6 @@ class IterationRecord:
     def other_ns(self) -> int:
         return max(self.wall_ns - self.accounted_ns, 0)
 
-    def phase_totals_ms(self) -> dict[str, float]:
-        """Total milliseconds per phase name, nested phases included."""
-        totals: dict[str, float] = {}
-        for top in self.phases:
-            for phase in top.walk():
-                name = phase.spec.name
-                totals[name] = totals.get(name, 0.0) + phase.duration_ns / 1e6
-        return totals
-
 
 @dataclass(slots=True)
 class DeviceIntervalRecord:

@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import pytest
-import requests
 
 from otel_rl.analysis import protobuf_engine, trace_files
 from otel_rl.schema import check_schema_version

@@ -28,6 +28,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from otel_rl.exporters.protowire import SMALL as _SMALL
+from otel_rl.exporters.protowire import varint as _varint
+
 _logger = logging.getLogger(__name__)
 
 _CACHE_LIMIT = 8192
@@ -42,21 +45,7 @@ _FLAGS_REMOTE = b"\x85\x01" + _pack_fixed32(0x300)
 _LINK_FLAGS = {False: b"\x35" + _pack_fixed32(0x100), True: b"\x35" + _pack_fixed32(0x300)}  # field 6
 
 
-_SMALL = [bytes([i]) for i in range(128)]
 _keys: dict[str, bytes] = {}
-
-
-def _varint(value: int) -> bytes:
-    if 0 <= value < 128:
-        return _SMALL[value]
-    if value < 0:
-        value += 1 << 64  # int64 two's complement
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _field(tag: bytes, payload: bytes) -> bytes:

@@ -35,6 +35,7 @@ from typing import Any
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 
 from otel_rl import schema
+from otel_rl.exporters.protowire import varint as _varint
 from otel_rl.pipeline import RecordSink
 from otel_rl.recorder import warn_once
 from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
@@ -57,15 +58,6 @@ def track_uuid(*parts: object) -> int:
     """A stable 63-bit track id: the same key gives the same track in every process's file."""
     digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") >> 1 or 1
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _field(number: int, payload: bytes) -> bytes:
