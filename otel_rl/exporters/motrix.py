@@ -16,6 +16,7 @@ import logging
 import platform
 import sys
 import time
+import weakref
 from typing import Any
 
 from otel_rl import schema
@@ -109,13 +110,7 @@ class MotrixSink(RecordSink):
         self._last_perf = time.monotonic()
         self._axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
         self._closed = False
-        # Registered now, before Telemetry registers its own close: exit hooks
-        # run last-in first-out, so telemetry closes first and this then waits.
-        atexit.register(self._wait_at_exit)
-
-    def _wait_at_exit(self) -> None:
-        if self._closed:
-            self.join(EXIT_WAIT_S)
+        _sinks.add(self)
 
     # -- records built here ---------------------------------------------
 
@@ -234,6 +229,22 @@ class MotrixSink(RecordSink):
     def join(self, timeout_s: float) -> bool:
         deadline = time.monotonic() + timeout_s
         return all([o.join(max(deadline - time.monotonic(), 0.0)) for o in self.outputs])
+
+
+_sinks: weakref.WeakSet[MotrixSink] = weakref.WeakSet()
+
+
+def _wait_at_exit() -> None:
+    """One exit hook for every sink, sharing one deadline: exit never waits more than EXIT_WAIT_S."""
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for sink in list(_sinks):
+        if sink._closed:
+            sink.join(max(deadline - time.monotonic(), 0.0))
+
+
+# Registered at import, before any Telemetry registers its close: exit hooks run
+# last-in first-out, so telemetry closes first and this then waits.
+atexit.register(_wait_at_exit)
 
 
 def _json_safe(value: Any) -> Any:
