@@ -31,7 +31,8 @@ REFRESH_HZ = 2.0
 PLAIN_EVERY_S = 5.0
 QUIET_SHARE = 0.01
 """Nested and diagnostic collector rows below this share of the cycle are not shown."""
-_KEEP = 4096
+_KEEP = 65_536
+"""Records kept per window at most, whatever the rate (memory bound)."""
 
 
 def round_to_total(shares: list[float], decimals: int = 1) -> list[float]:
@@ -46,61 +47,96 @@ def round_to_total(shares: list[float], decimals: int = 1) -> list[float]:
     return [f / scale for f in floors]
 
 
+class SlidingWindow:
+    """Running sums over the last ``window_ns``: adding costs O(keys), reading O(keys), not O(records).
+
+    Each record is a tuple of dicts (its parts); sums and counts are kept per
+    part and key. Thread-safe: the pipeline adds, the render thread reads.
+    """
+
+    def __init__(self, window_ns: int, parts: int, cap: int = _KEEP) -> None:
+        self._window_ns = window_ns
+        self._items: deque[tuple[int, tuple[dict, ...]]] = deque()
+        self._sums: list[dict[str, float]] = [{} for _ in range(parts)]
+        self._counts: list[dict[str, int]] = [{} for _ in range(parts)]
+        self._cap = cap
+        self._lock = threading.Lock()
+
+    def add(self, time_ns: int, *parts: dict) -> None:
+        with self._lock:
+            self._items.append((time_ns, parts))
+            for sums, counts, values in zip(self._sums, self._counts, parts, strict=True):
+                for key, value in values.items():
+                    if value is not None:
+                        sums[key] = sums.get(key, 0) + value
+                        counts[key] = counts.get(key, 0) + 1
+            if len(self._items) > self._cap:
+                self._pop()
+
+    def _pop(self) -> None:
+        _, parts = self._items.popleft()
+        for sums, counts, values in zip(self._sums, self._counts, parts, strict=True):
+            for key, value in values.items():
+                if value is None:
+                    continue
+                if counts[key] == 1:
+                    del counts[key], sums[key]
+                else:
+                    counts[key] -= 1
+                    sums[key] -= value
+
+    def read(self, now_ns: int) -> tuple[int, list[dict[str, float]], list[dict[str, int]]]:
+        """(records in the window, sums per part, counts per part), after dropping expired records."""
+        with self._lock:
+            since = now_ns - self._window_ns
+            while self._items and self._items[0][0] < since:
+                self._pop()
+            return len(self._items), [dict(s) for s in self._sums], [dict(c) for c in self._counts]
+
+
 class PanelState:
-    """Windows of recent records; all reads compute 2-second averages at the given time."""
+    """2-second windows of recent records, kept as running sums (see :class:`SlidingWindow`)."""
 
     def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
         self._clock = clock
-        self.learner: deque[tuple[int, float, dict[str, float], dict[str, float]]] = deque(maxlen=_KEEP)
-        self.collector: deque[tuple[int, float, dict[str, float], dict[str, float]]] = deque(maxlen=_KEEP)
-        self.scalars: deque[tuple[int, dict[str, Any]]] = deque(maxlen=_KEEP)
+        window = int(WINDOW_S * 1e9)
+        self.learner = SlidingWindow(window, parts=3)
+        self.collector = SlidingWindow(window, parts=3)
+        self.scalars = SlidingWindow(window, parts=1)
         self.latest: dict[str, Any] = {}
 
     def add_iteration(self, iteration: IterationRecord) -> None:
         # Nanoseconds are kept; the (rare) render converts.
         top, nested = iteration.totals_ns()
         target = self.learner if iteration.timeline == schema.LEARNER else self.collector
-        target.append((iteration.end_ns, iteration.wall_ns, top, nested))
+        target.add(iteration.end_ns, {"wall": iteration.wall_ns}, top, nested)
 
     def add_cycle(self, end_ns: int, wall_ns: int, top: dict[str, int], nested: dict[str, int]) -> None:
         """A collector cycle from another process (see :mod:`otel_rl.workers`), in nanoseconds."""
-        self.collector.append((end_ns, wall_ns, top, nested))
+        self.collector.add(end_ns, {"wall": wall_ns}, top, nested)
 
     def add_scalars(self, record: ScalarsRecord) -> None:
-        self.scalars.append((record.time_ns, record.values))
-        self.latest.update({k: v for k, v in record.values.items() if v is not None})
-
-    def _recent(self, items: deque) -> list:
-        since = self._clock() - int(WINDOW_S * 1e9)
-        return [item for item in list(items) if item[0] >= since]
+        self.scalars.add(record.time_ns, record.values)
+        self.latest.update(record.values)
 
     def timing(self, timeline: str) -> dict[str, Any]:
-        """Window means: cycle wall, top-level and nested phase ms per cycle, and n."""
-        items = self._recent(self.learner if timeline == schema.LEARNER else self.collector)
-        n = len(items)
+        """Window means per cycle: cycle wall, top-level and nested phase ms, and n."""
+        n, (wall, top, nested), _ = (self.learner if timeline == schema.LEARNER else self.collector).read(self._clock())
         if not n:
             return {"n": 0}
-        top: dict[str, float] = {}
-        nested: dict[str, float] = {}
-        for _, _, t, s in items:
-            for k, v in t.items():
-                top[k] = top.get(k, 0.0) + v / n / 1e6
-            for k, v in s.items():
-                nested[k] = nested.get(k, 0.0) + v / n / 1e6
-        wall = sum(item[1] for item in items) / n / 1e6
-        return {"n": n, "wall_ms": wall, "top": top, "nested": nested}
+        return {
+            "n": n,
+            "wall_ms": wall.get("wall", 0) / n / 1e6,
+            "top": {k: v / n / 1e6 for k, v in top.items()},
+            "nested": {k: v / n / 1e6 for k, v in nested.items()},
+        }
 
     def scalar_means(self) -> dict[str, float]:
-        sums: dict[str, float] = {}
-        counts: dict[str, int] = {}
-        for _, values in self._recent(self.scalars):
-            for key, value in values.items():
-                if value is not None:
-                    sums[key] = sums.get(key, 0.0) + value
-                    counts[key] = counts.get(key, 0) + 1
+        _, (sums,), (counts,) = self.scalars.read(self._clock())
         means = {k: sums[k] / counts[k] for k in sums}
         for key, value in self.latest.items():
-            means.setdefault(key, value)  # keys not updated in the window keep their last value
+            if value is not None:
+                means.setdefault(key, value)  # keys not updated in the window keep their last value
         return means
 
 

@@ -109,8 +109,8 @@ def test_not_a_terminal_prints_plain_lines(monkeypatch):
     monkeypatch.setattr(panel, "PLAIN_EVERY_S", 0.05)
     out = io.StringIO()
     sink = PanelSink("run-7", console=Console(file=out, force_terminal=False, width=200))
-    for record in state_with_data().learner:
-        sink.state.learner.append(record)
+    sink.state = state_with_data()
+    sink.view.state = sink.state
     import time
 
     time.sleep(0.3)
