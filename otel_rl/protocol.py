@@ -22,8 +22,6 @@ from typing import Any
 
 PROTOCOL = "motrix.metrics/v1"
 INGEST_PATH = "/api/v1/ingest"
-RUN_STATUSES = ("pending", "running", "finished", "failed", "killed")
-KINDS = ("run", "scalars", "event", "heartbeat", "eval", "media")
 REASON_LIMIT_BYTES = 2048
 
 

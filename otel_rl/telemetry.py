@@ -491,9 +491,9 @@ class Telemetry:
         """
         import multiprocessing
 
-        from otel_rl.workers import RelayReceiver, WorkerSpec
+        from otel_rl.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
-        relay = (context or multiprocessing).Queue(maxsize=10_000)
+        relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
         self._relays.append(RelayReceiver(relay, self._recorder.remote.append))
         directory = self.config.trace_output_dir or self.config.run_dir
         return WorkerSpec(

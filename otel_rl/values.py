@@ -13,9 +13,6 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-_PLAIN = (float, int)
-
-
 def snapshot(values: Mapping[str, Any]) -> dict[str, Any]:
     """Copy ``values`` into a dict of ints, floats, bools and leftovers.
 

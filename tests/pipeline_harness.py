@@ -29,6 +29,14 @@ def collector_binary() -> Path:
     return Path(out.stdout.strip().splitlines()[-1])
 
 
+def stop_process(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
 def wait_until(predicate, timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -74,11 +82,7 @@ class Collector:
         return f"http://127.0.0.1:{self.ports['grpc']}"
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)
 
 
 class Prometheus:
@@ -114,8 +118,4 @@ class Prometheus:
         return set(requests.get(self.url + "/api/v1/label/__name__/values", timeout=10).json()["data"])
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
+        stop_process(self.process)

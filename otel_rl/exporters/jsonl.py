@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from otel_rl.exporters.files import close_quietly
 from otel_rl.exporters.record_queue import RecordQueue
 from otel_rl.protocol import encode_line
 from otel_rl.recorder import warn_once
@@ -100,12 +101,8 @@ class JsonlWriter:
         return True
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
+        close_quietly(self._file)
+        self._file = None
 
     def flush(self, timeout_s: float) -> bool:
         """Write now and wait until everything queued is on disk; False on timeout."""

@@ -35,6 +35,7 @@ from typing import Any
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 
 from otel_rl import schema
+from otel_rl.exporters.files import close_quietly
 from otel_rl.exporters.protowire import varint as _varint
 from otel_rl.pipeline import RecordSink
 from otel_rl.recorder import warn_once
@@ -414,12 +415,8 @@ class PerfettoTraceSink(RecordSink):
         self._encoder.reset()  # the new file must carry its own descriptors and interned names
 
     def _close_file(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
+        close_quietly(self._file)
+        self._file = None
 
     # -- lifecycle --------------------------------------------------------
 
