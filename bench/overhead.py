@@ -68,13 +68,13 @@ def make_work(kind: str, units: int):
 
 
 def build_arm(arm: str, peers: dict, tmp: Path):
-    """The instrumentation of an arm: (phase factory, scalars function, closer, delivered())."""
+    """The instrumentation of an arm: (phase factory, iteration factory, scalars function, closer, delivered())."""
     import otel_rl
 
     run_dir = tmp / "run"
     if arm in ("off", "off-control"):
         tel = otel_rl.init(enabled=False)
-        return tel.phase, tel.scalars, tel.close, lambda: {}
+        return tel.phase, tel.iteration, tel.scalars, tel.close, lambda: {}
     if arm == "otel-sdk":
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -94,8 +94,8 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         gauges = {k: meter.create_gauge(k) for k in KEYS}
 
         class SdkPhase:
-            def __init__(self, name):
-                self.name, self.attrs = name, {"rl.phase": name}
+            def __init__(self, name, histogram=histogram):
+                self.name, self.attrs, self.histogram = name, {"rl.phase": name}, histogram
 
             def __enter__(self):
                 self.cm = tracer.start_as_current_span(self.name)
@@ -103,8 +103,11 @@ def build_arm(arm: str, peers: dict, tmp: Path):
                 self.t = time.perf_counter_ns()
 
             def __exit__(self, *exc):
-                histogram.record((time.perf_counter_ns() - self.t) / 1e6, self.attrs)
+                self.histogram.record((time.perf_counter_ns() - self.t) / 1e6, self.attrs)
                 self.cm.__exit__(*exc)
+
+        iteration_histogram = meter.create_histogram("rl.iteration.duration", unit="ms")
+        sdk_iteration = SdkPhase("iteration", iteration_histogram)
 
         def scalars(values, step=None):
             for key, value in values.items():
@@ -114,7 +117,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
             tracer_provider.shutdown()
             meter_provider.shutdown()
 
-        return SdkPhase, scalars, close, lambda: {}
+        return SdkPhase, lambda index: sdk_iteration, scalars, close, lambda: {}
     if arm == "tensorboard":
         from torch.utils.tensorboard import SummaryWriter
 
@@ -136,7 +139,8 @@ def build_arm(arm: str, peers: dict, tmp: Path):
             for key, value in values.items():
                 writer.add_scalar(key, value, steps[0])
 
-        return TbPhase, scalars, writer.close, lambda: {}
+        tb_iteration = TbPhase("iteration")
+        return TbPhase, lambda index: tb_iteration, scalars, writer.close, lambda: {}
 
     # otel-rl with every output on, pointed at healthy or failing peers.
     faults = set(arm.removeprefix("otel-rl").strip(": ").split("+")) - {""}
@@ -179,13 +183,29 @@ def build_arm(arm: str, peers: dict, tmp: Path):
             out[name + " dropped"] = sum(output.queue.dropped.values())
         return out
 
-    return tel.phase, tel.scalars, lambda: tel.close(timeout_s=1.0), delivered
+    return tel.phase, tel.iteration, tel.scalars, lambda: tel.close(timeout_s=1.0), delivered
+
+
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, by thread name (Linux)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the thread ended
+            continue
+        name = names.get(int(tid), f"thread {tid}")
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
 
 
 def child(spec: dict) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="otel-rl-overhead-"))
     work = make_work(spec["workload"], spec["units"])
-    make_phase, scalars, close, delivered = build_arm(spec["arm"], spec["peers"], tmp)
+    make_phase, iteration, scalars, close, delivered = build_arm(spec["arm"], spec["peers"], tmp)
     phases = [(make_phase(name), share) for name, share in PHASES]
     values = {k: float(i) for i, k in enumerate(KEYS)}
     phase_ns: list[int] = []
@@ -194,13 +214,19 @@ def child(spec: dict) -> dict:
     produced_scalars = 0
     perf = time.perf_counter_ns
     warmup_until = time.monotonic() + spec["warmup_s"]
+    warm = 0
     while time.monotonic() < warmup_until:
-        for phase, share in phases:
-            with phase:
-                work(share)
+        warm += 1
+        with iteration(warm):
+            for phase, share in phases:
+                with phase:
+                    work(share)
     start = time.monotonic()
     end = start + spec["duration_s"]
+    cpu_before = thread_cpu_s()
     while time.monotonic() < end:
+        cycle = iteration(warm + iterations)
+        cycle.__enter__()
         for phase, share in phases:
             if iterations % SAMPLE_EVERY == 0:
                 t0 = perf()
@@ -214,6 +240,7 @@ def child(spec: dict) -> dict:
             else:
                 with phase:
                     work(share)
+        cycle.__exit__(None, None, None)
         if iterations % spec["scalars_every"] == 0:
             produced_scalars += 1
             t0 = perf()
@@ -221,12 +248,15 @@ def child(spec: dict) -> dict:
             scalars_ns.append(perf() - t0)
         iterations += 1
     elapsed = time.monotonic() - start
+    cpu = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in thread_cpu_s().items()}
     close()
     return {
         "iterations_per_s": iterations / elapsed,
         "phase_ns": phase_ns,
         "scalars_ns": scalars_ns,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "training_cpu": cpu.pop("MainThread", 0.0) / elapsed,
+        "background_cpu": sum(cpu.values()) / elapsed,
         "produced": {"phases": iterations * len(PHASES), "scalars": produced_scalars},
         "delivered": delivered(),
     }
@@ -372,7 +402,9 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
         f"{rounds} interleaved rounds per configuration, each arm in a fresh process.",
         "",
         "Throughput change is the median iterations per second of an arm against `off` "
-        "(positive: slower). The control band is `off-control` against `off`, the noise of the machine.",
+        "(positive: slower). The control band is `off-control` against `off`, the noise of the machine. "
+        "Background CPU is the CPU time of every thread but the training thread while the loop ran, "
+        "in percent of one core (median over rounds): time a GIL-holding loop has to give up.",
         "",
     ]
     for kind, name in workloads:
@@ -381,8 +413,8 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
             lines += [
                 f"## {kind} workload, {name} iterations, scalars every {every}",
                 "",
-                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | peak RSS (MiB) | delivered |",
-                "|---|---|---|---|---|---|",
+                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | background CPU | peak RSS (MiB) | delivered |",
+                "|---|---|---|---|---|---|---|",
             ]
             for arm in arms:
                 runs = results[(kind, name, every, arm)]
@@ -390,13 +422,14 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
                 phase = [ns / 1000 for r in runs for ns in r["phase_ns"]]
                 calls = [ns / 1000 for r in runs for ns in r["scalars_ns"]]
                 rss = max(r["peak_rss_mib"] for r in runs)
+                background = statistics.median(r["background_cpu"] for r in runs)
                 last = runs[-1]
                 delivered = ", ".join(f"{k} {v}" for k, v in last["delivered"].items())
                 if delivered:
                     delivered += f" (of {last['produced']['scalars']} scalars calls, {last['produced']['phases']} phases)"
                 lines.append(
                     f"| {arm} | {100 * (base / rate - 1):+.2f}% | {percentile(phase, 0.5):.2f} / {percentile(phase, 0.99):.2f} "
-                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {rss:.0f} | {delivered} |"
+                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {100 * background:.0f}% | {rss:.0f} | {delivered} |"
                 )
             lines.append("")
     if demo["off"]:

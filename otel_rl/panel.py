@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -28,11 +27,11 @@ from otel_rl.records import IterationRecord, ScalarsRecord
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
+MAX_DUTY = 0.02
+"""Share of a core the panel may spend redrawing; a slow terminal or a busy machine redraws less often."""
 PLAIN_EVERY_S = 5.0
 QUIET_SHARE = 0.01
 """Nested and diagnostic collector rows below this share of the cycle are not shown."""
-_KEEP = 65_536
-"""Records kept per window at most, whatever the rate (memory bound)."""
 
 
 def round_to_total(shares: list[float], decimals: int = 1) -> list[float]:
@@ -48,54 +47,62 @@ def round_to_total(shares: list[float], decimals: int = 1) -> list[float]:
 
 
 class SlidingWindow:
-    """Running sums over the last ``window_ns``: adding costs O(keys), reading O(keys), not O(records).
+    """Sums and counts per key over about the last ``window_ns``, kept in time buckets.
 
-    Each record is a tuple of dicts (its parts); sums and counts are kept per
-    part and key. Thread-safe: the pipeline adds, the render thread reads.
+    Each record is a tuple of dicts (its parts). A record is added into the
+    bucket of its time (a twentieth of the window), so nothing is kept per
+    record: adding costs O(keys) and leaves no object behind for the garbage
+    collector, reading costs O(buckets x keys). The window is exact to one
+    bucket. Thread-safe: the pipeline adds, the render thread reads.
     """
 
-    def __init__(self, window_ns: int, parts: int, cap: int = _KEEP) -> None:
+    BUCKETS = 20
+
+    def __init__(self, window_ns: int, parts: int) -> None:
         self._window_ns = window_ns
-        self._items: deque[tuple[int, tuple[dict, ...]]] = deque()
-        self._sums: list[dict[str, float]] = [{} for _ in range(parts)]
-        self._counts: list[dict[str, int]] = [{} for _ in range(parts)]
-        self._cap = cap
+        self._width = max(window_ns // self.BUCKETS, 1)
+        self._parts = parts
+        # bucket index -> [records, sums per part, counts per part]
+        self._buckets: dict[int, list] = {}
         self._lock = threading.Lock()
 
     def add(self, time_ns: int, *parts: dict) -> None:
+        index = time_ns // self._width
         with self._lock:
-            self._items.append((time_ns, parts))
-            for sums, counts, values in zip(self._sums, self._counts, parts, strict=True):
+            bucket = self._buckets.get(index)
+            if bucket is None:
+                if len(self._buckets) > 2 * self.BUCKETS:  # bounded whatever the timestamps
+                    del self._buckets[min(self._buckets)]
+                bucket = self._buckets[index] = [0, [{} for _ in range(self._parts)], [{} for _ in range(self._parts)]]
+            bucket[0] += 1
+            for sums, counts, values in zip(bucket[1], bucket[2], parts, strict=True):
                 for key, value in values.items():
                     if value is not None:
                         sums[key] = sums.get(key, 0) + value
                         counts[key] = counts.get(key, 0) + 1
-            if len(self._items) > self._cap:
-                self._pop()
-
-    def _pop(self) -> None:
-        _, parts = self._items.popleft()
-        for sums, counts, values in zip(self._sums, self._counts, parts, strict=True):
-            for key, value in values.items():
-                if value is None:
-                    continue
-                if counts[key] == 1:
-                    del counts[key], sums[key]
-                else:
-                    counts[key] -= 1
-                    sums[key] -= value
 
     def read(self, now_ns: int) -> tuple[int, list[dict[str, float]], list[dict[str, int]]]:
-        """(records in the window, sums per part, counts per part), after dropping expired records."""
+        """(records in the window, sums per part, counts per part); older buckets are dropped."""
+        first = (now_ns - self._window_ns) // self._width + 1  # the oldest bucket ending inside the window
+        records = 0
+        sums: list[dict[str, float]] = [{} for _ in range(self._parts)]
+        counts: list[dict[str, int]] = [{} for _ in range(self._parts)]
         with self._lock:
-            since = now_ns - self._window_ns
-            while self._items and self._items[0][0] < since:
-                self._pop()
-            return len(self._items), [dict(s) for s in self._sums], [dict(c) for c in self._counts]
+            for index in [i for i in self._buckets if i < first]:
+                del self._buckets[index]
+            for n, bucket_sums, bucket_counts in self._buckets.values():
+                records += n
+                for total, bucket in zip(sums, bucket_sums):
+                    for key, value in bucket.items():
+                        total[key] = total.get(key, 0) + value
+                for total, bucket in zip(counts, bucket_counts):
+                    for key, value in bucket.items():
+                        total[key] = total.get(key, 0) + value
+        return records, sums, counts
 
 
 class PanelState:
-    """2-second windows of recent records, kept as running sums (see :class:`SlidingWindow`)."""
+    """2-second windows of recent records, kept as bucketed sums (see :class:`SlidingWindow`)."""
 
     def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
         self._clock = clock
@@ -297,8 +304,12 @@ class PanelSink(RecordSink):
             return
         # Never take over the training script's stdout and stderr: its prints go where they always went.
         with Live(console=self.console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False) as live:
-            while not self._stop.wait(1.0 / REFRESH_HZ):
+            interval = 1.0 / REFRESH_HZ
+            while not self._stop.wait(interval):
+                started = time.thread_time()
                 live.update(self.view.render(self.console.width), refresh=True)
+                # Redrawing holds the GIL (~20 ms for a wide panel on a slow core): keep it under MAX_DUTY.
+                interval = max(1.0 / REFRESH_HZ, (time.thread_time() - started) / MAX_DUTY)
             live.update(self.view.render(self.console.width), refresh=True)
 
     def shutdown(self, timeout_s: float) -> None:

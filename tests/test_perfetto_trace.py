@@ -12,9 +12,14 @@ from collections import Counter
 
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 
+import pytest
+
 import otel_rl
+from otel_rl import schema
 from otel_rl.analysis import analyze, protobuf_engine, trace_files
-from otel_rl.exporters.perfetto import PerfettoTraceSink
+from otel_rl.exporters import perfetto
+from otel_rl.exporters.perfetto import PerfettoTraceSink, TraceEncoder
+from otel_rl.records import PhaseRecord
 
 from synthetic_trace import write_trace
 
@@ -50,7 +55,10 @@ def instrumented(run_dir, iterations=15, **options):
     return tel
 
 
-def test_trace_parses_back_with_tracks_nesting_flows_and_counters(tmp_path):
+@pytest.mark.parametrize("pure_python", [False, True], ids=["c", "python"])
+def test_trace_parses_back_with_tracks_nesting_flows_and_counters(tmp_path, monkeypatch, pure_python):
+    if pure_python:
+        monkeypatch.setenv("OTEL_RL_PURE_PYTHON", "1")
     instrumented(tmp_path, trace_thread_time=True)
     trace = Trace.FromString((tmp_path / "trace.perfetto-trace").read_bytes())
     descriptors = [p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")]
@@ -81,6 +89,37 @@ def test_trace_parses_back_with_tracks_nesting_flows_and_counters(tmp_path):
     assert len(wait_packets) == 15
     fps = model.counters["Perf/total_fps"]
     assert [v for _, v in fps] == [100.0 + i for i in range(15)]
+
+
+def test_c_and_python_slice_encoders_write_the_same_bytes():
+    assert perfetto._c_encode_phases is not None  # the test command builds it; without it the writer costs ~10x
+    forward = PhaseRecord(schema.phase_spec("learner", "inference_forward"), 150, 180, 1, 1, "t")
+    h2d = PhaseRecord(schema.phase_spec("learner", "inference_h2d"), 120, 140, 1, 1, "t")
+    inference = PhaseRecord(schema.phase_spec("learner", "inference"), 100, 200, 0, 1, "t", children=[h2d, forward])
+    inference.flows = [(7, False), (2**64 - 1, True)]
+    learning = PhaseRecord(schema.phase_spec("learner", "learning"), 1_800_000_000_000_000_000, 1_800_000_000_000_000_999, 0, 1, "t")
+    outputs = []
+    for native in (True, False):
+        encoder = TraceEncoder(pid=42, process_name="learner", native=native)
+        track, descriptors = encoder.thread_track(1, "t")
+        body, interned = encoder.iteration_body(track, "learner iteration", "learner", {"iteration": 3, "env_steps": 2**40})
+        outputs.append(
+            b"".join(descriptors + interned) + encoder.phases(track, [inference, learning], (90, 2_000_000_000_000_000_000, body))
+        )
+    assert outputs[0] == outputs[1]
+    packets = Trace.FromString(outputs[0]).packet
+    events = [p for p in packets if p.HasField("track_event")]
+    names = {i.iid: i.name for p in packets for i in p.interned_data.event_names}
+    begins = [(names[p.track_event.name_iid], p.timestamp) for p in events if p.track_event.type == TrackEvent.TYPE_SLICE_BEGIN]
+    assert begins == [("learner iteration", 90), ("Inference", 100), ("H2D", 120), ("Forward", 150), ("Learning", 1_800_000_000_000_000_000)]
+    assert [p.timestamp for p in events if p.track_event.type == TrackEvent.TYPE_SLICE_END] == [
+        140, 180, 200, 1_800_000_000_000_000_999, 2_000_000_000_000_000_000
+    ]
+    inference_begin = events[1].track_event
+    assert list(inference_begin.flow_ids) == [7] and list(inference_begin.terminating_flow_ids) == [2**64 - 1]
+    annotations = {a.name: a.int_value for a in events[0].track_event.debug_annotations}
+    assert annotations == {"iteration": 3, "env_steps": 2**40}
+    assert all(p.trusted_packet_sequence_id == packets[0].trusted_packet_sequence_id for p in packets)
 
 
 def test_every_phase_is_on_the_timeline_even_when_spans_are_sampled_out(tmp_path):

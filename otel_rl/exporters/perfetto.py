@@ -35,11 +35,18 @@ from typing import Any
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 
 from otel_rl import schema
+from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.exporters.files import close_quietly
 from otel_rl.exporters.protowire import varint as _varint
 from otel_rl.pipeline import RecordSink
 from otel_rl.recorder import warn_once
 from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.schema import PhaseSpec
+
+try:
+    from otel_rl.exporters._slices import encode_phases as _c_encode_phases
+except ImportError:  # not built (no compiler): the pure-Python twin below
+    _c_encode_phases = None
 
 _logger = logging.getLogger(__name__)
 
@@ -71,16 +78,77 @@ def _trace_entry(packet: bytes) -> bytes:
     return b"\x0a" + _varint(len(packet)) + packet
 
 
+def _packet(ts: int, event: bytes, sequence_tail: bytes) -> bytes:
+    """A trace entry of a TracePacket: timestamp, track event, sequence id and flags."""
+    return _trace_entry(b"\x40" + _varint(ts) + _field(11, event) + sequence_tail)
+
+
+_ANNOTATION_NAMES = {key: _field(10, key.encode()) for key in ("iteration", "env_steps")}
+
+MAX_FLOWS = 64
+"""Flows kept per slice (more are not written)."""
+
+
+def encode_phases(
+    out: bytearray,
+    phases: list[PhaseRecord],
+    bodies: dict[int, bytes],
+    end_body: bytes,
+    sequence_tail: bytes,
+    outer: tuple[int, int, bytes] | None = None,
+) -> PhaseSpec | None:
+    """Append a BEGIN and END slice packet per phase (nested phases in between) to ``out``.
+
+    The pure-Python twin of ``otel_rl.exporters._slices.encode_phases``.
+    ``bodies`` maps ``id(spec)`` to the BEGIN TrackEvent without flows;
+    ``outer`` is an enclosing slice ``(start_ns, end_ns, BEGIN body)``.
+    Returns the first spec without a body, having appended nothing, or None.
+    """
+    chunks: list[bytes] = []
+
+    def add(phase: PhaseRecord) -> PhaseSpec | None:
+        body = bodies.get(id(phase.spec))
+        if body is None:
+            return phase.spec
+        for flow_id, terminating in (phase.flows or ())[:MAX_FLOWS]:
+            body += (b"\x81\x03" if terminating else b"\xf9\x02") + (flow_id & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+        chunks.append(_packet(phase.start_ns, body, sequence_tail))
+        for child in phase.children or ():
+            missing = add(child)
+            if missing is not None:
+                return missing
+        chunks.append(_packet(phase.end_ns, end_body, sequence_tail))
+        return None
+
+    if outer is not None:
+        chunks.append(_packet(outer[0], outer[2], sequence_tail))
+    for phase in phases:
+        missing = add(phase)
+        if missing is not None:
+            return missing
+    if outer is not None:
+        chunks.append(_packet(outer[1], end_body, sequence_tail))
+    out += b"".join(chunks)
+    return None
+
+
 class TraceEncoder:
     """Encodes records of one process as TracePackets of one sequence.
 
     Args:
         pid: the process whose records these are.
         process_name: its role (``learner``, ``collector 0``...).
+        native: encode phase slices in C (``otel_rl.exporters._slices``); by
+            default when it is built, unless ``OTEL_RL_PURE_PYTHON=1``.
     """
 
-    def __init__(self, pid: int, process_name: str) -> None:
+    def __init__(self, pid: int, process_name: str, native: bool | None = None) -> None:
         self.pid = pid
+        if native is None:
+            native = _c_encode_phases is not None and os.environ.get(OTEL_RL_PURE_PYTHON, "").lower() not in ("1", "true")
+        if native and _c_encode_phases is None:
+            raise RuntimeError("otel_rl.exporters._slices is not built")
+        self._encode_phases = _c_encode_phases if native else encode_phases
         self.process_name = process_name
         self.sequence_id = (pid % 0x7FFF0000) + 1
         self.reset()
@@ -88,9 +156,13 @@ class TraceEncoder:
     def reset(self) -> None:
         """Forget emitted descriptors and interned names (a new file starts a new sequence state)."""
         self._tracks: set[int] = set()
+        self._thread_uuids: dict[int, int] = {}
         self._names: dict[str, int] = {}
         self._categories: dict[str, int] = {}
-        self._slice_cache: dict[tuple[int, int, int], bytes] = {}
+        self._bodies: dict[int, dict[int, bytes]] = {}  # track -> id(spec) -> BEGIN body
+        self._end_bodies: dict[int, bytes] = {}
+        self._annotated_bodies: dict[tuple[int, str, str], bytes] = {}
+        self._spec_refs: list[PhaseSpec] = []
         self._started = False
         self._sequence_tail = b"\x50" + _varint(self.sequence_id) + b"\x68" + _varint(_NEEDS_STATE)
 
@@ -126,8 +198,11 @@ class TraceEncoder:
         return uuid, self._descriptor(uuid, fill)
 
     def thread_track(self, tid: int, name: str) -> tuple[int, list[bytes]]:
+        uuid = self._thread_uuids.get(tid)
+        if uuid is not None and uuid in self._tracks:
+            return uuid, []  # the common case: a thread already described in this file
         _, out = self.process_track()
-        uuid = track_uuid("thread", self.pid, tid)
+        uuid = self._thread_uuids[tid] = track_uuid("thread", self.pid, tid)
 
         def fill(d: TrackDescriptor) -> None:
             d.uuid = uuid
@@ -182,59 +257,57 @@ class TraceEncoder:
         entry.iid, entry.name = iid, name
         return iid, [_trace_entry(packet.SerializeToString())]
 
-    def slice(
-        self,
-        track: int,
-        name: str,
-        category: str,
-        start_ns: int,
-        end_ns: int,
-        flows: list[tuple[int, bool]] | None = None,
-        annotations: dict[str, Any] | None = None,
-    ) -> tuple[list[bytes], bytes]:
-        """(packets to write before the slice, its END packet); the BEGIN is in the first list.
-
-        ``category`` is the timeline (``learner``, ``collector``, ``gpu``): readers
-        tell the timelines apart by it.
-        """
+    def _begin_body(self, track: int, name: str, category: str) -> tuple[bytes, list[bytes]]:
+        """The TrackEvent of a slice BEGIN without flows, and the interning packets it needs first."""
         iid, out = self._interned(name, category=False)
         category_iid, more = self._interned(category, category=True)
-        out += more
-        if flows or annotations:
-            packet = self._packet()
-            packet.timestamp = start_ns
-            event = packet.track_event
-            event.type = _SLICE_BEGIN
-            event.track_uuid = track
-            event.name_iid = iid
-            event.category_iids.append(category_iid)
-            for flow_id, terminating in flows or ():
-                (event.terminating_flow_ids if terminating else event.flow_ids).append(flow_id)
-            for key, value in (annotations or {}).items():
-                annotation = event.debug_annotations.add()
-                annotation.name = key
-                if isinstance(value, bool) or not isinstance(value, (int, float)):
-                    annotation.string_value = str(value)
-                elif isinstance(value, int):
-                    annotation.int_value = value
-                else:
-                    annotation.double_value = value
-            out.append(_trace_entry(packet.SerializeToString()))
-        else:
-            out.append(self._cached(track, iid, category_iid, start_ns, begin=True))
-        return out, self._cached(track, 0, 0, end_ns, begin=False)
+        body = b"\x48" + _varint(_SLICE_BEGIN) + b"\x58" + _varint(track) + b"\x50" + _varint(iid) + b"\x18" + _varint(category_iid)
+        return body, out + more
 
-    def _cached(self, track: int, iid: int, category_iid: int, ts: int, begin: bool) -> bytes:
-        """A BEGIN or END slice packet from cached bytes: only the timestamp changes."""
-        key = (track, iid if begin else -1, category_iid)
-        tail = self._slice_cache.get(key)
-        if tail is None:
-            event = b"\x48" + _varint(_SLICE_BEGIN if begin else _SLICE_END) + b"\x58" + _varint(track)
-            if begin:
-                event += b"\x50" + _varint(iid) + b"\x18" + _varint(category_iid)
-            tail = _field(11, event) + self._sequence_tail
-            self._slice_cache[key] = tail
-        return _trace_entry(b"\x40" + _varint(ts) + tail)
+    def _end_body(self, track: int) -> bytes:
+        body = self._end_bodies.get(track)
+        if body is None:
+            body = self._end_bodies[track] = b"\x48" + _varint(_SLICE_END) + b"\x58" + _varint(track)
+        return body
+
+    def phases(self, track: int, phases: list[PhaseRecord], outer: tuple[int, int, bytes] | None = None) -> bytes:
+        """Slice packets of phase records and their nested phases on ``track``.
+
+        ``outer`` is an enclosing slice, ``(start_ns, end_ns, BEGIN body)``
+        (see :meth:`iteration_body`). Interning packets for names not seen
+        before come first.
+        """
+        out = bytearray()
+        bodies = self._bodies.setdefault(track, {})
+        end_body = self._end_body(track)
+        while True:
+            missing = self._encode_phases(out, phases, bodies, end_body, self._sequence_tail, outer)
+            if missing is None:
+                return bytes(out)
+            body, interned = self._begin_body(track, missing.title, missing.timeline)
+            bodies[id(missing)] = body
+            self._spec_refs.append(missing)  # keeps the id valid while the body is cached
+            out += b"".join(interned)
+
+    def iteration_body(self, track: int, name: str, category: str, annotations: dict[str, int]) -> tuple[bytes, list[bytes]]:
+        """A slice BEGIN body with integer debug annotations, and the interning packets it needs."""
+        key = (track, name, category)
+        body = self._annotated_bodies.get(key)
+        interned: list[bytes] = []
+        if body is None:
+            body, interned = self._begin_body(track, name, category)
+            self._annotated_bodies[key] = body
+        for key, value in annotations.items():
+            name_field = _ANNOTATION_NAMES.get(key) or _field(10, key.encode())
+            body += _field(4, name_field + b"\x20" + _varint(value))
+        return body, interned
+
+    def slice(self, track: int, name: str, category: str, start_ns: int, end_ns: int) -> bytes:
+        """One slice without nested phases (a GPU interval, say); ``category`` is the timeline."""
+        body, interned = self._begin_body(track, name, category)
+        end_body = self._end_body(track)
+        packets = _packet(start_ns, body, self._sequence_tail) + _packet(end_ns, end_body, self._sequence_tail)
+        return b"".join(interned) + packets
 
     def counter(self, track: int, ts: int, value: float) -> bytes:
         packet = self._packet()
@@ -280,6 +353,8 @@ class PerfettoTraceSink(RecordSink):
         self._counters: dict[str, int] = {}
         self._file = None
         self._size = 0
+        self._chunks: list[bytes] = []  # encoded, not yet written (writer thread only)
+        self._pending = 0
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -312,6 +387,12 @@ class PerfettoTraceSink(RecordSink):
         if values:
             self._put((record.time_ns, values))
 
+    def on_drain(self, now_ns: int) -> None:
+        # Encoding right after each pipeline pass keeps records short-lived: records
+        # that wait survive garbage collections and make the next ones slower.
+        if self._queue:
+            self._wake.set()
+
     # -- writer thread ----------------------------------------------------
 
     def _run(self) -> None:
@@ -326,25 +407,41 @@ class PerfettoTraceSink(RecordSink):
         self._close_file()
 
     def _write_pending(self) -> None:
+        self._chunks, self._pending = [], 0
+        loose: list[PhaseRecord] = []  # consecutive phases outside iterations, one thread: encoded in one call
         queue = self._queue
-        chunks: list[bytes] = []
-        pending = 0
         for _ in range(len(queue)):
             item = queue.popleft()
-            if pending and self._size + pending > self._max_bytes:
-                # Rotate between records, so each file starts with its own descriptors.
-                self._write(b"".join(chunks))
-                chunks, pending = [], 0
-                self._rotate()
-            try:
-                encoded = self._encode(item)
-            except Exception:
-                warn_once("perfetto-encode", "otel-rl: could not encode a trace record; skipped", exc_info=True)
+            if type(item) is PhaseRecord:
+                if loose and loose[0].thread_id != item.thread_id:
+                    self._add(loose)
+                    loose = []
+                loose.append(item)
                 continue
-            chunks.extend(encoded)
-            pending += sum(len(c) for c in encoded)
-        if chunks:
-            self._write(b"".join(chunks))
+            if loose:
+                self._add(loose)
+                loose = []
+            self._add(item)
+        if loose:
+            self._add(loose)
+        if self._chunks:
+            self._write(b"".join(self._chunks))
+        self._chunks = []
+
+    def _add(self, item: object) -> None:
+        """Encode a record (or a list of one thread's loose phases) into the pending chunks; rotates first when due."""
+        if self._pending and self._size + self._pending > self._max_bytes:
+            # Rotate between records, so each file starts with its own descriptors.
+            self._write(b"".join(self._chunks))
+            self._chunks, self._pending = [], 0
+            self._rotate()
+        try:
+            encoded = self._encode(item)
+        except Exception:
+            warn_once("perfetto-encode", "otel-rl: could not encode a trace record; skipped", exc_info=True)
+            return
+        self._chunks.extend(encoded)
+        self._pending += sum(map(len, encoded))
 
     def _encode(self, item: object) -> list[bytes]:
         enc = self._encoder
@@ -353,25 +450,22 @@ class PerfettoTraceSink(RecordSink):
             annotations = {"iteration": item.index}
             if item.env_steps is not None:
                 annotations["env_steps"] = item.env_steps
-            begin, end = enc.slice(
-                track, f"{item.timeline} iteration", item.timeline, item.start_ns, item.end_ns, None, annotations
-            )
-            out += begin
-            for phase in item.phases:
-                out += self._phase(track, phase)
-            out.append(end)
+            body, interned = enc.iteration_body(track, f"{item.timeline} iteration", item.timeline, annotations)
+            out += interned
+            out.append(enc.phases(track, item.phases, (item.start_ns, item.end_ns, body)))
             if self._thread_time and item.thread_cpu_ns is not None and item.wall_ns > 0:
                 counter, descriptors = enc.counter_track(f"{item.thread_name} CPU", "%")
                 out += descriptors
                 out.append(enc.counter(counter, item.end_ns, 100.0 * item.thread_cpu_ns / item.wall_ns))
             return out
-        if isinstance(item, PhaseRecord):
-            track, out = enc.thread_track(item.thread_id, item.thread_name)
-            return out + self._phase(track, item)
+        if isinstance(item, list):  # loose phases of one thread
+            track, out = enc.thread_track(item[0].thread_id, item[0].thread_name)
+            out.append(enc.phases(track, item))
+            return out
         if isinstance(item, DeviceIntervalRecord):
             track, out = enc.gpu_stream_track(item.device, item.stream)
-            begin, end = enc.slice(track, item.spec.title, "gpu", item.start_ns, item.end_ns)
-            return out + begin + [end]
+            out.append(enc.slice(track, item.spec.title, "gpu", item.start_ns, item.end_ns))
+            return out
         time_ns, values = item
         out = []
         for key, value in values.items():
@@ -381,15 +475,6 @@ class PerfettoTraceSink(RecordSink):
             self._counters[key] = track
             out += descriptors
             out.append(enc.counter(track, time_ns, float(value)))
-        return out
-
-    def _phase(self, track: int, phase: PhaseRecord) -> list[bytes]:
-        out, end = self._encoder.slice(
-            track, phase.spec.title, phase.spec.timeline, phase.start_ns, phase.end_ns, phase.flows
-        )
-        for child in phase.children or ():
-            out += self._phase(track, child)
-        out.append(end)
         return out
 
     def _write(self, data: bytes) -> None:
