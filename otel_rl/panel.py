@@ -27,7 +27,7 @@ from otel_rl.records import IterationRecord, ScalarsRecord
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
-MAX_DUTY = 0.02
+MAX_DUTY = 0.01
 """Share of a core the panel may spend redrawing; a slow terminal or a busy machine redraws less often."""
 PLAIN_EVERY_S = 5.0
 QUIET_SHARE = 0.01

@@ -15,7 +15,7 @@ from otel_rl import schema
 from otel_rl.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
 from otel_rl.pipeline import RecordSink
-from otel_rl.records import IterationRecord, RunRecord, ScalarsRecord
+from otel_rl.records import RunRecord, ScalarsRecord
 
 _logger = logging.getLogger(__name__)
 
@@ -31,17 +31,12 @@ class SummarySink(RecordSink):
         self._start_ns: int | None = None
         self._end_ns: int | None = None
         self._last_scalars: dict[str, Any] = {}
-        self._env_steps: int | None = None
 
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
             self._start_ns, self._status = run.start_ns, run.status
         else:
             self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
-
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        if iteration.env_steps is not None:
-            self._env_steps = iteration.env_steps
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         self._last_scalars.update(record.values)
@@ -56,7 +51,7 @@ class SummarySink(RecordSink):
             "reason": self._reason,
             "start_time_unix_nano": self._start_ns,
             "end_time_unix_nano": self._end_ns,
-            "env_steps": self._env_steps,
+            "env_steps": self._aggregates.env_steps(),
             "timelines": timelines,
             "last_scalars": self._last_scalars,
         }
