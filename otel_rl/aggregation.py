@@ -125,7 +125,8 @@ class Aggregates:
         self._spec_refs: list[schema.PhaseSpec] = []  # keeps ids in _by_spec valid
         self._iterations: dict[str, Bins] = {}
         self._accounted_ms: dict[str, float] = {}
-        self._gauges: dict[str, tuple[float, int]] = {}
+        self._gauges: dict[str, float | int] = {}
+        self._gauge_times: dict[str, int] = {}
         self._env_steps: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
 
@@ -209,13 +210,20 @@ class Aggregates:
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int) -> None:
         """Latest value per scalar key; None (non-finite) keeps the last value."""
         with self._lock:
+            gauges = self._gauges
+            if values.keys() <= gauges.keys() and None not in values.values():
+                # The steady state: known keys, finite values; two C-level updates.
+                gauges.update(values)
+                self._gauge_times.update(dict.fromkeys(values, time_ns))
+                return
             for key, value in values.items():
                 if value is None:
                     continue
-                if key not in self._gauges and len(self._gauges) >= MAX_GAUGE_KEYS:
+                if key not in gauges and len(gauges) >= MAX_GAUGE_KEYS:
                     warn_once("gauge-keys", "otel-rl: more than %d scalar keys; extra keys are not exported as gauges", MAX_GAUGE_KEYS)
                     continue
-                self._gauges[key] = (value, time_ns)
+                gauges[key] = value
+                self._gauge_times[key] = time_ns
 
     def set_dropped(self, counts: Mapping[str, int]) -> None:
         with self._lock:
@@ -279,7 +287,8 @@ class Aggregates:
                 if series:
                     points = [self._histogram_point(bins, now_ns) for bins in series]
                     metrics.append(Metric(name, description, "ms", Histogram(points, AggregationTemporality.CUMULATIVE)))
-            for key, (value, time_ns) in self._gauges.items():
+            for key, value in self._gauges.items():
+                time_ns = self._gauge_times[key]
                 spec = schema.metric_spec(key)
                 point = NumberDataPoint({**self._base, "rl.key": key}, self._start_ns, time_ns, value)
                 metrics.append(Metric(schema.otel_gauge_name(key), spec.description, spec.unit, Gauge([point])))

@@ -22,7 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from otel_rl import schema
-from otel_rl.pipeline import RecordSink
+from otel_rl.pipeline import PassTotals, RecordSink
 from otel_rl.records import IterationRecord, ScalarsRecord
 
 WINDOW_S = 2.0
@@ -66,7 +66,8 @@ class SlidingWindow:
         self._buckets: dict[int, list] = {}
         self._lock = threading.Lock()
 
-    def add(self, time_ns: int, *parts: dict) -> None:
+    def add(self, time_ns: int, *parts: dict, records: int = 1) -> None:
+        """Add ``records`` records (1, or many already summed into ``parts``) at ``time_ns``."""
         index = time_ns // self._width
         with self._lock:
             bucket = self._buckets.get(index)
@@ -74,7 +75,7 @@ class SlidingWindow:
                 if len(self._buckets) > 2 * self.BUCKETS:  # bounded whatever the timestamps
                     del self._buckets[min(self._buckets)]
                 bucket = self._buckets[index] = [0, [{} for _ in range(self._parts)], [{} for _ in range(self._parts)]]
-            bucket[0] += 1
+            bucket[0] += records
             for sums, counts, values in zip(bucket[1], bucket[2], parts, strict=True):
                 for key, value in values.items():
                     if value is not None:
@@ -113,14 +114,17 @@ class PanelState:
         self.latest: dict[str, Any] = {}
 
     def add_iteration(self, iteration: IterationRecord) -> None:
-        # Nanoseconds are kept; the (rare) render converts.
+        """One cycle (the pipeline adds whole passes: :meth:`add_pass`)."""
         top, nested = iteration.totals_ns()
         target = self.learner if iteration.timeline == schema.LEARNER else self.collector
         target.add(iteration.end_ns, {"wall": iteration.wall_ns}, top, nested)
 
-    def add_cycle(self, end_ns: int, wall_ns: int, top: dict[str, int], nested: dict[str, int]) -> None:
-        """A collector cycle from another process (see :mod:`otel_rl.workers`), in nanoseconds."""
-        self.collector.add(end_ns, {"wall": wall_ns}, top, nested)
+    def add_pass(self, totals: PassTotals) -> None:
+        """The cycles of one pipeline pass, local and relayed from workers; nanoseconds are kept, rendering converts."""
+        for timeline, cycles in totals.timelines.items():
+            if cycles.cycles:
+                target = self.learner if timeline == schema.LEARNER else self.collector
+                target.add(totals.time_ns, {"wall": cycles.wall_ns}, cycles.top, cycles.nested, records=cycles.cycles)
 
     def add_scalars(self, record: ScalarsRecord) -> None:
         self.scalars.add(record.time_ns, record.values)
@@ -288,11 +292,8 @@ class PanelSink(RecordSink):
         self._thread = threading.Thread(target=self._run, name="otel-rl-panel", daemon=True)
         self._thread.start()
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        self.state.add_iteration(iteration)
-
-    def on_remote_cycle(self, cycle) -> None:
-        self.state.add_cycle(cycle.end_ns, cycle.wall_ns, cycle.top, cycle.nested)
+    def on_cycles(self, totals: PassTotals) -> None:
+        self.state.add_pass(totals)
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         self.state.add_scalars(record)

@@ -9,6 +9,7 @@ and worker. An exception in a sink is logged once and never reaches training.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -22,6 +23,7 @@ from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, 
 from otel_rl.values import finite_or_none
 
 _logger = logging.getLogger(__name__)
+_PLAIN_NUMBERS = frozenset((float, int))
 
 
 class Clock:
@@ -72,6 +74,13 @@ class RecordSink:
     def on_remote_cycle(self, cycle) -> None:
         """A cycle of a worker process (:class:`otel_rl.workers.RemoteCycle`)."""
 
+    def on_cycles(self, totals: PassTotals) -> None:
+        """What one pass added per timeline: cycles (local and relayed) and loose phases.
+
+        Windowed readers (the panel, ``Perf/*`` records) add these instead of
+        walking every iteration themselves. Called once per pass that had any.
+        """
+
     def on_scalars(self, record: ScalarsRecord) -> None:
         """One ``scalars()`` call, values already made finite or None."""
 
@@ -87,6 +96,49 @@ class RecordSink:
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush and release resources within ``timeout_s``. Called once."""
+
+
+@dataclass(slots=True)
+class CycleTotals:
+    """Time of one timeline within one pipeline pass, in nanoseconds.
+
+    ``top`` and ``nested`` hold phase time per phase name within cycles
+    (top-level phases, and phases nested in them); ``loose`` and ``counts``
+    the time and occurrences of phases outside any cycle (a timeline without
+    cycles is averaged per occurrence). ``index`` and ``env_steps`` are those
+    of the pass's last local iteration.
+    """
+
+    cycles: int = 0
+    wall_ns: int = 0
+    top: dict[str, int] = field(default_factory=dict)
+    nested: dict[str, int] = field(default_factory=dict)
+    loose: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    index: int | None = None
+    env_steps: int | None = None
+
+    def add_cycle(self, wall_ns: int, top: dict[str, int], nested: dict[str, int]) -> None:
+        self.cycles += 1
+        self.wall_ns += wall_ns
+        for totals, values in ((self.top, top), (self.nested, nested)):
+            for name, ns in values.items():
+                totals[name] = totals.get(name, 0) + ns
+
+    def add_loose(self, phase: PhaseRecord) -> None:
+        loose, counts = self.loose, self.counts
+        for part in phase.walk():
+            name = part.spec.name
+            loose[name] = loose.get(name, 0) + part.end_ns - part.start_ns
+            counts[name] = counts.get(name, 0) + 1
+
+
+@dataclass(slots=True)
+class PassTotals:
+    """Per timeline, what one pipeline pass added (see :meth:`RecordSink.on_cycles`); ``time_ns`` is the pass's end."""
+
+    time_ns: int
+    timelines: dict[str, CycleTotals]
 
 
 @dataclass
@@ -127,6 +179,8 @@ class Pipeline:
         self._failed_sinks: set[str] = set()
         self.seen_nonfinite: set[str] = set()
         self._accepted_keys: dict[str, str] = {}
+        self._pass_totals: dict[str, CycleTotals] = {}
+        self._canonical_keys: set[str] = set()  # accepted as they are (the scalars fast path)
 
     _METHODS = (
         "on_run",
@@ -134,6 +188,7 @@ class Pipeline:
         "on_phase",
         "on_device_interval",
         "on_remote_cycle",
+        "on_cycles",
         "on_scalars",
         "on_event",
         "on_drain",
@@ -216,19 +271,39 @@ class Pipeline:
             self._drain_lane(lane)
         remote = self._recorder.remote
         for _ in range(len(remote)):
-            self._fanout("on_remote_cycle", remote.popleft())
+            cycle = remote.popleft()
+            self._totals(cycle.timeline).add_cycle(cycle.wall_ns, cycle.top, cycle.nested)
+            self._fanout("on_remote_cycle", cycle)
         intervals = self._recorder.device_intervals
         for _ in range(len(intervals)):
             self._fanout("on_device_interval", intervals.popleft())
         scalars = self._recorder.scalars
         for _ in range(len(scalars)):
             self._fanout("on_scalars", self._scalars_record(scalars.popleft()))
+        now_ns = self._clock.now_ns()
+        if self._pass_totals:
+            totals, self._pass_totals = PassTotals(now_ns, self._pass_totals), {}
+            self._fanout("on_cycles", totals)
         for run in ends:
             self._fanout("on_run", run)
-        self._fanout("on_drain", self._clock.now_ns())
+        self._fanout("on_drain", now_ns)
+
+    def _totals(self, timeline: str) -> CycleTotals:
+        totals = self._pass_totals.get(timeline)
+        if totals is None:
+            totals = self._pass_totals[timeline] = CycleTotals()
+        return totals
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
         time_ns, values, step, iteration, env_steps, seq = raw
+        if (
+            values.keys() <= self._canonical_keys
+            and set(map(type, values.values())) <= _PLAIN_NUMBERS
+            and math.isfinite(sum(values.values()))
+        ):
+            # The common case, checked by C loops: keys exported as they are, finite
+            # plain numbers. The dict is the call's own snapshot, so it is used as is.
+            return ScalarsRecord(self._clock.to_epoch_ns(time_ns), values, step, iteration, env_steps, seq)
         clean: dict[str, float | int | None] = {}
         for raw_key, value in values.items():
             key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
@@ -263,6 +338,8 @@ class Pipeline:
             warn_once(f"key:{raw_key}", "otel-rl: %s; exporting it as %r", exc, key)
         if len(self._accepted_keys) < 10_000:
             self._accepted_keys[raw_key] = key  # type: ignore[index]
+            if key == raw_key:
+                self._canonical_keys.add(key)
         return key
 
     def _drain_lane(self, lane: PyLane) -> None:
@@ -341,6 +418,7 @@ class Pipeline:
                     phase.iteration, phase.env_steps = opened[1], opened[2]
                     opened[3].append(phase)
                 else:
+                    self._totals(head.spec.timeline).add_loose(phase)
                     self._fanout("on_phase", phase)
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
@@ -354,6 +432,9 @@ class Pipeline:
                 iteration.accounted_ns / 1e6,
                 iteration.wall_ns / 1e6,
             )
+        totals = self._totals(iteration.timeline)
+        totals.add_cycle(iteration.wall_ns, *iteration.totals_ns())
+        totals.index, totals.env_steps = iteration.index, iteration.env_steps
         self._fanout("on_iteration", iteration)
 
     def _fanout(self, method: str, record: object) -> None:

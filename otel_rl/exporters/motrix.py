@@ -20,9 +20,9 @@ import weakref
 from typing import Any
 
 from otel_rl import schema
-from otel_rl.pipeline import RecordSink
+from otel_rl.pipeline import CycleTotals, PassTotals, RecordSink
 from otel_rl.protocol import record
-from otel_rl.records import EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
 
 _logger = logging.getLogger(__name__)
 
@@ -55,17 +55,15 @@ class _PerfWindow:
         self.phase_ns: dict[str, int] = {}
         self.phase_count: dict[str, int] = {}
 
-    def add_phase(self, top: PhaseRecord) -> None:
-        for phase in top.walk():
-            name = phase.spec.name
-            self.phase_ns[name] = self.phase_ns.get(name, 0) + phase.end_ns - phase.start_ns
-            self.phase_count[name] = self.phase_count.get(name, 0) + 1
-
-    def add_totals(self, totals: dict[str, int]) -> None:
+    def add(self, totals: CycleTotals) -> None:
+        self.cycles += totals.cycles
+        self.wall_ns += totals.wall_ns
         phase_ns, phase_count = self.phase_ns, self.phase_count
-        for name, ns in totals.items():
-            phase_ns[name] = phase_ns.get(name, 0) + ns
-            phase_count[name] = phase_count.get(name, 0) + 1
+        for part in (totals.top, totals.nested, totals.loose):
+            for name, ns in part.items():
+                phase_ns[name] = phase_ns.get(name, 0) + ns
+        for name, n in totals.counts.items():
+            phase_count[name] = phase_count.get(name, 0) + n
 
     def values(self, timeline: str) -> dict[str, float]:
         """Mean per cycle (per occurrence for timelines without cycles), in each key's unit."""
@@ -73,8 +71,9 @@ class _PerfWindow:
         if self.cycles and timeline == schema.LEARNER:
             out["Perf/iteration_time"] = self.wall_ns / self.cycles / 1e9
         for name, total_ns in self.phase_ns.items():
-            per = self.cycles or self.phase_count[name]
-            out[schema.phase_key(timeline, name)] = total_ns / per / 1e6 * schema.phase_key_scale(timeline, name)
+            per = self.cycles or self.phase_count.get(name, 0)
+            if per:
+                out[schema.phase_key(timeline, name)] = total_ns / per / 1e6 * schema.phase_key_scale(timeline, name)
         return out
 
 
@@ -166,32 +165,15 @@ class MotrixSink(RecordSink):
         attributes = {k: _json_safe(v) for k, v in event.attributes.items()}
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=attributes))
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        window = self._windows.get(iteration.timeline)
-        if window is None:
-            window = self._windows[iteration.timeline] = _PerfWindow()
-        window.cycles += 1
-        window.wall_ns += iteration.wall_ns
-        top, nested = iteration.totals_ns()
-        window.add_totals(top)
-        window.add_totals(nested)
-        if iteration.timeline == schema.LEARNER:
-            self._axes = {"env_steps": iteration.env_steps, "iteration": iteration.index}
-
-    def on_phase(self, phase: PhaseRecord) -> None:
-        window = self._windows.get(phase.spec.timeline)
-        if window is None:
-            window = self._windows[phase.spec.timeline] = _PerfWindow()
-        window.add_phase(phase)
-
-    def on_remote_cycle(self, cycle) -> None:
-        window = self._windows.get(cycle.timeline)
-        if window is None:
-            window = self._windows[cycle.timeline] = _PerfWindow()
-        window.cycles += 1
-        window.wall_ns += cycle.wall_ns
-        window.add_totals(cycle.top)
-        window.add_totals(cycle.nested)
+    def on_cycles(self, totals: PassTotals) -> None:
+        learner = totals.timelines.get(schema.LEARNER)
+        if learner is not None and learner.index is not None:
+            self._axes = {"env_steps": learner.env_steps, "iteration": learner.index}
+        for timeline, cycles in totals.timelines.items():
+            window = self._windows.get(timeline)
+            if window is None:
+                window = self._windows[timeline] = _PerfWindow()
+            window.add(cycles)
 
     def on_drain(self, now_ns: int) -> None:
         if time.monotonic() - self._last_perf >= self._perf_interval_s:

@@ -55,6 +55,8 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 QUEUE_CAPACITY = 100_000
 COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_", "Perf/queue")
 MAX_COUNTER_TRACKS = 64
+MAX_CLASSIFIED_KEYS = 10_000
+"""Scalar keys whose counter-or-not decision is remembered (bounds memory with ever-new keys)."""
 
 _SLICE_BEGIN = TrackEvent.Type.TYPE_SLICE_BEGIN
 _SLICE_END = TrackEvent.Type.TYPE_SLICE_END
@@ -351,6 +353,8 @@ class PerfettoTraceSink(RecordSink):
         self._queue: deque = deque(maxlen=capacity)
         self.dropped = 0
         self._counters: dict[str, int] = {}
+        self._classified: set[str] = set()  # scalar keys seen, and those drawn as counter tracks
+        self._counter_keys: set[str] = set()
         self._file = None
         self._size = 0
         self._chunks: list[bytes] = []  # encoded, not yet written (writer thread only)
@@ -383,9 +387,17 @@ class PerfettoTraceSink(RecordSink):
             self._put(interval)
 
     def on_scalars(self, record: ScalarsRecord) -> None:
-        values = {k: v for k, v in record.values.items() if v is not None and k.startswith(COUNTER_PREFIXES)}
-        if values:
-            self._put((record.time_ns, values))
+        keys = record.values.keys()
+        new = keys - self._classified  # set operations: no Python loop over the keys of every call
+        if new:
+            if len(self._classified) < MAX_CLASSIFIED_KEYS:
+                self._classified |= new
+            self._counter_keys |= {k for k in new if k.startswith(COUNTER_PREFIXES)}
+        counters = keys & self._counter_keys
+        if counters:
+            values = {k: record.values[k] for k in counters if record.values[k] is not None}
+            if values:
+                self._put((record.time_ns, values))
 
     def on_drain(self, now_ns: int) -> None:
         # Encoding right after each pipeline pass keeps records short-lived: records
