@@ -1,10 +1,11 @@
 /*
- * The training thread's hot path in C: entering and leaving a phase.
+ * The training thread's hot path in C: entering and leaving a phase or an iteration.
  *
  * A Python context manager pays for two Python-level calls (__enter__ and
  * __exit__) plus tuples for the stack and the record; that alone is two to
  * three times the cost of two perf_counter_ns() calls and a list append. Here
- * nothing is allocated on the training thread: the open-phase stack and the
+ * nothing is allocated for a phase on the training thread (an iteration mark,
+ * once per cycle, is one tuple): the open-phase stack and the
  * finished records are fixed arrays inside the lane (a ring that overwrites
  * its oldest record when full, counting the drop), the lane is found in the
  * thread state's dict, and record tuples are only built by drain(), on the
@@ -371,6 +372,180 @@ static PyTypeObject PhaseType = {
     .tp_members = Phase_members,
 };
 
+
+/* ----------------------------------------------------------- Iteration */
+
+/* The raw-record tags of iteration marks: the very objects recorder.py compares with `is`. */
+static PyObject *tag_start = NULL, *tag_end = NULL;
+
+static inline long long thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);  /* the clock behind time.thread_time_ns() */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key, *recorder, *warn;
+    PyObject *timeline, *index, *env_steps;
+    PyObject *on_enter;  /* on_enter(iteration) or None */
+    int thread_time;
+    int active;
+} IterationObject;
+
+static int Iteration_init(IterationObject *self, PyObject *args, PyObject *kwds) {
+    /* Positional only, the per-run arguments first (bound once with functools.partial). */
+    PyObject *key, *recorder, *warn_fn, *on_enter, *timeline, *index, *env_steps;
+    int thread_time;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) { PyErr_SetString(PyExc_TypeError, "Iteration takes positional arguments"); return -1; }
+    if (!PyArg_ParseTuple(args, "UOOOpUOO", &key, &recorder, &warn_fn, &on_enter, &thread_time, &timeline, &index, &env_steps))
+        return -1;
+    Py_INCREF(key); Py_XSETREF(self->key, key);
+    Py_INCREF(recorder); Py_XSETREF(self->recorder, recorder);
+    Py_INCREF(warn_fn); Py_XSETREF(self->warn, warn_fn);
+    Py_INCREF(timeline); Py_XSETREF(self->timeline, timeline);
+    Py_INCREF(index); Py_XSETREF(self->index, index);
+    Py_INCREF(env_steps); Py_XSETREF(self->env_steps, env_steps);
+    Py_INCREF(on_enter); Py_XSETREF(self->on_enter, on_enter);
+    self->thread_time = thread_time;
+    self->active = 0;
+    return 0;
+}
+
+static int Iteration_traverse(IterationObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->warn);
+    Py_VISIT(self->index);
+    Py_VISIT(self->env_steps);
+    Py_VISIT(self->on_enter);
+    return 0;
+}
+
+static int Iteration_clear(IterationObject *self) {
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->warn);
+    Py_CLEAR(self->timeline);
+    Py_CLEAR(self->index);
+    Py_CLEAR(self->env_steps);
+    Py_CLEAR(self->on_enter);
+    return 0;
+}
+
+static void Iteration_dealloc(IterationObject *self) {
+    PyObject_GC_UnTrack(self);
+    Iteration_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *iteration_warn(IterationObject *self, const char *kind, PyObject *other) {
+    PyObject *r = PyObject_CallFunction(self->warn, "sOO", kind, (PyObject *)self, other ? other : Py_None);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+/* Append (tag, time, timeline, index, env_steps, thread cpu or None) to the lane. */
+static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag, long long time_ns) {
+    PyObject *cpu = self->thread_time ? PyLong_FromLongLong(thread_cpu_ns()) : Py_NewRef(Py_None);
+    if (cpu == NULL) return -1;
+    PyObject *time_obj = PyLong_FromLongLong(time_ns);
+    if (time_obj == NULL) { Py_DECREF(cpu); return -1; }
+    PyObject *record = PyTuple_Pack(6, tag, time_obj, self->timeline, self->index, self->env_steps, cpu);
+    Py_DECREF(time_obj);
+    Py_DECREF(cpu);
+    if (record == NULL) return -1;
+    Slot *slot = lane_next_slot(lane);
+    slot->obj = record;  /* the new reference moves into the ring */
+    slot->exc = NULL;
+    slot->depth = -1;
+    return 0;
+}
+
+static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
+    if (tag_start == NULL) { PyErr_SetString(PyExc_RuntimeError, "record tags not set"); return NULL; }
+    LaneObject *lane = lookup_lane(self->key);
+    if (lane == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        PyObject *created = PyObject_CallMethod(self->recorder, "lane", NULL);
+        if (created == NULL) return NULL;
+        Py_DECREF(created);
+        lane = lookup_lane(self->key);
+        if (lane == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.lane() did not bind a C lane");
+            return NULL;
+        }
+    }
+    PyObject *open = PyDict_GetItemWithError(lane->open_iterations, self->timeline); /* borrowed */
+    if (open != NULL) {
+        PyObject *r = iteration_warn(self, "twice", open);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        return Py_NewRef(self);
+    }
+    if (PyErr_Occurred()) return NULL;
+    if (PyDict_SetItem(lane->open_iterations, self->timeline, (PyObject *)self) < 0) return NULL;
+    self->active = 1;
+    if (self->on_enter != Py_None) {
+        PyObject *r = PyObject_CallOneArg(self->on_enter, (PyObject *)self);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    if (iteration_mark(self, lane, tag_start, now_ns()) < 0) return NULL;
+    return Py_NewRef(self);
+}
+
+static PyObject *Iteration_exit(IterationObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long end = now_ns();
+    if (!self->active) Py_RETURN_FALSE;
+    self->active = 0;
+    LaneObject *lane = lookup_lane(self->key);
+    PyObject *open = lane == NULL ? NULL : PyDict_GetItemWithError(lane->open_iterations, self->timeline);
+    if (open != (PyObject *)self) {
+        if (PyErr_Occurred()) return NULL;
+        return iteration_warn(self, "foreign", NULL);
+    }
+    if (PyDict_DelItem(lane->open_iterations, self->timeline) < 0) return NULL;
+    if (iteration_mark(self, lane, tag_end, end) < 0) return NULL;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef Iteration_methods[] = {
+    {"__enter__", (PyCFunction)Iteration_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Iteration_exit, METH_FASTCALL, NULL},
+    {NULL}
+};
+
+static PyMemberDef Iteration_members[] = {
+    {"timeline", T_OBJECT_EX, offsetof(IterationObject, timeline), READONLY, NULL},
+    {"index", T_OBJECT_EX, offsetof(IterationObject, index), READONLY, NULL},
+    {"env_steps", T_OBJECT_EX, offsetof(IterationObject, env_steps), READONLY, NULL},
+    {NULL}
+};
+
+static PyTypeObject IterationType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_rl._hotpath.Iteration",
+    .tp_basicsize = sizeof(IterationObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Enter/exit of one cycle: start and end marks into the calling thread's lane.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Iteration_init,
+    .tp_dealloc = (destructor)Iteration_dealloc,
+    .tp_traverse = (traverseproc)Iteration_traverse,
+    .tp_clear = (inquiry)Iteration_clear,
+    .tp_methods = Iteration_methods,
+    .tp_members = Iteration_members,
+};
+
+static PyObject *set_record_tags(PyObject *module, PyObject *args) {
+    PyObject *start, *end;
+    if (!PyArg_ParseTuple(args, "OO", &start, &end)) return NULL;
+    Py_XSETREF(tag_start, Py_NewRef(start));
+    Py_XSETREF(tag_end, Py_NewRef(end));
+    Py_RETURN_NONE;
+}
+
 static PyObject *monotonic_ns(PyObject *module, PyObject *unused) {
     return PyLong_FromLongLong(now_ns());
 }
@@ -379,6 +554,7 @@ static PyMethodDef module_methods[] = {
     {"monotonic_ns", monotonic_ns, METH_NOARGS, "The clock this module stamps phases with."},
     {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
     {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
+    {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end records."},
     {NULL}
 };
 
@@ -387,12 +563,14 @@ static struct PyModuleDef hotpath_module = {
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
-    if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PhaseType) < 0) return NULL;
+    if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PhaseType) < 0 || PyType_Ready(&IterationType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) { Py_DECREF(&LaneType); Py_DECREF(m); return NULL; }
     Py_INCREF(&PhaseType);
     if (PyModule_AddObject(m, "Phase", (PyObject *)&PhaseType) < 0) { Py_DECREF(&PhaseType); Py_DECREF(m); return NULL; }
+    Py_INCREF(&IterationType);
+    if (PyModule_AddObject(m, "Iteration", (PyObject *)&IterationType) < 0) { Py_DECREF(&IterationType); Py_DECREF(m); return NULL; }
     return m;
 }

@@ -59,7 +59,7 @@ class PyLane:
         self.dropped = 0
         self.thread_id = thread_id
         self.thread_name = thread_name
-        self.open_iterations: dict[str, Iteration] = {}
+        self.open_iterations: dict[str, PyIteration] = {}
         self.stack: list[tuple[PyPhase, int]] = []
 
     @property
@@ -208,6 +208,14 @@ class Recorder:
             self.local.lane = lane
         return lane
 
+    def iteration_factory(
+        self, on_enter: Callable[[Iteration], None] | None = None, thread_time: bool = False
+    ) -> Callable[[str, int, int | None], Iteration]:
+        """``factory(timeline, index, env_steps)``: a cycle recorded into the entering thread's lane."""
+        if self.implementation == "c":
+            return functools.partial(_hotpath.Iteration, self._key, self, iteration_misuse, on_enter, thread_time)
+        return lambda timeline, index, env_steps: PyIteration(self, timeline, index, env_steps, on_enter, thread_time)
+
     def new_phase(self, spec: PhaseSpec) -> Phase:
         where = self._key if self.implementation == "c" else self.local
         return self._phase_class(spec, where, self, phase_misuse)
@@ -310,8 +318,12 @@ def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
         warn_once(f"too-deep:{name}", message, name, MAX_DEPTH)
 
 
-class Iteration:
-    """One cycle of a timeline (a learner iteration: its wall time is Iter Wall)."""
+class PyIteration:
+    """One cycle of a timeline (a learner iteration: its wall time is Iter Wall).
+
+    Pure-Python enter/exit; ``otel_rl._hotpath.Iteration`` is its C twin.
+    Create through :meth:`Recorder.iteration_factory`.
+    """
 
     __slots__ = ("_recorder", "timeline", "index", "env_steps", "_active", "_on_enter", "_thread_time")
 
@@ -332,17 +344,11 @@ class Iteration:
         self._on_enter = on_enter
         self._thread_time = thread_time
 
-    def __enter__(self) -> Iteration:
+    def __enter__(self) -> PyIteration:
         lane = self._recorder.lane()
-        if self.timeline in lane.open_iterations:
-            warn_once(
-                f"iteration-twice:{self.timeline}",
-                "otel-rl: %s iteration %r entered while iteration %r is open on this thread; "
-                "the inner one is not recorded",
-                self.timeline,
-                self.index,
-                lane.open_iterations[self.timeline].index,
-            )
+        open_iteration = lane.open_iterations.get(self.timeline)
+        if open_iteration is not None:
+            iteration_misuse("twice", self, open_iteration)
             return self
         self._active = True
         lane.open_iterations[self.timeline] = self
@@ -359,9 +365,31 @@ class Iteration:
         self._active = False
         lane = self._recorder.lane()
         if lane.open_iterations.get(self.timeline) is not self:
-            warn_once("iteration-foreign", "otel-rl: iteration %r exited on another thread; dropped", self.index)
+            iteration_misuse("foreign", self, None)
             return False
         del lane.open_iterations[self.timeline]
         cpu = thread_time_ns() if self._thread_time else None
         lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps, cpu))
         return False
+
+
+def iteration_misuse(kind: str, iteration: Iteration, other: Iteration | None) -> None:
+    """Called when an iteration is used wrongly (both implementations); warns once per kind."""
+    if kind == "twice":
+        warn_once(
+            f"iteration-twice:{iteration.timeline}",
+            "otel-rl: %s iteration %r entered while iteration %r is open on this thread; "
+            "the inner one is not recorded",
+            iteration.timeline,
+            iteration.index,
+            other.index if other is not None else "?",
+        )
+    else:
+        warn_once("iteration-foreign", "otel-rl: iteration %r exited on another thread; dropped", iteration.index)
+
+
+if _hotpath is not None:
+    _hotpath.set_record_tags(ITERATION_START, ITERATION_END)
+    Iteration = PyIteration | _hotpath.Iteration
+else:
+    Iteration = PyIteration

@@ -121,6 +121,7 @@ class Telemetry:
         self.config = config
         self._clock = Clock()
         self._recorder = Recorder(config.lane_capacity, config.scalars_capacity)
+        self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -285,9 +286,7 @@ class Telemetry:
             raise schema.SchemaError(f"unknown timeline {timeline!r}; expected one of {schema.TIMELINES}")
         if self._closed:
             warn_once("closed-iteration", "otel-rl: iteration() after close(); nothing is recorded")
-        return Iteration(
-            self._recorder, timeline, index, env_steps, self._on_iteration, self.config.trace_thread_time
-        )
+        return self._new_iteration(timeline, index, env_steps)
 
     def flow(self, flow_id: int, end: bool = False) -> None:
         """Link the innermost open phase of this thread to others marked with the same ``flow_id``.

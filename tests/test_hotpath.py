@@ -9,7 +9,7 @@ import time
 import pytest
 
 from otel_rl import recorder as recorder_module
-from otel_rl.recorder import IMPLEMENTATIONS, ITERATION_START, Recorder
+from otel_rl.recorder import IMPLEMENTATIONS, ITERATION_END, ITERATION_START, Recorder
 from otel_rl.schema import phase_spec
 
 IMPLS = sorted(IMPLEMENTATIONS)
@@ -128,3 +128,41 @@ def test_nesting_deeper_than_the_limit_warns(impl, caplog):
             phase.__exit__(None, None, None)
     assert len(rec.lane().drain()) == recorder_module.MAX_DEPTH
     assert any("deeper than" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_iteration_marks_and_misuse(impl, caplog):
+    recorder_module.warn_once._seen.clear()
+    rec = Recorder(implementation=impl)
+    entered = []
+    make = rec.iteration_factory(on_enter=entered.append, thread_time=True)
+    phase = rec.new_phase(phase_spec("learner", "learning"))
+    outer = make("learner", 7, 56)
+    with caplog.at_level(logging.WARNING):
+        with outer:
+            with phase:
+                pass
+            with make("learner", 8, None):  # the same timeline twice: warned, not recorded
+                pass
+            with make("collector", 0, None):  # another timeline may nest
+                pass
+        foreign = make("learner", 9, None)
+        foreign.__enter__()
+        thread = threading.Thread(target=foreign.__exit__, args=(None, None, None))
+        thread.start()
+        thread.join()
+    assert [i.index for i in entered] == [7, 0, 9]
+    assert (outer.timeline, outer.index, outer.env_steps) == ("learner", 7, 56)
+    records = rec.lane().drain()
+    marks = [r for r in records if r[0] in (ITERATION_START, ITERATION_END)]
+    assert [(r[0], r[2], r[3], r[4]) for r in marks] == [
+        (ITERATION_START, "learner", 7, 56),
+        (ITERATION_START, "collector", 0, None),
+        (ITERATION_END, "collector", 0, None),
+        (ITERATION_END, "learner", 7, 56),
+        (ITERATION_START, "learner", 9, None),
+    ]
+    assert all(isinstance(r[5], int) and r[5] > 0 for r in marks)  # thread CPU time
+    assert marks[0][1] <= records[1][1] <= records[1][2] <= marks[3][1]  # the phase lies inside its iteration
+    assert "iteration 8 entered while iteration 7 is open" in caplog.text
+    assert "iteration 9 exited on another thread" in caplog.text
