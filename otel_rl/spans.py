@@ -166,5 +166,10 @@ class SpanBuilder:
         return spans
 
 
-def count_nodes(phases: Iterable[PhaseRecord]) -> int:
-    return sum(len(top.walk()) for top in phases)
+def count_nodes(phases: list[PhaseRecord]) -> int:
+    """Phases including nested ones (walking only the phases that have children)."""
+    count = len(phases)
+    for top in phases:
+        if top.children:
+            count += len(top.walk()) - 1
+    return count

@@ -19,7 +19,7 @@ from otel_rl import schema
 from otel_rl.analysis import analyze, protobuf_engine, trace_files
 from otel_rl.exporters import perfetto
 from otel_rl.exporters.perfetto import PerfettoTraceSink, TraceEncoder
-from otel_rl.records import PhaseRecord
+from otel_rl.records import IterationRecord, PhaseRecord
 
 from synthetic_trace import write_trace
 
@@ -152,17 +152,16 @@ def test_rotation_keeps_both_files_readable(tmp_path):
 
 def test_full_queue_drops_and_counts(tmp_path):
     sink = PerfettoTraceSink(tmp_path / "t.perfetto-trace", "learner", capacity=10)
-    sink._wake.clear()
-    from otel_rl import schema
-    from otel_rl.records import PhaseRecord
-
     spec = schema.phase_spec("learner", "learning")
     for i in range(1000):
-        sink.on_phase(PhaseRecord(spec, i * 10, i * 10 + 5, 0, 1, "t"))
+        phase = PhaseRecord(spec, i * 10 + 1, i * 10 + 5, 0, 1, "t")
+        sink.on_iteration(IterationRecord("learner", i, None, i * 10, i * 10 + 6, 1, "t", [phase], 4))
     sink.shutdown(5)
     assert sink.dropped > 0
     model = protobuf_engine.read([tmp_path / "t.perfetto-trace"])
-    assert len(model.slices) == 1000 - sink.dropped
+    # Whole iterations are dropped; the descriptors and names they needed never are.
+    assert len(model.slices) == 2 * (1000 - sink.dropped)
+    assert {s.name for s in model.slices} == {"Learning", "learner iteration"}
 
 
 def test_gpu_streams_get_their_own_process_and_tracks(tmp_path):

@@ -11,12 +11,14 @@ timeline is complete however the span budget samples. Layout:
 * counter tracks for throughput, queue depths and ``sys/*`` values, and,
   with ``trace_thread_time``, each thread's CPU share per iteration.
 
-The pipeline hands records to a bounded queue; a writer thread encodes and
-streams them to ``trace.perfetto-trace``. Track descriptors and the first
-packet of a sequence are built with the ``perfetto`` package's protos; the
-per-phase slice packets, thousands per second, are written from cached
-encoded bytes (the same wire format, checked by decoding in the tests). A
-file that outgrows ``max_bytes`` is rotated to ``trace.1.perfetto-trace``.
+The pipeline thread encodes each record as it arrives and hands the bytes to
+a bounded queue; a writer thread streams them to ``trace.perfetto-trace``.
+Track descriptors and the first packet of a sequence are built with the
+``perfetto`` package's protos; the slice packets of phases, thousands per
+second, are encoded in C (``otel_rl.exporters._slices``, with a pure-Python
+twin) from bodies prepared once per track and phase (the same wire format,
+checked by decoding in the tests). A file that outgrows ``max_bytes`` is
+rotated to ``trace.1.perfetto-trace``.
 Timestamps are unix-epoch nanoseconds in every process, so the trace files of
 several processes can be concatenated into one trace.
 """
@@ -51,10 +53,13 @@ except ImportError:  # not built (no compiler): the pure-Python twin below
 _logger = logging.getLogger(__name__)
 
 TRACE_FILE = "trace.perfetto-trace"
+_ROTATE = object()  # a mark in the writer's queue: start the next file here
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 QUEUE_CAPACITY = 100_000
 COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_", "Perf/queue")
 MAX_COUNTER_TRACKS = 64
+LOOSE_BATCH = 1024
+"""Loose phases (outside iterations) of one thread encoded in one call at most."""
 MAX_CLASSIFIED_KEYS = 10_000
 """Scalar keys whose counter-or-not decision is remembered (bounds memory with ever-new keys)."""
 
@@ -157,6 +162,8 @@ class TraceEncoder:
 
     def reset(self) -> None:
         """Forget emitted descriptors and interned names (a new file starts a new sequence state)."""
+        self.state_packets = 0
+        """Descriptor and interning packets emitted: later packets depend on them."""
         self._tracks: set[int] = set()
         self._thread_uuids: dict[int, int] = {}
         self._names: dict[str, int] = {}
@@ -185,6 +192,7 @@ class TraceEncoder:
         if uuid in self._tracks:
             return []
         self._tracks.add(uuid)
+        self.state_packets += 1
         packet = self._packet()
         fill(packet.track_descriptor)
         return [_trace_entry(packet.SerializeToString())]
@@ -254,6 +262,7 @@ class TraceEncoder:
         if iid is not None:
             return iid, []
         iid = table[name] = len(table) + 1
+        self.state_packets += 1
         packet = self._packet()
         entry = (packet.interned_data.event_categories if category else packet.interned_data.event_names).add()
         entry.iid, entry.name = iid, name
@@ -350,15 +359,15 @@ class PerfettoTraceSink(RecordSink):
         self._thread_time = thread_time
         self._cuda_events = cuda_events
         self._max_bytes = max_bytes
-        self._queue: deque = deque(maxlen=capacity)
+        self._queue: deque = deque()  # encoded packets (bytes) and rotation marks, for the writer thread
+        self._capacity = capacity
+        self._encoded = 0  # bytes encoded for the current file
+        self._loose: list[PhaseRecord] = []
         self.dropped = 0
         self._counters: dict[str, int] = {}
         self._classified: set[str] = set()  # scalar keys seen, and those drawn as counter tracks
         self._counter_keys: set[str] = set()
         self._file = None
-        self._size = 0
-        self._chunks: list[bytes] = []  # encoded, not yet written (writer thread only)
-        self._pending = 0
         self._wake = threading.Event()
         self._idle = threading.Event()
         self._idle.set()
@@ -366,25 +375,60 @@ class PerfettoTraceSink(RecordSink):
         self._thread = threading.Thread(target=self._run, name="otel-rl-perfetto", daemon=True)
         self._thread.start()
 
-    # -- pipeline side: enqueue only -------------------------------------
+    # -- pipeline side: encode (C for the slices), then enqueue bytes ----------
 
-    def _put(self, item: object) -> None:
-        queue = self._queue
-        if len(queue) == queue.maxlen:
-            self.dropped += 1
+    def _put(self, chunks: list[bytes], records: int, state: bool) -> None:
+        """Queue the encoded packets of ``records`` records; when full, new ones are dropped unless they carry state.
+
+        Descriptor and interning packets are never dropped: the packets after
+        them refer to their ids, and there are only a handful per file.
+        """
+        if len(self._queue) >= self._capacity and not state:
+            self.dropped += records
+            return
+        data = b"".join(chunks)
         if self._idle.is_set():
             self._idle.clear()
-        queue.append(item)
+        self._queue.append(data)
+        self._encoded += len(data)
+        if self._encoded > self._max_bytes:
+            # Rotate between records, so each file starts with its own descriptors.
+            self._queue.append(_ROTATE)
+            self._encoder.reset()
+            self._encoded = 0
+
+    def _emit(self, item: object) -> None:
+        state_before = self._encoder.state_packets
+        try:
+            chunks = self._encode(item)
+        except Exception:
+            warn_once("perfetto-encode", "otel-rl: could not encode a trace record; skipped", exc_info=True)
+            return
+        if chunks:
+            records = len(item) if isinstance(item, list) else 1
+            self._put(chunks, records, self._encoder.state_packets != state_before)
+
+    def _flush_loose(self) -> None:
+        if self._loose:
+            loose, self._loose = self._loose, []
+            self._emit(loose)
 
     def on_iteration(self, iteration: IterationRecord) -> None:
-        self._put(iteration)
+        # Encoded now, so the record dies now: records that wait for another
+        # thread survive garbage collections and make every later one slower.
+        self._flush_loose()
+        self._emit(iteration)
 
     def on_phase(self, phase: PhaseRecord) -> None:
-        self._put(phase)
+        # Consecutive loose phases of one thread are encoded in one call.
+        if self._loose and (self._loose[0].thread_id != phase.thread_id or len(self._loose) >= LOOSE_BATCH):
+            self._flush_loose()
+        self._loose.append(phase)
 
     def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
         if self._cuda_events:
-            self._put(interval)
+            self._flush_loose()
+            self._emit(interval)
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         keys = record.values.keys()
@@ -397,63 +441,13 @@ class PerfettoTraceSink(RecordSink):
         if counters:
             values = {k: record.values[k] for k in counters if record.values[k] is not None}
             if values:
-                self._put((record.time_ns, values))
+                self._flush_loose()
+                self._emit((record.time_ns, values))
 
     def on_drain(self, now_ns: int) -> None:
-        # Encoding right after each pipeline pass keeps records short-lived: records
-        # that wait survive garbage collections and make the next ones slower.
+        self._flush_loose()
         if self._queue:
             self._wake.set()
-
-    # -- writer thread ----------------------------------------------------
-
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(0.5)
-            self._wake.clear()
-            self._write_pending()
-            if not self._queue:
-                self._idle.set()
-            if self._stop and not self._queue:
-                break
-        self._close_file()
-
-    def _write_pending(self) -> None:
-        self._chunks, self._pending = [], 0
-        loose: list[PhaseRecord] = []  # consecutive phases outside iterations, one thread: encoded in one call
-        queue = self._queue
-        for _ in range(len(queue)):
-            item = queue.popleft()
-            if type(item) is PhaseRecord:
-                if loose and loose[0].thread_id != item.thread_id:
-                    self._add(loose)
-                    loose = []
-                loose.append(item)
-                continue
-            if loose:
-                self._add(loose)
-                loose = []
-            self._add(item)
-        if loose:
-            self._add(loose)
-        if self._chunks:
-            self._write(b"".join(self._chunks))
-        self._chunks = []
-
-    def _add(self, item: object) -> None:
-        """Encode a record (or a list of one thread's loose phases) into the pending chunks; rotates first when due."""
-        if self._pending and self._size + self._pending > self._max_bytes:
-            # Rotate between records, so each file starts with its own descriptors.
-            self._write(b"".join(self._chunks))
-            self._chunks, self._pending = [], 0
-            self._rotate()
-        try:
-            encoded = self._encode(item)
-        except Exception:
-            warn_once("perfetto-encode", "otel-rl: could not encode a trace record; skipped", exc_info=True)
-            return
-        self._chunks.extend(encoded)
-        self._pending += sum(map(len, encoded))
 
     def _encode(self, item: object) -> list[bytes]:
         enc = self._encoder
@@ -489,27 +483,50 @@ class PerfettoTraceSink(RecordSink):
             out.append(enc.counter(track, time_ns, float(value)))
         return out
 
+    # -- writer thread: file IO only ----------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait(0.5)
+            self._wake.clear()
+            self._write_pending()
+            if not self._queue:
+                self._idle.set()
+            if self._stop and not self._queue:
+                break
+        self._close_file()
+
+    def _write_pending(self) -> None:
+        queue = self._queue
+        chunks: list[bytes] = []
+        for _ in range(len(queue)):
+            data = queue.popleft()
+            if data is _ROTATE:
+                self._write(b"".join(chunks))
+                chunks = []
+                self._rotate()
+            else:
+                chunks.append(data)
+        if chunks:
+            self._write(b"".join(chunks))
+
     def _write(self, data: bytes) -> None:
         try:
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self._writing, "wb")  # noqa: SIM115 - kept open while streaming
-                self._size = 0
             self._file.write(data)
             self._file.flush()
-            self._size += len(data)
         except OSError as exc:
             warn_once("perfetto-write", "otel-rl: cannot write %s (%s); trace records are lost", self.path, exc)
             self._close_file()
 
     def _rotate(self) -> None:
         self._close_file()
-        self._size = 0
         try:
             os.replace(self._writing, self.path.with_name(self.path.stem + ".1" + self.path.suffix))
         except OSError as exc:
             warn_once("perfetto-rotate", "otel-rl: cannot rotate %s (%s)", self.path, exc)
-        self._encoder.reset()  # the new file must carry its own descriptors and interned names
 
     def _close_file(self) -> None:
         close_quietly(self._file)
@@ -522,6 +539,7 @@ class PerfettoTraceSink(RecordSink):
         return self._idle.wait(timeout_s)
 
     def shutdown(self, timeout_s: float) -> None:
+        self._flush_loose()
         self._stop = True
         self._wake.set()
         self._thread.join(max(timeout_s, 0.0))
