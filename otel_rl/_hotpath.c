@@ -153,8 +153,14 @@ static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
             item = slot->obj;  /* steal */
             slot->obj = NULL;
         } else {
-            item = Py_BuildValue("(OLLiO)", slot->obj, slot->start, slot->end, slot->depth,
-                                 slot->exc ? slot->exc : Py_None);
+            PyObject *start = PyLong_FromLongLong(slot->start);
+            PyObject *end = PyLong_FromLongLong(slot->end);
+            PyObject *depth = PyLong_FromLong(slot->depth);  /* small: a cached int */
+            item = (start && end && depth)
+                ? PyTuple_Pack(5, slot->obj, start, end, depth, slot->exc ? slot->exc : Py_None) : NULL;
+            Py_XDECREF(start);
+            Py_XDECREF(end);
+            Py_XDECREF(depth);
             if (item == NULL) { Py_DECREF(out); return NULL; }  /* ring left intact */
             slot_clear(slot);
         }

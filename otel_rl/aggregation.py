@@ -122,6 +122,7 @@ class Aggregates:
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], tuple[schema.PhaseSpec, Bins]] = {}
         self._by_spec: dict[tuple[int, str], Bins] = {}
+        self._host_by_spec: dict[int, Bins] = {}  # the same for the host clock, by id(spec) alone: the per-phase lookup
         self._spec_refs: list[schema.PhaseSpec] = []  # keeps ids in _by_spec valid
         self._iterations: dict[str, Bins] = {}
         self._accounted_ms: dict[str, float] = {}
@@ -176,10 +177,12 @@ class Aggregates:
             self._record_phases(phases)
 
     def _record_phases(self, phases: Iterable[PhaseRecord]) -> None:
-        by_spec = self._by_spec
+        host = self._host_by_spec
         for top in phases:
             for phase in top.walk() if top.children else (top,):
-                bins = by_spec.get((id(phase.spec), "host")) or self._phase_bins(phase.spec)
+                bins = host.get(id(phase.spec))
+                if bins is None:
+                    bins = host[id(phase.spec)] = self._phase_bins(phase.spec)
                 value_ms = (phase.end_ns - phase.start_ns) / 1e6
                 if phase.span_id or len(bins.pending) >= FOLD_EVERY:
                     self._add(bins, value_ms, phase.end_ns, phase.span_id)

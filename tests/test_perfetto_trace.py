@@ -102,10 +102,10 @@ def test_c_and_python_slice_encoders_write_the_same_bytes():
     for native in (True, False):
         encoder = TraceEncoder(pid=42, process_name="learner", native=native)
         track, descriptors = encoder.thread_track(1, "t")
-        body, interned = encoder.iteration_body(track, "learner iteration", "learner", {"iteration": 3, "env_steps": 2**40})
-        outputs.append(
-            b"".join(descriptors + interned) + encoder.phases(track, [inference, learning], (90, 2_000_000_000_000_000_000, body))
-        )
+        body, interned = encoder.iteration_body(track, "learner iteration", "learner")
+        annotations = ((perfetto.annotation_name("iteration"), 3), (perfetto.annotation_name("env_steps"), 2**40))
+        outer = (90, 2_000_000_000_000_000_000, body, annotations)
+        outputs.append(b"".join(descriptors + interned) + encoder.phases(track, [inference, learning], outer))
     assert outputs[0] == outputs[1]
     packets = Trace.FromString(outputs[0]).packet
     events = [p for p in packets if p.HasField("track_event")]

@@ -172,14 +172,35 @@ static PyObject *encode_phases(PyObject *module, PyObject *args) {
     PyObject *result = NULL;
     unsigned long long outer_start = 0, outer_end = 0;
     const char *outer_body = NULL;
-    Py_ssize_t outer_len = 0;
     if (outer != Py_None) {
-        PyObject *body;
-        if (!PyArg_ParseTuple(outer, "KKO!;outer is (start_ns, end_ns, body)", &outer_start, &outer_end, &PyBytes_Type, &body))
+        PyObject *body, *annotations;
+        if (!PyArg_ParseTuple(outer, "KKO!O!;outer is (start_ns, end_ns, body, annotations)", &outer_start, &outer_end,
+                              &PyBytes_Type, &body, &PyTuple_Type, &annotations))
             goto done;
-        outer_body = PyBytes_AS_STRING(body);
-        outer_len = PyBytes_GET_SIZE(body);
-        if (put_packet(&b, &ctx, outer_start, outer_body, outer_len, NULL, NULL, 0) < 0) goto done;
+        /* The BEGIN body, then one debug annotation (field 4) per (name field, integer value). */
+        Buffer event = {NULL, 0, 0};
+        Py_ssize_t n_annotations = PyTuple_GET_SIZE(annotations);
+        if (buffer_reserve(&event, PyBytes_GET_SIZE(body) + n_annotations * 64) < 0) goto done;
+        put_bytes(&event, PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body));
+        for (Py_ssize_t i = 0; i < n_annotations; i++) {
+            PyObject *pair = PyTuple_GET_ITEM(annotations, i), *name;
+            long long value;
+            if (!PyArg_ParseTuple(pair, "O!L;an annotation is (name field bytes, int)", &PyBytes_Type, &name, &value)
+                || buffer_reserve(&event, PyBytes_GET_SIZE(name) + 32) < 0) {
+                PyMem_Free(event.data);
+                goto done;
+            }
+            Py_ssize_t inner = PyBytes_GET_SIZE(name) + 1 + varint_size((unsigned long long)value);
+            event.data[event.len++] = 0x22;  /* field 4, length-delimited */
+            put_varint(&event, (unsigned long long)inner);
+            put_bytes(&event, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name));
+            event.data[event.len++] = 0x20;  /* int_value, varint (two's complement when negative) */
+            put_varint(&event, (unsigned long long)value);
+        }
+        int r = put_packet(&b, &ctx, outer_start, event.data, event.len, NULL, NULL, 0);
+        PyMem_Free(event.data);
+        if (r < 0) goto done;
+        outer_body = "";  /* marks that an END is due */
     }
     PyObject *seq = PySequence_Fast(phases, "phases must be a sequence");
     if (seq == NULL) goto done;
@@ -211,7 +232,8 @@ static PyMethodDef module_methods[] = {
     {"encode_phases", encode_phases, METH_VARARGS,
      "encode_phases(out, phases, bodies, end_body, sequence_tail, outer=None) -> None or the first spec without a body.\n\n"
      "Appends a BEGIN and END slice packet per phase record (nested phases in between) to ``out``,\n"
-     "inside an enclosing slice when ``outer`` is (start_ns, end_ns, BEGIN body); ``bodies`` maps\n"
+     "inside an enclosing slice when ``outer`` is (start_ns, end_ns, BEGIN body, annotations), annotations\n"
+     "being (name field bytes, int) pairs; ``bodies`` maps\n"
      "id(spec) to the BEGIN body. Appends nothing when a spec is missing from ``bodies``."},
     {NULL}
 };

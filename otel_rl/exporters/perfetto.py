@@ -25,6 +25,7 @@ several processes can be concatenated into one trace.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -90,7 +91,18 @@ def _packet(ts: int, event: bytes, sequence_tail: bytes) -> bytes:
     return _trace_entry(b"\x40" + _varint(ts) + _field(11, event) + sequence_tail)
 
 
-_ANNOTATION_NAMES = {key: _field(10, key.encode()) for key in ("iteration", "env_steps")}
+Outer = tuple[int, int, bytes, tuple[tuple[bytes, int], ...]]
+"""An enclosing slice: (start_ns, end_ns, BEGIN body, integer annotations as (name field, value))."""
+
+
+@functools.lru_cache(maxsize=64)
+def annotation_name(key: str) -> bytes:
+    """The ``name`` field of a debug annotation, as it precedes the value."""
+    return _field(10, key.encode())
+
+
+_ITERATION = annotation_name("iteration")
+_ENV_STEPS = annotation_name("env_steps")
 
 MAX_FLOWS = 64
 """Flows kept per slice (more are not written)."""
@@ -102,13 +114,14 @@ def encode_phases(
     bodies: dict[int, bytes],
     end_body: bytes,
     sequence_tail: bytes,
-    outer: tuple[int, int, bytes] | None = None,
+    outer: Outer | None = None,
 ) -> PhaseSpec | None:
     """Append a BEGIN and END slice packet per phase (nested phases in between) to ``out``.
 
     The pure-Python twin of ``otel_rl.exporters._slices.encode_phases``.
     ``bodies`` maps ``id(spec)`` to the BEGIN TrackEvent without flows;
-    ``outer`` is an enclosing slice ``(start_ns, end_ns, BEGIN body)``.
+    ``outer`` is an enclosing slice ``(start_ns, end_ns, BEGIN body,
+    annotations)`` with integer debug annotations as (name field, value) pairs.
     Returns the first spec without a body, having appended nothing, or None.
     """
     chunks: list[bytes] = []
@@ -128,7 +141,10 @@ def encode_phases(
         return None
 
     if outer is not None:
-        chunks.append(_packet(outer[0], outer[2], sequence_tail))
+        body = outer[2]
+        for name_field, value in outer[3]:
+            body += _field(4, name_field + b"\x20" + _varint(value))
+        chunks.append(_packet(outer[0], body, sequence_tail))
     for phase in phases:
         missing = add(phase)
         if missing is not None:
@@ -170,7 +186,7 @@ class TraceEncoder:
         self._categories: dict[str, int] = {}
         self._bodies: dict[int, dict[int, bytes]] = {}  # track -> id(spec) -> BEGIN body
         self._end_bodies: dict[int, bytes] = {}
-        self._annotated_bodies: dict[tuple[int, str, str], bytes] = {}
+        self._outer_bodies: dict[tuple[int, str, str], bytes] = {}
         self._spec_refs: list[PhaseSpec] = []
         self._started = False
         self._sequence_tail = b"\x50" + _varint(self.sequence_id) + b"\x68" + _varint(_NEEDS_STATE)
@@ -281,12 +297,12 @@ class TraceEncoder:
             body = self._end_bodies[track] = b"\x48" + _varint(_SLICE_END) + b"\x58" + _varint(track)
         return body
 
-    def phases(self, track: int, phases: list[PhaseRecord], outer: tuple[int, int, bytes] | None = None) -> bytes:
+    def phases(self, track: int, phases: list[PhaseRecord], outer: Outer | None = None) -> bytes:
         """Slice packets of phase records and their nested phases on ``track``.
 
-        ``outer`` is an enclosing slice, ``(start_ns, end_ns, BEGIN body)``
-        (see :meth:`iteration_body`). Interning packets for names not seen
-        before come first.
+        ``outer`` is an enclosing slice, ``(start_ns, end_ns, BEGIN body,
+        annotations)`` (see :meth:`iteration_body` and :func:`annotation_name`).
+        Interning packets for names not seen before come first.
         """
         out = bytearray()
         bodies = self._bodies.setdefault(track, {})
@@ -300,17 +316,14 @@ class TraceEncoder:
             self._spec_refs.append(missing)  # keeps the id valid while the body is cached
             out += b"".join(interned)
 
-    def iteration_body(self, track: int, name: str, category: str, annotations: dict[str, int]) -> tuple[bytes, list[bytes]]:
-        """A slice BEGIN body with integer debug annotations, and the interning packets it needs."""
+    def iteration_body(self, track: int, name: str, category: str) -> tuple[bytes, list[bytes]]:
+        """The BEGIN body of an enclosing slice (an iteration), and the interning packets it needs first."""
         key = (track, name, category)
-        body = self._annotated_bodies.get(key)
-        interned: list[bytes] = []
-        if body is None:
-            body, interned = self._begin_body(track, name, category)
-            self._annotated_bodies[key] = body
-        for key, value in annotations.items():
-            name_field = _ANNOTATION_NAMES.get(key) or _field(10, key.encode())
-            body += _field(4, name_field + b"\x20" + _varint(value))
+        body = self._outer_bodies.get(key)
+        if body is not None:
+            return body, []
+        body, interned = self._begin_body(track, name, category)
+        self._outer_bodies[key] = body
         return body, interned
 
     def slice(self, track: int, name: str, category: str, start_ns: int, end_ns: int) -> bytes:
@@ -453,12 +466,12 @@ class PerfettoTraceSink(RecordSink):
         enc = self._encoder
         if isinstance(item, IterationRecord):
             track, out = enc.thread_track(item.thread_id, item.thread_name)
-            annotations = {"iteration": item.index}
+            annotations = ((_ITERATION, item.index),)
             if item.env_steps is not None:
-                annotations["env_steps"] = item.env_steps
-            body, interned = enc.iteration_body(track, f"{item.timeline} iteration", item.timeline, annotations)
+                annotations += ((_ENV_STEPS, item.env_steps),)
+            body, interned = enc.iteration_body(track, f"{item.timeline} iteration", item.timeline)
             out += interned
-            out.append(enc.phases(track, item.phases, (item.start_ns, item.end_ns, body)))
+            out.append(enc.phases(track, item.phases, (item.start_ns, item.end_ns, body, annotations)))
             if self._thread_time and item.thread_cpu_ns is not None and item.wall_ns > 0:
                 counter, descriptors = enc.counter_track(f"{item.thread_name} CPU", "%")
                 out += descriptors
