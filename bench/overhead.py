@@ -1,6 +1,6 @@
 """Overhead study: the same training loop with telemetry off, on, on with every output failing, and the alternatives.
 
-    python bench/overhead.py            # the full study (about 20 minutes on 2 cores)
+    python bench/overhead.py            # the full study (about 45 minutes on 2 cores)
     python bench/overhead.py --quick    # fewer rounds and configurations
     python bench/overhead.py --markdown docs/overhead.md
 
@@ -19,8 +19,12 @@ at once); the OpenTelemetry SDK used directly (a span per phase through
 
 Workloads: ``numpy`` (matrix products release the GIL) and ``python``
 (a pure-Python loop holds it), at iterations of about 200 us, 2 ms and 20 ms
-with 4 phases; scalars (40 keys) every iteration and every 50. Plus the real
-demo training loop.
+with 4 phases inside an iteration (each arm instruments the iteration too:
+``tel.iteration``, a parent span, a TensorBoard timing); scalars (40 keys)
+every iteration and every 50. Plus the real demo training loop.
+
+Each child also reports the CPU time of its threads other than the training
+thread while the loop ran: the time a GIL-holding loop has to give up.
 """
 
 from __future__ import annotations
