@@ -47,6 +47,7 @@ TESTS = HERE.parent / "tests"
 PHASES = (("collector_wait", 0.1), ("inference", 0.2), ("replay_sample", 0.1), ("learning", 0.6))
 KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
 SAMPLE_EVERY = 8  # time every 8th phase and scalars call (the timing itself costs)
+COMPARE_SUFFIX = "@compare"  # the otel-rl arm run with another checkout of otel-rl (--compare)
 
 
 # -- the child: one arm, one workload, one measurement ------------------------
@@ -147,7 +148,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         return TbPhase, lambda index: tb_iteration, scalars, writer.close, lambda: {}
 
     # otel-rl with every output on, pointed at healthy or failing peers.
-    faults = set(arm.removeprefix("otel-rl").strip(": ").split("+")) - {""}
+    faults = set(arm.removeprefix("otel-rl").removeprefix(COMPARE_SUFFIX).strip(": ").split("+")) - {""}
     if "all-faults" in faults:
         faults = {"ingest-hung", "ingest-refused", "collector-down", "disk-stalled", "disk-erroring"}
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -310,9 +311,12 @@ def calibrate(kind: str, target_s: float) -> int:
         units = int(units * min(max(target_s / max(took, 1e-7), 1.1), 4)) if kind == "python" else units + 16
 
 
-def run_child(spec: dict) -> dict:
+def run_child(spec: dict, compare: str | None = None) -> dict:
+    env = None
+    if spec["arm"].endswith(COMPARE_SUFFIX):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [compare, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(
-        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=300
+        [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=300, env=env
     )
     if out.returncode != 0:
         raise RuntimeError(f"{spec['arm']} failed: {out.stderr[-2000:]}")
@@ -348,6 +352,12 @@ def main() -> None:
     parser.add_argument("--markdown", help="also write the report to this file")
     parser.add_argument("--workloads", help="comma-separated kind:length, e.g. numpy:200us,python:2ms")
     parser.add_argument("--duration", type=float, default=None, help="seconds measured per child")
+    parser.add_argument(
+        "--compare",
+        metavar="CHECKOUT",
+        help="also run otel-rl from another checkout (its C extensions built in place: "
+        "python setup.py build_ext --inplace), as the arm 'otel-rl@compare'",
+    )
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
@@ -360,6 +370,8 @@ def main() -> None:
         "otel-rl: disk-stalled", "otel-rl: disk-erroring", "otel-rl: all-faults",
         "otel-sdk", "tensorboard",
     ]  # fmt: skip
+    if args.compare:
+        arms.insert(3, "otel-rl" + COMPARE_SUFFIX)
     lengths = {"200us": 200e-6, "2ms": 2e-3, "20ms": 20e-3}
     workloads = [("numpy", "200us"), ("python", "200us"), ("numpy", "2ms"), ("python", "2ms"), ("numpy", "20ms"), ("python", "20ms")]
     scalars_every = [1, 50]
@@ -382,7 +394,7 @@ def main() -> None:
                             "arm": arm, "workload": kind, "units": units[(kind, name)], "scalars_every": every,
                             "duration_s": args.duration or (1.5 if quick else 2.0), "warmup_s": 0.3, "peers": peers,
                         }  # fmt: skip
-                        results.setdefault((kind, name, every, arm), []).append(run_child(spec))
+                        results.setdefault((kind, name, every, arm), []).append(run_child(spec, args.compare))
                 print(f"done: {kind} {name} scalars every {every}", file=sys.stderr, flush=True)
         demo = {"off": [], "otel-rl": []}
         for _ in range(2 if quick else 3):
