@@ -249,6 +249,26 @@ static PyObject *bind_lane(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* The calling thread's lane for `key` (borrowed), created through recorder.lane() on first use; NULL with an error set. */
+static LaneObject *entering_lane(PyObject *key, PyObject *recorder) {
+    LaneObject *lane = lookup_lane(key);
+    if (lane != NULL || PyErr_Occurred()) return lane;
+    PyObject *created = PyObject_CallMethod(recorder, "lane", NULL);
+    if (created == NULL) return NULL;
+    Py_DECREF(created);  /* the thread state's dict keeps it */
+    lane = lookup_lane(key);
+    if (lane == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.lane() did not bind a C lane");
+    return lane;
+}
+
+/* warn_fn(kind, obj, other) for a misuse; returns False (what __exit__ returns), NULL on error. */
+static PyObject *misuse(PyObject *warn_fn, const char *kind, PyObject *obj, PyObject *other) {
+    PyObject *r = PyObject_CallFunction(warn_fn, "sOO", kind, obj, other ? other : Py_None);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
 /* --------------------------------------------------------------- Phase */
 
 typedef struct {
@@ -293,25 +313,12 @@ static void Phase_dealloc(PhaseObject *self) {
 }
 
 static PyObject *warn(PhaseObject *self, const char *kind, PyObject *other) {
-    PyObject *r = PyObject_CallFunction(self->warn, "sOO", kind, (PyObject *)self, other ? other : Py_None);
-    if (r == NULL) return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
+    return misuse(self->warn, kind, (PyObject *)self, other);
 }
 
 static PyObject *Phase_enter(PhaseObject *self, PyObject *unused) {
-    LaneObject *lane = lookup_lane(self->key);
-    if (lane == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        PyObject *created = PyObject_CallMethod(self->recorder, "lane", NULL);
-        if (created == NULL) return NULL;
-        Py_DECREF(created);  /* the thread state's dict keeps it */
-        lane = lookup_lane(self->key);
-        if (lane == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.lane() did not bind a C lane");
-            return NULL;
-        }
-    }
+    LaneObject *lane = entering_lane(self->key, self->recorder);
+    if (lane == NULL) return NULL;
     if (lane->depth >= MAX_DEPTH) {
         PyObject *r = warn(self, "too-deep", NULL);
         if (r == NULL) return NULL;
@@ -445,10 +452,7 @@ static void Iteration_dealloc(IterationObject *self) {
 }
 
 static PyObject *iteration_warn(IterationObject *self, const char *kind, PyObject *other) {
-    PyObject *r = PyObject_CallFunction(self->warn, "sOO", kind, (PyObject *)self, other ? other : Py_None);
-    if (r == NULL) return NULL;
-    Py_DECREF(r);
-    Py_RETURN_FALSE;
+    return misuse(self->warn, kind, (PyObject *)self, other);
 }
 
 /* Append (tag, time, timeline, index, env_steps, thread cpu or None) to the lane. */
@@ -470,18 +474,8 @@ static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag
 
 static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
     if (tag_start == NULL) { PyErr_SetString(PyExc_RuntimeError, "record tags not set"); return NULL; }
-    LaneObject *lane = lookup_lane(self->key);
-    if (lane == NULL) {
-        if (PyErr_Occurred()) return NULL;
-        PyObject *created = PyObject_CallMethod(self->recorder, "lane", NULL);
-        if (created == NULL) return NULL;
-        Py_DECREF(created);
-        lane = lookup_lane(self->key);
-        if (lane == NULL) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.lane() did not bind a C lane");
-            return NULL;
-        }
-    }
+    LaneObject *lane = entering_lane(self->key, self->recorder);
+    if (lane == NULL) return NULL;
     PyObject *open = PyDict_GetItemWithError(lane->open_iterations, self->timeline); /* borrowed */
     if (open != NULL) {
         PyObject *r = iteration_warn(self, "twice", open);
