@@ -13,7 +13,7 @@ import math
 import re
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 
@@ -24,6 +24,17 @@ from otel_rl.values import finite_or_none
 
 _logger = logging.getLogger(__name__)
 _PLAIN_NUMBERS = frozenset((float, int))
+
+
+def _plain_finite(values: Iterable[object]) -> bool:
+    """Every value an int or a finite float, checked by C loops (no Python loop per value)."""
+    if not set(map(type, values)) <= _PLAIN_NUMBERS:
+        return False
+    try:
+        total = sum(values)  # inf or nan if any value is, or if the floats overflow (then the slow path decides)
+    except OverflowError:  # an int too large for a float
+        return False
+    return type(total) is int or math.isfinite(total)
 
 
 class Clock:
@@ -296,13 +307,9 @@ class Pipeline:
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
         time_ns, values, step, iteration, env_steps, seq = raw
-        if (
-            values.keys() <= self._canonical_keys
-            and set(map(type, values.values())) <= _PLAIN_NUMBERS
-            and math.isfinite(sum(values.values()))
-        ):
-            # The common case, checked by C loops: keys exported as they are, finite
-            # plain numbers. The dict is the call's own snapshot, so it is used as is.
+        if values.keys() <= self._canonical_keys and _plain_finite(values.values()):
+            # The common case: keys exported as they are, finite plain numbers.
+            # The dict is the call's own snapshot, so it is used as is.
             return ScalarsRecord(self._clock.to_epoch_ns(time_ns), values, step, iteration, env_steps, seq)
         clean: dict[str, float | int | None] = {}
         for raw_key, value in values.items():

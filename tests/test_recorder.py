@@ -201,6 +201,28 @@ def test_scalars_nonfinite_become_none_with_one_event(capture):
     assert [e.name for e in capture.events] == ["nonfinite"]
 
 
+def test_repeated_keys_keep_cleaning_every_value(capture):
+    # Once keys are known, plain finite values take a fast path; anything else must still be cleaned.
+    tel = make(capture)
+    for values in (
+        {"Loss/critic": 1.0, "Train/mean_reward": 2},
+        {"Loss/critic": 1.5, "Train/mean_reward": 3},
+        {"Loss/critic": float("nan"), "Train/mean_reward": 3},
+        {"Loss/critic": True, "Train/mean_reward": 10**400},
+        {"Loss/critic": 1e308, "Train/mean_reward": 1e308},
+    ):
+        tel.scalars(values)
+    tel.close()
+    assert [r.values for r in capture.scalars] == [
+        {"Loss/critic": 1.0, "Train/mean_reward": 2},
+        {"Loss/critic": 1.5, "Train/mean_reward": 3},
+        {"Loss/critic": None, "Train/mean_reward": 3},
+        {"Loss/critic": 1, "Train/mean_reward": 10**400},
+        {"Loss/critic": 1e308, "Train/mean_reward": 1e308},
+    ]
+    assert [e.name for e in capture.events] == ["nonfinite"]
+
+
 def test_numpy_values_are_converted(capture):
     np = pytest.importorskip("numpy")
     tel = make(capture)
