@@ -3,6 +3,7 @@
 Part 1 interleaves, in one process, rounds of:
   (a) two ``perf_counter_ns()`` calls and a list append (the floor),
   (p) ``with tel.phase(...)`` on live telemetry (pipeline draining, spans exported),
+  (i) ``with tel.iteration(i):`` (creating the iteration included),
   (b) ``tracer.start_as_current_span`` on the OpenTelemetry SDK used directly,
 and reports the median per operation and the ratios p/a and b/p.
 
@@ -55,6 +56,16 @@ def phase_round(tel, n: int) -> float:
     return elapsed / n
 
 
+def iteration_round(tel, n: int) -> float:
+    start = perf_counter_ns()
+    for i in range(n):
+        with tel.iteration(i):
+            pass
+    elapsed = perf_counter_ns() - start
+    tel.flush()
+    return elapsed / n
+
+
 def sdk_round(tracer, n: int) -> float:
     start = perf_counter_ns()
     for _ in range(n):
@@ -77,10 +88,11 @@ def part1(rounds: int) -> None:
     # The pipeline drains only on flush() between rounds, so a round times the
     # training thread's own work; its background CPU is part 2's subject.
     tel = otel_rl.init(span_budget_per_s=1000, pipeline_interval_s=3600)
-    results: dict[str, list[float]] = {"floor": [], "phase": [], "sdk": []}
+    results: dict[str, list[float]] = {"floor": [], "phase": [], "iteration": [], "sdk": []}
     for _ in range(rounds):
         results["floor"].append(floor_round(N))
         results["phase"].append(phase_round(tel, N))
+        results["iteration"].append(iteration_round(tel, N))
         results["sdk"].append(sdk_round(tracer, N // 10))
     tel.close()
     provider.shutdown()
@@ -91,6 +103,7 @@ def part1(rounds: int) -> None:
     print("|---|---|")
     print(f"| (a) 2x perf_counter_ns + list append | {med['floor']:.0f} |")
     print(f"| otel-rl `with tel.phase()` | {med['phase']:.0f} |")
+    print(f"| otel-rl `with tel.iteration(i)` | {med['iteration']:.0f} |")
     print(f"| (b) SDK `start_as_current_span` | {med['sdk']:.0f} |")
     print()
     print(f"phase / (a) = {med['phase'] / med['floor']:.2f} (target <= 1.5)")

@@ -211,6 +211,7 @@ class Pipeline:
             method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
             for method in self._METHODS
         }
+        self._want_totals = bool(self._handlers["on_cycles"])  # per-pass totals are only summed for a reader
 
     def add_sink(self, sink: RecordSink) -> None:
         """Add a sink while running; it sees records from the next pass on."""
@@ -283,7 +284,8 @@ class Pipeline:
         remote = self._recorder.remote
         for _ in range(len(remote)):
             cycle = remote.popleft()
-            self._totals(cycle.timeline).add_cycle(cycle.wall_ns, cycle.top, cycle.nested)
+            if self._want_totals:
+                self._totals(cycle.timeline).add_cycle(cycle.wall_ns, cycle.top, cycle.nested)
             self._fanout("on_remote_cycle", cycle)
         intervals = self._recorder.device_intervals
         for _ in range(len(intervals)):
@@ -425,7 +427,8 @@ class Pipeline:
                     phase.iteration, phase.env_steps = opened[1], opened[2]
                     opened[3].append(phase)
                 else:
-                    self._totals(head.spec.timeline).add_loose(phase)
+                    if self._want_totals:
+                        self._totals(head.spec.timeline).add_loose(phase)
                     self._fanout("on_phase", phase)
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
@@ -439,9 +442,10 @@ class Pipeline:
                 iteration.accounted_ns / 1e6,
                 iteration.wall_ns / 1e6,
             )
-        totals = self._totals(iteration.timeline)
-        totals.add_cycle(iteration.wall_ns, *iteration.totals_ns())
-        totals.index, totals.env_steps = iteration.index, iteration.env_steps
+        if self._want_totals:
+            totals = self._totals(iteration.timeline)
+            totals.add_cycle(iteration.wall_ns, *iteration.totals_ns())
+            totals.index, totals.env_steps = iteration.index, iteration.env_steps
         self._fanout("on_iteration", iteration)
 
     def _fanout(self, method: str, record: object) -> None:
