@@ -271,6 +271,8 @@ def child(spec: dict) -> dict:
 
 
 def start_peers(tmp: Path) -> tuple[dict, list]:
+    from scalars_cost import start_server  # this folder is on sys.path when a bench script runs
+
     procs = []
 
     def spawn(code: str) -> str:
@@ -282,18 +284,12 @@ def start_peers(tmp: Path) -> tuple[dict, list]:
 
     otlp = spawn("import otlp_receivers, time; r = otlp_receivers.HttpReceiver().start(); print(r.endpoint, flush=True); time.sleep(86400)")
     hung = spawn("import fault_servers, time; s = fault_servers.SilentServer(); print(s.url, flush=True); time.sleep(86400)")
-    port = 19000 + os.getpid() % 1000
-    server = subprocess.Popen(
-        [sys.executable, "-m", "otel_rl.cli", "serve", "--port", str(port), "--db", str(tmp / "ingest.sqlite3")],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    server.stdout.readline()
+    server, ingest = start_server(tmp)
     procs.append(server)
     sys.path.insert(0, str(TESTS))
     from fault_servers import refused_url
 
-    return {"otlp": otlp, "hung": hung, "ingest": f"http://127.0.0.1:{port}", "refused": refused_url()}, procs
+    return {"otlp": otlp, "hung": hung, "ingest": ingest, "refused": refused_url()}, procs
 
 
 def calibrate(kind: str, target_s: float) -> int:

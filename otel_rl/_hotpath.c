@@ -312,15 +312,11 @@ static void Phase_dealloc(PhaseObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *warn(PhaseObject *self, const char *kind, PyObject *other) {
-    return misuse(self->warn, kind, (PyObject *)self, other);
-}
-
 static PyObject *Phase_enter(PhaseObject *self, PyObject *unused) {
     LaneObject *lane = entering_lane(self->key, self->recorder);
     if (lane == NULL) return NULL;
     if (lane->depth >= MAX_DEPTH) {
-        PyObject *r = warn(self, "too-deep", NULL);
+        PyObject *r = misuse(self->warn, "too-deep", (PyObject *)self, NULL);
         if (r == NULL) return NULL;
         Py_DECREF(r);
     } else {
@@ -339,10 +335,10 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
     LaneObject *lane = lookup_lane(self->key);
     if (lane == NULL || lane->depth == 0) {
         if (PyErr_Occurred()) return NULL;
-        return warn(self, "foreign", NULL);
+        return misuse(self->warn, "foreign", (PyObject *)self, NULL);
     }
     PyObject *innermost = lane->stack_phase[lane->depth - 1];
-    if (innermost != (PyObject *)self) return warn(self, "order", innermost);
+    if (innermost != (PyObject *)self) return misuse(self->warn, "order", (PyObject *)self, innermost);
     lane->depth--;
     Slot *slot = lane_next_slot(lane);
     slot->obj = (PyObject *)self;  /* the stack's reference moves into the record */
@@ -451,10 +447,6 @@ static void Iteration_dealloc(IterationObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-static PyObject *iteration_warn(IterationObject *self, const char *kind, PyObject *other) {
-    return misuse(self->warn, kind, (PyObject *)self, other);
-}
-
 /* Append (tag, time, timeline, index, env_steps, thread cpu or None) to the lane. */
 static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag, long long time_ns) {
     PyObject *cpu = self->thread_time ? PyLong_FromLongLong(thread_cpu_ns()) : Py_NewRef(Py_None);
@@ -478,7 +470,7 @@ static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
     if (lane == NULL) return NULL;
     PyObject *open = PyDict_GetItemWithError(lane->open_iterations, self->timeline); /* borrowed */
     if (open != NULL) {
-        PyObject *r = iteration_warn(self, "twice", open);
+        PyObject *r = misuse(self->warn, "twice", (PyObject *)self, open);
         if (r == NULL) return NULL;
         Py_DECREF(r);
         return Py_NewRef(self);
@@ -503,7 +495,7 @@ static PyObject *Iteration_exit(IterationObject *self, PyObject *const *args, Py
     PyObject *open = lane == NULL ? NULL : PyDict_GetItemWithError(lane->open_iterations, self->timeline);
     if (open != (PyObject *)self) {
         if (PyErr_Occurred()) return NULL;
-        return iteration_warn(self, "foreign", NULL);
+        return misuse(self->warn, "foreign", (PyObject *)self, NULL);
     }
     if (PyDict_DelItem(lane->open_iterations, self->timeline) < 0) return NULL;
     if (iteration_mark(self, lane, tag_end, end) < 0) return NULL;

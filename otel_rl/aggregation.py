@@ -121,8 +121,8 @@ class Aggregates:
         self.bounds = bounds_ms
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], tuple[schema.PhaseSpec, Bins]] = {}
-        self._by_spec: dict[tuple[int, str], Bins] = {}
-        self._host_by_spec: dict[int, Bins] = {}  # the same for the host clock, by id(spec) alone: the per-phase lookup
+        # clock -> id(spec) -> bins: the per-phase lookup, by identity (specs are cached per phase)
+        self._by_spec: dict[str, dict[int, Bins]] = {"host": {}}
         self._spec_refs: list[schema.PhaseSpec] = []  # keeps ids in _by_spec valid
         self._iterations: dict[str, Bins] = {}
         self._accounted_ms: dict[str, float] = {}
@@ -132,7 +132,8 @@ class Aggregates:
         self._dropped: dict[str, int] = {}
 
     def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
-        entry = self._by_spec.get((id(spec), clock))
+        by_id = self._by_spec.setdefault(clock, {})
+        entry = by_id.get(id(spec))
         if entry is not None:
             return entry
         key = (spec.timeline, spec.name, clock)
@@ -145,9 +146,8 @@ class Aggregates:
                 schema.ATTR_CLOCK: clock,
             }
             entry = self._phases[key] = (spec, Bins(attributes, len(self.bounds) + 1))
-        # Fast path by spec identity (specs are cached per phase); the name key merges
-        # specs that describe the same series (a CUDA phase's host fallback, say).
-        self._by_spec[(id(spec), clock)] = entry[1]
+        # The name key merges specs that describe the same series (a CUDA phase's host fallback, say).
+        by_id[id(spec)] = entry[1]
         self._spec_refs.append(spec)
         return entry[1]
 
@@ -177,12 +177,10 @@ class Aggregates:
             self._record_phases(phases)
 
     def _record_phases(self, phases: Iterable[PhaseRecord]) -> None:
-        host = self._host_by_spec
+        host = self._by_spec["host"]
         for top in phases:
             for phase in top.walk() if top.children else (top,):
-                bins = host.get(id(phase.spec))
-                if bins is None:
-                    bins = host[id(phase.spec)] = self._phase_bins(phase.spec)
+                bins = host.get(id(phase.spec)) or self._phase_bins(phase.spec)
                 value_ms = (phase.end_ns - phase.start_ns) / 1e6
                 if phase.span_id or len(bins.pending) >= FOLD_EVERY:
                     self._add(bins, value_ms, phase.end_ns, phase.span_id)

@@ -23,7 +23,7 @@ from rich.table import Table
 
 from otel_rl import schema
 from otel_rl.pipeline import PassTotals, RecordSink
-from otel_rl.records import IterationRecord, ScalarsRecord
+from otel_rl.records import ScalarsRecord
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
@@ -112,12 +112,6 @@ class PanelState:
         self.collector = SlidingWindow(window, parts=3)
         self.scalars = SlidingWindow(window, parts=1)
         self.latest: dict[str, Any] = {}
-
-    def add_iteration(self, iteration: IterationRecord) -> None:
-        """One cycle (the pipeline adds whole passes: :meth:`add_pass`)."""
-        top, nested = iteration.totals_ns()
-        target = self.learner if iteration.timeline == schema.LEARNER else self.collector
-        target.add(iteration.end_ns, {"wall": iteration.wall_ns}, top, nested)
 
     def add_pass(self, totals: PassTotals) -> None:
         """The cycles of one pipeline pass, local and relayed from workers; nanoseconds are kept, rendering converts."""

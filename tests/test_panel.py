@@ -8,6 +8,7 @@ from rich.console import Console
 
 from otel_rl import schema
 from otel_rl.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
+from otel_rl.pipeline import CycleTotals, PassTotals
 from otel_rl.records import IterationRecord, PhaseRecord, ScalarsRecord
 
 NOW = 1_000_000_000_000
@@ -25,13 +26,20 @@ def iteration(end_ns: int, phases_ms: dict[str, float], wall_ms: float, timeline
     return IterationRecord(timeline, 0, 0, end_ns - int(wall_ms * 1e6), end_ns, 1, "main", records, sum(p.duration_ns for p in records))
 
 
+def add_iteration(state: PanelState, iteration: IterationRecord) -> None:
+    """One cycle, as the pipeline hands a pass holding it to the panel."""
+    cycles = CycleTotals()
+    cycles.add_cycle(iteration.wall_ns, *iteration.totals_ns())
+    state.add_pass(PassTotals(iteration.end_ns, {iteration.timeline: cycles}))
+
+
 def state_with_data() -> PanelState:
     state = PanelState(clock=lambda: NOW)
     # Outside the 2 s window: must not count.
-    state.add_iteration(iteration(NOW - 3_000_000_000, {"learning": 100.0}, 100.0))
+    add_iteration(state, iteration(NOW - 3_000_000_000, {"learning": 100.0}, 100.0))
     for k in range(4):
-        state.add_iteration(iteration(NOW - k * 100_000_000, {"collector_wait": 1.0, "inference": 2.0, "learning": 6.0}, 10.0))
-        state.add_iteration(iteration(NOW - k * 100_000_000, {"env_step": 3.0, "learner_action_wait": 5.0}, 8.0, "collector"))
+        add_iteration(state, iteration(NOW - k * 100_000_000, {"collector_wait": 1.0, "inference": 2.0, "learning": 6.0}, 10.0))
+        add_iteration(state, iteration(NOW - k * 100_000_000, {"env_step": 3.0, "learner_action_wait": 5.0}, 8.0, "collector"))
     state.add_scalars(ScalarsRecord(NOW - 5_000_000_000, {"Train/mean_reward": -1000.0}, None, None, None))
     state.add_scalars(ScalarsRecord(NOW - 100, {"Train/mean_reward": -200.0, "Loss/critic": 1.0, "Perf/total_fps": 900.0}, None, None, None))
     state.add_scalars(ScalarsRecord(NOW - 50, {"Loss/critic": 3.0, "sys/process_cpu_percent": 150.0, "reward/upright": 0.5}, None, None, None))
