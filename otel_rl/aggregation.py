@@ -39,8 +39,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_rl import schema
 from otel_rl.pipeline import RecordSink
-from otel_rl.recorder import warn_once
+from otel_rl._logging import logger
 from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
+
+_logger = logger(__name__)
 
 MAX_GAUGE_KEYS = 2000
 """Distinct scalar keys exported as gauges; more are dropped with one warning."""
@@ -221,7 +223,7 @@ class Aggregates:
                 if value is None:
                     continue
                 if key not in gauges and len(gauges) >= MAX_GAUGE_KEYS:
-                    warn_once("gauge-keys", "otel-rl: more than %d scalar keys; extra keys are not exported as gauges", MAX_GAUGE_KEYS)
+                    _logger.warning("otel-rl: more than %d scalar keys; extra keys are not exported as gauges", MAX_GAUGE_KEYS)
                     continue
                 gauges[key] = value
                 self._gauge_times[key] = time_ns

@@ -3,44 +3,71 @@
 Every line is sent as it was written, same ``(writer, seq)``, so records the
 service already has are ignored there: a backfill after a live run that lost
 its connection (or after a crash) fills the gaps and duplicates nothing.
+Records the service refuses are skipped one by one and reported; the rest
+go on (:func:`otel_rl.exporters.delivery.send`).
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import logging
+import random
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from otel_rl._logging import logger
+from otel_rl.exporters.delivery import send
+from otel_rl.exporters.http_post import Poster
 from otel_rl.exporters.jsonl import JSONL_FILE
-from otel_rl.protocol import INGEST_PATH, batch
+from otel_rl.protocol import INGEST_PATH
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
+
+
+def read_lines(path: Path) -> Iterator[tuple[str, str]]:
+    """``(kind, line)`` of each record of a JSONL file; a torn line (a crash mid-write) is skipped with a warning."""
+    with open(path, encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                _logger.warning("otel-rl: %s line %d is not valid JSON (torn write?); skipped", path, number)
+                continue
+            if not isinstance(record, dict):
+                _logger.warning("otel-rl: %s line %d is not a record; skipped", path, number)
+                continue
+            yield str(record.get("kind", "")), line
 
 
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
-    """Records of a JSONL file; a torn last line (a crash mid-write) is skipped with a warning."""
-    with open(path, encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                _logger.warning("otel-rl: %s line %d is not valid JSON (torn write?); skipped", path, number)
+    """Records of a JSONL file (torn lines skipped, see :func:`read_lines`)."""
+    for _, line in read_lines(path):
+        yield json.loads(line)
 
 
-def backfill(run_dir: Path | str, url: str, token: str | None = None, batch_size: int = 500, timeout_s: float = 30.0) -> dict[str, int]:
-    """Send every record of ``run_dir/metrics.jsonl``; returns counts of sent, accepted and duplicate records.
+def backfill(
+    run_dir: Path | str,
+    url: str,
+    token: str | None = None,
+    batch_size: int = 500,
+    timeout_s: float = 30.0,
+    retry_window_s: float = 60.0,
+) -> dict[str, Any]:
+    """Send every record of ``run_dir/metrics.jsonl``.
+
+    Returns counts of ``sent``, ``accepted`` (new to the service),
+    ``duplicates`` (already held) and ``rejected`` records, and the service's
+    reasons for the rejected ones (``reasons``, at most 20).
 
     Raises:
         FileNotFoundError: no ``metrics.jsonl`` in ``run_dir``.
-        RuntimeError: the service refused a batch (its answer is in the message; the token never is).
+        RuntimeError: the service refused the requests (a wrong token, say) or
+            stayed unavailable for ``retry_window_s`` (the token is never in the message).
     """
-    import requests
-
     path = Path(run_dir)
     if path.is_dir():
         path = path / JSONL_FILE
@@ -49,27 +76,42 @@ def backfill(run_dir: Path | str, url: str, token: str | None = None, batch_size
     headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    totals = {"sent": 0, "accepted": 0, "duplicates": 0}
     endpoint = url.rstrip("/") + INGEST_PATH
-    pending: list[dict[str, Any]] = []
-    with requests.Session() as session:
-        session.trust_env = False
+    poster = Poster(endpoint, headers)
+    totals: dict[str, Any] = {"sent": 0, "accepted": 0, "duplicates": 0, "rejected": 0, "reasons": []}
 
-        def send() -> None:
-            body = gzip.compress(json.dumps(batch(pending)).encode("utf-8"))
-            response = session.post(endpoint, data=body, headers=headers, timeout=timeout_s)
-            if response.status_code != 200:
-                raise RuntimeError(f"{endpoint} answered {response.status_code}: {response.text[:500]}")
-            answer = response.json()
-            totals["sent"] += len(pending)
-            totals["accepted"] += answer.get("accepted", 0)
-            totals["duplicates"] += answer.get("duplicates", 0)
-            pending.clear()
+    def deliver(items: list[tuple[str, str]]) -> None:
+        first_failure = time.monotonic()
+        attempt = 0
+        while items:
+            outcome = send(poster, items, timeout_s)
+            totals["accepted"] += outcome.stored - outcome.duplicates
+            totals["duplicates"] += outcome.duplicates
+            for (kind, _), reason in outcome.rejected:
+                totals["rejected"] += 1
+                if len(totals["reasons"]) < 20:
+                    totals["reasons"].append(f"{kind}: {reason}")
+            if outcome.refused:
+                raise RuntimeError(f"{endpoint} refused the backfill ({outcome.refused_reason})")
+            if outcome.failed and time.monotonic() - first_failure > retry_window_s:
+                raise RuntimeError(f"{endpoint} unavailable for {retry_window_s:.0f} s ({outcome.error})")
+            if outcome.failed:
+                time.sleep(max(random.uniform(0, min(10.0, 0.5 * 2**attempt)), outcome.retry_after_s or 0.0))
+                attempt += 1
+            items = outcome.failed
 
-        for rec in read_records(path):
-            pending.append(rec)
+    try:
+        pending: list[tuple[str, str]] = []
+        for item in read_lines(path):
+            pending.append(item)
+            totals["sent"] += 1
             if len(pending) >= batch_size:
-                send()
+                deliver(pending)
+                pending = []
         if pending:
-            send()
+            deliver(pending)
+    finally:
+        poster.close()
+    if totals["rejected"]:
+        _logger.warning("otel-rl: the service refused %d records of %s; the others were sent", totals["rejected"], path)
     return totals

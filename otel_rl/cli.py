@@ -61,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         if not args.url:
             parser.error("--url (or MOTRIX_METRICS_URL) is required")
         totals = run_backfill(args.run_dir, args.url, token)
-        print(f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there")
+        print(
+            f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there, "
+            f"{totals['rejected']} refused by the service"
+        )
+        for reason in totals["reasons"]:
+            print(f"  refused: {reason}")
         return 0
     return 2
 

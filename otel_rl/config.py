@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl import environment_variables as env
+from otel_rl.values import clean_text
 
 
 @dataclass(kw_only=True, slots=True)
@@ -124,22 +125,38 @@ class TelemetryConfig:
     """Number of ranks (``WORLD_SIZE`` is read by default)."""
 
     def __post_init__(self) -> None:
+        """Check every option before anything starts: a bad one raises here, never later on a thread."""
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
-        if not self.span_budget_per_s >= 0:
-            raise ValueError(f"span_budget_per_s must be >= 0, got {self.span_budget_per_s!r}")
-        for name in ("lane_capacity", "scalars_capacity"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("pipeline_interval_s", "shutdown_timeout_s"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
-        if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
         if self.trace_output_dir is not None:
             self.trace_output_dir = Path(self.trace_output_dir)
+        for name in ("enabled", "strict", "panel", "trace_enabled", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank"):
+            _check(name, getattr(self, name), bool, "True or False")
+        for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+        _check("role", self.role, str, "a non-empty string", lambda v: bool(v))
+        _check("span_budget_per_s", self.span_budget_per_s, (int, float), ">= 0", lambda v: v >= 0)
+        for name in ("lane_capacity", "scalars_capacity", "trace_max_bytes"):
+            _check(name, getattr(self, name), int, "a positive integer", lambda v: v >= 1)
+        for name in ("pipeline_interval_s", "shutdown_timeout_s", "perf_interval_s"):
+            _check(name, getattr(self, name), (int, float), "a positive number of seconds", lambda v: v > 0)
+        _check("system_metrics_interval_s", self.system_metrics_interval_s, (int, float), "seconds >= 0 (0: off)", lambda v: v >= 0)
+        if self.metric_export_interval_ms is not None:
+            _check("metric_export_interval_ms", self.metric_export_interval_ms, (int, float), "positive milliseconds", lambda v: v > 0)
+        if self.jsonl is not None:
+            _check("jsonl", self.jsonl, bool, "True, False or None")
+        for name in ("rank", "world_size"):
+            _check(name, getattr(self, name), int, "an integer")
+        if not isinstance(self.meta, dict):
+            raise TypeError(f"meta must be a dict, got {type(self.meta).__name__}")
+        if not isinstance(self.resource_attributes, dict):
+            raise TypeError(f"resource_attributes must be a dict, got {type(self.resource_attributes).__name__}")
+        if self.motrix_url is not None and not self.motrix_url.startswith(("http://", "https://")):
+            raise ValueError(f"motrix_url must be an http:// or https:// URL, got {self.motrix_url!r}")
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
         if self.trace_enabled and self.trace_output_dir is None and self.run_dir is None:
             raise ValueError("trace_enabled needs a run_dir or a trace_output_dir")
         if self.jsonl is None:
@@ -149,15 +166,13 @@ class TelemetryConfig:
             self.jsonl, self.motrix_url, self.panel, self.trace_enabled = False, None, False, False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
-        if not isinstance(self.meta, dict):
-            raise TypeError(f"meta must be a dict, got {type(self.meta).__name__}")
-        if not self.perf_interval_s > 0:
-            raise ValueError(f"perf_interval_s must be positive, got {self.perf_interval_s!r}")
         if self.run_id is None:
             if self.run_dir is not None:
                 self.run_id = self.run_dir.resolve().name
             else:
                 self.run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        if not 0 < len(self.run_id) <= 256 or clean_text(self.run_id) != self.run_id:
+            raise ValueError(f"run_id must be 1 to 256 characters of valid text, got {self.run_id[:300]!r}")
 
     @classmethod
     def from_options(cls, run_dir: Any = None, service_name: str | None = None, **options: Any) -> TelemetryConfig:
@@ -195,6 +210,15 @@ class TelemetryConfig:
         if options.get("enabled") is None:
             merged["enabled"] = defaults["enabled"]
         return cls(run_dir=run_dir, service_name=service_name, **merged)
+
+
+def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str, valid=None) -> None:
+    """Raise TypeError or ValueError naming ``name`` unless ``value`` is of ``kinds`` (bools are not numbers) and ``valid``."""
+    wants_bool = kinds is bool
+    if (isinstance(value, bool) and not wants_bool) or not isinstance(value, kinds):
+        raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
+    if valid is not None and not valid(value):
+        raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
 def _json_object(raw: str) -> dict[str, Any]:

@@ -8,8 +8,10 @@ interval with wall-clock timestamps:
 
 * Calibration: an anchor event is recorded on an otherwise idle stream at a
   known host time and waited for on the resolver thread (never on the
-  training thread); ``anchor.elapsed_time(event)`` then places any event of
-  that device on the host timeline. Anchors are renewed every
+  training thread, not even for a device's first phase: its pairs wait,
+  unplaced, until the resolver has an anchor); ``anchor.elapsed_time(event)``
+  then places any event of that device on the host timeline, before or
+  after the anchor. Anchors are renewed every
   ``recalibrate_s``; the host-versus-device drift measured between two anchors
   is kept in :attr:`CudaTimer.last_drift_ns` (it stays far below 10 us at the
   default period).
@@ -23,20 +25,18 @@ Without torch or CUDA the same call times the phase on the host and says so
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, Protocol
 
-from otel_rl.recorder import CORRELATE, Phase, Recorder, warn_once
+from otel_rl.background import Worker
+from otel_rl.recorder import CORRELATE, Phase, Recorder
 from otel_rl.records import DeviceIntervalRecord
 from otel_rl.schema import PhaseSpec
-
-_logger = logging.getLogger(__name__)
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -93,9 +93,11 @@ class EventPool:
 
 @dataclass(slots=True)
 class PendingPair:
+    """Start and end events of one phase; ``anchor`` is None until its device is calibrated."""
+
     start: Any
     end: Any
-    anchor: Anchor
+    anchor: Anchor | None
     spec: PhaseSpec
     device: int
     stream: int
@@ -123,23 +125,60 @@ class PendingPairs:
                 self.dropped += 1
             self._pairs.append(pair)
 
-    def take_completed(self) -> list[PendingPair]:
-        """Remove and return the pairs whose end event completed, in order."""
+    def take_completed(self, anchors: dict[int, Anchor] | None = None) -> list[PendingPair]:
+        """Remove and return the pairs whose end event completed and that have an anchor, in order.
+
+        A pair recorded before its device had an anchor takes the device's anchor from ``anchors``.
+        """
         done: list[PendingPair] = []
         with self._lock:
             keep: deque[PendingPair] = deque()
             for pair in self._pairs:
-                (done if pair.end.query() else keep).append(pair)
+                if pair.anchor is None and anchors:
+                    pair.anchor = anchors.get(pair.device)
+                (done if pair.anchor is not None and pair.end.query() else keep).append(pair)
             self._pairs = keep
         return done
 
 
-class CudaTimer:
+class DeviceApi(Protocol):
+    """What the timer needs from a GPU runtime: timing events and a stream for calibration."""
+
+    def new_event(self) -> Any:
+        """An event with ``record(stream)``, ``query()``, ``synchronize()`` and ``elapsed_time(other)`` in ms."""
+
+    def new_stream(self, device: int) -> Any:
+        """A stream of ``device`` that nothing else uses (anchors are recorded on it)."""
+
+    def current_stream(self) -> Any:
+        """The calling thread's current stream (with ``device.index`` and ``stream_id``)."""
+
+
+class TorchCuda:
+    """:class:`DeviceApi` of ``torch.cuda``."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self._cuda = torch.cuda
+
+    def new_event(self) -> Any:
+        return self._cuda.Event(enable_timing=True)
+
+    def new_stream(self, device: int) -> Any:
+        return self._cuda.Stream(device=device)
+
+    def current_stream(self) -> Any:
+        return self._cuda.current_stream()
+
+
+class CudaTimer(Worker):
     """Records event pairs for CUDA phases and resolves them on its own thread.
 
     Args:
         recorder: where resolved device intervals go (the pipeline drains them).
         to_epoch_ns: converts ``perf_counter_ns()`` readings to epoch ns.
+        device_api: the GPU runtime (``torch.cuda`` by default; a stand-in in tests).
         max_pending: pairs waiting for the GPU before the oldest is dropped.
         recalibrate_s: period of anchor renewal.
     """
@@ -148,59 +187,61 @@ class CudaTimer:
         self,
         recorder: Recorder,
         to_epoch_ns: Callable[[int], int],
+        device_api: DeviceApi | None = None,
         max_pending: int = 4096,
         poll_interval_s: float = 0.005,
         recalibrate_s: float = 2.0,
     ) -> None:
-        import torch
-
-        self._torch = torch
+        super().__init__("otel-rl-cuda", poll_interval_s)
+        self._api = device_api if device_api is not None else TorchCuda()
         self._recorder = recorder
         self._to_epoch = to_epoch_ns
-        self.pool = EventPool(lambda: torch.cuda.Event(enable_timing=True), limit=2 * max_pending)
+        self.pool = EventPool(self._api.new_event, limit=2 * max_pending)
         self.pending = PendingPairs(max_pending, self.pool)
         self._anchors: dict[int, Anchor] = {}
+        self._uncalibrated: set[int] = set()  # devices seen by the training thread, waiting for a first anchor
         self._calibration_streams: dict[int, Any] = {}
-        self._anchors_lock = threading.Lock()
-        self._poll_interval_s = poll_interval_s
         self._recalibrate_s = recalibrate_s
+        self._last_calibration = time.monotonic()
         self._correlations = itertools.count(1)
         self.last_drift_ns: dict[int, int] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otel-rl-cuda", daemon=True)
-        self._thread.start()
+        self.calibrated_on: set[str] = set()
+        """Names of the threads calibration ran on (the resolver's only)."""
+        self.start()
 
     def _calibrate(self, device: int) -> Anchor:
         """Record an anchor on an idle stream and wait for it here, on the resolver thread."""
-        torch = self._torch
+        self.calibrated_on.add(threading.current_thread().name)
         stream = self._calibration_streams.get(device)
         if stream is None:
-            stream = self._calibration_streams[device] = torch.cuda.Stream(device=device)
-        event = torch.cuda.Event(enable_timing=True)
+            stream = self._calibration_streams[device] = self._api.new_stream(device)
+        event = self._api.new_event()
         before = perf_counter_ns()
         event.record(stream)
         after = perf_counter_ns()
         event.synchronize()
         anchor = Anchor(event, self._to_epoch((before + after) // 2))
-        with self._anchors_lock:
-            previous = self._anchors.get(device)
-            self._anchors[device] = anchor
+        previous = self._anchors.get(device)
+        self._anchors[device] = anchor
         if previous is not None:
             self.last_drift_ns[device] = drift_ns(previous, anchor, previous.event.elapsed_time(event))
         return anchor
 
-    def _anchor(self, device: int) -> Anchor:
-        with self._anchors_lock:
-            anchor = self._anchors.get(device)
-        return anchor if anchor is not None else self._calibrate(device)
+    def current_stream(self) -> Any:
+        return self._api.current_stream()
 
-    def start(self, stream: Any) -> tuple[Any, Anchor]:
-        """Record the start event on ``stream`` (training thread; no synchronization)."""
+    def start_pair(self, stream: Any) -> tuple[Any, Anchor | None]:
+        """Record the start event on ``stream`` (training thread; no synchronization, no calibration)."""
         event = self.pool.acquire()
         event.record(stream)
-        return event, self._anchor(stream.device.index or 0)
+        device = stream.device.index or 0
+        anchor = self._anchors.get(device)
+        if anchor is None and device not in self._uncalibrated:
+            self._uncalibrated.add(device)
+            self.wake()
+        return event, anchor
 
-    def end(self, stream: Any, start: Any, anchor: Anchor, spec: PhaseSpec) -> int:
+    def end_pair(self, stream: Any, start: Any, anchor: Anchor | None, spec: PhaseSpec) -> int:
         """Record the end event and queue the pair; returns the correlation id of the host record."""
         event = self.pool.acquire()
         event.record(stream)
@@ -210,35 +251,29 @@ class CudaTimer:
         )
         return correlation
 
-    def _run(self) -> None:
-        last_calibration = time.monotonic()
-        while not self._stop.wait(self._poll_interval_s):
-            try:
-                self._resolve()
-                if time.monotonic() - last_calibration >= self._recalibrate_s:
-                    last_calibration = time.monotonic()
-                    for device in list(self._anchors):
-                        self._calibrate(device)
-            except Exception:
-                warn_once("cuda-resolver", "otel-rl: CUDA event resolution failed; GPU intervals may be missing", exc_info=True)
+    def run_once(self) -> None:
+        for device in [d for d in self._uncalibrated if d not in self._anchors]:
+            self._calibrate(device)
+        self._resolve()
+        if time.monotonic() - self._last_calibration >= self._recalibrate_s:
+            self._last_calibration = time.monotonic()
+            for device in list(self._anchors):
+                self._calibrate(device)
+
+    def has_work(self) -> bool:
+        return len(self.pending) > 0
 
     def _resolve(self) -> None:
-        for pair in self.pending.take_completed():
-            start_ns = pair.anchor.place(pair.anchor.event.elapsed_time(pair.start))
-            end_ns = pair.anchor.place(pair.anchor.event.elapsed_time(pair.end))
+        for pair in self.pending.take_completed(self._anchors):
+            anchor = pair.anchor
+            if anchor is None:  # take_completed returns placed pairs only
+                continue
+            start_ns = anchor.place(anchor.event.elapsed_time(pair.start))
+            end_ns = anchor.place(anchor.event.elapsed_time(pair.end))
             self.pool.release(pair.start, pair.end)
             self._recorder.add_device_interval(
                 DeviceIntervalRecord(pair.spec, pair.device, pair.stream, start_ns, end_ns, pair.correlation)
             )
-
-    def shutdown(self, timeout_s: float) -> None:
-        """Resolve what completes within ``timeout_s`` (without blocking on the GPU), then stop."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.pending) and time.monotonic() < deadline:
-            self._resolve()
-            time.sleep(self._poll_interval_s)
-        self._stop.set()
-        self._thread.join(max(deadline - time.monotonic(), 0.0))
 
 
 class CudaPhase:
@@ -259,17 +294,17 @@ class CudaPhase:
         self._recorder = recorder
 
     def __enter__(self) -> CudaPhase:
-        stream = self._stream or self._timer._torch.cuda.current_stream()
+        stream = self._stream or self._timer.current_stream()
         self._host.__enter__()
         starts = getattr(self._local, "starts", None)
         if starts is None:
             starts = self._local.starts = []
-        starts.append((stream, *self._timer.start(stream)))
+        starts.append((stream, *self._timer.start_pair(stream)))
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         stream, start, anchor = self._local.starts.pop()
-        correlation = self._timer.end(stream, start, anchor, self.spec)
+        correlation = self._timer.end_pair(stream, start, anchor, self.spec)
         lane = self._recorder.lane()
         lane.append((CORRELATE, correlation, lane.depth))
         return self._host.__exit__(exc_type, exc, tb)

@@ -7,12 +7,13 @@ naming the variable, and the default is used.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from typing import TypeVar
 
-_logger = logging.getLogger(__name__)
+from otel_rl._logging import logger
+
+_logger = logger(__name__)
 _T = TypeVar("_T")
 
 # Standard OpenTelemetry variables.

@@ -8,7 +8,6 @@ its own thread and bounded queue. A signal without exporters costs nothing.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections import OrderedDict
@@ -21,6 +20,7 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
+from otel_rl._logging import logger
 from otel_rl import environment_variables as env
 from otel_rl import otlp, schema
 from otel_rl.aggregation import Aggregates, MergingMetricExporter
@@ -28,7 +28,7 @@ from otel_rl.pipeline import Clock, RecordSink
 from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
 from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
 """Metric export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is unset (the SDK's 60 s is too coarse for training)."""

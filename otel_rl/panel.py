@@ -22,6 +22,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from otel_rl import schema
+from otel_rl.background import Worker
 from otel_rl.pipeline import PassTotals, RecordSink
 from otel_rl.records import ScalarsRecord
 
@@ -276,15 +277,13 @@ class PanelView:
 
 
 class PanelSink(RecordSink):
-    """Feeds the panel from the pipeline and redraws it on its own thread."""
+    """Feeds the panel from the pipeline; a :class:`PanelPainter` redraws it on its own thread."""
 
     def __init__(self, run_id: str, console: Console | None = None, num_envs: Callable[[], int | None] = lambda: None) -> None:
         self.state = PanelState()
         self.view = PanelView(self.state, run_id, num_envs)
         self.console = console or Console()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otel-rl-panel", daemon=True)
-        self._thread.start()
+        self._painter = PanelPainter(self.view, self.console)
 
     def on_cycles(self, totals: PassTotals) -> None:
         self.state.add_pass(totals)
@@ -292,21 +291,37 @@ class PanelSink(RecordSink):
     def on_scalars(self, record: ScalarsRecord) -> None:
         self.state.add_scalars(record)
 
-    def _run(self) -> None:
-        if not self.console.is_terminal:
-            while not self._stop.wait(PLAIN_EVERY_S):
-                self.console.print(self.view.plain_line(), highlight=False, soft_wrap=True)
-            return
-        # Never take over the training script's stdout and stderr: its prints go where they always went.
-        with Live(console=self.console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False) as live:
-            interval = 1.0 / REFRESH_HZ
-            while not self._stop.wait(interval):
-                started = time.thread_time()
-                live.update(self.view.render(self.console.width), refresh=True)
-                # Redrawing holds the GIL (~20 ms for a wide panel on a slow core): keep it under MAX_DUTY.
-                interval = max(1.0 / REFRESH_HZ, (time.thread_time() - started) / MAX_DUTY)
-            live.update(self.view.render(self.console.width), refresh=True)
-
     def shutdown(self, timeout_s: float) -> None:
-        self._stop.set()
-        self._thread.join(max(timeout_s, 0.0))
+        self._painter.shutdown(timeout_s)
+
+
+class PanelPainter(Worker):
+    """Draws the view at :data:`REFRESH_HZ` on a terminal (within :data:`MAX_DUTY` of a core), else a plain line every :data:`PLAIN_EVERY_S`."""
+
+    def __init__(self, view: PanelView, console: Console) -> None:
+        terminal = console.is_terminal
+        super().__init__("otel-rl-panel", 1.0 / REFRESH_HZ if terminal else PLAIN_EVERY_S)
+        self._view = view
+        self._console = console
+        self._live: Live | None = None
+        if terminal:
+            # Never take over the training script's stdout and stderr: its prints go where they always went.
+            self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False)
+            self._live.start()
+        self.start()
+
+    def run_once(self) -> None:
+        if self.stopping:
+            return
+        if self._live is None:
+            self._console.print(self._view.plain_line(), highlight=False, soft_wrap=True)
+            return
+        started = time.thread_time()
+        self._live.update(self._view.render(self._console.width), refresh=True)
+        # Redrawing holds the GIL (~20 ms for a wide panel on a slow core): keep it under MAX_DUTY.
+        self.interval_s = max(1.0 / REFRESH_HZ, (time.thread_time() - started) / MAX_DUTY)
+
+    def finish(self) -> None:
+        if self._live is not None:
+            self._live.update(self._view.render(self._console.width), refresh=True)
+            self._live.stop()

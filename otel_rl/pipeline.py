@@ -4,25 +4,31 @@ It wakes every ``interval_s`` (or when flushed), drains every lane, rebuilds
 phase nesting and iterations, and calls each sink. Sinks run on this thread
 and must not block: a sink that does IO hands records to its own bounded queue
 and worker. An exception in a sink is logged once and never reaches training.
+New drops of any bounded queue become ``records_dropped`` events
+(:mod:`otel_rl.drops`). At shutdown every sink is shut down at once, each on
+its own helper thread, so a hung network exporter cannot starve the files of
+their final records.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 
 from otel_rl import schema
-from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder, warn_once
+from otel_rl._logging import logger, once
+from otel_rl.background import Deadline, Worker
+from otel_rl.drops import Drops
+from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
 from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
-from otel_rl.values import finite_or_none
+from otel_rl.values import MAX_REPR, clean_text, scalar_number, shorten
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 _PLAIN_NUMBERS = frozenset((float, int))
 
 
@@ -46,15 +52,14 @@ class Clock:
     """
 
     def __init__(self, samples: int = 7) -> None:
-        best: tuple[int, int] | None = None
+        best: tuple[int, int] = (2**63, 0)
         for _ in range(samples):
             before = perf_counter_ns()
             wall = time.time_ns()
             after = perf_counter_ns()
             width = after - before
-            if best is None or width < best[0]:
+            if width < best[0]:
                 best = (width, wall - (before + after) // 2)
-        assert best is not None
         self.offset_ns = best[1]
 
     def to_epoch_ns(self, monotonic_ns: int) -> int:
@@ -162,8 +167,17 @@ class _LaneState:
     open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord], int | None]] = field(default_factory=dict)
 
 
-class Pipeline:
-    """Drains a :class:`Recorder` into sinks on a daemon thread."""
+MAX_SCALAR_KEYS = 10_000
+"""Distinct scalar keys per run; values of further new keys are dropped and counted (queue ``scalar_keys``)."""
+
+
+class Pipeline(Worker):
+    """Drains a :class:`Recorder` into sinks on a daemon thread.
+
+    Args:
+        drops: the shared drop counters; new drops are reported as ``records_dropped`` events.
+        mirror_drops: called before each report, to copy counters kept elsewhere into ``drops``.
+    """
 
     def __init__(
         self,
@@ -172,26 +186,26 @@ class Pipeline:
         clock: Clock,
         seq: Iterator[int],
         interval_s: float = 0.1,
+        drops: Drops | None = None,
+        mirror_drops: Callable[[], object] | None = None,
     ) -> None:
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+        super().__init__("otel-rl-pipeline", interval_s)
         self._recorder = recorder
         self._seq = seq
         self.sinks = list(sinks)
         self._handlers: dict[str, list] = {}
         self._index_handlers()
         self._clock = clock
-        self._interval_s = interval_s
+        self._drops = drops if drops is not None else Drops()
+        self._mirror_drops = mirror_drops
         self._lane_states: dict[int, _LaneState] = {}
         self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread: threading.Thread | None = None
         self._failed_sinks: set[str] = set()
         self.seen_nonfinite: set[str] = set()
         self._accepted_keys: dict[str, str] = {}
         self._pass_totals: dict[str, CycleTotals] = {}
         self._canonical_keys: set[str] = set()  # accepted as they are (the scalars fast path)
+        self._final = False
 
     _METHODS = (
         "on_run",
@@ -219,17 +233,8 @@ class Pipeline:
             self.sinks.append(sink)
             self._index_handlers()
 
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="otel-rl-pipeline", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stopping:
-            self._wake.wait(self._interval_s)
-            self._wake.clear()
-            if self._stopping:
-                break
-            self.drain()
+    def run_once(self) -> None:
+        self.drain()
 
     def drain(self, timeout_s: float = -1) -> bool:
         """One pass over all buffers; False if the lock was not had in time."""
@@ -244,25 +249,37 @@ class Pipeline:
         return True
 
     def flush(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         if not self.drain(timeout_s):
             return False
         ok = True
         for sink in self.sinks:
-            left = max(deadline - time.monotonic(), 0.0)
-            ok = bool(self._call(sink, "flush", left)) and ok
+            ok = bool(self._call(sink, "flush", deadline.left())) and ok
         return ok
 
-    def shutdown(self, timeout_s: float) -> None:
-        """Final drain, then shut every sink down, all within ``timeout_s``."""
-        deadline = time.monotonic() + timeout_s
-        self._stopping = True
-        self._wake.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(max(min(deadline - time.monotonic(), 1.0), 0.0))
-        self.drain(max(deadline - time.monotonic(), 0.0))
+    def stop(self, timeout_s: float) -> None:
+        """Stop the thread without a final pass (a construction that failed)."""
+        Worker.shutdown(self, timeout_s)
+
+    def shutdown(self, deadline: Deadline | float) -> None:  # type: ignore[override]
+        """Final drain, then shut every sink down at once, all within ``deadline``."""
+        if not isinstance(deadline, Deadline):
+            deadline = Deadline(deadline)
+        self.close(deadline)
+        self.join(deadline.left(cap_s=1.0))
+        self._final = True
+        self.drain(deadline.left())
+        helpers = []
         for sink in self.sinks:
-            self._call(sink, "shutdown", max(deadline - time.monotonic(), 0.0))
+            helper = threading.Thread(
+                target=self._shutdown_sink, args=(sink, deadline), name=f"otel-rl-stop-{type(sink).__name__}", daemon=True
+            )
+            helper.start()
+            helpers.append((sink, helper))
+        for sink, helper in helpers:
+            helper.join(deadline.left())
+            if helper.is_alive():
+                _logger.warning("otel-rl: %s did not finish within the shutdown deadline", type(sink).__name__)
 
     # -- assembly -------------------------------------------------------
 
@@ -297,9 +314,17 @@ class Pipeline:
         if self._pass_totals:
             totals, self._pass_totals = PassTotals(now_ns, self._pass_totals), {}
             self._fanout("on_cycles", totals)
+        self._report_drops(now_ns)
         for run in ends:
             self._fanout("on_run", run)
         self._fanout("on_drain", now_ns)
+
+    def _report_drops(self, now_ns: int) -> None:
+        if self._mirror_drops is not None:
+            self._mirror_drops()
+        for queue, kinds in self._drops.take_report(force=self._final).items():
+            attributes = {"queue": queue, "total": sum(kinds.values()), **kinds}
+            self._fanout("on_event", EventRecord(now_ns, "records_dropped", attributes, next(self._seq)))
 
     def _totals(self, timeline: str) -> CycleTotals:
         totals = self._pass_totals.get(timeline)
@@ -320,35 +345,66 @@ class Pipeline:
                 key = self._accept_key(raw_key)
             if not key:
                 continue
-            clean[key] = cleaned = finite_or_none(key, value)
+            cleaned, is_number = scalar_number(key, value)
+            if not is_number:
+                continue
+            clean[key] = cleaned
             if cleaned is None and key not in self.seen_nonfinite:
                 self.seen_nonfinite.add(key)
                 self._fanout(
                     "on_event",
                     EventRecord(
-                        self._clock.to_epoch_ns(time_ns), "nonfinite", {"key": key, "value": repr(value)}, next(self._seq)
+                        self._clock.to_epoch_ns(time_ns),
+                        "nonfinite",
+                        {"key": key, "value": clean_text(repr(value), MAX_REPR)},
+                        next(self._seq),
                     ),
                 )
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
 
     def _accept_key(self, raw_key: object) -> str:
-        """The key as exported: canonical keys as is, others namespaced under ``custom/`` with one warning.
+        """The key as exported ("" for a key that is not exported).
 
-        Internal weighting counts of :mod:`otel_rl.stats` (``key__count``) give "": never exported.
+        Canonical keys as they are; other strings namespaced under ``custom/``
+        with one warning; keys longer than the protocol allows shortened (a
+        hash keeps them distinct). Not exported: keys that are not strings
+        (``1`` and ``"1"`` would otherwise collide), internal weighting counts
+        of :mod:`otel_rl.stats` (``key__count``), and new keys past
+        :data:`MAX_SCALAR_KEYS` (counted as drops).
         """
-        if isinstance(raw_key, str) and raw_key.endswith("__count"):
-            warn_once("count-key", "otel-rl: %r is a stats weighting count; such keys are not exported", raw_key)
+        if not isinstance(raw_key, str):
+            _logger.warning(
+                "otel-rl: scalars() key %s (%s) is not a string; its value is dropped",
+                clean_text(repr(raw_key), MAX_REPR),
+                type(raw_key).__name__,
+                extra=once(f"key-type:{type(raw_key).__name__}"),
+            )
+            return ""
+        if type(raw_key) is not str:  # a str subclass (StrEnum, numpy.str_): its text
+            raw_key = str.__str__(raw_key)
+            known = self._accepted_keys.get(raw_key)
+            if known is not None:
+                return known
+        if len(self._accepted_keys) >= MAX_SCALAR_KEYS:
+            self._drops.add("scalar_keys", "scalars")
+            _logger.warning(
+                "otel-rl: more than %d distinct scalar keys; values of new keys are dropped and counted",
+                MAX_SCALAR_KEYS,
+            )
+            return ""
+        if raw_key.endswith("__count"):
+            _logger.warning("otel-rl: %r is a stats weighting count; such keys are not exported", raw_key)
             self._accepted_keys[raw_key] = ""
             return ""
         try:
-            key = schema.metric_spec(raw_key).key  # type: ignore[arg-type]
+            key = schema.metric_spec(raw_key).key
         except schema.SchemaError as exc:
-            key = "custom/" + re.sub(r"[^A-Za-z0-9_.\-]", "_", str(raw_key)) or "custom/unnamed"
-            warn_once(f"key:{raw_key}", "otel-rl: %s; exporting it as %r", exc, key)
-        if len(self._accepted_keys) < 10_000:
-            self._accepted_keys[raw_key] = key  # type: ignore[index]
-            if key == raw_key:
-                self._canonical_keys.add(key)
+            key = "custom/" + (re.sub(r"[^A-Za-z0-9_.\-]", "_", raw_key) or "unnamed")
+            _logger.warning("otel-rl: %s; exporting it as %r", exc, key, extra=once(f"key:{raw_key}"))
+        key = shorten(clean_text(key))
+        self._accepted_keys[raw_key] = key
+        if key == raw_key:
+            self._canonical_keys.add(key)
         return key
 
     def _drain_lane(self, lane: PyLane) -> None:
@@ -400,7 +456,7 @@ class Pipeline:
                 if open_phases:
                     state.flows_by_depth.setdefault(open_phases - 1, []).append((flow_id, terminating))
                 else:
-                    warn_once("flow-outside", "otel-rl: flow() called outside any phase; ignored")
+                    _logger.warning("otel-rl: flow() called outside any phase; ignored")
             else:
                 start, end, depth, exc_type = raw[1], raw[2], raw[3], raw[4]
                 phase = PhaseRecord(
@@ -433,14 +489,14 @@ class Pipeline:
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
         if iteration.accounted_ns > iteration.wall_ns:
-            warn_once(
-                f"contract:{iteration.timeline}",
+            _logger.warning(
                 "otel-rl: contract warning: %s iteration %d accounts %.3f ms of phases in %.3f ms of wall time "
                 "(top-level phases overlap or run on other threads)",
                 iteration.timeline,
                 iteration.index,
                 iteration.accounted_ns / 1e6,
                 iteration.wall_ns / 1e6,
+                extra=once(f"contract:{iteration.timeline}"),
             )
         if self._want_totals:
             totals = self._totals(iteration.timeline)
@@ -454,6 +510,9 @@ class Pipeline:
                 handler(record)
             except Exception:
                 self._report(handler.__self__, method)
+
+    def _shutdown_sink(self, sink: RecordSink, deadline: Deadline) -> None:
+        self._call(sink, "shutdown", deadline.left())
 
     def _call(self, sink: RecordSink, method: str, *args: object) -> object:
         try:

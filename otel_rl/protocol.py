@@ -49,9 +49,48 @@ def batch(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     return {"protocol": PROTOCOL, "records": list(records)}
 
 
-def encode_line(rec: Mapping[str, Any]) -> str:
-    """One JSONL line (no NaN: values are already null or finite)."""
-    return json.dumps(rec, separators=(",", ":"), allow_nan=False, default=str)
+_BATCH_HEAD = f'{{"protocol":"{PROTOCOL}","records":['.encode()
+
+
+def batch_body(lines: list[str]) -> bytes:
+    """The JSON body of a batch made of already encoded records."""
+    return _BATCH_HEAD + ",".join(lines).encode("utf-8") + b"]}"
+
+
+def encode_record(rec: Mapping[str, Any]) -> str:
+    """One record as compact JSON (no NaN: values are already null or finite).
+
+    Raises:
+        ProtocolError: naming the first field that cannot be encoded (records
+            made by otel-rl are JSON-safe by construction: this is the last line of defence).
+    """
+    try:
+        return json.dumps(rec, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        raise ProtocolError(_unencodable(rec, "$") or "$", str(exc)[:200]) from None
+
+
+def _unencodable(value: Any, path: str) -> str | None:
+    """JSON path of the first value ``json.dumps`` refuses, or None."""
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if not isinstance(key, (str, int, float, bool)) and key is not None:
+                return f"{path}.{key!r}"
+            found = _unencodable(item, f"{path}.{key}")
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _unencodable(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, OverflowError, RecursionError):
+        return path
+    return None
 
 
 @cache

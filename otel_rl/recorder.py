@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 import os
 import threading
 from collections import deque
@@ -22,10 +21,11 @@ from collections.abc import Callable
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, TypeVar
 
+from otel_rl._logging import logger, once
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.schema import PhaseSpec
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 _RECORDER_IDS = itertools.count()
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -129,21 +129,6 @@ except ImportError:  # not built (no compiler at install time): pure Python
     _hotpath = None
 
 
-class _WarnOnce:
-    """Log each distinct problem once, so a hot loop cannot flood the log."""
-
-    def __init__(self) -> None:
-        self._seen: set[str] = set()
-
-    def __call__(self, key: str, message: str, *args: object) -> None:
-        if key not in self._seen:
-            self._seen.add(key)
-            _logger.warning(message, *args)
-
-
-warn_once = _WarnOnce()
-
-
 class Recorder:
     """Owns the lanes and the bounded queues for scalars and events.
 
@@ -186,6 +171,7 @@ class Recorder:
         self.device_intervals: deque = deque(maxlen=scalars_capacity)
         self.remote: deque = deque(maxlen=scalars_capacity)
         """Cycles relayed from worker processes (bounded; the oldest go first)."""
+        self.remote_dropped = 0
         self.device_intervals_dropped = 0
 
     def lane(self) -> PyLane:
@@ -233,7 +219,7 @@ class Recorder:
         """Queue an event; False (and one warning) when the event queue is full."""
         if len(self.events) >= self.events_capacity:
             self.events_dropped += 1
-            warn_once("events-full", "otel-rl: event queue full (%d); dropping new events", self.events_capacity)
+            _logger.warning("otel-rl: event queue full (%d); dropping new events", self.events_capacity)
             return False
         self.events.append(record)
         return True
@@ -243,6 +229,12 @@ class Recorder:
         if len(self.device_intervals) == self.device_intervals.maxlen:
             self.device_intervals_dropped += 1
         self.device_intervals.append(record)
+
+    def add_remote(self, cycle: object) -> None:
+        """Queue a cycle relayed from a worker process; bounded like scalars."""
+        if len(self.remote) == self.remote.maxlen:
+            self.remote_dropped += 1
+        self.remote.append(cycle)
 
     def add_control(self, record: tuple) -> None:
         """Queue a lifecycle record; never dropped (there are only a handful per run)."""
@@ -309,13 +301,13 @@ def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
     name = phase.spec.name
     if kind == "foreign":
         message = "otel-rl: phase %r exited on a thread that did not enter it; its record is dropped"
-        warn_once(f"exit-foreign:{name}", message, name)
+        _logger.warning(message, name, extra=once(f"exit-foreign:{name}"))
     elif kind == "order":
         message = "otel-rl: phase %r exited while phase %r was innermost; its record is dropped"
-        warn_once(f"exit-order:{name}", message, name, other.spec.name if other is not None else "?")
+        _logger.warning(message, name, other.spec.name if other is not None else "?", extra=once(f"exit-order:{name}"))
     else:
         message = "otel-rl: phase %r nested deeper than %d phases; it is not recorded"
-        warn_once(f"too-deep:{name}", message, name, MAX_DEPTH)
+        _logger.warning(message, name, MAX_DEPTH, extra=once(f"too-deep:{name}"))
 
 
 class PyIteration:
@@ -376,16 +368,16 @@ class PyIteration:
 def iteration_misuse(kind: str, iteration: Iteration, other: Iteration | None) -> None:
     """Called when an iteration is used wrongly (both implementations); warns once per kind."""
     if kind == "twice":
-        warn_once(
-            f"iteration-twice:{iteration.timeline}",
+        _logger.warning(
             "otel-rl: %s iteration %r entered while iteration %r is open on this thread; "
             "the inner one is not recorded",
             iteration.timeline,
             iteration.index,
             other.index if other is not None else "?",
+            extra=once(f"iteration-twice:{iteration.timeline}"),
         )
     else:
-        warn_once("iteration-foreign", "otel-rl: iteration %r exited on another thread; dropped", iteration.index)
+        _logger.warning("otel-rl: iteration %r exited on another thread; dropped", iteration.index)
 
 
 if _hotpath is not None:

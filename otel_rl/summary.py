@@ -7,17 +7,17 @@ renamed into place), so a reader sees either the complete summary or none.
 from __future__ import annotations
 
 import json
-import logging
 import os
 from typing import Any
 
+from otel_rl._logging import logger
 from otel_rl import schema
 from otel_rl.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
 from otel_rl.pipeline import RecordSink
 from otel_rl.records import RunRecord, ScalarsRecord
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 
 SUMMARY_FILE = "run_summary.json"
 class SummarySink(RecordSink):

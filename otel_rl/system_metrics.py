@@ -1,6 +1,6 @@
 """``sys/*`` resource metrics: process and host CPU and memory, and per-GPU NVML readings.
 
-A daemon thread samples every ``interval_s`` and records the values as
+A background worker samples every ``interval_s`` and records the values as
 scalars (so they reach the JSONL file, the live service, the panel and the
 ``rl.sys.*`` gauges) and keeps the latest sample for the OpenTelemetry
 observable gauges named after the semantic conventions (``process.cpu.utilization``...).
@@ -10,17 +10,13 @@ NVML finds a GPU.
 
 from __future__ import annotations
 
-import logging
 import sys
-import threading
 from collections.abc import Callable
 from typing import Any
 
 import psutil
 
-from otel_rl.recorder import warn_once
-
-_logger = logging.getLogger(__name__)
+from otel_rl.background import Worker
 
 
 class Nvml:
@@ -77,22 +73,18 @@ def sample_host(process: psutil.Process) -> dict[str, float]:
     return values
 
 
-class SystemSampler:
-    """Samples ``sys/*`` every ``interval_s`` on a daemon thread and hands each sample to ``record``."""
+class SystemSampler(Worker):
+    """Samples ``sys/*`` every ``interval_s`` on a background worker and hands each sample to ``record``."""
 
     def __init__(self, record: Callable[[dict[str, float]], None], interval_s: float = 2.0) -> None:
-        if not interval_s > 0:
-            raise ValueError(f"system metrics interval must be positive, got {interval_s!r}")
+        super().__init__("otel-rl-system", interval_s)
         self._record = record
-        self._interval_s = interval_s
         self._process = psutil.Process()
         self._process.cpu_percent(None)  # the first reading only starts the measurement
         psutil.cpu_percent(None)
         self._nvml = Nvml()
         self.latest: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otel-rl-system", daemon=True)
-        self._thread.start()
+        self.start()
 
     def sample(self) -> dict[str, float]:
         values = sample_host(self._process)
@@ -100,12 +92,9 @@ class SystemSampler:
         self.latest = values
         return values
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            try:
-                self._record(self.sample())
-            except Exception:
-                warn_once("system-sample", "otel-rl: system metrics sampling failed", exc_info=True)
+    def run_once(self) -> None:
+        if not self.stopping:
+            self._record(self.sample())
 
     def register_gauges(self, meter) -> None:
         """Observable gauges under semantic-convention names, read from the latest sample."""
@@ -139,6 +128,3 @@ class SystemSampler:
         meter.create_observable_gauge("gpu.power", [gpu_callback("_power_watts", 1.0)], unit="W")
         meter.create_observable_gauge("gpu.temperature", [gpu_callback("_temperature_celsius", 1.0)], unit="Cel")
 
-    def shutdown(self, timeout_s: float) -> None:
-        self._stop.set()
-        self._thread.join(max(timeout_s, 0.0))

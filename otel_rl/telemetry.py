@@ -8,30 +8,39 @@ file and does close to nothing per call.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import signal
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
 from otel_rl import protocol, schema
+from otel_rl._logging import logger, once
+from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
+from otel_rl.drops import Drops
 from otel_rl.pipeline import Clock, Pipeline, RecordSink
-from otel_rl.recorder import FLOW, Iteration, Phase, Recorder, warn_once
+from otel_rl.recorder import FLOW, Iteration, Phase, Recorder
 from otel_rl.records import RunRecord
 from otel_rl.spans import new_span_id, new_trace_id
-from otel_rl.values import snapshot
+from otel_rl.values import MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
+
+HURRY_S = 2.0
+"""What is left of the shutdown deadline after a second SIGTERM."""
+
 
 def failure_reason(exc: BaseException) -> str:
-    """``Type: message`` of an exception, capped at 2 KB of UTF-8."""
-    message = str(exc)
-    text = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+    """``Type: message`` of an exception, capped at 2 KB of UTF-8; never raises (even when ``str(exc)`` does)."""
+    try:
+        message = str(exc)
+    except Exception as inner:  # noqa: BLE001 - any failure of a user's __str__
+        message = f"<the message could not be read: {type(inner).__name__} in __str__>"
+    text = clean_text(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
     encoded = text.encode("utf-8")
     if len(encoded) > protocol.REASON_LIMIT_BYTES:
         text = encoded[: protocol.REASON_LIMIT_BYTES - 3].decode("utf-8", "ignore") + "..."
@@ -48,21 +57,51 @@ class Terminated(SystemExit):
         return "SIGTERM"
 
 
-def _terminate_on_sigterm() -> Callable[[], None] | None:
-    """Install the SIGTERM handler if we may (main thread, default action); return its undo."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-    try:
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return None  # the application handles SIGTERM itself
+class _SigtermGuard:
+    """SIGTERM while a run is open: the first one ends the run as ``killed``; later ones only hurry shutdown.
 
-        def handler(signum: int, frame: object) -> None:
+    Installed by :meth:`Telemetry.run` on the main thread when SIGTERM has its
+    default action. The first signal raises :class:`Terminated` in the main
+    thread; the guard then stays installed until :meth:`Telemetry.close` has
+    written every output, so a launcher that forwards a second signal (or a
+    third) cannot kill the process mid-shutdown: it shortens the shutdown
+    deadline to :data:`HURRY_S` instead.
+    """
+
+    def __init__(self, telemetry: Telemetry) -> None:
+        self._telemetry = weakref.ref(telemetry)
+        self.received = 0
+        self.installed = False
+
+    def install(self) -> bool:
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return False  # the application handles SIGTERM itself
+            signal.signal(signal.SIGTERM, self._handle)
+        except (ValueError, OSError):
+            return False
+        self.installed = True
+        return True
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.received += 1
+        telemetry = self._telemetry()
+        if self.received == 1 and telemetry is not None and telemetry._run_open:
             raise Terminated()
+        if telemetry is not None:
+            telemetry._hurry()
 
-        signal.signal(signal.SIGTERM, handler)
-    except (ValueError, OSError):
-        return None
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    def restore(self) -> None:
+        if not self.installed:
+            return
+        self.installed = False
+        try:
+            if signal.getsignal(signal.SIGTERM) == self._handle:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
 
 
 def run_status(exc: BaseException | None) -> str:
@@ -112,7 +151,13 @@ class Telemetry:
 
     All methods are safe to call from any thread. Nothing here raises into
     training once construction succeeded, except the documented argument
-    errors (unknown timeline, malformed phase name, strict-mode schema errors).
+    errors (unknown timeline, malformed phase name, strict-mode schema
+    errors). Values that are not plain JSON (numpy and torch values, paths,
+    enums, dates, NaN...) are converted by the rules of :mod:`otel_rl.values`,
+    with one warning naming what was changed.
+
+    Public attributes: ``enabled``, ``config``, ``run_id``, ``trace_id`` and
+    the SDK providers; everything else is internal.
     """
 
     enabled = True
@@ -136,24 +181,46 @@ class Telemetry:
         self._relays: list = []
         self._monitor = None
         self._seq = protocol.seq_counter()
-        self.writer = protocol.writer_id()
+        self._writer = protocol.writer_id()
+        self._drops = Drops()
+        self._nonfinite_paths: set[str] = set()
+        self._sigterm = _SigtermGuard(self)
+        self._deadline: Deadline | None = None
+        self._hurried = False
+        self._pipeline: Pipeline | None = None
+        self._system = None
+        self._built: list[RecordSink] = []
+        self._run_span_id: int | None = None
 
         parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
-        self.base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
-        self.resource = self._resource()
+        self._base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
+        try:
+            self._build(config, sinks or [])
+        except BaseException:
+            self._abort()
+            raise
+        # The exit hook holds a weak reference: it must not keep a forgotten
+        # Telemetry alive, and it is bounded by the shutdown timeout.
+        ref = weakref.ref(self)
+        self._atexit = lambda: (t := ref()) is not None and t.close()
+        atexit.register(self._atexit)
+        _live.add(self)
 
+    def _build(self, config: TelemetryConfig, extra_sinks: list[RecordSink]) -> None:
+        """Create the sinks, the pipeline and the sampler; :meth:`_abort` undoes a partial build."""
         from otel_rl.aggregation import Aggregates, AggregatorSink
         from otel_rl.otel_sink import OpenTelemetrySink
         from otel_rl.summary import SummarySink
 
-        self.aggregates = Aggregates(self._clock.now_ns(), self.base_attributes, self.trace_id)
-        self.otel = OpenTelemetrySink(
-            self.resource,
+        config.meta = json_safe(config.meta, self._nonfinite, "meta")
+        self._aggregates = Aggregates(self._clock.now_ns(), self._base_attributes, self.trace_id)
+        self._otel = OpenTelemetrySink(
+            self._resource(),
             self._clock,
             self.trace_id,
             config.span_budget_per_s,
-            self.aggregates,
+            self._aggregates,
             pending=self._pending,
             span_exporters=config.span_exporters,
             metric_exporters=config.metric_exporters,
@@ -163,73 +230,90 @@ class Telemetry:
         )
         # Order matters: the span sink assigns span ids that the aggregator
         # keeps as exemplars.
-        all_sinks: list[RecordSink] = [self.otel, AggregatorSink(self.aggregates, self._dropped)]
+        self._built += [self._otel, AggregatorSink(self._aggregates, self._dropped)]
         if config.run_dir is not None:
-            all_sinks.append(SummarySink(config, self.aggregates))
-        self.motrix = self._motrix_sink()
-        if self.motrix is not None:
-            all_sinks.append(self.motrix)
-        self.trace = None
+            self._built.append(SummarySink(config, self._aggregates))
+        self._motrix = self._motrix_sink()
+        if self._motrix is not None:
+            self._built.append(self._motrix)
         if config.trace_enabled:
             from otel_rl.exporters.perfetto import TRACE_FILE, PerfettoTraceSink
             from otel_rl.workers import fragment_name
 
             learner = config.role == "learner"
-            self.trace = PerfettoTraceSink(
-                (config.trace_output_dir or config.run_dir) / (TRACE_FILE if learner else fragment_name(config.role)),
-                config.role,
-                merge_fragments=learner,
-                thread_time=config.trace_thread_time,
-                cuda_events=config.trace_cuda_events,
-                max_bytes=config.trace_max_bytes,
+            self._built.append(
+                PerfettoTraceSink(
+                    (config.trace_output_dir or config.run_dir) / (TRACE_FILE if learner else fragment_name(config.role)),
+                    config.role,
+                    self._drops,
+                    merge_fragments=learner,
+                    thread_time=config.trace_thread_time,
+                    cuda_events=config.trace_cuda_events,
+                    max_bytes=config.trace_max_bytes,
+                )
             )
-            all_sinks.append(self.trace)
-        self.panel = None
         if config.panel:
             from otel_rl.panel import PanelSink
 
-            self.panel = PanelSink(config.run_id, num_envs=lambda: self._num_envs)
-            all_sinks.append(self.panel)
-        all_sinks.extend(sinks or [])
-        self._pipeline = Pipeline(self._recorder, all_sinks, self._clock, self._seq, config.pipeline_interval_s)
+            self._built.append(PanelSink(config.run_id, num_envs=lambda: self._num_envs))
+        self._built.extend(extra_sinks)
+        self._pipeline = Pipeline(
+            self._recorder,
+            self._built,
+            self._clock,
+            self._seq,
+            config.pipeline_interval_s,
+            drops=self._drops,
+            mirror_drops=self._dropped,
+        )
         self._pipeline.start()
-        self.system = None
         if config.system_metrics_interval_s:
             from otel_rl.system_metrics import SystemSampler
 
-            self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s)
-            if self.otel.meter_provider is not None:
-                self.system.register_gauges(self.otel.meter_provider.get_meter("otel_rl.system"))
-        # The exit hook holds a weak reference: it must not keep a forgotten
-        # Telemetry alive, and it is bounded by the shutdown timeout.
-        ref = weakref.ref(self)
-        self._atexit = lambda: (t := ref()) is not None and t.close()
-        atexit.register(self._atexit)
-        _live.add(self)
+            self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s)
+            if self._otel.meter_provider is not None:
+                self._system.register_gauges(self._otel.meter_provider.get_meter("otel_rl.system"))
+
+    def _abort(self) -> None:
+        """Stop whatever a failed construction started (quietly: nothing was recorded yet)."""
+        self._closed = True
+        deadline = Deadline(2.0)
+        if self._system is not None:
+            self._system.shutdown(deadline.left())
+        if self._pipeline is not None:
+            self._pipeline.stop(deadline.left())
+        for sink in self._built:
+            try:
+                sink.shutdown(deadline.left())
+            except Exception:
+                _logger.warning("otel-rl: %s did not stop cleanly", type(sink).__name__, exc_info=True)
 
     def _motrix_sink(self):
         """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
         config = self.config
         if not config.motrix_url and not config.jsonl:
             return None
-        from otel_rl.exporters.http_sender import HttpSender
         from otel_rl.exporters.jsonl import JSONL_FILE, JsonlWriter
         from otel_rl.exporters.motrix import MotrixSink
 
         sink = MotrixSink(
             config.run_id,
-            self.writer,
+            self._writer,
             self._seq,
-            outputs=[],
+            self._drops,
             project=config.project,
             group=config.group,
             meta=config.meta,
             perf_interval_s=config.perf_interval_s,
         )
+        self._built.append(sink)  # stopped by _abort if an output fails to start
         if config.jsonl:
-            sink.outputs.append(JsonlWriter(config.run_dir / JSONL_FILE, drop_event=sink.drop_event))
+            sink.outputs.append(JsonlWriter(config.run_dir / JSONL_FILE, self._drops))
         if config.motrix_url:
-            sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, sink.drop_event))
+            from otel_rl.exporters.http_sender import HttpSender
+
+            sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
+        self._built.remove(sink)
         sink.pending()
         return sink
 
@@ -239,14 +323,19 @@ class Telemetry:
         attributes: dict[str, Any] = {
             schema.ATTR_RUN_ID: self.config.run_id,
             "rl.role": self.config.role,
-            **self.base_attributes,
+            **self._base_attributes,
             **self.config.resource_attributes,
         }
         if self.config.algorithm:
             attributes[schema.ATTR_ALGORITHM] = self.config.algorithm
-        service = self.config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
-        attributes["service.name"] = service
+        self._service_name = self.config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
+        attributes["service.name"] = self._service_name
         return Resource.create(attributes)
+
+    @property
+    def run_id(self) -> str:
+        """``rl.run.id`` of this run."""
+        return self.config.run_id  # type: ignore[return-value]
 
     # -- the training thread's API ---------------------------------------
 
@@ -273,19 +362,25 @@ class Telemetry:
             with self._phases_lock:
                 phase = self._phases.setdefault((name, timeline), self._recorder.new_phase(spec))
         if self._closed:
-            warn_once("closed-phase", "otel-rl: phase() after close(); nothing is recorded")
+            _logger.warning("otel-rl: phase() after close(); nothing is recorded")
         return phase
 
     def iteration(self, index: int, env_steps: int | None = None, timeline: str = schema.LEARNER) -> Iteration:
         """One cycle of ``timeline``; for the learner its wall time is Iter Wall.
 
         ``env_steps`` is the job's cumulative env-step count at this iteration
-        (the step axis of scalars recorded during it).
+        (the step axis of scalars recorded during it). numpy and torch
+        integers are accepted for both.
         """
         if timeline not in schema.TIMELINES:
             raise schema.SchemaError(f"unknown timeline {timeline!r}; expected one of {schema.TIMELINES}")
+        if type(index) is not int:
+            index = as_step(index, "iteration index")
+            index = -1 if index is None else index
+        if env_steps is not None and type(env_steps) is not int:
+            env_steps = as_step(env_steps, "env_steps")
         if self._closed:
-            warn_once("closed-iteration", "otel-rl: iteration() after close(); nothing is recorded")
+            _logger.warning("otel-rl: iteration() after close(); nothing is recorded")
         return self._new_iteration(timeline, index, env_steps)
 
     def flow(self, flow_id: int, end: bool = False) -> None:
@@ -309,8 +404,8 @@ class Telemetry:
 
         reason = cuda_unavailable_reason()
         if reason is not None:
-            warn_once(f"cuda:{reason}", "otel-rl: %s; CUDA phases are timed on the host", reason)
-            self.otel.cuda_fallback[(timeline, name)] = reason
+            _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
+            self._otel.cuda_fallback[(timeline, name)] = reason
             phase = host
         else:
             with self._phases_lock:
@@ -329,7 +424,7 @@ class Telemetry:
             raise ValueError(f"phase {name!r}: end_ns {end_ns} is before start_ns {start_ns}")
         phase = self.phase(name, timeline)
         lane = self._recorder.lane()
-        lane.append((phase, start_ns, end_ns, lane.depth, None))
+        lane.append((phase, int(start_ns), int(end_ns), lane.depth, None))
 
     def _on_iteration(self, iteration: Iteration) -> None:
         if iteration.timeline == schema.LEARNER:
@@ -341,12 +436,17 @@ class Telemetry:
         """Record scalar values (losses, rewards, throughput) at ``step``.
 
         ``step`` defaults to the current iteration's env steps. numpy and torch
-        values are converted with one host transfer per call; NaN and Inf are
-        exported as null.
+        values are converted with one host transfer per call; an array or
+        tensor of several elements is recorded as its mean (one warning); NaN
+        and Inf are exported as null with one ``nonfinite`` event per key;
+        keys that are not strings and values that are not numbers are dropped
+        with one warning naming them.
         """
         if self._closed:
-            warn_once("closed-scalars", "otel-rl: scalars() after close(); values dropped")
+            _logger.warning("otel-rl: scalars() after close(); values dropped")
             return
+        if step is not None and type(step) is not int:
+            step = as_step(step, "step")
         values = snapshot(values)
         if self.config.strict:
             for key in values:
@@ -362,13 +462,38 @@ class Telemetry:
             self.scalars(values)
 
     def event(self, name: str, **attributes: Any) -> None:
-        """Record a named event (``warmup_done``, ``checkpoint_saved``...)."""
-        if not isinstance(name, str) or not name:
-            raise TypeError(f"event name must be a non-empty string, got {name!r}")
+        """Record a named event (``warmup_done``, ``checkpoint_saved``...).
+
+        Attributes may hold any value: they are made JSON-safe by the rules of
+        :mod:`otel_rl.values`. A name that is not a non-empty string, or is
+        longer than the protocol allows, is fixed with one warning.
+        """
         if self._closed:
-            warn_once("closed-event", "otel-rl: event() after close(); event %r dropped", name)
+            _logger.warning("otel-rl: event() after close(); event %r dropped", name, extra=once(f"closed-event:{name!r}"))
             return
-        self._recorder.add_event((perf_counter_ns(), name, attributes, next(self._seq)))
+        name = self._event_name(name)
+        safe = json_safe(attributes, self._nonfinite, f"event:{name}") if attributes else {}
+        self._recorder.add_event((perf_counter_ns(), name, safe, next(self._seq)))
+
+    def _event_name(self, name: Any) -> str:
+        if type(name) is str and 0 < len(name) <= 256:
+            return name
+        fixed = name if isinstance(name, str) else json_safe(name)
+        fixed = shorten(clean_text(str(fixed) if fixed != "" else "unnamed"))
+        _logger.warning(
+            "otel-rl: event name %s is not a string of 1 to 256 characters; recorded as %r",
+            clean_text(repr(name), MAX_REPR),
+            fixed,
+            extra=once(f"event-name:{fixed}"),
+        )
+        return fixed
+
+    def _nonfinite(self, path: str, value: Any) -> None:
+        """A NaN or Inf replaced by null in a document: one ``nonfinite`` event per path."""
+        if path in self._nonfinite_paths or len(self._nonfinite_paths) > 10_000:
+            return
+        self._nonfinite_paths.add(path)
+        self._recorder.add_event((perf_counter_ns(), "nonfinite", {"key": path, "value": repr(value)}, next(self._seq)))
 
     @contextmanager
     def run(
@@ -386,24 +511,32 @@ class Telemetry:
             family: algorithm family, ``rl.offpolicy`` or ``rl.onpolicy``.
             total_steps: planned env steps (for progress).
             num_envs: parallel environments.
-            config: the resolved training configuration (JSON-serialisable).
+            config: the resolved training configuration: a mapping (or a
+                dataclass, ``argparse.Namespace``...) of any values, made
+                JSON-safe by the rules of :mod:`otel_rl.values`.
             handle_sigterm: on the main thread, and when SIGTERM has its default
                 action, turn SIGTERM into :class:`Terminated` for the run's
-                duration so the run ends as ``killed`` and telemetry is flushed.
+                duration so the run ends as ``killed`` and telemetry is
+                flushed; a second SIGTERM during shutdown only shortens it.
 
         Exceptions propagate unchanged. ``SystemExit(0)`` counts as finished,
         ``KeyboardInterrupt`` and SIGTERM as killed, any other exception as
         failed with its ``Type: message`` as the reason.
         """
         if self._run_open:
-            warn_once("run-twice", "otel-rl: run() entered while a run is open; the inner one is not recorded")
+            _logger.warning("otel-rl: run() entered while a run is open; the inner one is not recorded")
             yield self
             return
         self._run_open = True
-        self._num_envs = num_envs
+        self._num_envs = _count("num_envs", num_envs)
         span_id = new_span_id()
         start_ns = self._clock.now_ns()
-        metadata = {"family": family, "total_steps": total_steps, "num_envs": num_envs, "config": config}
+        metadata = {
+            "family": None if family is None else clean_text(str(json_safe(family)), NAME_LIMIT),
+            "total_steps": _count("total_steps", total_steps),
+            "num_envs": self._num_envs,
+            "config": _config_document(config, self._nonfinite),
+        }
         self._recorder.add_control(
             RunRecord(
                 "running",
@@ -416,8 +549,9 @@ class Telemetry:
                 seq=next(self._seq),
             )
         )
-        self.run_span_id = span_id
-        restore = _terminate_on_sigterm() if handle_sigterm else None
+        self._run_span_id = span_id
+        if handle_sigterm:
+            self._sigterm.install()
         try:
             yield self
         except BaseException as exc:
@@ -427,14 +561,17 @@ class Telemetry:
         else:
             self._end_run(start_ns, "finished", None)
         finally:
-            if restore is not None:
-                restore()
+            if not self._sigterm.received:
+                self._sigterm.restore()  # else it guards shutdown until close() is done
 
     def _end_run(self, start_ns: int, status: str, reason: str | None) -> None:
         self._run_open = False
         attributes: dict[str, Any] = {}
         if status == "failed" and self.config.run_dir is not None:
-            attributes["error_logs"] = sorted(str(p) for p in (self.config.run_dir / "errors").glob("*.log"))
+            try:
+                attributes["error_logs"] = sorted(str(p) for p in (self.config.run_dir / "errors").glob("*.log"))
+            except OSError:
+                attributes["error_logs"] = []
         self._recorder.add_control(
             RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes, seq=next(self._seq))
         )
@@ -445,7 +582,7 @@ class Telemetry:
         Reads what the pipeline has assembled so far (it trails the training
         thread by at most ``pipeline_interval_s``; :meth:`flush` first for an exact window).
         """
-        phases, cycles = self.aggregates.totals()
+        phases, cycles = self._aggregates.totals()
         last_phases, last_cycles = self._window_mark
         self._window_mark = (phases, cycles)
         count, wall = cycles.get(schema.LEARNER, (0, 0.0))
@@ -480,7 +617,7 @@ class Telemetry:
 
     def add_sink(self, sink: RecordSink) -> None:
         """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""
-        self._pipeline.add_sink(sink)
+        self._pipeline.add_sink(sink)  # type: ignore[union-attr]
 
     def worker_spec(self, role: str, context: Any = None, **options: Any):
         """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.workers`).
@@ -493,7 +630,7 @@ class Telemetry:
         from otel_rl.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
         relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
-        self._relays.append(RelayReceiver(relay, self._recorder.remote.append))
+        self._relays.append(RelayReceiver(relay, self._recorder.add_remote))
         directory = self.config.trace_output_dir or self.config.run_dir
         return WorkerSpec(
             role=role,
@@ -503,6 +640,7 @@ class Telemetry:
             run_dir=str(directory) if directory is not None else None,
             trace_enabled=self.config.trace_enabled,
             options=options,
+            service_name=self._service_name,
         )
 
     def watch_worker(self, process: Any, role: str) -> None:
@@ -516,7 +654,7 @@ class Telemetry:
 
     def traceparent(self) -> str:
         """W3C ``traceparent`` of the open run (for worker processes to join the trace)."""
-        span_id = getattr(self, "run_span_id", None) or self._parent_span_id or new_span_id()
+        span_id = self._run_span_id or self._parent_span_id or new_span_id()
         return f"00-{self.trace_id:032x}-{span_id:016x}-01"
 
     # -- lifecycle ------------------------------------------------------
@@ -525,28 +663,41 @@ class Telemetry:
         """Drain the buffers and push everything to the exporters; True if all finished in time."""
         if self._closed:
             return True
-        return self._pipeline.flush(timeout_s)
+        return self._pipeline.flush(timeout_s)  # type: ignore[union-attr]
 
     def close(self, timeout_s: float | None = None) -> None:
-        """Drain, export and stop every thread, within ``timeout_s`` (default from the config).
+        """Drain, export and stop every thread, all within one deadline of ``timeout_s`` (default from the config).
 
-        Idempotent. Calls made after it are ignored with one warning.
+        When it returns, every output has finished (``metrics.jsonl`` holds
+        every record, the terminal status among them) or the deadline has
+        passed. Idempotent. Calls made after it are ignored with one warning.
         """
         with self._close_lock:
             if self._closed:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
-        timeout_s = self.config.shutdown_timeout_s if timeout_s is None else timeout_s
-        if self.system is not None:
-            self.system.shutdown(0.5)
-        if self._monitor is not None:
-            self._monitor.shutdown(0.5)
-        for relay in self._relays:
-            relay.shutdown(0.3)
-        if self._cuda_timer is not None:
-            self._cuda_timer.shutdown(min(1.0, timeout_s / 4))
-        self._pipeline.shutdown(timeout_s)
+        deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
+        if self._hurried:
+            deadline.shorten(HURRY_S)
+        try:
+            # Producers of records first (a crashed worker's event, the last relayed cycles), all at once.
+            feeders = [w for w in (self._system, self._monitor, *self._relays) if w is not None]
+            for worker in feeders:
+                worker.close(deadline)
+            for worker in feeders:
+                worker.join(deadline.left())
+            if self._cuda_timer is not None:
+                self._cuda_timer.shutdown(deadline.left(cap_s=1.0))
+            self._pipeline.shutdown(deadline)  # type: ignore[union-attr]
+        finally:
+            self._sigterm.restore()
+
+    def _hurry(self) -> None:
+        """A second SIGTERM: shorten what is left of the shutdown deadline."""
+        self._hurried = True
+        if self._deadline is not None:
+            self._deadline.shorten(HURRY_S)
 
     def __enter__(self) -> Telemetry:
         return self
@@ -564,30 +715,57 @@ class Telemetry:
         }
 
     def _dropped(self) -> dict[str, int]:
-        return {
-            "phases": self._recorder.phases_dropped,
-            "scalars": self._recorder.scalars_dropped,
-            "events": self._recorder.events_dropped,
-            "span_budget": self.otel.budget.sampled_out,
-        }
+        """Records dropped per queue (also mirrors the recorder's own counters into the shared drops)."""
+        recorder = self._recorder
+        drops = self._drops
+        drops.set("phases", "phases", recorder.phases_dropped)
+        drops.set("scalars", "scalars", recorder.scalars_dropped)
+        drops.set("events", "events", recorder.events_dropped)
+        drops.set("device_intervals", "intervals", recorder.device_intervals_dropped)
+        drops.set("relay", "cycles", recorder.remote_dropped)
+        if self._cuda_timer is not None:
+            drops.set("cuda_pending", "pairs", self._cuda_timer.pending.dropped)
+        return {**drops.totals(), "span_budget": self._otel.budget.sampled_out}
 
     def stats(self) -> dict[str, Any]:
-        """Counters of the telemetry itself: pending, dropped, spans sampled out."""
+        """Counters of the telemetry itself: pending, dropped (per queue), spans sampled out."""
         return {
             "pending": self._pending(),
             "dropped": self._dropped(),
-            "spans_sampled_out": self.otel.budget.sampled_out,
+            "spans_sampled_out": self._otel.budget.sampled_out,
         }
 
     @property
     def tracer_provider(self):
         """The SDK tracer provider (None when no span exporter is configured), for the user's own spans."""
-        return self.otel.tracer_provider
+        return self._otel.tracer_provider
 
     @property
     def meter_provider(self):
         """The SDK meter provider (None when no metric exporter is configured), for the user's own instruments."""
-        return self.otel.meter_provider
+        return self._otel.meter_provider
+
+
+def _count(what: str, value: Any) -> int | None:
+    """A non-negative count (env steps, envs) as an int, or None with one warning."""
+    if value is None:
+        return None
+    number = as_step(value, what)
+    if number is not None and number < 0:
+        _logger.warning("otel-rl: %s=%d is negative; ignored", what, number)
+        return None
+    return number
+
+
+def _config_document(config: Any, on_nonfinite) -> dict[str, Any] | None:
+    """The run's configuration as a JSON object (a non-mapping is kept under ``value``)."""
+    if config is None:
+        return None
+    safe = json_safe(config, on_nonfinite, "config")
+    if isinstance(safe, dict):
+        return safe
+    _logger.warning("otel-rl: run(config=...) got %s, not a mapping; kept under 'value'", type(config).__name__)
+    return {"value": safe}
 
 
 class _NoOpPhase:
@@ -607,7 +785,7 @@ _NOOP_PHASE = _NoOpPhase()
 
 
 class NoOpTelemetry:
-    """Disabled telemetry: same API, no thread, no file, no work."""
+    """Disabled telemetry: the same public API (methods and attributes), no thread, no file, no work."""
 
     enabled = False
     trace_id = 0
@@ -616,6 +794,10 @@ class NoOpTelemetry:
 
     def __init__(self, config: TelemetryConfig | None = None) -> None:
         self.config = config
+
+    @property
+    def run_id(self) -> str:
+        return (self.config.run_id if self.config is not None else None) or ""
 
     def phase(self, name: str, timeline: str = schema.LEARNER, cuda: bool = False, stream: Any = None) -> _NoOpPhase:
         return _NOOP_PHASE
@@ -633,7 +815,15 @@ class NoOpTelemetry:
         pass
 
     @contextmanager
-    def run(self, **metadata: Any) -> Iterator[NoOpTelemetry]:
+    def run(
+        self,
+        *,
+        family: str | None = None,
+        total_steps: int | None = None,
+        num_envs: int | None = None,
+        config: Mapping[str, Any] | None = None,
+        handle_sigterm: bool = True,
+    ) -> Iterator[NoOpTelemetry]:
         yield self
 
     def traceparent(self) -> str:

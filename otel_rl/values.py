@@ -1,74 +1,370 @@
-"""Turning user values into plain numbers.
+"""Turning what RL code hands us into plain, JSON-safe values: one rule for every field.
+
+Every record is made safe once, when it is made; encoders downstream can then
+rely on it. The rules:
+
+* numbers: ``int`` and finite ``float`` as they are; ``bool`` stays a bool in
+  documents and is 0/1 as a scalar; numpy and torch scalars become Python
+  numbers; integers outside the signed 64-bit range become floats as scalar
+  values and their decimal string in documents (a seed of ``2**64 - 1`` keeps
+  its digits); NaN and ±Inf become null, and the caller reports each such key
+  once with a ``nonfinite`` event.
+* arrays and tensors: as a scalar value, one element is that number and more
+  elements are recorded as their mean, with one warning naming the key and
+  shape; in documents (config, metadata, event attributes) they become lists
+  of up to :data:`MAX_ITEMS` numbers, larger ones a ``"ndarray(shape=..., dtype=...)"``
+  summary string.
+* ``pathlib`` paths to strings, enums to their value when it is a string or
+  a number (else their name), dates and times to ISO 8601, ``timedelta`` to
+  seconds, sets to sorted lists, dataclasses, namedtuples and
+  ``argparse.Namespace`` to objects; anything else to its ``repr``, capped at
+  :data:`MAX_REPR` characters.
+* strings longer than :data:`MAX_STRING` characters are cut; lone surrogates
+  (which UTF-8 cannot carry) are replaced; collections longer than
+  :data:`MAX_ITEMS` are cut; nesting deeper than :data:`MAX_DEPTH` (or a
+  cycle) becomes a string.
+* keys of documents are strings: other keys are converted with ``str()``; a
+  key that then collides with another gets its type appended.
 
 :func:`snapshot` runs on the training thread: it copies the mapping and
 converts numpy and torch values with at most one host transfer per call (all
 tensors are stacked and copied together), so a dict of 40 CUDA scalars costs
 one device synchronization, not forty. Plain ints and floats pass through
-untouched. :func:`finite_or_none` runs on the pipeline thread.
+untouched.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import enum
+import hashlib
 import math
-from collections.abc import Mapping
+import operator
+import os
+from collections.abc import Callable, Mapping
 from typing import Any
 
-def snapshot(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Copy ``values`` into a dict of ints, floats, bools and leftovers.
+from otel_rl._logging import logger, once
+
+_logger = logger(__name__)
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_STRING = 8192
+MAX_REPR = 256
+MAX_ITEMS = 1000
+MAX_DEPTH = 16
+NAME_LIMIT = 256
+"""Longest scalar key or event name the protocol carries (longer ones are shortened by :func:`shorten`)."""
+
+OnNonfinite = Callable[[str, Any], None]
+_PLAIN = (str, int, float, bool, type(None))
+
+
+# -- scalars (training thread) ---------------------------------------------------
+
+
+def snapshot(values: Mapping[Any, Any]) -> dict[Any, Any]:
+    """Copy ``values``, turning numpy and torch values into numbers (arrays into their mean).
+
+    Keys are not checked here (the pipeline does, off the training thread).
 
     Raises:
-        TypeError: ``values`` is not a mapping with string keys.
+        TypeError: ``values`` is not a mapping.
     """
     if not isinstance(values, Mapping):
         raise TypeError(f"scalars() takes a mapping of key to number, got {type(values).__name__}")
     out = dict(values)
-    tensors: list[str] | None = None
+    tensors: list[Any] | None = None
     for key, value in out.items():
         kind = type(value)
         if kind is float or kind is int:
             continue
-        if not isinstance(key, str):
-            raise TypeError(f"scalars() keys must be strings, got {key!r}")
         module = kind.__module__
         if module.startswith("torch"):
             if tensors is None:
                 tensors = []
             tensors.append(key)
         elif module.startswith("numpy"):
-            out[key] = value.item() if getattr(value, "size", 1) == 1 else value
+            out[key] = _numpy_number(key, value)
     if tensors:
         _tensors_to_host(out, tensors)
     return out
 
 
-def _tensors_to_host(out: dict[str, Any], keys: list[str]) -> None:
+def _numpy_number(key: Any, value: Any) -> Any:
+    size = getattr(value, "size", 1)
+    if size == 1:
+        return value.item() if hasattr(value, "item") else value
+    if size == 0:
+        _warn_shape(key, getattr(value, "shape", ()), "is empty; dropped")
+        return None
+    _warn_shape(key, value.shape, "has several elements; recorded as their mean")
+    try:
+        return float(value.mean())
+    except (TypeError, ValueError):
+        return None
+
+
+def _warn_shape(key: Any, shape: Any, what: str) -> None:
+    _logger.warning(
+        "otel-rl: scalars(): %r is an array of shape %s that %s",
+        key,
+        tuple(shape),
+        what,
+        extra=once(f"shape:{key!r}:{what}"),
+    )
+
+
+def _tensors_to_host(out: dict[Any, Any], keys: list[Any]) -> None:
     import torch  # only reached when the caller passed torch values
 
-    single = [k for k in keys if out[k].numel() == 1]
-    if not single:
+    reduced: list[Any] = []
+    for key in keys:
+        tensor = out[key]
+        if not isinstance(tensor, torch.Tensor):  # a torch dtype or device, say: left for the pipeline to name
+            continue
+        if tensor.numel() == 0:
+            _warn_shape(key, tensor.shape, "is empty; dropped")
+            out[key] = None
+            continue
+        if tensor.numel() > 1:
+            _warn_shape(key, tensor.shape, "has several elements; recorded as their mean")
+            if tensor.is_complex():
+                out[key] = None
+                continue
+            tensor = tensor.detach().double().mean()
+        reduced.append((key, tensor))
+    if not reduced:
         return
     # One stack, one copy: a single host transfer for every tensor of the call.
     # Tensors on different devices are moved per device.
-    by_device: dict[Any, list[str]] = {}
-    for key in single:
-        by_device.setdefault(out[key].device, []).append(key)
+    by_device: dict[Any, list[tuple[Any, Any]]] = {}
+    for key, tensor in reduced:
+        by_device.setdefault(tensor.device, []).append((key, tensor))
     for group in by_device.values():
-        stacked = torch.stack([out[k].detach().reshape(()).to(torch.float64) for k in group])
-        for key, number in zip(group, stacked.cpu().tolist(), strict=True):
+        stacked = torch.stack([t.detach().reshape(()).to(torch.float64) for _, t in group])
+        for (key, _), number in zip(group, stacked.cpu().tolist(), strict=True):
             out[key] = number
 
 
-def finite_or_none(key: str, value: Any) -> float | int | None:
-    """The value as a finite number, or None for NaN, Inf and non-numbers."""
-    if type(value) is int:
-        return value
-    if isinstance(value, bool):
-        return int(value)
+def scalar_number(key: str, value: Any) -> tuple[float | int | None, bool]:
+    """``(number, ok)`` of one scalar value (pipeline thread).
+
+    ``(number, True)`` for a finite number, ``(None, True)`` for NaN or ±Inf
+    (exported as null, reported by a ``nonfinite`` event), ``(None, False)``
+    for something that is not a number (dropped, with one warning naming the
+    key and the type).
+    """
+    kind = type(value)
+    if kind is int:
+        return (value, True) if INT64_MIN <= value <= INT64_MAX else _big_int(value)
+    if kind is float:
+        return (value, True) if math.isfinite(value) else (None, True)
+    if kind is bool:
+        return int(value), True
+    if isinstance(value, int):  # IntEnum, numpy ints that escaped snapshot
+        return scalar_number(key, int(value))
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        from otel_rl.recorder import warn_once
+    except (TypeError, ValueError, OverflowError):
+        _logger.warning(
+            "otel-rl: scalars(): %r is %s, not a number; dropped", key, type(value).__name__, extra=once(f"nan:{key}")
+        )
+        return None, False
+    return (number, True) if math.isfinite(number) else (None, True)
 
-        warn_once(f"value:{key}", "otel-rl: scalar %r is not a number (%s); exported as null", key, type(value).__name__)
+
+def _big_int(value: int) -> tuple[float | None, bool]:
+    try:
+        return float(value), True
+    except OverflowError:  # beyond a float's range: as infinite as it gets
+        return None, True
+
+
+def as_step(value: Any, what: str) -> int | None:
+    """A step, env-step count or iteration index as a plain ``int`` (training thread).
+
+    numpy and torch integers and integral floats are accepted; anything else,
+    or an integer outside the signed 64-bit range, gives None with one warning.
+    """
+    if type(value) is int and INT64_MIN <= value <= INT64_MAX:
+        return value
+    if value is None:
         return None
-    return number if math.isfinite(number) else None
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = int(value) if isinstance(value, float) and value.is_integer() else None
+    if number is not None and not isinstance(value, bool) and INT64_MIN <= number <= INT64_MAX:
+        return number
+    _logger.warning(
+        "otel-rl: %s=%s (%s) is not an integer in the signed 64-bit range; ignored",
+        what,
+        _capped_repr(value),
+        type(value).__name__,
+        extra=once(f"step:{what}:{type(value).__name__}"),
+    )
+    return None
+
+
+# -- names ----------------------------------------------------------------------------
+
+
+def shorten(name: str, limit: int = NAME_LIMIT) -> str:
+    """``name`` if it fits in ``limit`` characters, else its start and a hash of the whole (stays unique)."""
+    if len(name) <= limit:
+        return name
+    digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return name[: limit - 9] + "~" + digest
+
+
+def clean_text(text: str, limit: int = MAX_STRING) -> str:
+    """``text`` without lone surrogates, cut to ``limit`` characters."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "replace").decode("utf-8")
+    return text
+
+
+# -- documents (config, metadata, event attributes) -----------------------------------
+
+
+def json_safe(value: Any, on_nonfinite: OnNonfinite | None = None, path: str = "") -> Any:
+    """``value`` as plain JSON data by the module's rules; never raises.
+
+    ``on_nonfinite(path, value)`` is called for each NaN or ±Inf replaced by
+    null, with its path (``config.optim.max_grad_norm``).
+    """
+    try:
+        return _safe(value, on_nonfinite, path, 0)
+    except Exception as exc:  # a hostile __iter__ or __eq__: keep what we can say about it
+        return _capped_repr(value, f"<{type(value).__name__}: {type(exc).__name__}>")
+
+
+def _safe(value: Any, report: OnNonfinite | None, path: str, depth: int) -> Any:
+    kind = type(value)
+    if kind is str:
+        return clean_text(value)
+    if kind is bool or value is None:
+        return value
+    if kind is int:
+        return value if INT64_MIN <= value <= INT64_MAX else str(value)
+    if kind is float:
+        if math.isfinite(value):
+            return value
+        if report is not None:
+            report(path, value)
+        return None
+    if depth >= MAX_DEPTH:
+        return _capped_repr(value)
+    if isinstance(value, Mapping):
+        return _safe_mapping(value, report, path, depth)
+    if isinstance(value, enum.Enum):
+        inner = value.value
+        return _safe(inner, report, path, depth + 1) if isinstance(inner, (str, int, float)) else value.name
+    if isinstance(value, str):
+        return clean_text(str.__str__(value))
+    if isinstance(value, (bool, int, float)):  # subclasses, numpy bool/int/float
+        return _safe(_plain_number(value), report, path, depth + 1)
+    module = kind.__module__
+    if module.startswith(("numpy", "torch")):
+        return _safe_array(value, report, path, depth)
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):  # namedtuple
+        return _safe_mapping(value._asdict(), report, path, depth)
+    if isinstance(value, (list, tuple, range)):
+        return _safe_items(value, report, path, depth)
+    if isinstance(value, (set, frozenset)):
+        try:
+            items = sorted(value)
+        except TypeError:
+            items = list(value)
+        return _safe_items(items, report, path, depth)
+    if isinstance(value, os.PathLike):
+        return clean_text(str(os.fspath(value)))
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, (bytes, bytearray)):
+        return _capped_repr(bytes(value))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return _safe_mapping({f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}, report, path, depth)
+    if kind.__name__ == "Namespace" and module == "argparse":
+        return _safe_mapping(vars(value), report, path, depth)
+    return _capped_repr(value)
+
+
+def _plain_number(value: Any) -> Any:
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    if isinstance(value, int) or hasattr(value, "__index__"):
+        return operator.index(value)
+    return float(value)
+
+
+def _safe_mapping(value: Mapping, report: OnNonfinite | None, path: str, depth: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for index, (key, item) in enumerate(value.items()):
+        if index >= MAX_ITEMS:
+            _logger.warning("otel-rl: %s has more than %d entries; the rest are left out", path or "a mapping", MAX_ITEMS,
+                            extra=once(f"items:{path}"))
+            break
+        text = _key_text(key)
+        if text in out:
+            text = f"{text} ({type(key).__name__})"
+            _logger.warning("otel-rl: key %r of %s collides with another once made a string; kept as %r",
+                            key, path or "a mapping", text, extra=once(f"collide:{path}:{text}"))
+        out[text] = _safe(item, report, f"{path}.{text}" if path else text, depth + 1)
+    return out
+
+
+def _key_text(key: Any) -> str:
+    if type(key) is str:
+        return clean_text(key, NAME_LIMIT * 4)
+    if isinstance(key, enum.Enum):
+        inner = key.value
+        return clean_text(str(inner) if isinstance(inner, (str, int, float)) else key.name)
+    if isinstance(key, str):
+        return clean_text(str.__str__(key))
+    if isinstance(key, os.PathLike):
+        return clean_text(str(os.fspath(key)))
+    if key is None or isinstance(key, (int, float, bool)):
+        return str(key)
+    return _capped_repr(key)
+
+
+def _safe_items(value: Any, report: OnNonfinite | None, path: str, depth: int) -> list[Any]:
+    out = []
+    for index, item in enumerate(value):
+        if index >= MAX_ITEMS:
+            _logger.warning("otel-rl: %s has more than %d items; the rest are left out", path or "a list", MAX_ITEMS,
+                            extra=once(f"items:{path}"))
+            break
+        out.append(_safe(item, report, f"{path}[{index}]", depth + 1))
+    return out
+
+
+def _safe_array(value: Any, report: OnNonfinite | None, path: str, depth: int) -> Any:
+    size = getattr(value, "size", None)
+    if callable(size):  # torch: size() is the shape
+        size = value.numel() if hasattr(value, "numel") else None
+    if size is None or not hasattr(value, "tolist"):
+        return _capped_repr(value)
+    if size > MAX_ITEMS:
+        shape = tuple(getattr(value, "shape", ()))
+        return f"{type(value).__name__}(shape={list(shape)}, dtype={getattr(value, 'dtype', '?')})"
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+    return _safe(value.tolist(), report, path, depth + 1)
+
+
+def _capped_repr(value: Any, fallback: str | None = None) -> str:
+    try:
+        text = repr(value)
+    except Exception:
+        text = fallback or f"<{type(value).__name__} object>"
+    return clean_text(text, MAX_REPR)

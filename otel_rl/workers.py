@@ -19,7 +19,6 @@ The learner hands each worker a :class:`WorkerSpec` (picklable: pass it to
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import re
@@ -27,10 +26,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_rl._logging import EVERY_TIME, logger
+from otel_rl.background import Worker
 from otel_rl.pipeline import RecordSink
 from otel_rl.records import IterationRecord
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 
 RELAY_CAPACITY = 10_000
 
@@ -58,6 +59,8 @@ class WorkerSpec:
     run_dir: str | None = None
     trace_enabled: bool = False
     options: dict[str, Any] = field(default_factory=dict)
+    service_name: str | None = None
+    """The learner's ``service.name``: one run, one service, in every process."""
 
 
 def fragment_name(role: str) -> str:
@@ -74,6 +77,7 @@ def init_worker(spec: WorkerSpec, **options: Any):
     if spec.traceparent:
         os.environ["TRACEPARENT"] = spec.traceparent
     settings: dict[str, Any] = {
+        "service_name": spec.service_name,
         "run_id": spec.run_id,
         "role": spec.role,
         "trace_enabled": spec.trace_enabled,
@@ -86,16 +90,17 @@ def init_worker(spec: WorkerSpec, **options: Any):
     }
     tel = otel_rl.init(**settings)
     if tel.enabled:
-        tel.add_sink(RelaySink(spec.role, spec.relay))
+        tel.add_sink(RelaySink(spec.role, spec.relay, tel._drops))
     return tel
 
 
 class RelaySink(RecordSink):
-    """In the worker: sends each cycle's phase durations to the learner, never blocking."""
+    """In the worker: sends each cycle's phase durations to the learner, never blocking (drops counted as ``relay``)."""
 
-    def __init__(self, role: str, relay: Any) -> None:
+    def __init__(self, role: str, relay: Any, drops: Any = None) -> None:
         self._role = role
         self._relay = relay
+        self._drops = drops
         self.dropped = 0
 
     def on_iteration(self, iteration: IterationRecord) -> None:
@@ -105,52 +110,48 @@ class RelaySink(RecordSink):
             self._relay.put_nowait(cycle)
         except (queue.Full, ValueError, OSError):
             self.dropped += 1
+            if self._drops is not None:
+                self._drops.add("relay", "cycles")
 
 
-class RelayReceiver:
+class RelayReceiver(Worker):
     """In the learner: moves relayed cycles into the learner's pipeline."""
 
-    def __init__(self, relay: Any, deliver) -> None:
+    def __init__(self, relay: Any, deliver, interval_s: float = 0.1) -> None:
+        super().__init__("otel-rl-relay", interval_s)
         self._relay = relay
         self._deliver = deliver
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otel-rl-relay", daemon=True)
-        self._thread.start()
+        self._broken = False
+        self.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
+    def run_once(self) -> None:
+        while not self._broken:
             try:
-                cycle = self._relay.get(timeout=0.2)
+                cycle = self._relay.get_nowait()
             except queue.Empty:
-                continue
+                return
             except (EOFError, OSError, ValueError):
+                self._broken = True  # the queue was closed: nothing more will come
                 return
             self._deliver(cycle)
 
-    def shutdown(self, timeout_s: float) -> None:
-        self._stop.set()
-        self._thread.join(max(timeout_s, 0.0))
 
-
-class WorkerMonitor:
+class WorkerMonitor(Worker):
     """Watches worker processes; an abnormal exit becomes a ``worker_crashed`` event."""
 
     def __init__(self, event, interval_s: float = 0.5) -> None:
+        super().__init__("otel-rl-workers", interval_s)
         self._event = event
-        self._interval_s = interval_s
         self._workers: list[tuple[Any, str]] = []
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="otel-rl-workers", daemon=True)
-        self._thread.start()
+        self.start()
 
     def watch(self, process: Any, role: str) -> None:
         with self._lock:
             self._workers.append((process, role))
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
-            self.check()
+    def run_once(self) -> None:
+        self.check()
 
     def check(self) -> None:
         with self._lock:
@@ -161,12 +162,7 @@ class WorkerMonitor:
             if code is None:
                 still.append((process, role))
             elif code != 0:
-                _logger.warning("otel-rl: worker %s (pid %s) exited with code %s", role, process.pid, code)
+                _logger.warning("otel-rl: worker %s (pid %s) exited with code %s", role, process.pid, code, extra=EVERY_TIME)
                 self._event("worker_crashed", role=role, pid=process.pid, exit_code=code)
         with self._lock:
             self._workers.extend(still)
-
-    def shutdown(self, timeout_s: float) -> None:
-        self._stop.set()
-        self._thread.join(max(timeout_s, 0.0))
-        self.check()

@@ -18,9 +18,9 @@ def clean_environment(monkeypatch):
     from otel_rl import environment_variables
 
     environment_variables._warned.clear()
-    from otel_rl.recorder import warn_once
+    from otel_rl._logging import DEDUP
 
-    warn_once._seen.clear()
+    DEDUP.reset()
     yield
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 
+from otel_rl.drops import Drops
 from otel_rl.exporters.motrix import MotrixSink
 from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
 
@@ -15,8 +17,8 @@ class ListOutput:
     def __init__(self) -> None:
         self.records: list[dict] = []
 
-    def submit(self, record: dict) -> None:
-        self.records.append(record)
+    def submit(self, kind: str, line: str) -> None:
+        self.records.append(json.loads(line))
 
 
 def golden_records() -> dict[str, dict]:
@@ -26,6 +28,7 @@ def golden_records() -> dict[str, dict]:
         "sac-pendulum-1",
         "trainer-0:4242",
         seq,
+        Drops(),
         [out],
         project="pendulum",
         group="ablation-lr",
@@ -52,9 +55,9 @@ def golden_records() -> dict[str, dict]:
         )
     )
     sink.on_event(EventRecord(start_ns + 2_000_000_000, "checkpoint_saved", {"path": "ckpt/000096.pt", "env_steps": 96}, next(seq)))
-    heartbeat = sink.heartbeat()
+    heartbeat = json.loads(sink.heartbeat()[1])
     sink.on_run(RunRecord("finished", start_ns, start_ns + 3_000_000_000, None, seq=next(seq)))
-    failed_sink = MotrixSink("sac-pendulum-2", "trainer-0:4243", itertools.count(1_767_225_700_000_000), [out])
+    failed_sink = MotrixSink("sac-pendulum-2", "trainer-0:4243", itertools.count(1_767_225_700_000_000), Drops(), [out])
     failed_sink.on_run(
         RunRecord(
             "failed",
@@ -65,7 +68,7 @@ def golden_records() -> dict[str, dict]:
             seq=1_767_225_700_000_009,
         )
     )
-    killed = MotrixSink("sac-pendulum-3", "trainer-0:4244", itertools.count(1_767_225_800_000_000), [out])
+    killed = MotrixSink("sac-pendulum-3", "trainer-0:4244", itertools.count(1_767_225_800_000_000), Drops(), [out])
     killed.on_run(RunRecord("killed", start_ns, start_ns + 7_000_000_000, "KeyboardInterrupt", seq=1_767_225_800_000_004))
     pending, running, scalars, event, finished, failed, killed_rec = out.records
     for rec in (pending, heartbeat):

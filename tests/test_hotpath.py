@@ -9,6 +9,7 @@ import time
 import pytest
 
 from otel_rl import recorder as recorder_module
+from otel_rl._logging import DEDUP
 from otel_rl.recorder import IMPLEMENTATIONS, ITERATION_END, ITERATION_START, Recorder
 from otel_rl.schema import phase_spec
 
@@ -132,7 +133,7 @@ def test_nesting_deeper_than_the_limit_warns(impl, caplog):
 
 @pytest.mark.parametrize("impl", IMPLS)
 def test_iteration_marks_and_misuse(impl, caplog):
-    recorder_module.warn_once._seen.clear()
+    DEDUP.reset()
     rec = Recorder(implementation=impl)
     entered = []
     make = rec.iteration_factory(on_enter=entered.append, thread_time=True)

@@ -139,12 +139,11 @@ def test_backfill_fills_gaps_without_duplicates(tmp_path, server):
         for i in range(10):
             tel.scalars({"Loss/critic": float(i)}, step=i)
     tel.close()
-    tel.motrix.join(10)
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     first = backfill(run_dir, server.url)
-    assert first == {"sent": len(lines), "accepted": len(lines), "duplicates": 0}
+    assert first == {"sent": len(lines), "accepted": len(lines), "duplicates": 0, "rejected": 0, "reasons": []}
     second = backfill(run_dir / "metrics.jsonl", server.url)
-    assert second == {"sent": len(lines), "accepted": 0, "duplicates": len(lines)}
+    assert second == {"sent": len(lines), "accepted": 0, "duplicates": len(lines), "rejected": 0, "reasons": []}
     assert server.storage.count() == len(lines)
 
 

@@ -138,7 +138,7 @@ def test_collector_down_never_blocks_or_raises(monkeypatch):
 def test_no_endpoint_means_no_network_exporter():
     assert otlp.exporter_kinds("traces") == ()
     tel = otel_rl.init()
-    assert tel.otel.exporting is False
+    assert tel.tracer_provider is None and tel.meter_provider is None
     tel.close()
 
 

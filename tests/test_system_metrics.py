@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import psutil
@@ -29,13 +30,16 @@ def test_sampled_into_the_records(tmp_path):
     tel = otel_rl.init(run_dir=tmp_path, jsonl=True, system_metrics_interval_s=0.1)
     time.sleep(0.5)
     tel.close()
-    tel.motrix.join(5)
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     sys_records = [r for r in records if r["kind"] == "scalars" and "sys/process_rss_bytes" in r["values"]]
     assert len(sys_records) >= 2
 
 
-def test_off_when_interval_is_zero():
-    tel = otel_rl.init(system_metrics_interval_s=0)
-    assert tel.system is None
+def test_off_when_interval_is_zero(tmp_path):
+    before = {t.name for t in threading.enumerate()}
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, system_metrics_interval_s=0)
+    assert "otel-rl-system" not in {t.name for t in threading.enumerate()} - before
+    time.sleep(0.3)
     tel.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert not any(k.startswith("sys/") for r in records if r["kind"] == "scalars" for k in r["values"])

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import queue
 import time
 from collections import deque
@@ -73,7 +74,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
     tel = otel_rl.init(
         run_dir=run_dir,
-        service_name="otel-rl-demo",
+        # The standard variable wins over the demo's own default.
+        service_name=os.environ.get("OTEL_SERVICE_NAME") or "otel-rl-demo",
         algorithm="sac",
         jsonl=True,
         trace_enabled=True,
@@ -123,7 +125,6 @@ def run_demo(args: argparse.Namespace) -> int:
                 collector.terminate()
     tel.close()
     if server is not None:
-        tel.motrix.join(5)
         server.stop()
     _report(run_dir, summary)
     return 0

@@ -1,61 +1,51 @@
 """Sends protocol records to a ``motrix.metrics/v1`` ingest service from its own thread.
 
 Batches of up to ``batch_size`` records (or whatever waited ``interval_s``)
-go out gzip-compressed to ``POST {url}/api/v1/ingest``. Network errors, 408,
-429 and 5xx are retried with exponential backoff and full jitter (429 and 503
-honour ``Retry-After``) for up to ``retry_window_s``; any other 4xx drops the
-batch with one warning. While idle it sends heartbeats, so a long compile is
-not taken for a dead run. The token travels only in the ``Authorization``
-header: it is never logged, never put in a URL and never in an exception.
+go out gzip-compressed to ``POST {url}/api/v1/ingest``; every request ends
+within ``request_timeout_s``, answer included (a service that trickles its
+answer cannot hold the sender). Network errors, 408, 429 and 5xx are retried
+with exponential backoff and full jitter (429 and 503 honour
+``Retry-After``). Records the service refuses as invalid are dropped one by
+one (:func:`otel_rl.exporters.delivery.send`), never their batch.
+
+After ``retry_window_s`` of failures the batch's ``scalars`` and heartbeats
+are dropped (counted); ``run`` and ``event`` records go back to the front of
+the queue and are retried until :meth:`close`'s deadline, so an outage longer
+than the window still delivers the lifecycle once the service returns. While
+nothing gets through for ``stall_warning_s`` the sender warns once. While
+idle it sends heartbeats, so a long compile is not taken for a dead run. The
+token travels only in the ``Authorization`` header: it is never logged, never
+put in a URL and never in an exception.
 """
 
 from __future__ import annotations
 
-import email.utils
-import gzip
-import json
-import logging
 import random
-import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
-from otel_rl.exporters.record_queue import RecordQueue
-from otel_rl.protocol import INGEST_PATH, batch
-from otel_rl.recorder import warn_once
+from otel_rl._logging import EVERY_TIME, logger, once
+from otel_rl.background import Worker
+from otel_rl.drops import Drops
+from otel_rl.exporters.delivery import Outcome, send
+from otel_rl.exporters.http_post import Poster
+from otel_rl.exporters.record_queue import DROPPABLE, Item, RecordQueue
+from otel_rl.protocol import INGEST_PATH
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 
-RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 10.0
-RETRY_AFTER_CAP_S = 60.0
 
 
-def retry_after_s(value: str | None) -> float | None:
-    """Seconds to wait from a ``Retry-After`` header (seconds or HTTP date), capped."""
-    if not value:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        try:
-            when = email.utils.parsedate_to_datetime(value).timestamp()
-        except (TypeError, ValueError):
-            return None
-        seconds = when - time.time()
-    return min(max(seconds, 0.0), RETRY_AFTER_CAP_S)
-
-
-class HttpSender:
-    """Delivers records in gzip batches, retrying transient failures.
+class HttpSender(Worker):
+    """Delivers records in gzip batches on its own thread (see the module docstring).
 
     Args:
         url: base URL of the service (``/api/v1/ingest`` is appended).
         token: bearer token, or None for no ``Authorization`` header.
-        heartbeat: builds a heartbeat record (with a fresh seq).
-        drop_event: builds the event that reports drops once delivery recovers.
+        heartbeat: makes an encoded heartbeat record (with a fresh seq).
+        drops: where dropped records are counted (queue ``http``).
         capacity: records kept while the service is behind (default 10,000).
     """
 
@@ -63,117 +53,134 @@ class HttpSender:
         self,
         url: str,
         token: str | None,
-        heartbeat: Callable[[], dict[str, Any]],
-        drop_event: Callable[[str, dict[str, int]], dict[str, Any]],
+        heartbeat: Callable[[], Item],
+        drops: Drops,
         capacity: int = 10_000,
         batch_size: int = 500,
         interval_s: float = 2.0,
         heartbeat_s: float = 10.0,
-        request_timeout_s: float = 5.0,
+        request_timeout_s: float = 10.0,
         retry_window_s: float = 60.0,
+        stall_warning_s: float = 30.0,
     ) -> None:
-        import requests
-
-        self._endpoint = url.rstrip("/") + INGEST_PATH
-        self._headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+        super().__init__("otel-rl-http", interval_s)
+        headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         if token:
-            self._headers["Authorization"] = f"Bearer {token}"
-        self._session = requests.Session()
-        self._session.trust_env = False  # no proxies or netrc credentials picked up implicitly
-        self.queue = RecordQueue(capacity, "http")
+            headers["Authorization"] = f"Bearer {token}"
+        self._poster = Poster(url.rstrip("/") + INGEST_PATH, headers)
+        self.queue = RecordQueue(capacity, "http", drops)
+        self._drops = drops
         self._heartbeat = heartbeat
-        self._drop_event = drop_event
         self._batch_size = batch_size
-        self._interval_s = interval_s
         self._heartbeat_s = heartbeat_s
         self._request_timeout_s = request_timeout_s
         self._retry_window_s = retry_window_s
-        self._closing = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
+        self._stall_warning_s = stall_warning_s
         self.sent = 0
-        self.batches_dropped = 0
+        self.rejected = 0
         self._last_sent = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name="otel-rl-http", daemon=True)
-        self._thread.start()
+        self._stalled = False
+        self.start()
 
-    def submit(self, record: dict[str, Any]) -> None:
-        if self._idle.is_set():
-            self._idle.clear()
-        self.queue.put(record, wake_at=self._batch_size)
+    def submit(self, kind: str, line: str) -> None:
+        self.queue.put(kind, line)
+        if len(self.queue) >= self._batch_size:
+            self.wake()
 
-    def _run(self) -> None:
-        while True:
-            if not self._closing.is_set():
-                self.queue.wait(self._interval_s, self._batch_size)
-            records = self.queue.take(self._batch_size)
-            if not records:
-                self._idle.set()
-                if self._closing.is_set():
-                    break
-                if time.monotonic() - self._last_sent >= self._heartbeat_s:
-                    self._deliver([self._heartbeat()])
-                continue
-            self._deliver(records)
-            report = self.queue.take_drop_report()
-            if report:
-                self.queue.put(self._drop_event("http", report))
-        self._session.close()
+    def has_work(self) -> bool:
+        return len(self.queue) > 0
 
-    def _deliver(self, records: list[dict[str, Any]]) -> bool:
-        body = gzip.compress(json.dumps(batch(records), separators=(",", ":"), allow_nan=False).encode("utf-8"))
+    def run_once(self) -> None:
+        budget = len(self.queue)  # this round delivers what was queued when it began
+        if not budget:
+            if not self.stopping and time.monotonic() - self._last_sent >= self._heartbeat_s:
+                self._deliver([self._heartbeat()])
+            return
+        while budget > 0:
+            items = self.queue.take(min(self._batch_size, budget))
+            if not items:
+                return
+            budget -= len(items)
+            if not self._deliver(items):
+                return
+            self._check_stall()
+
+    def finish(self) -> None:
+        self._poster.close()
+
+    # -- delivery --------------------------------------------------------------
+
+    def _deliver(self, items: list[Item]) -> bool:
+        """Deliver ``items``; False when the service is unavailable (what is kept went back to the queue)."""
         first_failure: float | None = None
         attempt = 0
-        while True:
-            status, wait_s = self._post(body)
-            if status is not None and 200 <= status < 300:
-                self.sent += len(records)
-                self._last_sent = time.monotonic()
-                return True
-            if status is not None and status not in RETRYABLE:
-                self.batches_dropped += 1
-                warn_once(
-                    f"http-status:{status}",
-                    "otel-rl: ingest service answered %d; dropping a batch of %d records",
-                    status,
-                    len(records),
-                )
+        while items:
+            left = self.time_left()
+            timeout = self._request_timeout_s if left is None else min(self._request_timeout_s, left)
+            if timeout <= 0:
+                self.queue.put_back(items)
                 return False
+            outcome = send(self._poster, items, timeout)
+            self._account(outcome)
+            items = outcome.failed
+            if not items:
+                return True
             now = time.monotonic()
             first_failure = now if first_failure is None else first_failure
+            self._check_stall(len(items))
             if now - first_failure >= self._retry_window_s:
-                self.batches_dropped += 1
-                warn_once("http-giveup", "otel-rl: ingest service unavailable for %.0f s; dropping a batch", now - first_failure)
+                kept = [item for item in items if item[0] not in DROPPABLE]
+                for kind, _ in items:
+                    if kind in DROPPABLE:
+                        self._drops.add("http", kind)
+                _logger.warning(
+                    "otel-rl: ingest service unavailable for %.0f s (%s); dropped %d scalars, keeping %d lifecycle records",
+                    now - first_failure,
+                    outcome.error,
+                    len(items) - len(kept),
+                    len(kept),
+                )
+                self.queue.put_back(kept)
                 return False
             backoff = random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt))
             attempt += 1
-            # A closing sender still retries (the exit hook bounds how long the process waits for it).
-            time.sleep(max(backoff, wait_s or 0.0))
+            if not self.sleep(max(backoff, outcome.retry_after_s or 0.0)):
+                self.queue.put_back(items)
+                return False
+        return True
 
-    def _post(self, body: bytes) -> tuple[int | None, float | None]:
-        """Status code and Retry-After seconds; (None, None) on a network error."""
-        import requests
+    def _account(self, outcome: Outcome) -> None:
+        delivered = outcome.stored
+        if delivered:
+            self.sent += delivered
+            self._last_sent = time.monotonic()
+            if self._stalled:
+                self._stalled = False
+                _logger.warning("otel-rl: ingest service accepts records again", extra=EVERY_TIME)
+        for (kind, _), reason in outcome.rejected:
+            self.rejected += 1
+            self._drops.add("http_rejected", kind)
+            _logger.warning(
+                "otel-rl: ingest service refused a %s record (%s); dropped it alone", kind, reason, extra=once(f"rejected:{reason}")
+            )
+        if outcome.refused:
+            for kind, _ in outcome.refused:
+                self._drops.add("http", kind)
+            _logger.warning(
+                "otel-rl: ingest service refused a request (%s); dropped its %d records",
+                outcome.refused_reason,
+                len(outcome.refused),
+                extra=once(f"refused:{outcome.refused_reason}"),
+            )
 
-        try:
-            response = self._session.post(self._endpoint, data=body, headers=self._headers, timeout=self._request_timeout_s)
-        except requests.RequestException as exc:
-            # The exception names the URL only: the token lives in a header and is never formatted.
-            warn_once(f"http-error:{type(exc).__name__}", "otel-rl: cannot reach ingest service (%s); retrying", type(exc).__name__)
-            return None, None
-        wait_s = retry_after_s(response.headers.get("Retry-After")) if response.status_code in (429, 503) else None
-        response.close()
-        return response.status_code, wait_s
-
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until every queued record was delivered (or given up on); False on timeout."""
-        self.queue.wake()
-        return self._idle.wait(timeout_s)
-
-    def close(self) -> None:
-        """Stop after delivering what is queued; returns at once (see :meth:`join`)."""
-        self._closing.set()
-        self.queue.wake()
-
-    def join(self, timeout_s: float) -> bool:
-        self._thread.join(max(timeout_s, 0.0))
-        return not self._thread.is_alive()
+    def _check_stall(self, in_flight: int = 0) -> None:
+        quiet = time.monotonic() - self._last_sent
+        waiting = len(self.queue) + in_flight
+        if not self._stalled and quiet >= self._stall_warning_s and waiting:
+            self._stalled = True
+            _logger.warning(
+                "otel-rl: ingest service has accepted nothing for %.0f s; %d records waiting",
+                quiet,
+                waiting,
+                extra=EVERY_TIME,
+            )

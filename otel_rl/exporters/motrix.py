@@ -3,31 +3,31 @@
 Sits on the pipeline beside the OpenTelemetry sink. Each record gets its seq
 when it is made (scalars and events on the training thread, at the call) and
 the same record goes to every output: ``metrics.jsonl`` and the ingest
-service, each with its own thread and bounded queue. Phase timings leave as
+service, each with its own thread and bounded queue. A record is encoded to
+JSON once, here, for every output; one that cannot be encoded is dropped
+alone (counted, one warning naming the field). Phase timings leave as
 ``Perf/*`` scalars, one record per ``perf_interval_s`` at most (averaged over
 the window when iterations are faster), aligned on ``axes.env_steps``.
 """
 
 from __future__ import annotations
 
-import atexit
 import itertools
-import logging
 import platform
 import sys
 import time
-import weakref
 from typing import Any
 
 from otel_rl import schema
+from otel_rl._logging import logger, once
+from otel_rl.background import Deadline
+from otel_rl.drops import Drops
+from otel_rl.exporters.record_queue import Item
 from otel_rl.pipeline import CycleTotals, PassTotals, RecordSink
-from otel_rl.protocol import record
+from otel_rl.protocol import ProtocolError, encode_record, record
 from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
 
-_logger = logging.getLogger(__name__)
-
-EXIT_WAIT_S = 5.0
-"""At exit, how long the process waits for the final records (the terminal status among them)."""
+_logger = logger(__name__)
 
 _RUN_METADATA = ("family", "total_steps", "num_envs", "config")
 
@@ -81,10 +81,11 @@ class MotrixSink(RecordSink):
     """Turns pipeline records into protocol records for every output.
 
     Args:
-        outputs: writers with ``submit(record)``, ``flush(timeout_s)``,
-            ``close()`` and ``join(timeout_s)`` (:class:`JsonlWriter`, :class:`HttpSender`).
+        outputs: workers with ``submit(kind, line)``, ``flush(timeout_s)``,
+            ``close(deadline)`` and ``join(timeout_s)`` (:class:`JsonlWriter`, :class:`HttpSender`).
         seq: the writer's sequence counter (shared with the training thread).
-        project, group, meta: sent on every run record.
+        drops: where records that cannot be encoded are counted (queue ``encode``).
+        project, group, meta: sent on every run record (``meta`` already JSON-safe).
         perf_interval_s: at most one ``Perf/*`` record per this many seconds.
     """
 
@@ -93,7 +94,8 @@ class MotrixSink(RecordSink):
         run_id: str,
         writer: str,
         seq: itertools.count,
-        outputs: list,
+        drops: Drops,
+        outputs: list | None = None,
         project: str | None = None,
         group: str | None = None,
         meta: dict[str, Any] | None = None,
@@ -102,14 +104,14 @@ class MotrixSink(RecordSink):
         self.run_id = run_id
         self.writer = writer
         self._seq = seq
-        self.outputs = outputs
+        self._drops = drops
+        self.outputs = outputs if outputs is not None else []
         self._run_fields = {"project": project, "group": group, "meta": meta or {}}
         self._perf_interval_s = perf_interval_s
         self._windows: dict[str, _PerfWindow] = {}
         self._last_perf = time.monotonic()
         self._axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
         self._closed = False
-        _sinks.add(self)
 
     # -- records built here ---------------------------------------------
 
@@ -123,19 +125,33 @@ class MotrixSink(RecordSink):
             **fields,
         )
 
-    def heartbeat(self) -> dict[str, Any]:
-        return self.make("heartbeat")
+    def encode(self, rec: dict[str, Any]) -> Item | None:
+        """``(kind, line)`` of a record, or None (counted, warned once) when it cannot be encoded."""
+        try:
+            return rec["kind"], encode_record(rec)
+        except ProtocolError as exc:
+            self._drops.add("encode", rec["kind"])
+            _logger.warning(
+                "otel-rl: a %s record cannot be encoded (%s at %s); dropped it alone",
+                rec["kind"],
+                exc.message,
+                exc.field,
+                extra=once(f"encode:{exc.field}"),
+            )
+            return None
 
-    def drop_event(self, output: str, counts: dict[str, int]) -> dict[str, Any]:
-        return self.make("event", name="records_dropped", attributes={"output": output, **counts})
+    def heartbeat(self) -> Item:
+        return "heartbeat", encode_record(self.make("heartbeat"))
 
     def pending(self) -> None:
         """The run exists but has not started training (sent from :func:`otel_rl.init`)."""
         self._emit(self.make("run", status="pending", **self._run_fields))
 
     def _emit(self, rec: dict[str, Any]) -> None:
-        for output in self.outputs:
-            output.submit(rec)
+        item = self.encode(rec)
+        if item is not None:
+            for output in self.outputs:
+                output.submit(*item)
 
     # -- pipeline records -----------------------------------------------
 
@@ -162,8 +178,7 @@ class MotrixSink(RecordSink):
         self._emit(self.make("scalars", ts=rec.time_ns / 1e9, seq=rec.seq, step=step, axes=axes, values=rec.values))
 
     def on_event(self, event: EventRecord) -> None:
-        attributes = {k: _json_safe(v) for k, v in event.attributes.items()}
-        self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=attributes))
+        self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:
         learner = totals.timelines.get(schema.LEARNER)
@@ -191,51 +206,17 @@ class MotrixSink(RecordSink):
     # -- lifecycle ------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        return all([o.flush(max(deadline - time.monotonic(), 0.0)) for o in self.outputs])
+        deadline = Deadline(timeout_s)
+        return all([o.flush(deadline.left()) for o in self.outputs])
 
     def shutdown(self, timeout_s: float) -> None:
-        """Hand the final records to the outputs and return at once.
-
-        The outputs finish on their own threads; an exit hook gives them at
-        most :data:`EXIT_WAIT_S` so the terminal status goes out even when the
-        script exits right after training.
-        """
+        """Hand the final records to the outputs and wait for them, all within ``timeout_s``."""
         if self._closed:
             return
         self._closed = True
+        deadline = Deadline(timeout_s)
         self._emit_perf()
         for output in self.outputs:
-            output.close()
-
-    def join(self, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        return all([o.join(max(deadline - time.monotonic(), 0.0)) for o in self.outputs])
-
-
-_sinks: weakref.WeakSet[MotrixSink] = weakref.WeakSet()
-
-
-def _wait_at_exit() -> None:
-    """One exit hook for every sink, sharing one deadline: exit never waits more than EXIT_WAIT_S."""
-    deadline = time.monotonic() + EXIT_WAIT_S
-    for sink in list(_sinks):
-        if sink._closed:
-            sink.join(max(deadline - time.monotonic(), 0.0))
-
-
-# Registered at import, before any Telemetry registers its close: exit hooks run
-# last-in first-out, so telemetry closes first and this then waits.
-atexit.register(_wait_at_exit)
-
-
-def _json_safe(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, str)):
-        return value
-    if isinstance(value, float):
-        return value if value == value and value not in (float("inf"), float("-inf")) else None
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    return str(value)
+            output.close(deadline)
+        for output in self.outputs:
+            output.join(deadline.left())

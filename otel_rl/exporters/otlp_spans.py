@@ -16,7 +16,6 @@ Field numbers are those of ``opentelemetry/proto/trace/v1/trace.proto`` and
 
 from __future__ import annotations
 
-import logging
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,10 +27,11 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from otel_rl._logging import logger
 from otel_rl.exporters.protowire import SMALL as _SMALL
 from otel_rl.exporters.protowire import varint as _varint
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 
 _CACHE_LIMIT = 8192
 _cache: dict[tuple, bytes] = {}

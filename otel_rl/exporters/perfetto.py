@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import logging
 import os
 import shutil
-import threading
 from collections import deque
 from pathlib import Path
 from typing import Any
@@ -38,11 +36,13 @@ from typing import Any
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 
 from otel_rl import schema
+from otel_rl._logging import logger, once
+from otel_rl.background import Worker
+from otel_rl.drops import Drops
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.exporters.files import close_quietly
 from otel_rl.exporters.protowire import varint as _varint
 from otel_rl.pipeline import RecordSink
-from otel_rl.recorder import warn_once
 from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
 from otel_rl.schema import PhaseSpec
 
@@ -51,7 +51,7 @@ try:
 except ImportError:  # not built (no compiler): the pure-Python twin below
     _c_encode_phases = None
 
-_logger = logging.getLogger(__name__)
+_logger = logger(__name__)
 
 TRACE_FILE = "trace.perfetto-trace"
 _ROTATE = object()  # a mark in the writer's queue: start the next file here
@@ -348,6 +348,7 @@ class PerfettoTraceSink(RecordSink):
     Args:
         path: the trace file.
         process_name: the role shown as this process's name.
+        drops: where records dropped by a full queue are counted (queue ``perfetto``).
         thread_time: add a CPU-share counter per thread (needs iteration thread times).
         cuda_events: put device intervals on GPU stream tracks.
         max_bytes: rotate the file past this size.
@@ -357,6 +358,7 @@ class PerfettoTraceSink(RecordSink):
         self,
         path: Path,
         process_name: str,
+        drops: Drops | None = None,
         thread_time: bool = False,
         cuda_events: bool = True,
         max_bytes: int = DEFAULT_MAX_BYTES,
@@ -372,7 +374,7 @@ class PerfettoTraceSink(RecordSink):
         self._thread_time = thread_time
         self._cuda_events = cuda_events
         self._max_bytes = max_bytes
-        self._queue: deque = deque()  # encoded packets (bytes) and rotation marks, for the writer thread
+        self._drops = drops
         self._capacity = capacity
         self._encoded = 0  # bytes encoded for the current file
         self._loose: list[PhaseRecord] = []
@@ -380,13 +382,7 @@ class PerfettoTraceSink(RecordSink):
         self._counters: dict[str, int] = {}
         self._classified: set[str] = set()  # scalar keys seen, and those drawn as counter tracks
         self._counter_keys: set[str] = set()
-        self._file = None
-        self._wake = threading.Event()
-        self._idle = threading.Event()
-        self._idle.set()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, name="otel-rl-perfetto", daemon=True)
-        self._thread.start()
+        self._writer = TraceWriter(self.path, self._writing)
 
     # -- pipeline side: encode (C for the slices), then enqueue bytes ----------
 
@@ -396,17 +392,18 @@ class PerfettoTraceSink(RecordSink):
         Descriptor and interning packets are never dropped: the packets after
         them refer to their ids, and there are only a handful per file.
         """
-        if len(self._queue) >= self._capacity and not state:
+        queue = self._writer.queue
+        if len(queue) >= self._capacity and not state:
             self.dropped += records
+            if self._drops is not None:
+                self._drops.add("perfetto", "records", records)
             return
         data = b"".join(chunks)
-        if self._idle.is_set():
-            self._idle.clear()
-        self._queue.append(data)
+        queue.append(data)
         self._encoded += len(data)
         if self._encoded > self._max_bytes:
             # Rotate between records, so each file starts with its own descriptors.
-            self._queue.append(_ROTATE)
+            queue.append(_ROTATE)
             self._encoder.reset()
             self._encoded = 0
 
@@ -415,7 +412,7 @@ class PerfettoTraceSink(RecordSink):
         try:
             chunks = self._encode(item)
         except Exception:
-            warn_once("perfetto-encode", "otel-rl: could not encode a trace record; skipped", exc_info=True)
+            _logger.warning("otel-rl: could not encode a trace record; skipped", exc_info=True)
             return
         if chunks:
             records = len(item) if isinstance(item, list) else 1
@@ -459,8 +456,8 @@ class PerfettoTraceSink(RecordSink):
 
     def on_drain(self, now_ns: int) -> None:
         self._flush_loose()
-        if self._queue:
-            self._wake.set()
+        if self._writer.queue:
+            self._writer.wake()
 
     def _encode(self, item: object) -> list[bytes]:
         enc = self._encoder
@@ -496,21 +493,42 @@ class PerfettoTraceSink(RecordSink):
             out.append(enc.counter(track, time_ns, float(value)))
         return out
 
-    # -- writer thread: file IO only ----------------------------------------
+    # -- lifecycle --------------------------------------------------------
 
-    def _run(self) -> None:
-        while True:
-            self._wake.wait(0.5)
-            self._wake.clear()
-            self._write_pending()
-            if not self._queue:
-                self._idle.set()
-            if self._stop and not self._queue:
-                break
-        self._close_file()
+    def flush(self, timeout_s: float) -> bool:
+        self._flush_loose()
+        return self._writer.flush(timeout_s)
 
-    def _write_pending(self) -> None:
-        queue = self._queue
+    def shutdown(self, timeout_s: float) -> None:
+        self._flush_loose()
+        self._writer.shutdown(timeout_s)
+        if self.dropped:
+            _logger.warning("otel-rl: trace queue was full; %d records are missing from %s", self.dropped, self.path)
+        try:
+            if self._writing != self.path and self._writing.exists():
+                os.replace(self._writing, self.path)
+            if self._merge_fragments:
+                merge_fragments(self.path)
+        except OSError as exc:
+            _logger.warning("otel-rl: could not finish %s (%s)", self.path, exc)
+
+
+class TraceWriter(Worker):
+    """Writes encoded packets (and rotates files at the marks) on its own thread: file IO only."""
+
+    def __init__(self, path: Path, writing: Path) -> None:
+        super().__init__("otel-rl-perfetto", 0.5)
+        self.path = path
+        self._writing = writing
+        self.queue: deque = deque()  # encoded packets (bytes) and rotation marks
+        self._file = None
+        self.start()
+
+    def has_work(self) -> bool:
+        return bool(self.queue)
+
+    def run_once(self) -> None:
+        queue = self.queue
         chunks: list[bytes] = []
         for _ in range(len(queue)):
             data = queue.popleft()
@@ -523,6 +541,9 @@ class PerfettoTraceSink(RecordSink):
         if chunks:
             self._write(b"".join(chunks))
 
+    def finish(self) -> None:
+        self._close_file()
+
     def _write(self, data: bytes) -> None:
         try:
             if self._file is None:
@@ -531,7 +552,7 @@ class PerfettoTraceSink(RecordSink):
             self._file.write(data)
             self._file.flush()
         except OSError as exc:
-            warn_once("perfetto-write", "otel-rl: cannot write %s (%s); trace records are lost", self.path, exc)
+            _logger.warning("otel-rl: cannot write %s (%s); trace records are lost", self.path, exc, extra=once(f"write:{self.path}"))
             self._close_file()
 
     def _rotate(self) -> None:
@@ -539,42 +560,98 @@ class PerfettoTraceSink(RecordSink):
         try:
             os.replace(self._writing, self.path.with_name(self.path.stem + ".1" + self.path.suffix))
         except OSError as exc:
-            warn_once("perfetto-rotate", "otel-rl: cannot rotate %s (%s)", self.path, exc)
+            _logger.warning("otel-rl: cannot rotate %s (%s)", self.path, exc)
 
     def _close_file(self) -> None:
         close_quietly(self._file)
         self._file = None
 
-    # -- lifecycle --------------------------------------------------------
 
-    def flush(self, timeout_s: float) -> bool:
-        self._wake.set()
-        return self._idle.wait(timeout_s)
-
-    def shutdown(self, timeout_s: float) -> None:
-        self._flush_loose()
-        self._stop = True
-        self._wake.set()
-        self._thread.join(max(timeout_s, 0.0))
-        if self.dropped:
-            _logger.warning("otel-rl: trace queue was full; %d records are missing from %s", self.dropped, self.path)
-        try:
-            if self._writing != self.path and self._writing.exists():
-                os.replace(self._writing, self.path)
-            if self._merge_fragments:
-                self._merge()
-        except OSError as exc:
-            warn_once("perfetto-merge", "otel-rl: could not finish %s (%s)", self.path, exc)
-
-    def _merge(self) -> None:
-        """Append the finished fragments of worker processes: serialized traces concatenate."""
-        fragments = sorted(self.path.parent.glob("trace-*.perfetto-trace"))
-        if not fragments:
-            return
-        with open(self.path, "ab") as merged:
-            for fragment in fragments:
-                with open(fragment, "rb") as part:
-                    shutil.copyfileobj(part, merged)
-                fragment.unlink()
+CRASH_MARK = "worker crashed: its trace ends here"
 
 
+def merge_fragments(path: Path) -> None:
+    """Append the fragments of worker processes to ``path``: serialized traces concatenate.
+
+    Finished fragments (``trace-<role>.perfetto-trace``) go in whole. A
+    ``.partial`` fragment whose process is gone is a worker that crashed:
+    it is cut after its last whole packet and goes in with a
+    :data:`CRASH_MARK` instant on that process. A ``.partial`` fragment of a
+    live process is still being written and is left alone.
+    """
+    fragments = sorted(path.parent.glob("trace-*.perfetto-trace"))
+    crashed = [p for p in sorted(path.parent.glob("trace-*.perfetto-trace.partial")) if not _writer_alive(p)]
+    if not fragments and not crashed:
+        return
+    with open(path, "ab") as merged:
+        for fragment in fragments:
+            with open(fragment, "rb") as part:
+                shutil.copyfileobj(part, merged)
+            fragment.unlink()
+        for fragment in crashed:
+            data = fragment.read_bytes()
+            whole, last_ts, pid = _whole_packets(data)
+            merged.write(data[:whole])
+            if pid is not None:
+                merged.write(_crash_mark(pid, last_ts))
+            fragment.unlink()
+            _logger.warning("otel-rl: merged the trace of a crashed worker (%s), marked as crashed", fragment.name)
+
+
+def _writer_alive(fragment: Path) -> bool:
+    _, _, pid = _whole_packets(fragment.read_bytes()[:65536])
+    if pid is None or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _whole_packets(data: bytes) -> tuple[int, int, int | None]:
+    """(bytes of whole packets, timestamp of the last packet that has one, pid of the first process descriptor)."""
+    offset, pid = 0, None
+    size = len(data)
+    recent: deque[tuple[int, int]] = deque(maxlen=64)  # the last packets' spans, searched for a timestamp
+    while offset < size and data[offset] == 0x0A:  # field 1 of Trace: a length-delimited packet
+        length, shift, cursor = 0, 0, offset + 1
+        while cursor < size:
+            byte = data[cursor]
+            cursor += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if not byte & 0x80:
+                break
+        else:
+            break
+        end = cursor + length
+        if end > size:
+            break
+        if pid is None:
+            pid = TracePacket.FromString(data[cursor:end]).track_descriptor.process.pid or None
+        recent.append((cursor, end))
+        offset = end
+    last_ts = 0
+    for begin, stop in reversed(recent):
+        last_ts = TracePacket.FromString(data[begin:stop]).timestamp
+        if last_ts:
+            break
+    return offset, last_ts, pid
+
+
+def _crash_mark(pid: int, time_ns: int) -> bytes:
+    """An instant on a "crashed" track of process ``pid`` at ``time_ns`` (its own packet sequence)."""
+    sequence = 0x7FFF0000 + (pid % 0xFFFF)
+    uuid = track_uuid("crashed", pid)
+    descriptor = TracePacket(trusted_packet_sequence_id=sequence)
+    descriptor.track_descriptor.uuid = uuid
+    descriptor.track_descriptor.parent_uuid = track_uuid("process", pid)
+    descriptor.track_descriptor.name = "crashed"
+    mark = TracePacket(trusted_packet_sequence_id=sequence, timestamp=time_ns)
+    mark.track_event.type = TrackEvent.TYPE_INSTANT
+    mark.track_event.track_uuid = uuid
+    mark.track_event.name = CRASH_MARK
+    return _trace_entry(descriptor.SerializeToString()) + _trace_entry(mark.SerializeToString())

@@ -1,93 +1,107 @@
-"""A bounded queue of protocol records with the ``motrix.metrics/v1`` drop policy.
+"""A bounded queue of encoded protocol records with the ``motrix.metrics/v1`` drop policy.
 
-When full, the oldest ``scalars`` record is dropped to make room: run,
-event and heartbeat records are lifecycle data and are never dropped to make
-room for metrics. So that memory stays bounded even then, non-scalar records
-beyond twice the capacity are dropped too, counted and warned about once.
+Items are ``(kind, line)``: the record's kind and its JSON text, encoded once
+for every output. When the queue holds ``capacity`` records, the oldest
+``scalars`` (or ``heartbeat``) record makes room. ``run`` and ``event``
+records are lifecycle data: they are never dropped to make room for metrics,
+and may exceed ``capacity`` up to ``lifecycle_capacity`` records and
+``lifecycle_bytes`` bytes, past which new ones are dropped, counted and
+warned about once. Every drop is counted in the shared :class:`otel_rl.drops.Drops`
+under the queue's name.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from typing import Any
 
-from otel_rl.recorder import warn_once
+from otel_rl._logging import logger, once
+from otel_rl.drops import Drops
+
+_logger = logger(__name__)
+
+DROPPABLE = frozenset(("scalars", "heartbeat"))
+Item = tuple[str, str]
 
 
 class RecordQueue:
-    def __init__(self, capacity: int, name: str) -> None:
-        if not isinstance(capacity, int) or capacity < 1:
+    """Thread-safe; ``put`` never blocks."""
+
+    def __init__(
+        self,
+        capacity: int,
+        name: str,
+        drops: Drops,
+        lifecycle_capacity: int | None = None,
+        lifecycle_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"{name} queue capacity must be a positive integer, got {capacity!r}")
         self.capacity = capacity
         self.name = name
-        self._items: deque[dict[str, Any]] = deque()
+        self._drops = drops
+        self.lifecycle_capacity = lifecycle_capacity or 2 * capacity
+        self.lifecycle_bytes = lifecycle_bytes
+        self._items: deque[Item] = deque()
+        self._lifecycle = 0  # lifecycle records held, and their characters
+        self._lifecycle_size = 0
         self._lock = threading.Lock()
-        self.not_empty = threading.Condition(self._lock)
-        self.dropped: dict[str, int] = {}
-        self._unreported: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def put(self, record: dict[str, Any], wake_at: int = 1) -> None:
-        """Append a record, never blocking; wake the consumer once ``wake_at`` records wait."""
+    def put(self, kind: str, line: str) -> None:
+        """Append a record; the drop policy decides what goes when full."""
         with self._lock:
-            items = self._items
-            if len(items) >= self.capacity:
-                if not self._drop_oldest_scalars():
-                    if len(items) >= 2 * self.capacity or record["kind"] == "scalars":
-                        self._count(record["kind"])
-                        if record["kind"] != "scalars":
-                            warn_once(
-                                f"queue-full:{self.name}",
-                                "otel-rl: %s queue holds %d lifecycle records; dropping new ones",
-                                self.name,
-                                len(items),
-                            )
-                        return
-            items.append(record)
-            if len(items) >= wake_at:
-                self.not_empty.notify()
+            lifecycle = kind not in DROPPABLE
+            if lifecycle and (
+                self._lifecycle >= self.lifecycle_capacity or self._lifecycle_size + len(line) > self.lifecycle_bytes
+            ):
+                self._drops.add(self.name, kind)
+                _logger.warning(
+                    "otel-rl: %s queue holds %d lifecycle records (%d bytes); dropping new ones",
+                    self.name,
+                    self._lifecycle,
+                    self._lifecycle_size,
+                    extra=once(f"lifecycle-full:{self.name}"),
+                )
+                return
+            if len(self._items) >= self.capacity and not self._drop_oldest_droppable():
+                if not lifecycle:
+                    self._drops.add(self.name, kind)
+                    return
+            self._items.append((kind, line))
+            if lifecycle:
+                self._lifecycle += 1
+                self._lifecycle_size += len(line)
 
-    def _drop_oldest_scalars(self) -> bool:
+    def _drop_oldest_droppable(self) -> bool:
         items = self._items
-        for index, item in enumerate(items):
-            if item["kind"] == "scalars":
+        for index, (kind, _) in enumerate(items):
+            if kind in DROPPABLE:
                 del items[index]
-                self._count("scalars")
+                self._drops.add(self.name, kind)
                 return True
         return False
 
-    def _count(self, kind: str) -> None:
-        self.dropped[kind] = self.dropped.get(kind, 0) + 1
-        self._unreported[kind] = self._unreported.get(kind, 0) + 1
-
-    def take(self, limit: int | None = None) -> list[dict[str, Any]]:
+    def take(self, limit: int | None = None) -> list[Item]:
         """Remove and return up to ``limit`` records, oldest first."""
         with self._lock:
             count = len(self._items) if limit is None else min(limit, len(self._items))
-            return [self._items.popleft() for _ in range(count)]
+            taken = [self._items.popleft() for _ in range(count)]
+            for kind, line in taken:
+                if kind not in DROPPABLE:
+                    self._lifecycle -= 1
+                    self._lifecycle_size -= len(line)
+            return taken
 
-    def put_back(self, records: list[dict[str, Any]]) -> None:
+    def put_back(self, items: list[Item]) -> None:
         """Return records that could not be written to the front, in order (the drop policy still applies)."""
         with self._lock:
-            self._items.extendleft(reversed(records))
-            while len(self._items) > self.capacity and self._drop_oldest_scalars():
+            self._items.extendleft(reversed(items))
+            for kind, line in items:
+                if kind not in DROPPABLE:
+                    self._lifecycle += 1
+                    self._lifecycle_size += len(line)
+            while len(self._items) > self.capacity and self._drop_oldest_droppable():
                 pass
-
-    def wait(self, timeout_s: float, min_items: int) -> None:
-        """Block the consumer until ``min_items`` records wait or ``timeout_s`` passes."""
-        with self._lock:
-            if len(self._items) < min_items:
-                self.not_empty.wait(timeout_s)
-
-    def wake(self) -> None:
-        with self._lock:
-            self.not_empty.notify_all()
-
-    def take_drop_report(self) -> dict[str, int]:
-        """Drops since the last report (then reset)."""
-        with self._lock:
-            report, self._unreported = self._unreported, {}
-            return report

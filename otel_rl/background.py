@@ -1,0 +1,197 @@
+"""One shape for every background loop of otel-rl, and the deadline that bounds shutdown.
+
+A :class:`Worker` is a named daemon thread that runs :meth:`Worker.run_once`
+every ``interval_s``, or at once when woken, flushed or closed:
+
+* it never dies of its work: an exception in a round is logged (once per
+  worker and exception type, with its traceback) and the next round runs;
+* :meth:`Worker.flush` asks for a round and waits for a round that *started
+  after* the call, so whatever was submitted before the call has been handled
+  (no idle flag that a concurrent submit can race);
+* :meth:`Worker.close` asks for final rounds until :meth:`Worker.has_work`
+  is False or the deadline passes, then :meth:`Worker.finish` releases
+  resources; :meth:`Worker.join` waits for that, never past the deadline.
+
+:class:`Deadline` is the one clock that shutdown runs against: every step of
+:meth:`otel_rl.Telemetry.close` takes what is left of it, and a second
+SIGTERM may shorten it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from otel_rl._logging import logger, once
+
+_logger = logger(__name__)
+
+
+class Deadline:
+    """A point on the monotonic clock; thread-safe, and it can only move earlier."""
+
+    __slots__ = ("_at",)
+
+    def __init__(self, timeout_s: float) -> None:
+        self._at = time.monotonic() + max(timeout_s, 0.0)
+
+    @property
+    def at(self) -> float:
+        return self._at
+
+    def left(self, cap_s: float | None = None) -> float:
+        """Seconds left (never negative), at most ``cap_s``."""
+        left = max(self._at - time.monotonic(), 0.0)
+        return left if cap_s is None else min(left, cap_s)
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self._at
+
+    def shorten(self, timeout_s: float) -> None:
+        """Bring the deadline to at most ``timeout_s`` from now."""
+        self._at = min(self._at, time.monotonic() + max(timeout_s, 0.0))
+
+
+class Worker:
+    """Base of otel-rl's background loops (see the module docstring).
+
+    Subclasses implement :meth:`run_once`, and :meth:`has_work` when stopping
+    should wait for pending work; :meth:`finish` runs once on the thread
+    after the last round. Call :meth:`start` at the end of the subclass's
+    constructor.
+    """
+
+    def __init__(self, name: str, interval_s: float) -> None:
+        if not interval_s > 0:
+            raise ValueError(f"{name}: interval must be positive, got {interval_s!r}")
+        self.name = name
+        self.interval_s = interval_s
+        self._cond = threading.Condition()
+        self._requested = 0  # rounds asked for (flush, wake, close)
+        self._completed = 0  # the newest request a finished round started after
+        self._stop_at: float | None = None
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+
+    # -- subclass hooks ---------------------------------------------------
+
+    def run_once(self) -> None:
+        """One round of work. Exceptions are logged and the loop goes on."""
+
+    def has_work(self) -> bool:
+        """Whether work is pending (a stopping worker keeps running rounds while it is, until its deadline)."""
+        return False
+
+    def finish(self) -> None:
+        """Release resources; runs once on the worker's thread after its last round."""
+
+    # -- control -----------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_at is not None
+
+    def wake(self) -> None:
+        """Run a round now rather than at the end of the interval."""
+        with self._cond:
+            self._requested += 1
+            self._cond.notify_all()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait inside a round (a retry backoff), cut short only by the close deadline; False once that has passed."""
+        end = time.monotonic() + seconds
+        with self._cond:
+            while True:
+                limit = end if self._stop_at is None else min(end, self._stop_at)
+                remaining = limit - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+        return self._stop_at is None or time.monotonic() < self._stop_at
+
+    def time_left(self) -> float | None:
+        """Seconds until the close deadline; None while not closing."""
+        stop_at = self._stop_at
+        return None if stop_at is None else max(stop_at - time.monotonic(), 0.0)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait until a round that started after this call finished; True if it did in time and no work is left."""
+        with self._cond:
+            self._requested += 1
+            target = self._requested
+            self._cond.notify_all()
+            if not self._thread.is_alive():
+                return not self.has_work()
+            finished = self._cond.wait_for(
+                lambda: self._completed >= target or not self._thread.is_alive(), max(timeout_s, 0.0)
+            )
+        return finished and not self.has_work()
+
+    def close(self, deadline: Deadline | float) -> None:
+        """Finish pending work until ``deadline`` (a :class:`Deadline` or seconds from now), then stop; returns at once."""
+        at = deadline.at if isinstance(deadline, Deadline) else time.monotonic() + max(deadline, 0.0)
+        with self._cond:
+            self._stop_at = at if self._stop_at is None else min(self._stop_at, at)
+            self._requested += 1
+            self._cond.notify_all()
+
+    def join(self, timeout_s: float) -> bool:
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(max(timeout_s, 0.0))
+        return not self._thread.is_alive()
+
+    def shutdown(self, timeout_s: float) -> bool:
+        """:meth:`close` and :meth:`join` against one deadline; True if the thread ended in time."""
+        self.close(timeout_s)
+        return self.join(timeout_s)
+
+    # -- the loop --------------------------------------------------------------
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._completed >= self._requested and self._stop_at is None:
+                        self._cond.wait(self.interval_s)
+                    target = self._requested
+                    stop_at = self._stop_at
+                self._round()
+                with self._cond:
+                    self._completed = max(self._completed, target)
+                    self._cond.notify_all()
+                if stop_at is not None:
+                    if time.monotonic() >= stop_at or not self._safe_has_work():
+                        break
+                    # Pending work while stopping (a failing disk, a service down): retry soon, not every interval.
+                    with self._cond:
+                        self._cond.wait(min(self.interval_s, 0.2, max(stop_at - time.monotonic(), 0.0)))
+        finally:
+            try:
+                self.finish()
+            except Exception:
+                _logger.warning("otel-rl: %s failed to finish", self.name, exc_info=True, extra=once(f"finish:{self.name}"))
+            with self._cond:
+                self._cond.notify_all()
+
+    def _round(self) -> None:
+        try:
+            self.run_once()
+        except Exception as exc:
+            _logger.warning(
+                "otel-rl: %s round failed; it keeps running",
+                self.name,
+                exc_info=True,
+                extra=once(f"round:{self.name}:{type(exc).__name__}"),
+            )
+
+    def _safe_has_work(self) -> bool:
+        try:
+            return self.has_work()
+        except Exception:
+            return False
