@@ -27,6 +27,8 @@ HERE = Path(__file__).parent
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 SELECTOR = 'service_name=~"$service", rl_run_id=~"$run_id"'
 RATE = "$__rate_interval"
+ENV_STEPS = f"max by (rl_run_id) (rl_env_steps_total{{{SELECTOR}}})"
+"""Env steps of each run, once: the learner and the collectors all report the job's cumulative count."""
 NESTED = "|".join(sorted(p.name for p in schema.PHASES.values() if p.parent is not None))
 
 
@@ -136,9 +138,9 @@ def overview() -> dashboard.Dashboard:
             _stat(
                 "Env steps",
                 "short",
-                f"sum(rl_env_steps_total{{{SELECTOR}}})",
+                f"sum({ENV_STEPS})",
                 GridPos(h=4, w=6, x=18, y=0),
-                "Environment steps taken so far.",
+                "Environment steps taken so far (each run counted once, however many processes report it).",
             )
         )
         .with_panel(
@@ -147,7 +149,7 @@ def overview() -> dashboard.Dashboard:
                 "suffix: steps/s",
                 [
                     _query(f"rl_perf_total_fps_per_second{{{SELECTOR}}}", "{{rl_run_id}} reported", "A"),
-                    _query(f"sum by (rl_run_id) (rate(rl_env_steps_total{{{SELECTOR}}}[{RATE}]))", "{{rl_run_id}} from env steps", "B"),
+                    _query(f"max by (rl_run_id) (rate(rl_env_steps_total{{{SELECTOR}}}[{RATE}]))", "{{rl_run_id}} from env steps", "B"),
                 ],
                 GridPos(h=8, w=12, x=0, y=4),
                 "Environment steps per second of the whole job (summed over collectors and ranks).",

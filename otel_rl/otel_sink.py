@@ -24,6 +24,7 @@ from otel_rl._logging import logger
 from otel_rl import environment_variables as env
 from otel_rl import otlp, schema
 from otel_rl.aggregation import Aggregates, MergingMetricExporter
+from otel_rl.background import Deadline
 from otel_rl.pipeline import Clock, RecordSink
 from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
 from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
@@ -271,15 +272,19 @@ class OpenTelemetrySink(RecordSink):
     # -- lifecycle ------------------------------------------------------
 
     def flush(self, timeout_s: float) -> bool:
+        """Flush every provider, all within one deadline of ``timeout_s``."""
+        deadline = Deadline(timeout_s)
         ok = True
         for name, provider in self._providers():
-            ok = run_bounded(lambda p=provider: p.force_flush(int(timeout_s * 1000)), timeout_s, f"{name}-flush") and ok
+            left = deadline.left()
+            ok = run_bounded(lambda p=provider, ms=int(left * 1000): p.force_flush(ms), left, f"{name}-flush") and ok
         return ok
 
     def shutdown(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
+        """Shut every provider down, all within one deadline of ``timeout_s``."""
+        deadline = Deadline(timeout_s)
         for name, provider in self._providers():
-            left = max(deadline - time.monotonic(), 0.0)
+            left = deadline.left()
             if name == "metrics":
                 fn = lambda p=provider, ms=left * 1000: p.shutdown(timeout_millis=ms)  # noqa: E731
             else:

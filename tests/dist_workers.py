@@ -95,3 +95,26 @@ def telemetry(rank: int, world: int, extra) -> dict:
         reduced = tel.log_window({"Perf/total_fps": 100.0 * (rank + 1), "Loss/critic": float(rank)}, group=dist.group.WORLD)
     tel.close()
     return reduced
+
+
+def areal_parity(rank: int, world: int, extra) -> dict:
+    """Per-micro-batch masks before their stats, a per-key group, and the group's device, on every rank."""
+    from otel_rl import stats
+    from otel_rl.stats import StatsTracker, reduce_device
+
+    tracker = StatsTracker("actor/")
+    data = rank_data(rank)
+    half = len(data["values"]) // 2
+    # Masks of both micro-batches first, then their stats: paired by position.
+    tracker.denominator(n_valid_tokens=data["mask"][:half])
+    tracker.denominator(n_valid_tokens=data["mask"][half:])
+    tracker.stat("n_valid_tokens", adv=data["values"][:half])
+    tracker.stat("n_valid_tokens", adv=data["values"][half:])
+    # A key reduced within a group of ranks 0 and 1 only.
+    pair = dist.new_group([0, 1])
+    if rank in (0, 1):
+        tracker.scalar(reduce_group=pair, pair_only=float(rank + 1))
+    out = tracker.export(reduce_group=dist.group.WORLD)
+    stats.get("rollout/").scalar(reward=float(rank))
+    everything = stats.export_all(reduce_group=dist.group.WORLD)
+    return {"stats": out, "all": everything, "device": str(reduce_device(dist.group.WORLD))}

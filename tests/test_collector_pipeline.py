@@ -36,7 +36,8 @@ LOOP = textwrap.dedent(
     def collector():
         tick = 0
         while not stop.is_set():
-            with tel.iteration(tick, timeline="collector"):
+            # The collector reports the job's env steps too (its own count, ahead of the learner's).
+            with tel.iteration(tick, env_steps=8 * tick, timeline="collector"):
                 with tel.phase("learner_action_wait", "collector"):
                     time.sleep(S["learner_action_wait"] / 1000)
                 with tel.phase("env_step", "collector"):
@@ -192,6 +193,16 @@ def test_gpu_panels_read_the_names_system_metrics_export():
     assert set(exported) == set(dashboards.GPU_METRICS)
     for name in exported.values():
         assert f'"{name}"' in source
+
+
+def test_env_steps_are_counted_once_per_run(pipeline):
+    _, prometheus = pipeline
+    by_side = {r["metric"]["rl_timeline"]: float(r["value"][1]) for r in prometheus.query("rl_env_steps_total")}
+    assert set(by_side) == {"learner", "collector"}  # both sides report
+    assert by_side["learner"] == 8 * 199
+    (env_steps,) = [p for _, _, p in _panels() if p["title"] == "Env steps"]
+    (shown,) = prometheus.query(_substitute(env_steps["targets"][0]["expr"]))
+    assert float(shown["value"][1]) == max(by_side.values()) < sum(by_side.values())
 
 
 def _value(prometheus, expr: str) -> dict[str, float]:

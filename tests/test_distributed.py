@@ -56,7 +56,11 @@ def reference(world: int) -> dict[str, float]:
     data = [rank_data(r) for r in range(world)]
     selected = torch.cat([d["values"][d["mask"]].double() for d in data])
     lrs = [lr for d in data for lr in d["lr"]]
+    masked = float(sum(int(d["mask"].sum()) for d in data))
     out = {
+        "valid": masked,  # every denominator exports its count
+        "actor/valid": masked,
+        "none": 0.0,  # a SUM over all-false masks is 0.0, not left out
         "actor/x_avg_min_max/avg": selected.mean().item(),
         "actor/x_avg_min_max/min": selected.min().item(),
         "actor/x_avg_min_max/max": selected.max().item(),
@@ -65,9 +69,9 @@ def reference(world: int) -> dict[str, float]:
         "actor/x_min": selected.min().item(),
         "actor/x_max": selected.max().item(),
         "lr": sum(lrs) / len(lrs),
-        "lr__count": float(len(lrs)),
+        "lr__count": len(lrs),
         "only_rank0": 5.0,
-        "only_rank0__count": 1.0,
+        "only_rank0__count": 1,
     }
     return out
 
@@ -83,9 +87,30 @@ def test_every_reduce_type_matches_a_reference_from_all_ranks(world):
         assert set(stats) == set(expected), set(stats) ^ set(expected)  # empty_mask dropped, no NaN anywhere
         for key, want in expected.items():
             assert math.isclose(stats[key], want, rel_tol=1e-9, abs_tol=1e-9), (rank, key, stats[key], want)
+            assert type(stats[key]) is type(want), key  # counts are ints
         # One export is three packed all-reduces, for 12 keys or for 50.
         assert value["collectives_small"] == value["collectives_many"] == 3
     assert results[0][1]["stats"] == results[1][1]["stats"]  # every rank gets the same answer
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_masks_pair_by_position_per_key_groups_and_names_across_ranks(world):
+    results = run_ranks(world, "areal_parity")
+    data = [rank_data(r) for r in range(world)]
+    selected = torch.cat([d["values"][d["mask"]].double() for d in data])  # each half over its own mask
+    for rank in range(world):
+        status, value = results[rank]
+        assert status == "ok", value
+        out = value["stats"]
+        assert math.isclose(out["actor/adv/avg"], selected.mean().item(), rel_tol=1e-12)
+        assert out["actor/adv/min"] == selected.min().item() and out["actor/adv/max"] == selected.max().item()
+        assert out["actor/n_valid_tokens"] == float(sum(int(d["mask"].sum()) for d in data))
+        if rank in (0, 1):
+            assert out["actor/pair_only"] == 1.5 and out["actor/pair_only__count"] == 2  # ranks 0 and 1 only
+        else:
+            assert "actor/pair_only" not in out  # not in that group: not reduced here
+        assert value["all"]["rollout/reward"] == sum(range(world)) / world and "rollout//reward" not in value["all"]
+        assert value["device"] == "cpu"  # gloo reduces on the CPU (NCCL groups on the current CUDA device)
 
 
 @pytest.mark.parametrize("world", [2, 3])
