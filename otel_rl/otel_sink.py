@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
-from otel_rl._logging import logger
+from otel_rl._logging import logger, once
 from otel_rl import environment_variables as env
 from otel_rl import otlp, schema
 from otel_rl.aggregation import Aggregates, MergingMetricExporter
@@ -50,8 +50,8 @@ def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
     def target() -> None:
         try:
             fn()
-        except Exception:
-            _logger.exception("otel-rl: %s failed", name)
+        except Exception as exc:
+            _logger.warning("otel-rl: %s failed (%s)", name, exc, extra=once(f"bounded:{name}"))
         finally:
             done.set()
 

@@ -26,7 +26,7 @@ from otel_rl.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.recorder import FLOW, Iteration, Phase, Recorder
 from otel_rl.records import RunRecord
 from otel_rl.spans import new_span_id, new_trace_id
-from otel_rl.values import MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
+from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
 
 _logger = logger(__name__)
 
@@ -374,10 +374,10 @@ class Telemetry:
         """
         if timeline not in schema.TIMELINES:
             raise schema.SchemaError(f"unknown timeline {timeline!r}; expected one of {schema.TIMELINES}")
-        if type(index) is not int:
+        if type(index) is not int or not INT64_MIN <= index <= INT64_MAX:
             index = as_step(index, "iteration index")
             index = -1 if index is None else index
-        if env_steps is not None and type(env_steps) is not int:
+        if env_steps is not None and (type(env_steps) is not int or not INT64_MIN <= env_steps <= INT64_MAX):
             env_steps = as_step(env_steps, "env_steps")
         if self._closed:
             _logger.warning("otel-rl: iteration() after close(); nothing is recorded")
@@ -445,7 +445,7 @@ class Telemetry:
         if self._closed:
             _logger.warning("otel-rl: scalars() after close(); values dropped")
             return
-        if step is not None and type(step) is not int:
+        if step is not None and (type(step) is not int or not INT64_MIN <= step <= INT64_MAX):
             step = as_step(step, "step")
         values = snapshot(values)
         if self.config.strict:

@@ -78,7 +78,7 @@ def init_worker(spec: WorkerSpec, **options: Any):
         os.environ["TRACEPARENT"] = spec.traceparent
     settings: dict[str, Any] = {
         "service_name": spec.service_name,
-        "run_id": spec.run_id,
+        "run_id": spec.run_id or None,
         "role": spec.role,
         "trace_enabled": spec.trace_enabled,
         "trace_output_dir": spec.run_dir,

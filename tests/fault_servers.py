@@ -15,13 +15,20 @@ class ScriptedIngest:
 
     ``answers`` is consumed one per request: an int status, or a tuple
     ``(status, headers)``; once exhausted every request gets ``then``.
-    ``delay_s`` delays every answer. Decoded batches of 2xx answers are kept.
+    ``delay_s`` delays every answer. ``down_until`` (a ``time.monotonic()``
+    value) answers 503 to everything before it. ``refuse(record)`` marks
+    records the service finds invalid: a batch holding one is answered 400,
+    naming the first such record as ``$.records[N]`` unless ``name_field`` is
+    False. Decoded batches of 2xx answers are kept.
     """
 
-    def __init__(self, answers=(), then=200, delay_s: float = 0.0) -> None:
+    def __init__(self, answers=(), then=200, delay_s: float = 0.0, down_until: float = 0.0, refuse=None, name_field=True) -> None:
         self.answers = list(answers)
         self.then = then
         self.delay_s = delay_s
+        self.down_until = down_until
+        self.refuse = refuse
+        self.name_field = name_field
         self.requests: list[dict] = []
         self.accepted: list[dict] = []
         self.lock = threading.Lock()
@@ -35,12 +42,22 @@ class ScriptedIngest:
                     answer = outer.answers.pop(0) if outer.answers else outer.then
                     outer.requests.append({"headers": dict(self.headers), "path": self.path, "body": body})
                 status, headers = answer if isinstance(answer, tuple) else (answer, {})
+                error: dict = {"status": status}
+                if time.monotonic() < outer.down_until:
+                    status, headers = 503, {}
+                elif outer.refuse is not None and body is not None:
+                    bad = [i for i, r in enumerate(body["records"]) if outer.refuse(r)]
+                    if bad:
+                        status, headers = 400, {}
+                        error = {"error": "refused"}
+                        if outer.name_field:
+                            error["field"] = f"$.records[{bad[0]}].values"
                 if outer.delay_s:
                     time.sleep(outer.delay_s)
                 if 200 <= status < 300 and body is not None:
                     with outer.lock:
                         outer.accepted.extend(body["records"])
-                payload = json.dumps({"status": status}).encode()
+                payload = json.dumps(error).encode()
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)
@@ -90,6 +107,44 @@ class SilentServer:
         self._sock.close()
         for conn in self._held:
             conn.close()
+
+
+class TrickleServer:
+    """Answers every request one byte at a time, a byte every ``every_s`` seconds: it never finishes an answer in time."""
+
+    def __init__(self, every_s: float = 0.5) -> None:
+        self.every_s = every_s
+        self.requests = 0
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        self._stop = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            self.requests += 1
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+        with conn:
+            for byte in answer:
+                if self._stop.wait(self.every_s):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._sock.close()
 
 
 def refused_url() -> str:

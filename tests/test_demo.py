@@ -23,7 +23,11 @@ def demo_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     receiver = HttpReceiver().start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
-    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf")
+    env.update(
+        OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
+        OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
+        OTEL_SERVICE_NAME="sac-pendulum",  # the standard variable beats the demo's own default, in both processes
+    )
     try:
         result = subprocess.run(
             [
@@ -91,9 +95,12 @@ def test_otlp_spans_of_both_processes_share_the_run_trace(demo_run):
     _, _, received = demo_run
     spans = received.spans()
     roles = {}
+    services = set()
     for resource, span in spans:
-        role = {a.key: a.value.string_value for a in resource.attributes}.get("rl.role")
-        roles.setdefault(role, []).append(span)
+        attributes = {a.key: a.value.string_value for a in resource.attributes}
+        roles.setdefault(attributes.get("rl.role"), []).append(span)
+        services.add(attributes.get("service.name"))
+    assert services == {"sac-pendulum"}
     assert {"learner", "collector 0"} <= set(roles)
     (run,) = [s for s in roles["learner"] if s.name == "rl.run"]
     assert {s.trace_id for _, s in spans} == {run.trace_id}
