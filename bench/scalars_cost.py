@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -116,20 +117,19 @@ def main() -> None:
         for name, tel in arms.items():
             samples[name] += time_calls(lambda v, i, tel=tel: tel.scalars(v, step=i), calls)
         samples["tensorboard"] += time_calls(tensorboard, calls)
+    # Close every arm at once (each within its own deadline), then read what reached the file.
+    dropped = {name: tel.stats().get("dropped", {}) for name, tel in arms.items()}
+    closers = [threading.Thread(target=tel.close) for tel in arms.values()]
+    for closer in closers:
+        closer.start()
+    for closer in closers:
+        closer.join()
     delivered = {}
-    for tel in arms.values():
-        tel.close()
-    for tel in arms.values():
-        if tel.motrix is not None:
-            tel.motrix.join(3)
-    for name, tel in arms.items():
-        if tel.motrix is not None:
-            outputs = {type(o).__name__: o for o in tel.motrix.outputs}
-            http = outputs.get("HttpSender")
-            jsonl = outputs.get("JsonlWriter")
-            delivered[name] = (
-                (f"http {http.sent}" if http else "") + (" / " if http and jsonl else "") + (f"jsonl {jsonl.written}" if jsonl else "")
-            )
+    for name in arms:
+        jsonl = tmp / {"jsonl+http": "ok", "ingest hung": "hung", "ingest refused": "refused", "ingest 500": "500"}.get(name, "-") / "metrics.jsonl"
+        lost = {queue: n for queue, n in dropped[name].items() if n}
+        if jsonl.is_file():
+            delivered[name] = f"jsonl {len(jsonl.read_text().splitlines())}" + (f", dropped {lost}" if lost else "")
     writer.close()
     for proc in peers:
         proc.kill()

@@ -26,7 +26,7 @@ from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
 from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
-from otel_rl.values import MAX_REPR, clean_text, scalar_number, shorten
+from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, as_step, clean_text, scalar_number, shorten
 
 _logger = logger(__name__)
 _PLAIN_NUMBERS = frozenset((float, int))
@@ -41,6 +41,14 @@ def _plain_finite(values: Iterable[object]) -> bool:
     except OverflowError:  # an int too large for a float
         return False
     return type(total) is int or math.isfinite(total)
+
+
+def _in_range(value: int | None, fallback: int | None) -> int | None:
+    """``value`` if it is in the signed 64-bit range the protocol carries, else ``fallback`` (one warning)."""
+    if value is None or INT64_MIN <= value <= INT64_MAX:
+        return value
+    as_step(value, "a step or iteration index")  # warns
+    return fallback
 
 
 class Clock:
@@ -334,6 +342,10 @@ class Pipeline(Worker):
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
         time_ns, values, step, iteration, env_steps, seq = raw
+        for axis in (step, iteration, env_steps):
+            if axis is not None and not INT64_MIN <= axis <= INT64_MAX:
+                step, iteration, env_steps = _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
+                break
         if values.keys() <= self._canonical_keys and _plain_finite(values.values()):
             # The common case: keys exported as they are, finite plain numbers.
             # The dict is the call's own snapshot, so it is used as is.
@@ -422,6 +434,8 @@ class Pipeline(Worker):
             head = raw[0]
             if head is ITERATION_START:
                 _, start, timeline, index, env_steps, cpu = raw
+                if not INT64_MIN <= index <= INT64_MAX or (env_steps is not None and not INT64_MIN <= env_steps <= INT64_MAX):
+                    index, env_steps = _in_range(index, -1), _in_range(env_steps, None)
                 open_iterations[timeline] = (start + offset, index, env_steps, [], cpu)
             elif head is ITERATION_END:
                 _, end, timeline, index, env_steps, cpu = raw

@@ -374,11 +374,11 @@ class Telemetry:
         """
         if timeline not in schema.TIMELINES:
             raise schema.SchemaError(f"unknown timeline {timeline!r}; expected one of {schema.TIMELINES}")
-        if type(index) is not int or not INT64_MIN <= index <= INT64_MAX:
+        if type(index) is not int or (env_steps is not None and type(env_steps) is not int):
+            # numpy and torch integers (Python ints out of the 64-bit range are caught off this thread).
             index = as_step(index, "iteration index")
             index = -1 if index is None else index
-        if env_steps is not None and (type(env_steps) is not int or not INT64_MIN <= env_steps <= INT64_MAX):
-            env_steps = as_step(env_steps, "env_steps")
+            env_steps = None if env_steps is None else as_step(env_steps, "env_steps")
         if self._closed:
             _logger.warning("otel-rl: iteration() after close(); nothing is recorded")
         return self._new_iteration(timeline, index, env_steps)

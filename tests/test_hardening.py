@@ -151,10 +151,16 @@ def test_numpy_steps_are_integers_and_backfill_takes_them(tmp_path, server):
         tel.scalars({"Loss/critic": 1.0}, step=np.int64(199))
         tel.scalars({"Loss/critic": 2.0}, step=torch.tensor(200))
         tel.scalars({"Loss/critic": 3.0}, step=2**64)  # not an int64: ignored (one warning), the value kept
+        with tel.iteration(2**70, env_steps=2**65):  # Python ints out of range: caught off the training thread
+            with tel.phase("learning"):
+                pass
+        tel.scalars({"Loss/actor": 4.0})
     tel.close()
     scalars = [r for r in read_jsonl(run_dir) if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     assert [r["step"] for r in scalars] == [199, 200, 199]
     assert all(type(r["step"]) is int and r["axes"] == {"env_steps": 199, "iteration": 3} for r in scalars)
+    (after,) = [r for r in read_jsonl(run_dir) if r["kind"] == "scalars" and "Loss/actor" in r["values"]]
+    assert after["axes"] == {"env_steps": None, "iteration": None}
     totals = backfill(run_dir, server.url)
     assert totals["rejected"] == 0 and totals["accepted"] == totals["sent"]
 
@@ -251,11 +257,11 @@ def test_backfill_skips_refused_records_and_goes_on(tmp_path, server):
 
 
 def test_an_outage_longer_than_the_retry_window_keeps_the_lifecycle(caplog):
-    server = ScriptedIngest(down_until=time.monotonic() + 2.0)
+    server = ScriptedIngest(down_until=time.monotonic() + 3.0)
     drops = Drops()
     seq = iter(range(10**6))
     made = lambda kind, **fields: (kind, json.dumps({"run_id": "r", "writer": "h:1", "seq": next(seq), "ts": 1.0, "kind": kind, **fields}))  # noqa: E731
-    sender = HttpSender(server.url, None, heartbeat=lambda: made("heartbeat"), drops=drops, interval_s=0.05, retry_window_s=0.5)
+    sender = HttpSender(server.url, None, heartbeat=lambda: made("heartbeat"), drops=drops, interval_s=0.05, retry_window_s=0.3)
     try:
         with caplog.at_level(logging.WARNING, logger="otel_rl"):
             sender.submit(*made("run", status="pending", config={"lr": 1e-3}))
@@ -263,7 +269,7 @@ def test_an_outage_longer_than_the_retry_window_keeps_the_lifecycle(caplog):
             for i in range(5):
                 sender.submit(*made("scalars", step=i, axes={}, values={"x": i}))
             sender.submit(*made("event", name="warmup_done", attributes={}))
-            time.sleep(1.0)  # past the retry window, still down
+            time.sleep(1.5)  # past the retry window, still down
             sender.close(10.0)
             assert sender.join(10.0)
     finally:
