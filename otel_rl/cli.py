@@ -20,12 +20,18 @@ def main(argv: list[str] | None = None) -> int:
     serve = commands.add_parser("serve", help="run the motrix.metrics/v1 ingest server")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--db", default="motrix-metrics.sqlite3", help="SQLite database file")
+    serve.add_argument(
+        "--db", default="motrix-metrics.sqlite3", help="SQLite database file, or a postgresql:// URL (for teams)"
+    )
     serve.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before a run is lost")
     serve.add_argument(
         "--require-token",
         action="store_true",
-        help="require MOTRIX_METRICS_TOKEN as a bearer token (read from the environment, never from the command line)",
+        help="require MOTRIX_METRICS_TOKEN as a bearer token (read from the environment, never from the command line);"
+        " implied whenever that variable is set",
+    )
+    serve.add_argument(
+        "--insecure", action="store_true", help="serve without a token even though MOTRIX_METRICS_TOKEN is set"
     )
 
     backfill = commands.add_parser("backfill", help="replay a run's metrics.jsonl into an ingest service")
@@ -53,7 +59,10 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.require_token and not token:
             parser.error("--require-token needs MOTRIX_METRICS_TOKEN in the environment")
-        serve_forever(args.db, args.host, args.port, token if args.require_token else None, args.lost_after)
+        if token and args.insecure:
+            logging.getLogger("otel_rl.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
+            token = None
+        serve_forever(args.db, args.host, args.port, token, args.lost_after)
         return 0
     if args.command == "backfill":
         from otel_rl.backfill import backfill as run_backfill

@@ -53,3 +53,23 @@ class CaptureSink(RecordSink):
 @pytest.fixture
 def capture():
     return CaptureSink()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL server for the session (see postgres_server.py)."""
+    from postgres_server import Postgres
+
+    server = Postgres().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request, tmp_path):
+    """Where an ingest server keeps its records: each storage backend in turn."""
+    if request.param == "sqlite":
+        return str(tmp_path / "ingest.sqlite3")
+    return request.getfixturevalue("postgres").database()

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import logging
 import textwrap
 import time
 from pathlib import Path
@@ -26,8 +27,8 @@ TOKEN = "server-t0ken"
 
 
 @pytest.fixture
-def server(tmp_path):
-    with IngestServer(tmp_path / "ingest.sqlite3", lost_after_s=0.4) as srv:
+def server(database):
+    with IngestServer(database, lost_after_s=0.4) as srv:
         yield srv
 
 
@@ -70,17 +71,35 @@ def test_plain_json_is_accepted_too(server):
 @pytest.mark.parametrize(
     "document, field",
     [
-        ({"records": []}, "$"),
-        ({"protocol": "motrix.metrics/v1", "records": [{**golden_records()["scalars"], "seq": -1}]}, "$.records[0].seq"),
-        ({"protocol": "motrix.metrics/v1", "records": [{**golden_records()["run_running"], "status": "weird"}]}, "$.records[0].status"),
-        ({"protocol": "motrix.metrics/v1", "records": [{k: v for k, v in golden_records()["event"].items() if k != "name"}]}, "$.records[0]"),
+        ({"records": []}, "$.protocol"),
+        ({"protocol": "motrix.metrics/v2", "records": []}, "$.protocol"),
+        ({"protocol": "motrix.metrics/v1"}, "$.records"),
+        ([1, 2], "$"),
     ],
 )
-def test_invalid_batches_get_400_naming_the_field(server, document, field):
+def test_bodies_that_are_not_batches_get_400_naming_the_field(server, document, field):
     response = post(server.url, document)
     assert response.status_code == 400
     assert response.json()["field"] == field
     assert server.storage.count() == 0
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"seq": -1}, "$.records[1].seq"),
+        ({"kind": "run", "status": "weird"}, "$.records[1].status"),
+        ({"kind": "event", "attributes": {}}, "$.records[1]"),
+    ],
+)
+def test_invalid_records_are_refused_alone_naming_the_field(server, change, field):
+    good = golden_records()["scalars"]
+    records = [good, {**good, "seq": good["seq"] + 1, **change}, {**good, "seq": good["seq"] + 2}]
+    response = post(server.url, {"protocol": "motrix.metrics/v1", "records": records})
+    assert response.status_code == 200
+    answer = response.json()
+    assert answer["accepted"] == 2 and [(r["index"], r["field"]) for r in answer["rejected"]] == [(1, field)]
+    assert server.storage.count() == 2
 
 
 def test_garbage_bodies(server):
@@ -88,8 +107,8 @@ def test_garbage_bodies(server):
     assert post(server.url, None, raw=b"{not json", gzipped=False).json()["field"] == "$"
 
 
-def test_token_auth(tmp_path):
-    with IngestServer(tmp_path / "db.sqlite3", token=TOKEN) as srv:
+def test_token_auth(database):
+    with IngestServer(database, token=TOKEN) as srv:
         batch = {"protocol": "motrix.metrics/v1", "records": [golden_records()["heartbeat"]]}
         assert post(srv.url, batch).status_code == 401
         assert post(srv.url, batch, token="wrong").status_code == 401
@@ -221,3 +240,259 @@ def test_sigkill_then_backfill_holds_every_flushed_record_once(tmp_path, server)
     stored = {(r["writer"], r["seq"]) for r in server.storage.records(run_dir.name)}
     assert {(r["writer"], r["seq"]) for r in lines} <= stored
     assert server.storage.count() == len(stored)  # each exactly once
+
+
+# -- bad input is a 400 or a refusal, never a 500 ------------------------------------------
+
+
+def _batch(*records) -> dict:
+    return {"protocol": "motrix.metrics/v1", "records": list(records)}
+
+
+def _scalars(seq: int, run_id: str = "bad-input", **values) -> dict:
+    return {"run_id": run_id, "writer": "h:1", "seq": seq, "ts": time.time(), "kind": "scalars",
+            "step": 1, "axes": {}, "values": values or {"Loss/critic": 1.0}}  # fmt: skip
+
+
+def _raw(document_text: str) -> bytes:
+    return gzip.compress(document_text.encode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.parametrize(
+    "bad_text, why",
+    [
+        ('{"run_id":"a\\ud800","writer":"h:1","seq":2,"ts":1,"kind":"heartbeat"}', "surrogate"),
+        ('{"run_id":"r","writer":"h:1","seq":2,"ts":1,"kind":"scalars","step":1,"axes":{},"values":{"k\\udc00":1}}', "surrogate"),
+        ('{"run_id":"r","writer":"h:1","seq":2,"ts":1,"kind":"event","name":"e","attributes":' + "[" * 990 + "]" * 990 + "}", "deep"),
+        ('{"run_id":"r","writer":"h:1","seq":9223372036854775808,"ts":1,"kind":"heartbeat"}', "64-bit"),
+        ('{"run_id":"r","writer":"h:1","seq":2,"ts":1,"kind":"scalars","step":18446744073709551616,"axes":{},"values":{}}', "step"),
+        ('{"run_id":"r","writer":"h:1","seq":2,"ts":1,"kind":"scalars","step":1,"axes":{},"values":{"k":9223372036854775808}}', "64-bit"),
+        ('{"run_id":"r","writer":"h:1","seq":2,"ts":1,"kind":"scalars","step":1,"axes":{},"values":{"k":1e400}}', "1e400"),
+        ('{"run_id":"r","writer":"h:1","seq":2,"ts":1,"kind":"scalars","step":1,"axes":{},"values":{"k":NaN}}', "NaN"),
+    ],
+)
+def test_malformed_records_are_refused_with_a_reason_and_the_rest_stored(server, bad_text, why):
+    good = json.dumps(_scalars(1, run_id="r"))
+    body = _raw('{"protocol":"motrix.metrics/v1","records":[' + good + "," + bad_text + "]}")
+    response = post(server.url, None, raw=body)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["accepted"] == 1 and len(answer["rejected"]) == 1
+    assert answer["rejected"][0]["index"] == 1 and answer["rejected"][0]["field"].startswith("$.records[1]")
+    points = requests.get(server.url + "/api/v1/runs/r/scalars", params={"key": "Loss/critic"})
+    assert points.status_code == 200 and json.loads(points.text)["points"][0]["value"] == 1.0  # strict JSON back
+
+
+def test_a_body_deeply_nested_outside_the_records_is_a_400(server):
+    response = post(server.url, None, raw=_raw('{"protocol":"motrix.metrics/v1","x":' + "[" * 5000 + "]" * 5000 + ',"records":[]}'))
+    assert response.status_code in (200, 400)  # an unknown member may be ignored or refused, never a 500
+    assert post(server.url, None, raw=_raw("[" * 100_000)).status_code == 400
+
+
+def test_every_gzip_member_is_read(server):
+    first = gzip.compress(json.dumps(_batch(_scalars(1), _scalars(2))).encode())
+    second = gzip.compress(b"")  # a second member (here empty) appended, as `cat a.gz b.gz` makes
+    assert post(server.url, None, raw=first + second).json()["accepted"] == 2
+    # Two members that together make one document.
+    text = json.dumps(_batch(_scalars(3), _scalars(4))).encode()
+    split = gzip.compress(text[:20]) + gzip.compress(text[20:])
+    assert post(server.url, None, raw=split).json()["accepted"] == 2
+    assert server.storage.count("bad-input") == 4
+
+
+def test_a_future_timestamp_cannot_pin_a_status(server):
+    records = golden_records()
+    ahead = {**records["run_running"], "run_id": "clock", "ts": time.time() + 10**7}
+    post(server.url, _batch(ahead))
+    finished = {**records["run_finished"], "run_id": "clock", "ts": time.time(), "seq": ahead["seq"] + 1}
+    post(server.url, _batch(finished))
+    assert requests.get(server.url + "/api/v1/runs/clock").json()["run"]["status"] == "finished"
+
+
+def test_runs_are_paged(server):
+    records = golden_records()
+    post(server.url, _batch(*[{**records["run_pending"], "run_id": f"run-{i:03d}", "seq": i} for i in range(250)]))
+    seen, after, pages = [], None, 0
+    while True:
+        params = {"limit": 100, **({"after": after} if after else {})}
+        page = requests.get(server.url + "/api/v1/runs", params=params).json()
+        seen += [r["run_id"] for r in page["runs"]]
+        pages += 1
+        after = page["next"]
+        if after is None:
+            break
+    assert pages == 3 and seen == sorted(seen) and len(set(seen)) == 250
+    assert requests.get(server.url + "/api/v1/runs", params={"limit": "many"}).status_code == 400
+
+
+def test_lost_runs_are_logged_once_per_sweep(server, caplog):
+    records = golden_records()
+    with caplog.at_level(logging.WARNING, logger="otel_rl.server"):
+        post(server.url, _batch(*[{**records["run_running"], "run_id": f"quiet-{i}", "seq": i, "ts": time.time()} for i in range(30)]))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any("marked lost" in r.getMessage() for r in caplog.records):
+            time.sleep(0.1)
+    lines = [r.getMessage() for r in caplog.records if "marked lost" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("30 runs")
+
+
+def test_a_read_only_sqlite_database_answers_503_and_is_unhealthy(tmp_path):
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)]).returncode == 0, "needs root, as CI has"
+    try:
+        with IngestServer(disk / "db.sqlite3") as srv:  # create it, with one run
+            post(srv.url, _batch(_scalars(1)))
+        subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
+        with IngestServer(disk / "db.sqlite3") as srv:
+            response = post(srv.url, _batch(_scalars(2)))
+            assert response.status_code == 503 and response.headers["Retry-After"]
+            assert "database" in response.json()["error"]
+            health = requests.get(srv.url + "/healthz")
+            assert health.status_code == 503 and health.json()["ok"] is False
+            assert requests.get(srv.url + "/api/v1/runs/bad-input").status_code in (200, 503)  # never a 500
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_read_only_postgresql_database_answers_503_and_is_unhealthy(postgres):
+    url = postgres.database()
+    name = url.rsplit("/", 1)[1]
+    with IngestServer(url) as srv:
+        post(srv.url, _batch(_scalars(1)))
+    postgres.sql(f"ALTER DATABASE {name} SET default_transaction_read_only = on")
+    try:
+        with IngestServer(url) as srv:
+            response = post(srv.url, _batch(_scalars(2)))
+            assert response.status_code == 503 and response.headers["Retry-After"]
+            assert requests.get(srv.url + "/healthz").status_code == 503
+    finally:
+        postgres.sql(f"ALTER DATABASE {name} SET default_transaction_read_only = off")
+
+
+def test_the_token_in_the_environment_is_required(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env["MOTRIX_METRICS_TOKEN"] = TOKEN
+    batch = _batch(golden_records()["heartbeat"])
+    for flags, open_without_token in (([], False), (["--insecure"], True)):
+        port = _free_port()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "otel_rl.cli", "serve", "--port", str(port), "--db", str(tmp_path / f"{len(flags)}.db"), *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        try:
+            banner = proc.stdout.readline()
+            url = f"http://127.0.0.1:{port}"
+            _wait_healthy(url)
+            assert (post(url, batch).status_code == 200) is open_without_token
+            if not open_without_token:
+                assert "token required" in banner and post(url, batch, token=TOKEN).status_code == 200
+        finally:
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=10)
+        if open_without_token:
+            assert "--insecure" in stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str) -> None:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/healthz", timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"{url} never became healthy")
+
+
+# -- load: stalled uploads, a large request, a team's runs at once ---------------------------
+
+
+def test_stalled_uploads_cannot_starve_the_server(tmp_path):
+    import socket
+
+    with IngestServer(tmp_path / "db.sqlite3", read_timeout_s=2.0, max_uploads=64) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        stalled = []
+        try:
+            for _ in range(1100):
+                sock = socket.create_connection(("127.0.0.1", port))
+                sock.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+                stalled.append(sock)
+            health = requests.get(srv.url + "/healthz", timeout=10)
+            assert health.status_code == 200
+            assert post(srv.url, _batch(_scalars(1))).status_code in (200, 503)  # served, or told to come back
+            answers = []
+            for sock in stalled[:80]:
+                sock.settimeout(10)
+                answers.append(sock.recv(64).split(b" ")[1])  # the status code of "HTTP/1.1 503 ..."
+            # Past the upload limit: 503 at once; within it: 408 once the body did not come.
+            assert set(answers) <= {b"503", b"408"} and b"503" in answers
+        finally:
+            for sock in stalled:
+                sock.close()
+        assert post(srv.url, _batch(_scalars(2))).status_code == 200
+
+
+def test_health_is_served_while_a_large_request_is_ingested(tmp_path):
+    import threading
+
+    records = [_scalars(i, run_id="big", **{"Loss/a": float(i), "Loss/b": 1.0}) for i in range(1, 40_001)]
+    body = gzip.compress(json.dumps(_batch(*records)).encode())
+    with IngestServer(tmp_path / "db.sqlite3") as srv:
+        done = threading.Event()
+        answer = {}
+
+        def upload():
+            answer["big"] = post(srv.url, None, raw=body)
+            done.set()
+
+        threading.Thread(target=upload, daemon=True).start()
+        while srv.storage.count("big") == 0 and not done.is_set():
+            time.sleep(0.005)
+        health = requests.get(srv.url + "/healthz", timeout=30)
+        served_during = not done.is_set()
+        done.wait(120)
+    assert health.status_code == 200 and served_during  # answered while the big request was still going
+    assert answer["big"].json() == {"accepted": 40_000, "duplicates": 0}
+
+
+CLIENT = textwrap.dedent(
+    """
+    import sys
+    import otel_rl
+    tel = otel_rl.init(run_dir=sys.argv[1], motrix_url=sys.argv[2], system_metrics_interval_s=0, shutdown_timeout_s=60)
+    keys = [f"Loss/key_{i:02d}" for i in range(40)]
+    with tel.run():
+        for step in range(1000):
+            tel.scalars({k: float(step + j) for j, k in enumerate(keys)}, step=step)
+    tel.close()
+    """
+)
+
+
+def test_twenty_clients_at_once_store_every_record_once_and_finish(tmp_path, database):
+    with IngestServer(database) as srv:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        run_dirs = [tmp_path / f"client-{i:02d}" for i in range(20)]
+        procs = [
+            subprocess.Popen([sys.executable, "-c", CLIENT, str(d), srv.url], env=env, stderr=subprocess.PIPE, text=True)
+            for d in run_dirs
+        ]
+        for proc in procs:
+            assert proc.wait(240) == 0, proc.stderr.read()[-2000:]
+        for run_dir in run_dirs:
+            lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+            stored = srv.storage.records(run_dir.name)
+            assert sorted((r["writer"], r["seq"]) for r in stored) == sorted((r["writer"], r["seq"]) for r in lines)
+            assert sum(1 for r in stored if r["kind"] == "scalars" and "Loss/key_00" in r["values"]) == 1000
+            assert srv.storage.run(run_dir.name)["status"] == "finished"

@@ -1,63 +1,111 @@
 """The reference ``motrix.metrics/v1`` ingest server (``otel-rl serve``).
 
-An aiohttp application over SQLite. ``POST /api/v1/ingest`` takes gzip (or
-plain) JSON batches: 401 without the configured bearer token, 413 past the
-body or decompressed-size limits (gzip bombs), 400 with a JSON error naming
-the bad field, otherwise 200 with the number of records accepted and of
-duplicates ignored (``(writer, seq)`` already stored). A running run that
-sends neither records nor heartbeats for ``lost_after_s`` is reported as
-``lost``.
+An aiohttp application over SQLite (embedded, the default) or PostgreSQL
+(``--db postgresql://...``). ``POST /api/v1/ingest`` takes gzip (or plain)
+JSON batches:
 
-Query API (JSON): ``GET /api/v1/runs``, ``/api/v1/runs/{run_id}`` (status and
+* 401 without the configured bearer token (compared in constant time);
+* 413 past the body or decompressed-size limits (gzip bombs), 408 when the
+  body does not arrive within ``read_timeout_s``, 503 with ``Retry-After``
+  when ``max_uploads`` uploads are already in progress or the database
+  cannot take writes (read-only, full, unreachable);
+* 400 naming the field (a JSON path) when the body is not a batch at all;
+* otherwise 200 with the number of records ``accepted``, of ``duplicates``
+  ignored (``(writer, seq)`` already stored), and, when some records break
+  the protocol, which were ``rejected`` and why: the valid ones are stored.
+
+Decoding and checking (:mod:`otel_rl.server.validation`, compiled from the
+protocol's JSON Schema) run on worker threads, never on the event loop, and
+large bodies go through in chunks of :data:`CHUNK_RECORDS` records, each
+stored in one transaction, so ``/healthz`` and other requests are served
+meanwhile. 500 is left for the server's own faults.
+
+Query API (JSON): ``GET /api/v1/runs?limit=&after=`` (paged; ``next`` is the
+``after`` of the following page), ``/api/v1/runs/{run_id}`` (status and
 events), ``/api/v1/runs/{run_id}/keys`` and
-``/api/v1/runs/{run_id}/scalars?key=K`` (one series). ``GET /healthz`` needs no token.
+``/api/v1/runs/{run_id}/scalars?key=K`` (one series). ``GET /healthz`` needs no
+token and answers 503 while the database cannot take writes. A pending or
+running run that sends neither records nor heartbeats for ``lost_after_s``
+is reported as ``lost`` (one log line per sweep).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
+import resource
 import threading
+import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
-from otel_rl.protocol import INGEST_PATH, ProtocolError, validate_batch
-from otel_rl.server.storage import Storage
+from otel_rl.protocol import INGEST_PATH
+from otel_rl.server.storage import Row, Storage, StorageUnavailable, open_storage
+from otel_rl.server.validation import LARGE_BODY_BYTES, Decoded, Invalid, decode_batch, iter_large_batch, stored_text
 
 _logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
+CHUNK_RECORDS = 2000
+READ_TIMEOUT_S = 30.0
+MAX_UPLOADS = 64
+RETRY_AFTER_S = 5
+HEALTH_PROBE_S = 5.0
 
-_STORAGE = web.AppKey("storage", Storage)
-_EXECUTOR = web.AppKey("executor", ThreadPoolExecutor)
 
-
-def _error(status: int, message: str, field: str | None = None) -> web.Response:
+def _error(status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
     body: dict[str, Any] = {"error": message}
     if field is not None:
         body["field"] = field
-    return web.json_response(body, status=status)
+    return web.json_response(body, status=status, headers=headers)
 
 
-def _decompress(body: bytes, limit: int) -> bytes:
-    """Inflate a gzip body, refusing to produce more than ``limit`` bytes."""
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    out = inflater.decompress(body, limit)
-    if inflater.unconsumed_tail or len(out) > limit:
-        raise OverflowError
-    out += inflater.flush()
-    if len(out) > limit:
-        raise OverflowError
-    if not inflater.eof:
-        raise zlib.error("truncated gzip stream")
-    return out
+def _unavailable(message: str) -> web.Response:
+    return _error(503, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def decompress(body: bytes, limit: int) -> bytes:
+    """Inflate a gzip body (every member, as gzip allows), refusing to produce more than ``limit`` bytes.
+
+    Raises:
+        OverflowError: the inflated body would pass ``limit``.
+        zlib.error: not valid gzip.
+    """
+    out = bytearray()
+    data = body
+    while data:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        out += inflater.decompress(data, limit - len(out) + 1)
+        if inflater.unconsumed_tail or len(out) > limit:
+            raise OverflowError
+        out += inflater.flush()
+        if len(out) > limit:
+            raise OverflowError
+        if not inflater.eof:
+            raise zlib.error("truncated gzip stream")
+        data = inflater.unused_data
+        if data and not data.strip(b"\0"):
+            break  # zero padding after the last member
+    return bytes(out)
+
+
+@dataclass
+class _State:
+    """What the handlers share (all touched on the event loop only, except ``unhealthy``)."""
+
+    uploads: int = 0
+    unhealthy: str | None = None
+
+
+def _rows(decoded: Decoded) -> list[Row]:
+    return [Row.of(record, stored_text(record)) for _, record in decoded.records]
 
 
 def create_app(
@@ -66,9 +114,14 @@ def create_app(
     lost_after_s: float = 60.0,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
+    read_timeout_s: float = READ_TIMEOUT_S,
+    max_uploads: int = MAX_UPLOADS,
 ) -> web.Application:
     """The aiohttp application. Serve it with ``auto_decompress=False`` (see :class:`IngestServer`)."""
     expected = f"Bearer {token}".encode() if token else None
+    state = _State()
+    database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otel-rl-db")
+    decoding = ThreadPoolExecutor(max_workers=2, thread_name_prefix="otel-rl-decode")
 
     @web.middleware
     async def authorize(request: web.Request, handler):
@@ -76,108 +129,196 @@ def create_app(
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return _error(401, "missing or wrong bearer token")
-        return await handler(request)
+        try:
+            return await handler(request)
+        except StorageUnavailable as exc:  # a query the database cannot answer now
+            state.unhealthy = exc.reason
+            return _unavailable(f"the database cannot answer: {exc.reason}")
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[authorize])
-    app[_STORAGE] = storage
-    app[_EXECUTOR] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otel-rl-db")
 
-    async def in_db(fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(app[_EXECUTOR], fn, *args)
+    async def run(executor: ThreadPoolExecutor, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+
+    async def store(rows: list[Row]) -> tuple[int, int]:
+        try:
+            result = await run(database, storage.ingest, rows, time.time())
+        except StorageUnavailable as exc:
+            state.unhealthy = exc.reason
+            raise
+        state.unhealthy = None
+        return result
 
     async def ingest(request: web.Request) -> web.Response:
+        if state.uploads >= max_uploads:
+            response = _unavailable(f"{max_uploads} uploads in progress")
+            response.force_close()  # the body is never read: the connection goes with the answer
+            return response
+        state.uploads += 1
         try:
-            body = await request.read()
+            return await _ingest(request)
+        finally:
+            state.uploads -= 1
+
+    async def _ingest(request: web.Request) -> web.Response:
+        if state.unhealthy is not None:
+            return _unavailable(f"the database cannot take writes: {state.unhealthy}")
+        try:
+            body = await asyncio.wait_for(request.read(), read_timeout_s)
         except web.HTTPRequestEntityTooLarge:
             return _error(413, f"body larger than {max_body_bytes} bytes")
+        except asyncio.TimeoutError:
+            response = _error(408, f"the body did not arrive within {read_timeout_s:.0f} s")
+            response.force_close()
+            return response
         encoding = request.headers.get("Content-Encoding", "identity").lower()
         if encoding == "gzip":
             try:
-                body = _decompress(body, max_decompressed_bytes)
+                body = await run(decoding, decompress, body, max_decompressed_bytes)
             except OverflowError:
                 return _error(413, f"decompressed body larger than {max_decompressed_bytes} bytes")
             except zlib.error:
                 return _error(400, "body is not valid gzip", "$")
         elif encoding != "identity":
             return _error(400, f"unsupported Content-Encoding {encoding!r}", "Content-Encoding")
+        accepted = duplicates = 0
+        rejected: list[dict[str, Any]] = []
         try:
-            document = json.loads(body)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            return _error(400, f"body is not valid JSON: {exc}", "$")
-        try:
-            records = validate_batch(document)
-        except ProtocolError as exc:
-            return _error(400, exc.message, exc.field)
-        accepted, duplicates = await in_db(storage.ingest, records)
-        return web.json_response({"accepted": accepted, "duplicates": duplicates})
+            if len(body) <= LARGE_BODY_BYTES:
+                chunks = [await run(decoding, decode_batch, body)]
+            else:
+                chunks = iter_large_batch(body, CHUNK_RECORDS)
+            async for decoded in _each(chunks, decoding, run):
+                rejected += [{"index": i, "field": f, "error": e} for i, f, e in decoded.rejected]
+                if decoded.records:
+                    rows = await run(decoding, _rows, decoded)
+                    stored = await store(rows)
+                    accepted += stored[0]
+                    duplicates += stored[1]
+        except Invalid as exc:
+            return _error(400, exc.message, exc.shown())
+        except StorageUnavailable as exc:
+            return _unavailable(f"the database cannot take writes: {exc.reason}")
+        answer: dict[str, Any] = {"accepted": accepted, "duplicates": duplicates}
+        if rejected:
+            answer["rejected"] = rejected
+        return web.json_response(answer)
 
     async def runs(request: web.Request) -> web.Response:
-        return web.json_response({"runs": await in_db(storage.runs)})
+        try:
+            limit = int(request.query.get("limit", "100"))
+        except ValueError:
+            return _error(400, "limit must be an integer", "limit")
+        after = request.query.get("after") or None
+        page = await run(database, storage.runs, limit, after)
+        more = len(page) == max(1, min(limit, 1000))
+        return web.json_response({"runs": page, "next": page[-1]["run_id"] if page and more else None})
 
-    async def run(request: web.Request) -> web.Response:
+    async def one_run(request: web.Request) -> web.Response:
         run_id = request.match_info["run_id"]
-        info = await in_db(storage.run, run_id)
+        info = await run(database, storage.run, run_id)
         if info is None:
             return _error(404, f"no run {run_id!r}")
-        events = await in_db(storage.records, run_id, "event")
+        events = await run(database, storage.records, run_id, "event")
         return web.json_response({"run": info, "events": events})
 
     async def keys(request: web.Request) -> web.Response:
-        return web.json_response({"keys": await in_db(storage.keys, request.match_info["run_id"])})
+        return web.json_response({"keys": await run(database, storage.keys, request.match_info["run_id"])})
 
     async def scalars(request: web.Request) -> web.Response:
         key = request.query.get("key")
         if not key:
             return _error(400, "query parameter 'key' is required", "key")
-        points = await in_db(storage.series, request.match_info["run_id"], key)
+        points = await run(database, storage.series, request.match_info["run_id"], key)
         return web.json_response({"key": key, "points": points})
 
     async def healthz(request: web.Request) -> web.Response:
+        if state.unhealthy is not None:
+            return web.json_response({"ok": False, "error": state.unhealthy}, status=503)
         return web.json_response({"ok": True})
 
-    async def watch_lost(app: web.Application):
-        async def loop() -> None:
+    async def background(app: web.Application):
+        async def probe_and_sweep() -> None:
+            last_probe = 0.0
             while True:
-                await asyncio.sleep(max(min(lost_after_s / 4, 5.0), 0.05))
-                lost = await in_db(storage.mark_lost, lost_after_s)
-                for run_id in lost:
-                    _logger.warning("run %s sent nothing for %.0f s: marked lost", run_id, lost_after_s)
+                await asyncio.sleep(max(min(lost_after_s / 4, HEALTH_PROBE_S), 0.05))
+                try:
+                    if time.monotonic() - last_probe >= HEALTH_PROBE_S or state.unhealthy is not None:
+                        last_probe = time.monotonic()
+                        state.unhealthy = await run(database, storage.health)
+                    lost = await run(database, storage.mark_lost, lost_after_s)
+                except StorageUnavailable as exc:
+                    state.unhealthy = exc.reason
+                    continue
+                if lost:
+                    shown = ", ".join(lost[:5]) + (" ..." if len(lost) > 5 else "")
+                    _logger.warning("%d runs sent nothing for %.0f s: marked lost (%s)", len(lost), lost_after_s, shown)
 
-        task = asyncio.create_task(loop())
+        state.unhealthy = await run(database, storage.health)
+        if state.unhealthy is not None:
+            _logger.warning("the database cannot take writes (%s): ingest answers 503 until it can", state.unhealthy)
+        task = asyncio.create_task(probe_and_sweep())
         yield
         task.cancel()
-        app[_EXECUTOR].shutdown(wait=True)
+        database.shutdown(wait=True)
+        decoding.shutdown(wait=True)
 
-    app.cleanup_ctx.append(watch_lost)
+    app.cleanup_ctx.append(background)
     app.router.add_post(INGEST_PATH, ingest)
     app.router.add_get("/api/v1/runs", runs)
-    app.router.add_get("/api/v1/runs/{run_id}", run)
+    app.router.add_get("/api/v1/runs/{run_id}", one_run)
     app.router.add_get("/api/v1/runs/{run_id}/keys", keys)
     app.router.add_get("/api/v1/runs/{run_id}/scalars", scalars)
     app.router.add_get("/healthz", healthz)
     return app
 
 
+async def _each(chunks, executor: ThreadPoolExecutor, run):
+    """Chunks of a decoded body; a generator is advanced on ``executor``, so its decoding never runs on the loop."""
+    if isinstance(chunks, list):
+        for chunk in chunks:
+            yield chunk
+        return
+    done = object()
+    while True:
+        chunk = await run(executor, next, chunks, done)
+        if chunk is done:
+            return
+        yield chunk
+
+
+def raise_open_files_limit() -> None:
+    """Let the server hold as many connections as the system allows (stalled uploads must not exhaust it)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        pass
+
+
 class IngestServer:
     """Runs the ingest server on its own thread and event loop (tests, ``otel-rl demo --serve``).
 
     Args:
-        db_path: SQLite file (created if missing).
+        db: a SQLite file (created if missing) or a ``postgresql://`` URL.
         host: bind address; loopback by default.
         port: 0 picks a free port (see :attr:`url`).
+        options: limits and timeouts of :func:`create_app`.
     """
 
     def __init__(
         self,
-        db_path: Path | str,
+        db: Path | str,
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
         lost_after_s: float = 60.0,
-        **limits: int,
+        **options: Any,
     ) -> None:
-        self.storage = Storage(db_path)
-        self._app = create_app(self.storage, token=token, lost_after_s=lost_after_s, **limits)
+        self.storage = open_storage(db)
+        self._app = create_app(self.storage, token=token, lost_after_s=lost_after_s, **options)
         self._host, self._port = host, port
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -199,6 +340,7 @@ class IngestServer:
         self._loop.close()
 
     def start(self) -> IngestServer:
+        raise_open_files_limit()
         self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError("ingest server did not start within 10 s")
@@ -217,10 +359,12 @@ class IngestServer:
         self.stop()
 
 
-def serve_forever(db_path: Path | str, host: str, port: int, token: str | None, lost_after_s: float) -> None:
+def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_after_s: float) -> None:
     """Foreground server for ``otel-rl serve``."""
-    storage = Storage(db_path)
+    raise_open_files_limit()
+    storage = open_storage(db)
     app = create_app(storage, token=token, lost_after_s=lost_after_s)
-    print(f"otel-rl ingest server on http://{host}:{port} (database {db_path})", flush=True)
+    where = "PostgreSQL" if str(db).startswith(("postgresql://", "postgres://")) else f"database {db}"
+    print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''})", flush=True)
     web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None)
     storage.close()
