@@ -496,3 +496,17 @@ def test_twenty_clients_at_once_store_every_record_once_and_finish(tmp_path, dat
             assert sorted((r["writer"], r["seq"]) for r in stored) == sorted((r["writer"], r["seq"]) for r in lines)
             assert sum(1 for r in stored if r["kind"] == "scalars" and "Loss/key_00" in r["values"]) == 1000
             assert srv.storage.run(run_dir.name)["status"] == "finished"
+
+
+def test_decoding_processes_give_the_same_answers(tmp_path):
+    """``otel-rl serve`` decodes on worker processes: refusals, limits and large bodies behave the same."""
+    with IngestServer(tmp_path / "db.sqlite3", decode_processes=2, max_decompressed_bytes=8 * 1024 * 1024) as srv:
+        good = json.dumps(_scalars(1, run_id="proc"))
+        bad = '{"run_id":"proc","writer":"h:1","seq":2,"ts":1,"kind":"scalars","step":1,"axes":{},"values":{"k":NaN}}'
+        answer = post(srv.url, None, raw=_raw('{"protocol":"motrix.metrics/v1","records":[' + good + "," + bad + "]}")).json()
+        assert answer["accepted"] == 1 and answer["rejected"][0]["index"] == 1
+        assert post(srv.url, {"protocol": "x", "records": []}).json()["field"] == "$.protocol"
+        assert post(srv.url, None, raw=gzip.compress(b" " * (9 * 1024 * 1024))).status_code == 413
+        large = [_scalars(i, run_id="proc-large") for i in range(10, 20_010)]
+        assert post(srv.url, _batch(*large)).json() == {"accepted": 20_000, "duplicates": 0}
+        assert srv.storage.count("proc-large") == 20_000

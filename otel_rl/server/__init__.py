@@ -14,11 +14,13 @@ JSON batches:
   ignored (``(writer, seq)`` already stored), and, when some records break
   the protocol, which were ``rejected`` and why: the valid ones are stored.
 
-Decoding and checking (:mod:`otel_rl.server.validation`, compiled from the
-protocol's JSON Schema) run on worker threads, never on the event loop, and
-large bodies go through in chunks of :data:`CHUNK_RECORDS` records, each
-stored in one transaction, so ``/healthz`` and other requests are served
-meanwhile. 500 is left for the server's own faults.
+Inflating, decoding and checking (:mod:`otel_rl.server.validation`, compiled
+from the protocol's JSON Schema) never run on the event loop: on worker
+processes for ``otel-rl serve`` (``decode_processes``, so they do not share
+the GIL with the loop and the database writes), on worker threads in an
+embedded server, where large bodies are decoded in chunks. Records are stored
+in chunks of :data:`CHUNK_RECORDS`, each in one transaction, so ``/healthz``
+and other requests are served meanwhile. 500 is left for the server's own faults.
 
 Query API (JSON): ``GET /api/v1/runs?limit=&after=`` (paged; ``next`` is the
 ``after`` of the following page), ``/api/v1/runs/{run_id}`` (status and
@@ -34,11 +36,13 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import multiprocessing
+import pickle
 import resource
 import threading
 import time
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +112,30 @@ def _rows(decoded: Decoded) -> list[Row]:
     return [Row.of(record, stored_text(record)) for _, record in decoded.records]
 
 
+def prepare(body: bytes, gzipped: bool, limit: int) -> tuple[list[bytes], list[tuple[int, str, str]]]:
+    """Inflate, decode and check a whole body (in a decoding process): pickled batches of rows, and refusals.
+
+    Rows come back pickled per batch of :data:`CHUNK_RECORDS`, so the server
+    unpickles one batch at a time instead of holding its GIL for a whole
+    100,000-record body.
+
+    Raises:
+        OverflowError, zlib.error: see :func:`decompress`.
+        Invalid: the body is not a batch.
+    """
+    if gzipped:
+        body = decompress(body, limit)
+    chunks = [decode_batch(body)] if len(body) <= LARGE_BODY_BYTES else iter_large_batch(body, CHUNK_RECORDS)
+    batches: list[bytes] = []
+    rejected: list[tuple[int, str, str]] = []
+    for chunk in chunks:
+        rows = _rows(chunk)
+        for start in range(0, len(rows), CHUNK_RECORDS):
+            batches.append(pickle.dumps(rows[start : start + CHUNK_RECORDS], pickle.HIGHEST_PROTOCOL))
+        rejected += chunk.rejected
+    return batches, rejected
+
+
 def create_app(
     storage: Storage,
     token: str | None = None,
@@ -116,12 +144,22 @@ def create_app(
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
     read_timeout_s: float = READ_TIMEOUT_S,
     max_uploads: int = MAX_UPLOADS,
+    decode_processes: int = 0,
 ) -> web.Application:
-    """The aiohttp application. Serve it with ``auto_decompress=False`` (see :class:`IngestServer`)."""
+    """The aiohttp application. Serve it with ``auto_decompress=False`` (see :class:`IngestServer`).
+
+    ``decode_processes`` > 0 decodes bodies on that many worker processes
+    (started with ``forkserver``); 0 decodes on threads of this process.
+    """
     expected = f"Bearer {token}".encode() if token else None
     state = _State()
     database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otel-rl-db")
     decoding = ThreadPoolExecutor(max_workers=2, thread_name_prefix="otel-rl-decode")
+    processes = (
+        ProcessPoolExecutor(max_workers=decode_processes, mp_context=multiprocessing.get_context("forkserver"))
+        if decode_processes > 0
+        else None
+    )
 
     @web.middleware
     async def authorize(request: web.Request, handler):
@@ -172,29 +210,29 @@ def create_app(
             response.force_close()
             return response
         encoding = request.headers.get("Content-Encoding", "identity").lower()
-        if encoding == "gzip":
-            try:
-                body = await run(decoding, decompress, body, max_decompressed_bytes)
-            except OverflowError:
-                return _error(413, f"decompressed body larger than {max_decompressed_bytes} bytes")
-            except zlib.error:
-                return _error(400, "body is not valid gzip", "$")
-        elif encoding != "identity":
+        if encoding not in ("gzip", "identity"):
             return _error(400, f"unsupported Content-Encoding {encoding!r}", "Content-Encoding")
+        gzipped = encoding == "gzip"
         accepted = duplicates = 0
         rejected: list[dict[str, Any]] = []
         try:
-            if len(body) <= LARGE_BODY_BYTES:
-                chunks = [await run(decoding, decode_batch, body)]
+            if processes is not None:
+                pickled, refused = await run(processes, prepare, body, gzipped, max_decompressed_bytes)
+                rejected = [{"index": i, "field": f, "error": e} for i, f, e in refused]
+                batches = _unpickled(pickled, decoding, run)
             else:
-                chunks = iter_large_batch(body, CHUNK_RECORDS)
-            async for decoded in _each(chunks, decoding, run):
-                rejected += [{"index": i, "field": f, "error": e} for i, f, e in decoded.rejected]
-                if decoded.records:
-                    rows = await run(decoding, _rows, decoded)
+                if gzipped:
+                    body = await run(decoding, decompress, body, max_decompressed_bytes)
+                batches = _decoded_rows(body, decoding, run, rejected)
+            async for rows in _each(batches):
+                if rows:
                     stored = await store(rows)
                     accepted += stored[0]
                     duplicates += stored[1]
+        except OverflowError:
+            return _error(413, f"decompressed body larger than {max_decompressed_bytes} bytes")
+        except zlib.error:
+            return _error(400, "body is not valid gzip", "$")
         except Invalid as exc:
             return _error(400, exc.message, exc.shown())
         except StorageUnavailable as exc:
@@ -262,6 +300,8 @@ def create_app(
         task.cancel()
         database.shutdown(wait=True)
         decoding.shutdown(wait=True)
+        if processes is not None:
+            processes.shutdown(wait=True, cancel_futures=True)
 
     app.cleanup_ctx.append(background)
     app.router.add_post(INGEST_PATH, ingest)
@@ -273,18 +313,34 @@ def create_app(
     return app
 
 
-async def _each(chunks, executor: ThreadPoolExecutor, run):
-    """Chunks of a decoded body; a generator is advanced on ``executor``, so its decoding never runs on the loop."""
-    if isinstance(chunks, list):
-        for chunk in chunks:
-            yield chunk
-        return
+async def _decoded_rows(body: bytes, executor: ThreadPoolExecutor, run, rejected: list[dict[str, Any]]):
+    """Rows of a body decoded on ``executor`` threads: a large body chunk by chunk, so the loop is never held long."""
+    if len(body) <= LARGE_BODY_BYTES:
+        chunks: Any = iter([await run(executor, decode_batch, body)])
+    else:
+        chunks = iter_large_batch(body, CHUNK_RECORDS)
     done = object()
     while True:
-        chunk = await run(executor, next, chunks, done)
-        if chunk is done:
+        decoded = await run(executor, next, chunks, done)
+        if decoded is done:
             return
-        yield chunk
+        rejected += [{"index": i, "field": f, "error": e} for i, f, e in decoded.rejected]
+        yield await run(executor, _rows, decoded)
+
+
+async def _unpickled(pickled: list[bytes], executor: ThreadPoolExecutor, run):
+    for data in pickled:
+        yield await run(executor, pickle.loads, data)
+
+
+async def _each(batches):
+    """Iterate a list or an async generator of row batches alike."""
+    if isinstance(batches, list):
+        for rows in batches:
+            yield rows
+    else:
+        async for rows in batches:
+            yield rows
 
 
 def raise_open_files_limit() -> None:
@@ -359,11 +415,14 @@ class IngestServer:
         self.stop()
 
 
+DECODE_PROCESSES = 2
+
+
 def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_after_s: float) -> None:
-    """Foreground server for ``otel-rl serve``."""
+    """Foreground server for ``otel-rl serve`` (bodies decoded on :data:`DECODE_PROCESSES` worker processes)."""
     raise_open_files_limit()
     storage = open_storage(db)
-    app = create_app(storage, token=token, lost_after_s=lost_after_s)
+    app = create_app(storage, token=token, lost_after_s=lost_after_s, decode_processes=DECODE_PROCESSES)
     where = "PostgreSQL" if str(db).startswith(("postgresql://", "postgres://")) else f"database {db}"
     print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''})", flush=True)
     web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None)

@@ -20,9 +20,8 @@ import json
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen")
 MAX_PAGE = 1000
@@ -38,9 +37,8 @@ class StorageUnavailable(Exception):
         self.reason = reason
 
 
-@dataclass(slots=True)
-class Row:
-    """One validated record, ready to store."""
+class Row(NamedTuple):
+    """One validated record, ready to store (a tuple: cheap to build and to pass between processes)."""
 
     writer: str
     seq: int
@@ -53,18 +51,17 @@ class Row:
     group: str | None = None
     meta: str | None = None
     reason: str | None = None
-    keys: tuple[str, ...] = field(default_factory=tuple)
+    keys: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, record: dict[str, Any], body: str) -> Row:
-        row = cls(record["writer"], record["seq"], record["run_id"], record["kind"], float(record["ts"]), body)
-        if row.kind == "run":
-            row.status = record["status"]
-            row.project, row.group, row.reason = record.get("project"), record.get("group"), record.get("reason")
-            row.meta = json.dumps(record["meta"]) if "meta" in record else None
-        elif row.kind == "scalars":
-            row.keys = tuple(record["values"])
-        return row
+        kind = record["kind"]
+        if kind == "run":
+            meta = json.dumps(record["meta"]) if "meta" in record else None
+            return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body,
+                       record["status"], record.get("project"), record.get("group"), meta, record.get("reason"))  # fmt: skip
+        keys = tuple(record["values"]) if kind == "scalars" else ()
+        return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body, keys=keys)
 
 
 class Storage(Protocol):
@@ -227,7 +224,7 @@ class SqliteStorage:
             try:
                 db.execute("BEGIN IMMEDIATE")
                 before = db.total_changes
-                db.executemany(_INSERT_RECORD, [(r.writer, r.seq, r.run_id, r.kind, r.ts, r.body) for r in rows])
+                db.executemany(_INSERT_RECORD, [r[:6] for r in rows])
                 accepted = db.total_changes - before
                 first_status = [r for r in rows if r.kind == "run"]
                 db.executemany(_TOUCH_RUN, [(run_id, now, now) for run_id in dict.fromkeys(r.run_id for r in rows)])

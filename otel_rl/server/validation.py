@@ -46,6 +46,9 @@ class Invalid(ValueError):
         self.field = field
         self.message = message
 
+    def __reduce__(self):  # crosses process boundaries (decoding processes)
+        return (Invalid, (self.field, self.message))
+
     def shown(self) -> str:
         """The field, cut to a length an answer can carry."""
         return self.field if len(self.field) <= 300 else self.field[:297] + "..."
