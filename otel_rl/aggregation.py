@@ -132,6 +132,7 @@ class Aggregates:
         self._gauge_times: dict[str, int] = {}
         self._env_steps: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
+        self._run_info: dict[str, str] | None = None
 
     def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
         by_id = self._by_spec.setdefault(clock, {})
@@ -228,6 +229,11 @@ class Aggregates:
                 gauges[key] = value
                 self._gauge_times[key] = time_ns
 
+    def set_run_info(self, labels: Mapping[str, str]) -> None:
+        """Labels of the ``rl.run.info`` gauge (value 1), exported from now on."""
+        with self._lock:
+            self._run_info = dict(labels)
+
     def set_dropped(self, counts: Mapping[str, int]) -> None:
         with self._lock:
             self._dropped.update(counts)
@@ -295,6 +301,9 @@ class Aggregates:
                 spec = schema.metric_spec(key)
                 point = NumberDataPoint({**self._base, "rl.key": key}, self._start_ns, time_ns, value)
                 metrics.append(Metric(schema.otel_gauge_name(key), spec.description, spec.unit, Gauge([point])))
+            if self._run_info is not None:
+                point = NumberDataPoint({**self._base, **self._run_info}, self._start_ns, now_ns, 1)
+                metrics.append(Metric(schema.METRIC_RUN_INFO, "The run's commit and configuration as labels", "", Gauge([point])))
             for name, values, attribute, unit, description in (
                 (schema.METRIC_ENV_STEPS, self._env_steps, schema.ATTR_TIMELINE, "{step}", "Environment steps taken"),
                 (schema.METRIC_DROPPED, self._dropped, schema.ATTR_QUEUE, "{record}", "Telemetry records dropped or sampled out"),

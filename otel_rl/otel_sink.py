@@ -22,7 +22,7 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_rl._logging import logger, once
 from otel_rl import environment_variables as env
-from otel_rl import otlp, schema
+from otel_rl import otlp, run_metadata, schema
 from otel_rl.aggregation import Aggregates, MergingMetricExporter
 from otel_rl.background import Deadline
 from otel_rl.pipeline import Clock, RecordSink
@@ -105,6 +105,7 @@ class OpenTelemetrySink(RecordSink):
         self._run_context: trace_api.SpanContext | None = None
         self._run_parent: trace_api.SpanContext | None = None
         self._run_events: list[Event] = []
+        self._run_attributes: dict[str, Any] = {}
         self._pending = pending
         self._cpu_spans: OrderedDict[int, int] = OrderedDict()
 
@@ -187,11 +188,14 @@ class OpenTelemetrySink(RecordSink):
             self._run_context = span_context(self.trace_id, run.attributes["span_id"])
             parent_span_id = run.attributes.get("parent_span_id")
             self._run_parent = span_context(self.trace_id, parent_span_id, remote=True) if parent_span_id else None
+            config, provenance = run.attributes.get("config"), run.attributes.get("provenance", {})
+            self._run_attributes = run_metadata.span_attributes(config, provenance)
+            self.aggregates.set_run_info(run_metadata.info_labels(config, provenance))
             return
         if self._run_context is None or not self._span_processors:
             return
         status = Status(StatusCode.ERROR, run.reason) if run.status in ("failed", "killed") else Status(StatusCode.OK)
-        attributes: dict[str, Any] = {schema.ATTR_STATUS: run.status}
+        attributes: dict[str, Any] = {**self._run_attributes, schema.ATTR_STATUS: run.status}
         if run.reason:
             attributes["rl.run.reason"] = run.reason
         span = self._builder.span(

@@ -52,6 +52,8 @@ METRIC_PHASE_DURATION = "rl.phase.duration"
 METRIC_ITERATION_DURATION = "rl.iteration.duration"
 METRIC_ENV_STEPS = "rl.env_steps"
 METRIC_DROPPED = "rl.telemetry.dropped"
+METRIC_RUN_INFO = "rl.run.info"
+"""Always 1; its labels are the run's id, commit and configuration (``rl.config.*``), for joining runs with their settings."""
 
 SPAN_RUN = "rl.run"
 SPAN_ITERATION = "rl.iteration"

@@ -1,7 +1,11 @@
-"""``run_summary.json``: the run's final status and per-phase timing, schema-stamped.
+"""The run folder's JSON files: ``run_config.json`` when the run starts, ``run_summary.json`` at shutdown.
 
-Written once at shutdown into the run folder (atomically: a temporary file
-renamed into place), so a reader sees either the complete summary or none.
+``run_config.json`` holds the run id, its metadata (family, total steps,
+environments), the resolved configuration (secrets redacted) and its
+provenance (git commit and dirty flag, command line, host, package
+versions). ``run_summary.json`` holds the final status and per-phase timing,
+schema-stamped. Both are written off the training thread, atomically (a
+temporary file renamed into place): a reader sees a whole file or none.
 """
 
 from __future__ import annotations
@@ -10,8 +14,8 @@ import json
 import os
 from typing import Any
 
-from otel_rl._logging import logger
 from otel_rl import schema
+from otel_rl._logging import logger
 from otel_rl.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
 from otel_rl.pipeline import RecordSink
@@ -20,8 +24,11 @@ from otel_rl.records import RunRecord, ScalarsRecord
 _logger = logger(__name__)
 
 SUMMARY_FILE = "run_summary.json"
+CONFIG_FILE = "run_config.json"
+
+
 class SummarySink(RecordSink):
-    """Writes ``run_summary.json`` at shutdown from the shared aggregates."""
+    """Writes ``run_config.json`` when the run starts and ``run_summary.json`` at shutdown."""
 
     def __init__(self, config: TelemetryConfig, aggregates: Aggregates) -> None:
         self._config = config
@@ -35,6 +42,11 @@ class SummarySink(RecordSink):
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
             self._start_ns, self._status = run.start_ns, run.status
+            document = {"run_id": self._config.run_id, "algorithm": self._config.algorithm}
+            for key in ("family", "total_steps", "num_envs", "config"):
+                document[key] = run.attributes.get(key)
+            document.update(run.attributes.get("provenance", {}))
+            self._write(CONFIG_FILE, document)
         else:
             self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
 
@@ -57,13 +69,17 @@ class SummarySink(RecordSink):
         }
 
     def shutdown(self, timeout_s: float) -> None:
+        self._write(SUMMARY_FILE, self.summary())
+
+    def _write(self, name: str, document: dict[str, Any]) -> None:
         run_dir = self._config.run_dir
-        assert run_dir is not None
+        if run_dir is None:
+            return
+        path = run_dir / name
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            path = run_dir / SUMMARY_FILE
             tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(self.summary(), indent=2, sort_keys=True))
+            tmp.write_text(json.dumps(document, indent=2, sort_keys=True))
             os.replace(tmp, path)
         except OSError as exc:
-            _logger.warning("otel-rl: could not write %s: %s", run_dir / SUMMARY_FILE, exc)
+            _logger.warning("otel-rl: could not write %s: %s", path, exc)

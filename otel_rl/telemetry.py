@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import protocol, schema
+from otel_rl import protocol, run_metadata, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
@@ -25,6 +25,7 @@ from otel_rl.drops import Drops
 from otel_rl.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.recorder import FLOW, Iteration, Phase, Recorder
 from otel_rl.records import RunRecord
+from otel_rl.run_metadata import redact
 from otel_rl.spans import new_span_id, new_trace_id
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
 
@@ -213,7 +214,7 @@ class Telemetry:
         from otel_rl.otel_sink import OpenTelemetrySink
         from otel_rl.summary import SummarySink
 
-        config.meta = json_safe(config.meta, self._nonfinite, "meta")
+        config.meta = redact(json_safe(config.meta, self._nonfinite, "meta"))
         self._aggregates = Aggregates(self._clock.now_ns(), self._base_attributes, self.trace_id)
         self._otel = OpenTelemetrySink(
             self._resource(),
@@ -535,7 +536,8 @@ class Telemetry:
             "family": None if family is None else clean_text(str(json_safe(family)), NAME_LIMIT),
             "total_steps": _count("total_steps", total_steps),
             "num_envs": self._num_envs,
-            "config": _config_document(config, self._nonfinite),
+            "config": redact(_config_document(config, self._nonfinite)),
+            "provenance": run_metadata.collect(),
         }
         self._recorder.add_control(
             RunRecord(

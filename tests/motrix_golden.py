@@ -40,7 +40,18 @@ def golden_records() -> dict[str, dict]:
         RunRecord(
             "running",
             start_ns,
-            attributes={"family": "rl.offpolicy", "total_steps": 100_000, "num_envs": 8, "config": {"lr": 0.0003}},
+            attributes={
+                "family": "rl.offpolicy",
+                "total_steps": 100_000,
+                "num_envs": 8,
+                "config": {"lr": 0.0003},
+                "provenance": {
+                    "versions": FIXED_VERSIONS,
+                    "git": {"commit": "4f1c2e9a7b3d5e6f8a9b0c1d2e3f4a5b6c7d8e9f", "dirty": False},
+                    "command": "python train.py --lr 3e-4",
+                    "host": "trainer-0",
+                },
+            },
             seq=next(seq),
         )
     )
@@ -73,7 +84,6 @@ def golden_records() -> dict[str, dict]:
     pending, running, scalars, event, finished, failed, killed_rec = out.records
     for rec in (pending, heartbeat):
         rec["ts"] = FIXED_TS
-    running["versions"] = dict(FIXED_VERSIONS)
     return {
         "run_pending": pending,
         "run_running": running,

@@ -51,8 +51,12 @@ def test_outputs_are_present_and_well_formed(demo_run):
     assert not any(n.startswith("trace-") for n in names)  # the collector's fragment was merged
     summary = json.loads((run_dir / "run_summary.json").read_text())
     assert check_schema_version(summary) == 1 and summary["status"] == "finished"
-    config = json.loads((run_dir / "run_config.json").read_text())
+    run_config = json.loads((run_dir / "run_config.json").read_text())
+    config = run_config["config"]
     assert config["env"] == "Pendulum-v1" and config["sac"]["batch_size"] == 256
+    assert run_config["run_id"] == run_dir.name and run_config["algorithm"] == "sac"
+    assert " demo --iterations 260" in run_config["command"]
+    assert run_config["versions"]["torch"] and run_config["host"]
     assert "bottleneck: " in stdout and "learner iterations" in stdout
 
 

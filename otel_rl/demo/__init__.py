@@ -16,7 +16,6 @@ prints a summary and the bottleneck diagnosis.
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing as mp
 import os
 import queue
@@ -26,7 +25,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 CHECKPOINT = "checkpoint.pt"
-RUN_CONFIG = "run_config.json"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,7 +68,6 @@ def run_demo(args: argparse.Namespace) -> int:
     probe.close()
     sac_config = SACConfig()
     config = {"env": ENV_ID, "algorithm": "sac", **vars(args), "sac": asdict(sac_config)}
-    (run_dir / RUN_CONFIG).write_text(json.dumps(config, indent=2, default=str))
 
     tel = otel_rl.init(
         run_dir=run_dir,

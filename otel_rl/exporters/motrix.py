@@ -13,8 +13,6 @@ the window when iterations are faster), aligned on ``axes.env_steps``.
 from __future__ import annotations
 
 import itertools
-import platform
-import sys
 import time
 from typing import Any
 
@@ -30,18 +28,7 @@ from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
 _logger = logger(__name__)
 
 _RUN_METADATA = ("family", "total_steps", "num_envs", "config")
-
-
-def package_versions() -> dict[str, str]:
-    """Versions worth knowing when reading a run: Python, otel-rl, and the ML stack if loaded."""
-    from otel_rl import __version__
-
-    versions = {"python": platform.python_version(), "otel_rl": __version__}
-    for name in ("torch", "numpy", "gymnasium"):
-        module = sys.modules.get(name)
-        if module is not None and isinstance(getattr(module, "__version__", None), str):
-            versions[name] = module.__version__
-    return versions
+_PROVENANCE = ("versions", "git", "command", "host")
 
 
 class _PerfWindow:
@@ -161,7 +148,10 @@ class MotrixSink(RecordSink):
             for key in _RUN_METADATA:
                 if key in run.attributes:
                     fields[key] = run.attributes[key]
-            fields["versions"] = package_versions()
+            provenance = run.attributes.get("provenance", {})
+            for key in _PROVENANCE:
+                if provenance.get(key) is not None:
+                    fields[key] = provenance[key]
             ts = run.start_ns / 1e9
         else:
             self._emit_perf()
