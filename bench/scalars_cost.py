@@ -13,6 +13,7 @@ Arms:
   ingest 500     every batch gets HTTP 500
   disk stalled   metrics.jsonl is a FIFO nobody reads (open() never returns)
   disk erroring  metrics.jsonl is /dev/full (every write fails)
+  tensorboard    metrics.jsonl and the TensorBoard output
 
 Usage: python bench/scalars_cost.py [--quick]
 """
@@ -103,6 +104,7 @@ def main() -> None:
         "ingest 500": otel_rl.init(run_dir=tmp / "500", motrix_url=failing_url, **common),
         "disk stalled": otel_rl.init(run_dir=stalled, jsonl=True, **common),
         "disk erroring": otel_rl.init(run_dir=erroring, jsonl=True, **common),
+        "tensorboard": otel_rl.init(run_dir=tmp / "tb-arm", jsonl=True, tensorboard=True, **common),
     }
     from torch.utils.tensorboard import SummaryWriter
 
@@ -126,7 +128,8 @@ def main() -> None:
         closer.join()
     delivered = {}
     for name in arms:
-        jsonl = tmp / {"jsonl+http": "ok", "ingest hung": "hung", "ingest refused": "refused", "ingest 500": "500"}.get(name, "-") / "metrics.jsonl"
+        folders = {"jsonl+http": "ok", "ingest hung": "hung", "ingest refused": "refused", "ingest 500": "500", "tensorboard": "tb-arm"}
+        jsonl = tmp / folders.get(name, "-") / "metrics.jsonl"
         lost = {queue: n for queue, n in dropped[name].items() if n}
         if jsonl.is_file():
             delivered[name] = f"jsonl {len(jsonl.read_text().splitlines())}" + (f", dropped {lost}" if lost else "")

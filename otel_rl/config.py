@@ -94,6 +94,9 @@ class TelemetryConfig:
     trace_enabled: bool = False
     """Write a Perfetto trace of every phase (``OTEL_RL_TRACE_ENABLED``)."""
 
+    tensorboard: bool = False
+    """Write TensorBoard event files to ``run_dir/tensorboard`` (``OTEL_RL_TENSORBOARD``)."""
+
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""
 
@@ -130,7 +133,7 @@ class TelemetryConfig:
             self.run_dir = Path(self.run_dir)
         if self.trace_output_dir is not None:
             self.trace_output_dir = Path(self.trace_output_dir)
-        for name in ("enabled", "strict", "panel", "trace_enabled", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank"):
+        for name in ("enabled", "strict", "panel", "trace_enabled", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard"):
             _check(name, getattr(self, name), bool, "True or False")
         for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):
             value = getattr(self, name)
@@ -163,9 +166,11 @@ class TelemetryConfig:
             self.jsonl = bool(self.motrix_url) and self.run_dir is not None
         if self.rank != 0 and not self.outputs_on_every_rank:
             # Rank 0 speaks for the job; the others would duplicate its records.
-            self.jsonl, self.motrix_url, self.panel, self.trace_enabled = False, None, False, False
+            self.jsonl, self.motrix_url, self.panel, self.trace_enabled, self.tensorboard = False, None, False, False, False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
+        if self.tensorboard and self.run_dir is None:
+            raise ValueError("tensorboard=True needs a run_dir to write event files into")
         if self.run_id is None:
             if self.run_dir is not None:
                 self.run_id = self.run_dir.resolve().name
@@ -200,6 +205,7 @@ class TelemetryConfig:
                 env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, 2.0, "seconds >= 0"
             ),
             "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, False, "true or false"),
+            "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),

@@ -253,6 +253,10 @@ class Telemetry:
                     max_bytes=config.trace_max_bytes,
                 )
             )
+        if config.tensorboard:
+            from otel_rl.exporters.tensorboard import TENSORBOARD_DIR, TensorBoardSink
+
+            self._built.append(TensorBoardSink(config.run_dir / TENSORBOARD_DIR, self._drops, config.perf_interval_s))
         if config.panel:
             from otel_rl.panel import PanelSink
 

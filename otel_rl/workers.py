@@ -85,6 +85,7 @@ def init_worker(spec: WorkerSpec, **options: Any):
         "jsonl": False,
         "motrix_url": None,
         "panel": False,
+        "tensorboard": False,
         **spec.options,
         **options,
     }

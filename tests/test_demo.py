@@ -27,6 +27,7 @@ def demo_run(tmp_path_factory):
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         OTEL_SERVICE_NAME="sac-pendulum",  # the standard variable beats the demo's own default, in both processes
+        OTEL_RL_TENSORBOARD="1",
     )
     try:
         result = subprocess.run(
@@ -47,7 +48,7 @@ def demo_run(tmp_path_factory):
 def test_outputs_are_present_and_well_formed(demo_run):
     run_dir, stdout, _ = demo_run
     names = {p.name for p in run_dir.iterdir()}
-    assert {"metrics.jsonl", "trace.perfetto-trace", "run_config.json", "run_summary.json", "checkpoint.pt"} <= names
+    assert {"metrics.jsonl", "trace.perfetto-trace", "run_config.json", "run_summary.json", "checkpoint.pt", "tensorboard"} <= names
     assert not any(n.startswith("trace-") for n in names)  # the collector's fragment was merged
     summary = json.loads((run_dir / "run_summary.json").read_text())
     assert check_schema_version(summary) == 1 and summary["status"] == "finished"
@@ -58,6 +59,17 @@ def test_outputs_are_present_and_well_formed(demo_run):
     assert " demo --iterations 260" in run_config["command"]
     assert run_config["versions"]["torch"] and run_config["host"]
     assert "bottleneck: " in stdout and "learner iterations" in stdout
+
+
+def test_tensorboard_has_reward_and_loss_curves(demo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir, _, _ = demo_run
+    accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    tags = set(accumulator.Tags()["scalars"])
+    assert {"Train/mean_reward", "Loss/critic", "Loss/actor", "Perf/learning_time"} <= tags
+    assert len(accumulator.Scalars("Loss/critic")) >= 2
 
 
 def test_every_phase_is_in_the_trace_with_the_collector_as_its_own_process(demo_run):

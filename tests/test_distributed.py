@@ -138,7 +138,7 @@ def test_rank_aware_telemetry(world, tmp_path):
     assert all(reduced[r] == reduced[0] for r in range(world))
     # Rank 0 owns the local outputs; the job's window is recorded there once.
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["metrics.jsonl", "run_summary.json", "trace.perfetto-trace"]
+    assert names == ["metrics.jsonl", "run_config.json", "run_summary.json", "trace.perfetto-trace"]
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     assert len(windows) == 1 and windows[0]["values"]["Perf/total_fps"] == reduced[0]["Perf/total_fps"]

@@ -16,12 +16,12 @@ import itertools
 import time
 from typing import Any
 
-from otel_rl import schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.drops import Drops
 from otel_rl.exporters.record_queue import Item
-from otel_rl.pipeline import CycleTotals, PassTotals, RecordSink
+from otel_rl.perf_windows import PerfWindows
+from otel_rl.pipeline import PassTotals, RecordSink
 from otel_rl.protocol import ProtocolError, encode_record, record
 from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
 
@@ -29,39 +29,6 @@ _logger = logger(__name__)
 
 _RUN_METADATA = ("family", "total_steps", "num_envs", "config")
 _PROVENANCE = ("versions", "git", "command", "host")
-
-
-class _PerfWindow:
-    """Phase durations of one timeline since the last Perf record."""
-
-    __slots__ = ("cycles", "wall_ns", "phase_ns", "phase_count")
-
-    def __init__(self) -> None:
-        self.cycles = 0
-        self.wall_ns = 0
-        self.phase_ns: dict[str, int] = {}
-        self.phase_count: dict[str, int] = {}
-
-    def add(self, totals: CycleTotals) -> None:
-        self.cycles += totals.cycles
-        self.wall_ns += totals.wall_ns
-        phase_ns, phase_count = self.phase_ns, self.phase_count
-        for part in (totals.top, totals.nested, totals.loose):
-            for name, ns in part.items():
-                phase_ns[name] = phase_ns.get(name, 0) + ns
-        for name, n in totals.counts.items():
-            phase_count[name] = phase_count.get(name, 0) + n
-
-    def values(self, timeline: str) -> dict[str, float]:
-        """Mean per cycle (per occurrence for timelines without cycles), in each key's unit."""
-        out: dict[str, float] = {}
-        if self.cycles and timeline == schema.LEARNER:
-            out["Perf/iteration_time"] = self.wall_ns / self.cycles / 1e9
-        for name, total_ns in self.phase_ns.items():
-            per = self.cycles or self.phase_count.get(name, 0)
-            if per:
-                out[schema.phase_key(timeline, name)] = total_ns / per / 1e6 * schema.phase_key_scale(timeline, name)
-        return out
 
 
 class MotrixSink(RecordSink):
@@ -94,10 +61,7 @@ class MotrixSink(RecordSink):
         self._drops = drops
         self.outputs = outputs if outputs is not None else []
         self._run_fields = {"project": project, "group": group, "meta": meta or {}}
-        self._perf_interval_s = perf_interval_s
-        self._windows: dict[str, _PerfWindow] = {}
-        self._last_perf = time.monotonic()
-        self._axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
+        self._perf = PerfWindows(perf_interval_s)
         self._closed = False
 
     # -- records built here ---------------------------------------------
@@ -171,27 +135,17 @@ class MotrixSink(RecordSink):
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:
-        learner = totals.timelines.get(schema.LEARNER)
-        if learner is not None and learner.index is not None:
-            self._axes = {"env_steps": learner.env_steps, "iteration": learner.index}
-        for timeline, cycles in totals.timelines.items():
-            window = self._windows.get(timeline)
-            if window is None:
-                window = self._windows[timeline] = _PerfWindow()
-            window.add(cycles)
+        self._perf.add(totals)
 
     def on_drain(self, now_ns: int) -> None:
-        if time.monotonic() - self._last_perf >= self._perf_interval_s:
+        if self._perf.due():
             self._emit_perf()
 
     def _emit_perf(self) -> None:
-        self._last_perf = time.monotonic()
-        values: dict[str, float] = {}
-        for timeline, window in self._windows.items():
-            values.update(window.values(timeline))
-        self._windows = {}
+        values = self._perf.take()
         if values:
-            self._emit(self.make("scalars", step=self._axes["env_steps"], axes=dict(self._axes), values=values))
+            axes = dict(self._perf.axes)
+            self._emit(self.make("scalars", step=axes["env_steps"], axes=axes, values=values))
 
     # -- lifecycle ------------------------------------------------------
 

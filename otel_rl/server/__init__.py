@@ -106,6 +106,7 @@ class _State:
 
     uploads: int = 0
     unhealthy: str | None = None
+    stopping: bool = False
 
 
 def _rows(decoded: Decoded) -> list[Row]:
@@ -175,7 +176,9 @@ def create_app(
 
     app = web.Application(client_max_size=max_body_bytes, middlewares=[authorize])
 
-    async def run(executor: ThreadPoolExecutor, fn, *args):
+    async def run(executor, fn, *args):
+        if state.stopping:  # the executors are going away: come back later
+            raise StorageUnavailable("the server is shutting down")
         return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
 
     async def store(rows: list[Row]) -> tuple[int, int]:
@@ -298,6 +301,7 @@ def create_app(
         task = asyncio.create_task(probe_and_sweep())
         yield
         task.cancel()
+        state.stopping = True
         database.shutdown(wait=True)
         decoding.shutdown(wait=True)
         if processes is not None:

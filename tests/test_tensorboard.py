@@ -1,0 +1,78 @@
+"""The TensorBoard output, read back with TensorBoard's own event reader."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+import otel_rl
+
+
+def read(log_dir) -> EventAccumulator:
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def test_scalars_timings_events_and_hparams_are_in_tensorboard(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, perf_interval_s=0.05, system_metrics_interval_s=0)
+    config = {"lr": 3e-4, "env": {"id": "Pendulum-v1"}, "use_per": True, "api_key": "sk-123"}
+    with tel.run(config=config):
+        for i in range(20):
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                with tel.phase("learning"):
+                    time.sleep(0.002)
+            tel.scalars({"Loss/critic": np.float32(1.0 / (i + 1)), "Train/mean_reward": -100.0 + i})
+            if i == 10:
+                tel.event("checkpoint_saved", path="ckpt.pt")
+        tel.scalars({"Loss/actor": 0.5}, step=12345)
+    tel.close()  # the files are complete when close() returns
+    run = read(tmp_path / "tensorboard")
+    critic = run.Scalars("Loss/critic")
+    assert [e.step for e in critic] == [8 * (i + 1) for i in range(20)]  # env steps by default, as the JSONL
+    assert critic[3].value == pytest.approx(0.25)
+    assert [e.step for e in run.Scalars("Loss/actor")] == [12345]
+    assert run.Scalars("Perf/learning_time") and all(e.value >= 0.002 for e in run.Scalars("Perf/learning_time"))
+    (text,) = run.Tensors("events/checkpoint_saved")
+    assert b"ckpt.pt" in text.tensor_proto.string_val[0]
+    hparams = {
+        tag: plugin_data_pb2.HParamsPluginData.FromString(content)
+        for tag, content in run.PluginTagToContent(metadata.PLUGIN_NAME).items()
+    }
+    start = hparams[metadata.SESSION_START_INFO_TAG].session_start_info
+    assert start.hparams["lr"].number_value == 3e-4 and start.hparams["env.id"].string_value == "Pendulum-v1"
+    assert start.hparams["use_per"].bool_value is True and start.hparams["api_key"].string_value == "<redacted>"
+    assert hparams[metadata.SESSION_END_INFO_TAG].session_end_info.status == api_pb2.STATUS_SUCCESS
+    experiment = hparams[metadata.EXPERIMENT_TAG].experiment
+    assert {m.name.tag for m in experiment.metric_infos} >= {"Loss/critic", "Train/mean_reward"}
+    assert {h.name for h in experiment.hparam_infos} == {"lr", "env.id", "use_per", "api_key"}
+
+
+def test_a_failed_run_ends_its_tensorboard_session_as_failed(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, system_metrics_interval_s=0)
+    with pytest.raises(RuntimeError):
+        with tel.run(config={"lr": 1.0}):
+            raise RuntimeError("diverged")
+    tel.close()
+    run = read(tmp_path / "tensorboard")
+    end = plugin_data_pb2.HParamsPluginData.FromString(run.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG])
+    assert end.session_end_info.status == api_pb2.STATUS_FAILURE
+
+
+def test_an_unwritable_folder_costs_only_the_tensorboard_output(tmp_path, caplog):
+    (tmp_path / "tensorboard").write_text("a file where the folder should be")
+    tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, jsonl=True, system_metrics_interval_s=0)
+    with tel.run():
+        tel.scalars({"Loss/critic": 1.0})
+    tel.close()
+    assert sum("cannot write TensorBoard events" in r.getMessage() for r in caplog.records) == 1
+    assert '"finished"' in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_tensorboard_needs_a_run_folder():
+    with pytest.raises(ValueError, match="tensorboard"):
+        otel_rl.init(tensorboard=True)
