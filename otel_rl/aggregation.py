@@ -40,8 +40,10 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_rl import schema
 from otel_rl.pipeline import RecordSink
 from otel_rl._logging import logger
-from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
 
+MAX_EVENT_NAMES = 200
+"""Distinct event names counted by ``rl.events``; further names are not counted."""
 _logger = logger(__name__)
 
 MAX_GAUGE_KEYS = 2000
@@ -133,6 +135,7 @@ class Aggregates:
         self._env_steps: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
         self._run_info: dict[str, str] | None = None
+        self._events: dict[str, int] = {}
 
     def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
         by_id = self._by_spec.setdefault(clock, {})
@@ -229,6 +232,11 @@ class Aggregates:
                 gauges[key] = value
                 self._gauge_times[key] = time_ns
 
+    def count_event(self, name: str) -> None:
+        with self._lock:
+            if name in self._events or len(self._events) < MAX_EVENT_NAMES:
+                self._events[name] = self._events.get(name, 0) + 1
+
     def set_run_info(self, labels: Mapping[str, str]) -> None:
         """Labels of the ``rl.run.info`` gauge (value 1), exported from now on."""
         with self._lock:
@@ -307,6 +315,7 @@ class Aggregates:
             for name, values, attribute, unit, description in (
                 (schema.METRIC_ENV_STEPS, self._env_steps, schema.ATTR_TIMELINE, "{step}", "Environment steps taken"),
                 (schema.METRIC_DROPPED, self._dropped, schema.ATTR_QUEUE, "{record}", "Telemetry records dropped or sampled out"),
+                (schema.METRIC_EVENTS, self._events, schema.ATTR_EVENT, "{event}", "Events recorded, by name"),
             ):
                 if values:
                     points = [
@@ -349,6 +358,9 @@ class AggregatorSink(RecordSink):
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         self.aggregates.set_gauges(record.values, record.time_ns)
+
+    def on_event(self, event: EventRecord) -> None:
+        self.aggregates.count_event(event.name)
 
     def on_drain(self, now_ns: int) -> None:
         self.aggregates.fold()

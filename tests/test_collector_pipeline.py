@@ -58,6 +58,8 @@ LOOP = textwrap.dedent(
                     time.sleep(S["learning"] / 1000)
             tel.scalars({{"Perf/total_fps": 500.0, "Train/mean_reward": -200.0 + i, "Train/mean_episode_length": 200,
                           "Loss/critic": 1.0 / (i + 1), "Loss/actor": 0.5}})
+            if i % 50 == 0:
+                tel.event("checkpoint_saved", iteration=i)
         stop.set()
         thread.join()
     tel.close()
@@ -108,7 +110,11 @@ def test_prometheus_names_follow_the_opentelemetry_translation(pipeline):
         "rl_loss_critic",
         "rl_perf_total_fps_per_second",
         "process_cpu_utilization_ratio",
+        "rl_events_total",  # what the alert rules read
+        "rl_telemetry_dropped_total",
     } <= names
+    (saved,) = prometheus.query('rl_events_total{rl_event="checkpoint_saved"}')
+    assert float(saved["value"][1]) == 4
     (series,) = prometheus.query('rl_phase_duration_milliseconds_count{rl_phase="learning"}')
     labels = series["metric"]
     assert labels["rl_timeline"] == "learner" and labels["rl_run_id"] == "e2e-run"
