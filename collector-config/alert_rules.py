@@ -41,6 +41,15 @@ def _label(attribute: str) -> str:
     return attribute.replace(".", "_")
 
 
+def _rule(name: str, expr: str, severity: str, summary: str, description: str, wait: str | None = None) -> dict:
+    rule: dict = {"alert": name, "expr": expr}
+    if wait:
+        rule["for"] = wait
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {"summary": summary, "description": description}
+    return rule
+
+
 def rules() -> dict:
     iterations = _prometheus(schema.METRIC_ITERATION_DURATION, "ms") + "_count"
     iteration_sum = _prometheus(schema.METRIC_ITERATION_DURATION, "ms") + "_sum"
@@ -50,63 +59,52 @@ def rules() -> dict:
     run, timeline, phase = _label(schema.ATTR_RUN_ID), _label(schema.ATTR_TIMELINE), _label(schema.ATTR_PHASE)
     event, queue = _label(schema.ATTR_EVENT), _label(schema.ATTR_QUEUE)
     wait = schema.phase_spec(schema.COLLECTOR, "learner_action_wait")
+    on_run = "{{ $labels.%s }}" % run
     return {
         "groups": [
             {
                 "name": "otel-rl",
                 "rules": [
-                    {
-                        "alert": "RLRunStalled",
-                        "expr": f'sum by ({run}) (increase({iterations}{{{timeline}="{schema.LEARNER}"}}[{STALLED_FOR}])) == 0',
-                        "for": "1m",
-                        "labels": {"severity": "critical"},
-                        "annotations": {
-                            "summary": "Run {{ $labels.%s }} completed no learner iteration in %s" % (run, STALLED_FOR),
-                            "description": "Its telemetry still exports, so the process lives: a hang, a deadlock or a stuck collector.",
-                        },
-                    },
-                    {
-                        "alert": "RLNonFiniteValues",
-                        "expr": f'sum by ({run}) (increase({events}{{{event}="nonfinite"}}[5m])) > 0',
-                        "labels": {"severity": "warning"},
-                        "annotations": {
-                            "summary": "Run {{ $labels.%s }} reported NaN or infinite values" % run,
-                            "description": "A loss or metric turned non-finite; the nonfinite events name the keys.",
-                        },
-                    },
-                    {
-                        "alert": "RLWorkerCrashed",
-                        "expr": f'sum by ({run}) (increase({events}{{{event}="worker_crashed"}}[5m])) > 0',
-                        "labels": {"severity": "critical"},
-                        "annotations": {
-                            "summary": "A worker process of run {{ $labels.%s }} crashed" % run,
-                            "description": "The worker_crashed event carries its role and exit code.",
-                        },
-                    },
-                    {
-                        "alert": "RLTelemetryDropping",
-                        "expr": f'sum by ({run}, {queue}) (increase({dropped}{{{queue}!="span_budget"}}[10m])) > 0',
-                        "for": "5m",
-                        "labels": {"severity": "warning"},
-                        "annotations": {
-                            "summary": "Run {{ $labels.%s }} drops telemetry in queue {{ $labels.%s }}" % (run, queue),
-                            "description": "An output cannot keep up or is failing; training is not slowed, records are lost.",
-                        },
-                    },
-                    {
-                        "alert": "RLCollectorWaitsOnLearner",
-                        "expr": (
-                            f'sum by ({run}) (rate({phase_sum}{{{timeline}="{schema.COLLECTOR}", {phase}="{wait.name}"}}[5m]))'
-                            f' / sum by ({run}) (rate({iteration_sum}{{{timeline}="{schema.COLLECTOR}"}}[5m]))'
-                            f" > {COLLECTOR_WAIT_SHARE}"
-                        ),
-                        "for": "10m",
-                        "labels": {"severity": "info"},
-                        "annotations": {
-                            "summary": "Collectors of run {{ $labels.%s }} wait on the learner for most of their cycle" % run,
-                            "description": f"{wait.title} is over {COLLECTOR_WAIT_SHARE:.0%} of the collector cycle: the learner is the bottleneck.",
-                        },
-                    },
+                    _rule(
+                        "RLRunStalled",
+                        f'sum by ({run}) (increase({iterations}{{{timeline}="{schema.LEARNER}"}}[{STALLED_FOR}])) == 0',
+                        "critical",
+                        f"Run {on_run} completed no learner iteration in {STALLED_FOR}",
+                        "Its telemetry still exports, so the process lives: a hang, a deadlock or a stuck collector.",
+                        wait="1m",
+                    ),
+                    _rule(
+                        "RLNonFiniteValues",
+                        f'sum by ({run}) (increase({events}{{{event}="nonfinite"}}[5m])) > 0',
+                        "warning",
+                        f"Run {on_run} reported NaN or infinite values",
+                        "A loss or metric turned non-finite; the nonfinite events name the keys.",
+                    ),
+                    _rule(
+                        "RLWorkerCrashed",
+                        f'sum by ({run}) (increase({events}{{{event}="worker_crashed"}}[5m])) > 0',
+                        "critical",
+                        f"A worker process of run {on_run} crashed",
+                        "The worker_crashed event carries its role and exit code.",
+                    ),
+                    _rule(
+                        "RLTelemetryDropping",
+                        f'sum by ({run}, {queue}) (increase({dropped}{{{queue}!="span_budget"}}[10m])) > 0',
+                        "warning",
+                        f"Run {on_run} drops telemetry in queue {{{{ $labels.{queue} }}}}",
+                        "An output cannot keep up or is failing; training is not slowed, records are lost.",
+                        wait="5m",
+                    ),
+                    _rule(
+                        "RLCollectorWaitsOnLearner",
+                        f'sum by ({run}) (rate({phase_sum}{{{timeline}="{schema.COLLECTOR}", {phase}="{wait.name}"}}[5m]))'
+                        f' / sum by ({run}) (rate({iteration_sum}{{{timeline}="{schema.COLLECTOR}"}}[5m]))'
+                        f" > {COLLECTOR_WAIT_SHARE}",
+                        "info",
+                        f"Collectors of run {on_run} wait on the learner for most of their cycle",
+                        f"{wait.title} is over {COLLECTOR_WAIT_SHARE:.0%} of the collector cycle: the learner is the bottleneck.",
+                        wait="10m",
+                    ),
                 ],
             }
         ]
