@@ -44,9 +44,6 @@ class Deadline:
         left = max(self._at - time.monotonic(), 0.0)
         return left if cap_s is None else min(left, cap_s)
 
-    def expired(self) -> bool:
-        return time.monotonic() >= self._at
-
     def shorten(self, timeout_s: float) -> None:
         """Bring the deadline to at most ``timeout_s`` from now."""
         self._at = min(self._at, time.monotonic() + max(timeout_s, 0.0))
