@@ -2,18 +2,22 @@
 
 Every arm runs in this process, interleaved round by round so machine drift
 hits all alike; peers (the ingest server, misbehaving servers) run in other
-processes so they do not compete for this process's GIL. The reference is
-TensorBoard's ``SummaryWriter.add_scalar`` called 40 times.
+processes so they do not compete for this process's GIL. The references are
+TensorBoard's ``SummaryWriter.add_scalar`` called 40 times and one
+``wandb.log`` (offline) of the 40 keys.
 
 Arms:
   off            telemetry on, no motrix outputs
+  jsonl          metrics.jsonl only (the baseline of the tracker arms)
   jsonl+http     metrics.jsonl and a live ingest server (otel-rl serve)
   ingest hung    the server accepts connections and never answers
   ingest refused nothing listens
   ingest 500     every batch gets HTTP 500
   disk stalled   metrics.jsonl is a FIFO nobody reads (open() never returns)
   disk erroring  metrics.jsonl is /dev/full (every write fails)
-  tensorboard    metrics.jsonl and the TensorBoard output
+  +tensorboard   metrics.jsonl and the TensorBoard output
+  +wandb         metrics.jsonl and the W&B output (offline)
+  +tb+wandb      metrics.jsonl, TensorBoard and W&B
 
 Usage: python bench/scalars_cost.py [--quick]
 """
@@ -98,27 +102,34 @@ def main() -> None:
     common = dict(system_metrics_interval_s=0)
     arms = {
         "off": otel_rl.init(**common),
+        "jsonl": otel_rl.init(run_dir=tmp / "jsonl", jsonl=True, **common),
         "jsonl+http": otel_rl.init(run_dir=tmp / "ok", motrix_url=server_url, **common),
         "ingest hung": otel_rl.init(run_dir=tmp / "hung", motrix_url=hung_url, **common),
         "ingest refused": otel_rl.init(run_dir=tmp / "refused", motrix_url=refused_url(), **common),
         "ingest 500": otel_rl.init(run_dir=tmp / "500", motrix_url=failing_url, **common),
         "disk stalled": otel_rl.init(run_dir=stalled, jsonl=True, **common),
         "disk erroring": otel_rl.init(run_dir=erroring, jsonl=True, **common),
-        "tensorboard": otel_rl.init(run_dir=tmp / "tb-arm", jsonl=True, tensorboard=True, **common),
+        "+tensorboard": otel_rl.init(run_dir=tmp / "tb-arm", jsonl=True, tensorboard=True, **common),
+        "+wandb": otel_rl.init(run_dir=tmp / "wandb-arm", jsonl=True, wandb=True, **common),
+        "+tb+wandb": otel_rl.init(run_dir=tmp / "both-arm", jsonl=True, tensorboard=True, wandb=True, **common),
     }
+    import wandb
     from torch.utils.tensorboard import SummaryWriter
 
     writer = SummaryWriter(str(tmp / "tb"))
+    wandb_run = wandb.init(mode="offline", dir=str(tmp), project="bench", settings=wandb.Settings(console="off", silent=True, x_disable_stats=True))
 
     def tensorboard(values, step):
         for key, value in values.items():
             writer.add_scalar(key, value, step)
 
-    samples: dict[str, list[float]] = {name: [] for name in [*arms, "tensorboard"]}
+    references = {"ref: TensorBoard add_scalar x40": tensorboard, "ref: wandb.log": lambda v, i: wandb_run.log(v, step=i)}
+    samples: dict[str, list[float]] = {name: [] for name in [*arms, *references]}
     for _ in range(rounds):
         for name, tel in arms.items():
             samples[name] += time_calls(lambda v, i, tel=tel: tel.scalars(v, step=i), calls)
-        samples["tensorboard"] += time_calls(tensorboard, calls)
+        for name, call in references.items():
+            samples[name] += time_calls(call, calls)
     # Close every arm at once (each within its own deadline), then read what reached the file.
     dropped = {name: tel.stats().get("dropped", {}) for name, tel in arms.items()}
     closers = [threading.Thread(target=tel.close) for tel in arms.values()]
@@ -128,24 +139,27 @@ def main() -> None:
         closer.join()
     delivered = {}
     for name in arms:
-        folders = {"jsonl+http": "ok", "ingest hung": "hung", "ingest refused": "refused", "ingest 500": "500", "tensorboard": "tb-arm"}
+        folders = {"jsonl": "jsonl", "jsonl+http": "ok", "ingest hung": "hung", "ingest refused": "refused", "ingest 500": "500",
+                   "+tensorboard": "tb-arm", "+wandb": "wandb-arm", "+tb+wandb": "both-arm"}  # fmt: skip
         jsonl = tmp / folders.get(name, "-") / "metrics.jsonl"
         lost = {queue: n for queue, n in dropped[name].items() if n}
         if jsonl.is_file():
             delivered[name] = f"jsonl {len(jsonl.read_text().splitlines())}" + (f", dropped {lost}" if lost else "")
     writer.close()
+    wandb_run.finish()
     for proc in peers:
         proc.kill()
 
-    tb = statistics.median(samples["tensorboard"])
+    tb = statistics.median(samples["ref: TensorBoard add_scalar x40"])
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; {rounds} interleaved rounds of {calls} calls per arm")
     print()
-    print("| arm | p50 us | p99 us | p50 vs TensorBoard | delivered (records) |")
-    print("|---|---|---|---|---|")
+    base = statistics.median(samples["jsonl"])
+    print("| arm | p50 us | p99 us | p50 vs jsonl | p50 vs TensorBoard | delivered (records) |")
+    print("|---|---|---|---|---|---|")
     for name, values in samples.items():
         p50 = statistics.median(values)
         p99 = statistics.quantiles(values, n=100)[98]
-        print(f"| {name} | {p50:.1f} | {p99:.1f} | {100 * p50 / tb:.2f}% | {delivered.get(name, '')} |")
+        print(f"| {name} | {p50:.1f} | {p99:.1f} | {p50 / base:.2f}x | {100 * p50 / tb:.2f}% | {delivered.get(name, '')} |")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_rl import schema
 from otel_rl.pipeline import RecordSink
 from otel_rl._logging import logger
-from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
 
 MAX_EVENT_NAMES = 200
 """Distinct event names counted by ``rl.events``; further names are not counted."""
@@ -136,6 +136,7 @@ class Aggregates:
         self._dropped: dict[str, int] = {}
         self._run_info: dict[str, str] | None = None
         self._events: dict[str, int] = {}
+        self._distributions: dict[str, Bins] = {}
 
     def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
         by_id = self._by_spec.setdefault(clock, {})
@@ -232,6 +233,27 @@ class Aggregates:
                 gauges[key] = value
                 self._gauge_times[key] = time_ns
 
+    def record_distribution(self, key: str, values: Any) -> None:
+        """Bin the finite values of one ``distribution()`` call (a numpy array) on :data:`schema.DISTRIBUTION_BOUNDS`."""
+        import numpy as np
+
+        if not values.size:
+            return
+        bounds = schema.DISTRIBUTION_BOUNDS
+        # searchsorted(side="left") puts a value equal to a bound in that bound's bucket, as bisect_left does.
+        counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+        with self._lock:
+            bins = self._distributions.get(key)
+            if bins is None:
+                if len(self._distributions) >= MAX_GAUGE_KEYS:
+                    return
+                bins = self._distributions[key] = Bins({**self._base, schema.ATTR_KEY: key}, len(bounds) + 1)
+            bins.counts = [a + int(b) for a, b in zip(bins.counts, counts)]
+            bins.total += float(values.sum())
+            bins.count += int(values.size)
+            bins.minimum = min(bins.minimum, float(values.min()))
+            bins.maximum = max(bins.maximum, float(values.max()))
+
     def count_event(self, name: str) -> None:
         with self._lock:
             if name in self._events or len(self._events) < MAX_EVENT_NAMES:
@@ -297,13 +319,14 @@ class Aggregates:
         metrics: list[Metric] = []
         with self._lock:
             self._fold()
-            for name, series, description in (
-                (schema.METRIC_PHASE_DURATION, [b for _, b in self._phases.values()], "Wall time of one phase"),
-                (schema.METRIC_ITERATION_DURATION, list(self._iterations.values()), "Wall time of one iteration"),
+            for name, series, bounds, unit, description in (
+                (schema.METRIC_PHASE_DURATION, [b for _, b in self._phases.values()], self.bounds, "ms", "Wall time of one phase"),
+                (schema.METRIC_ITERATION_DURATION, list(self._iterations.values()), self.bounds, "ms", "Wall time of one iteration"),
+                (schema.METRIC_DISTRIBUTION, list(self._distributions.values()), schema.DISTRIBUTION_BOUNDS, "", "Values passed to distribution(), by key"),
             ):
                 if series:
-                    points = [self._histogram_point(bins, now_ns) for bins in series]
-                    metrics.append(Metric(name, description, "ms", Histogram(points, AggregationTemporality.CUMULATIVE)))
+                    points = [self._histogram_point(bins, now_ns, bounds) for bins in series]
+                    metrics.append(Metric(name, description, unit, Histogram(points, AggregationTemporality.CUMULATIVE)))
             for key, value in self._gauges.items():
                 time_ns = self._gauge_times[key]
                 spec = schema.metric_spec(key)
@@ -324,7 +347,7 @@ class Aggregates:
                     metrics.append(Metric(name, description, unit, Sum(points, AggregationTemporality.CUMULATIVE, True)))
         return metrics
 
-    def _histogram_point(self, bins: Bins, now_ns: int) -> HistogramDataPoint:
+    def _histogram_point(self, bins: Bins, now_ns: int, bounds: tuple[float, ...]) -> HistogramDataPoint:
         exemplars, bins.exemplars = list(bins.exemplars.values()), {}
         return HistogramDataPoint(
             attributes=bins.attributes,
@@ -333,7 +356,7 @@ class Aggregates:
             count=bins.count,
             sum=bins.total,
             bucket_counts=list(bins.counts),
-            explicit_bounds=list(self.bounds),
+            explicit_bounds=list(bounds),
             min=bins.minimum,
             max=bins.maximum,
             exemplars=exemplars,
@@ -358,6 +381,9 @@ class AggregatorSink(RecordSink):
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         self.aggregates.set_gauges(record.values, record.time_ns)
+
+    def on_distribution(self, record: DistributionRecord) -> None:
+        self.aggregates.record_distribution(record.key, record.values)
 
     def on_event(self, event: EventRecord) -> None:
         self.aggregates.count_event(event.name)

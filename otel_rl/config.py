@@ -97,6 +97,12 @@ class TelemetryConfig:
     tensorboard: bool = False
     """Write TensorBoard event files to ``run_dir/tensorboard`` (``OTEL_RL_TENSORBOARD``)."""
 
+    wandb: bool = False
+    """Log the run to Weights & Biases (``OTEL_RL_WANDB``; see :mod:`otel_rl.exporters.wandb`)."""
+
+    resume: bool = False
+    """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
+
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""
 
@@ -119,7 +125,7 @@ class TelemetryConfig:
     """SDK log exporters to use instead of those the environment asks for."""
 
     outputs_on_every_rank: bool = False
-    """By default only rank 0 writes the panel, the JSONL file, the live stream and the trace; every rank exports OTLP."""
+    """By default only rank 0 writes the panel, the JSONL file, the live stream, the trace, TensorBoard and W&B; every rank exports OTLP."""
 
     rank: int = 0
     """Rank of this process (``RANK`` is read by default)."""
@@ -133,7 +139,7 @@ class TelemetryConfig:
             self.run_dir = Path(self.run_dir)
         if self.trace_output_dir is not None:
             self.trace_output_dir = Path(self.trace_output_dir)
-        for name in ("enabled", "strict", "panel", "trace_enabled", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard"):
+        for name in ("enabled", "strict", "panel", "trace_enabled", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
             _check(name, getattr(self, name), bool, "True or False")
         for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):
             value = getattr(self, name)
@@ -166,11 +172,13 @@ class TelemetryConfig:
             self.jsonl = bool(self.motrix_url) and self.run_dir is not None
         if self.rank != 0 and not self.outputs_on_every_rank:
             # Rank 0 speaks for the job; the others would duplicate its records.
-            self.jsonl, self.motrix_url, self.panel, self.trace_enabled, self.tensorboard = False, None, False, False, False
+            self.jsonl, self.motrix_url, self.panel, self.trace_enabled, self.tensorboard, self.wandb = False, None, False, False, False, False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
         if self.tensorboard and self.run_dir is None:
             raise ValueError("tensorboard=True needs a run_dir to write event files into")
+        if self.resume and self.run_dir is None:
+            raise ValueError("resume=True needs the run_dir of the run to continue")
         if self.run_id is None:
             if self.run_dir is not None:
                 self.run_id = self.run_dir.resolve().name
@@ -206,6 +214,8 @@ class TelemetryConfig:
             ),
             "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, False, "true or false"),
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
+            "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
+            "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),

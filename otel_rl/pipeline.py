@@ -20,13 +20,14 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from time import perf_counter_ns
 
-from otel_rl import schema
+from otel_rl import distributions, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
-from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
-from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, as_step, clean_text, scalar_number, shorten
+from otel_rl.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.resume import StepCheck
+from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, scalar_number, shorten
 
 _logger = logger(__name__)
 _PLAIN_NUMBERS = frozenset((float, int))
@@ -108,6 +109,9 @@ class RecordSink:
     def on_scalars(self, record: ScalarsRecord) -> None:
         """One ``scalars()`` call, values already made finite or None."""
 
+    def on_distribution(self, record: DistributionRecord) -> None:
+        """One ``distribution()`` call, summarised; its statistics also arrive through :meth:`on_scalars`."""
+
     def on_event(self, event: EventRecord) -> None:
         """A named event."""
 
@@ -185,6 +189,7 @@ class Pipeline(Worker):
     Args:
         drops: the shared drop counters; new drops are reported as ``records_dropped`` events.
         mirror_drops: called before each report, to copy counters kept elsewhere into ``drops``.
+        step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
     """
 
     def __init__(
@@ -196,8 +201,10 @@ class Pipeline(Worker):
         interval_s: float = 0.1,
         drops: Drops | None = None,
         mirror_drops: Callable[[], object] | None = None,
+        step_check: StepCheck | None = None,
     ) -> None:
         super().__init__("otel-rl-pipeline", interval_s)
+        self.step_check = step_check or StepCheck()
         self._recorder = recorder
         self._seq = seq
         self.sinks = list(sinks)
@@ -223,6 +230,7 @@ class Pipeline(Worker):
         "on_remote_cycle",
         "on_cycles",
         "on_scalars",
+        "on_distribution",
         "on_event",
         "on_drain",
     )
@@ -317,7 +325,9 @@ class Pipeline(Worker):
             self._fanout("on_device_interval", intervals.popleft())
         scalars = self._recorder.scalars
         for _ in range(len(scalars)):
-            self._fanout("on_scalars", self._scalars_record(scalars.popleft()))
+            self._emit_scalars(self._scalars_record(scalars.popleft()))
+        for raw in self._recorder.take_distributions():
+            self._distribution(raw)
         now_ns = self._clock.now_ns()
         if self._pass_totals:
             totals, self._pass_totals = PassTotals(now_ns, self._pass_totals), {}
@@ -373,6 +383,34 @@ class Pipeline(Worker):
                     ),
                 )
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
+
+    def _distribution(self, raw: tuple) -> None:
+        """Summarise one ``distribution()`` call: a :class:`DistributionRecord`, and its statistics as scalars."""
+        time_ns, raw_key, array, step, iteration, env_steps, seq, _ = raw
+        key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
+        if key is None:
+            key = self._accept_key(raw_key)
+        if not key:
+            return
+        key = shorten(key, NAME_LIMIT - 5)  # room for the longest statistic suffix, "/mean"
+        summary = distributions.summarize(array)
+        time_ns = self._clock.to_epoch_ns(time_ns)
+        step, iteration, env_steps = _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
+        if summary.nonfinite and key not in self.seen_nonfinite:
+            self.seen_nonfinite.add(key)
+            attributes = {"key": key, "value": f"{summary.nonfinite} of {array.size} values"}
+            self._fanout("on_event", EventRecord(time_ns, "nonfinite", attributes, next(self._seq)))
+        record = DistributionRecord(time_ns, key, summary.values, summary.stats, summary.histogram, step, iteration, env_steps)
+        self._fanout("on_distribution", record)
+        names = schema.distribution_keys(key)
+        stats = {names[stat]: value for stat, value in summary.stats.items()}
+        self._emit_scalars(ScalarsRecord(time_ns, stats, step, iteration, env_steps, seq))
+
+    def _emit_scalars(self, record: ScalarsRecord) -> None:
+        regression = self.step_check.check(record.values, record.step if record.step is not None else record.env_steps)
+        if regression is not None:
+            self._fanout("on_event", EventRecord(record.time_ns, "step_regression", regression, next(self._seq)))
+        self._fanout("on_scalars", record)
 
     def _accept_key(self, raw_key: object) -> str:
         """The key as exported ("" for a key that is not exported).

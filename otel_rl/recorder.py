@@ -129,6 +129,10 @@ except ImportError:  # not built (no compiler at install time): pure Python
     _hotpath = None
 
 
+DISTRIBUTION_BYTES = 64 * 1024 * 1024
+"""Values of pending ``distribution()`` calls held at most (the oldest calls are dropped and counted)."""
+
+
 class Recorder:
     """Owns the lanes and the bounded queues for scalars and events.
 
@@ -173,6 +177,10 @@ class Recorder:
         """Cycles relayed from worker processes (bounded; the oldest go first)."""
         self.remote_dropped = 0
         self.device_intervals_dropped = 0
+        self.distributions: deque[tuple] = deque()
+        self.distributions_dropped = 0
+        self._distribution_bytes = 0
+        self._distributions_lock = threading.Lock()
 
     def lane(self) -> PyLane:
         """The calling thread's lane, created on first use."""
@@ -214,6 +222,24 @@ class Recorder:
         if len(self.scalars) == self.scalars.maxlen:
             self.scalars_dropped += 1
         self.scalars.append(record)
+
+    def add_distribution(self, record: tuple, nbytes: int) -> None:
+        """Queue a ``distribution()`` call holding ``nbytes`` of values; past :data:`DISTRIBUTION_BYTES` the oldest go."""
+        with self._distributions_lock:
+            queue = self.distributions
+            while queue and self._distribution_bytes + nbytes > DISTRIBUTION_BYTES:
+                self._distribution_bytes -= queue.popleft()[-1]
+                self.distributions_dropped += 1
+            queue.append((*record, nbytes))
+            self._distribution_bytes += nbytes
+
+    def take_distributions(self) -> list[tuple]:
+        """Everything queued by :meth:`add_distribution`, oldest first (each tuple ends with its byte size)."""
+        with self._distributions_lock:
+            items = list(self.distributions)
+            self.distributions.clear()
+            self._distribution_bytes = 0
+        return items
 
     def add_event(self, record: tuple) -> bool:
         """Queue an event; False (and one warning) when the event queue is full."""

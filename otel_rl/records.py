@@ -125,6 +125,25 @@ class ScalarsRecord:
 
 
 @dataclass(slots=True)
+class DistributionRecord:
+    """One ``distribution()`` call, summarised (:mod:`otel_rl.distributions`).
+
+    ``values`` holds the call's finite values (a numpy array, read-only for
+    sinks); ``stats`` what also went out as ``<key>/<stat>`` scalars;
+    ``histogram`` is None when no value was finite.
+    """
+
+    time_ns: int
+    key: str
+    values: Any
+    stats: dict[str, float | None]
+    histogram: Any
+    step: int | None
+    iteration: int | None
+    env_steps: int | None
+
+
+@dataclass(slots=True)
 class EventRecord:
     time_ns: int
     name: str

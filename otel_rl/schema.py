@@ -67,6 +67,28 @@ PHASE_BUCKETS_MS: tuple[float, ...] = tuple(
 ) + (10_000.0,)
 
 
+METRIC_DISTRIBUTION = "rl.distribution"
+"""Histogram of the values passed to ``Telemetry.distribution``, by ``rl.key``."""
+ATTR_KEY = "rl.key"
+
+DISTRIBUTION_STATS = ("min", "mean", "max", "std", "p05", "p25", "p50", "p75", "p95")
+"""What a distribution contributes to the live records, as ``<key>/<stat>`` scalars."""
+DISTRIBUTION_QUANTILES = {"p05": 0.05, "p25": 0.25, "p50": 0.5, "p75": 0.75, "p95": 0.95}
+
+_MAGNITUDES = tuple(float(f"{m}e{e}") for e in range(-6, 7) for m in (1, 2, 5) if e < 6 or m == 1)
+DISTRIBUTION_BOUNDS: tuple[float, ...] = tuple(-b for b in reversed(_MAGNITUDES)) + (0.0,) + _MAGNITUDES
+"""Bucket bounds of ``rl.distribution``: 1-2-5 steps from 1e-6 to 1e6 on either side of zero.
+
+One fixed set for every key, so the cumulative histogram stays valid whatever
+the values' scale does over a run (actions in [-1, 1], advantages, gradient norms).
+"""
+
+
+def distribution_keys(key: str) -> dict[str, str]:
+    """The scalar key of each statistic of distribution ``key`` (``Policy/action`` -> ``Policy/action/p50``...)."""
+    return {stat: f"{key}/{stat}" for stat in DISTRIBUTION_STATS}
+
+
 class SchemaError(ValueError):
     """A key, phase or schema version that the canonical schema rejects."""
 

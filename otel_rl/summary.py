@@ -1,6 +1,7 @@
 """The run folder's JSON files: ``run_config.json`` when the run starts, ``run_summary.json`` at shutdown.
 
-``run_config.json`` holds the run id, its metadata (family, total steps,
+``run_config.json`` holds the run id, its trace id and how many times it was
+resumed, its metadata (family, total steps,
 environments), the resolved configuration (secrets redacted) and its
 provenance (git commit and dirty flag, command line, host, package
 versions). ``run_summary.json`` holds the final status and per-phase timing,
@@ -30,8 +31,10 @@ CONFIG_FILE = "run_config.json"
 class SummarySink(RecordSink):
     """Writes ``run_config.json`` when the run starts and ``run_summary.json`` at shutdown."""
 
-    def __init__(self, config: TelemetryConfig, aggregates: Aggregates) -> None:
+    def __init__(self, config: TelemetryConfig, aggregates: Aggregates, trace_id: int, resumes: int = 0) -> None:
         self._config = config
+        self._trace_id = trace_id
+        self._resumes = resumes
         self._aggregates = aggregates
         self._status: str | None = None
         self._reason: str | None = None
@@ -42,7 +45,12 @@ class SummarySink(RecordSink):
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
             self._start_ns, self._status = run.start_ns, run.status
-            document = {"run_id": self._config.run_id, "algorithm": self._config.algorithm}
+            document = {
+                "run_id": self._config.run_id,
+                "algorithm": self._config.algorithm,
+                "trace_id": f"{self._trace_id:032x}",
+                "resumes": self._resumes,
+            }
             for key in ("family", "total_steps", "num_envs", "config"):
                 document[key] = run.attributes.get(key)
             document.update(run.attributes.get("provenance", {}))

@@ -21,10 +21,12 @@ from otel_rl import protocol, run_metadata, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
+from otel_rl.distributions import to_host_array
 from otel_rl.drops import Drops
 from otel_rl.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.recorder import FLOW, Iteration, Phase, Recorder
 from otel_rl.records import RunRecord
+from otel_rl.resume import StepCheck
 from otel_rl.run_metadata import redact
 from otel_rl.spans import new_span_id, new_trace_id
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
@@ -195,6 +197,9 @@ class Telemetry:
 
         parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
+        self._previous = self._previous_run() if config.resume and config.role == "learner" else None
+        if self._previous is not None and self._previous.trace_id and not parent:
+            self.trace_id = self._previous.trace_id  # the resumed run's spans join the first part's trace
         self._base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
         try:
             self._build(config, sinks or [])
@@ -233,7 +238,8 @@ class Telemetry:
         # keeps as exemplars.
         self._built += [self._otel, AggregatorSink(self._aggregates, self._dropped)]
         if config.run_dir is not None:
-            self._built.append(SummarySink(config, self._aggregates))
+            resumes = 0 if self._previous is None else self._previous.resumes + 1
+            self._built.append(SummarySink(config, self._aggregates, self.trace_id, resumes))
         self._motrix = self._motrix_sink()
         if self._motrix is not None:
             self._built.append(self._motrix)
@@ -242,9 +248,19 @@ class Telemetry:
             from otel_rl.workers import fragment_name
 
             learner = config.role == "learner"
+            directory = config.trace_output_dir or config.run_dir
+            path = directory / (TRACE_FILE if learner else fragment_name(config.role))
+            if self._previous is not None:
+                from otel_rl.exporters.perfetto import merge_fragments
+                from otel_rl.resume import trace_part
+
+                last = trace_part(directory, TRACE_FILE, self._previous.resumes) if self._previous.resumes else path
+                if last.exists():
+                    merge_fragments(last)  # what the previous part's workers left, before new ones reuse the names
+                path = trace_part(directory, TRACE_FILE, self._previous.resumes + 1)
             self._built.append(
                 PerfettoTraceSink(
-                    (config.trace_output_dir or config.run_dir) / (TRACE_FILE if learner else fragment_name(config.role)),
+                    path,
                     config.role,
                     self._drops,
                     merge_fragments=learner,
@@ -254,9 +270,23 @@ class Telemetry:
                 )
             )
         if config.tensorboard:
-            from otel_rl.exporters.tensorboard import TENSORBOARD_DIR, TensorBoardSink
+            from otel_rl.exporters.tensorboard import TENSORBOARD_DIR, tensorboard_sink
 
-            self._built.append(TensorBoardSink(config.run_dir / TENSORBOARD_DIR, self._drops, config.perf_interval_s))
+            self._built.append(tensorboard_sink(config.run_dir / TENSORBOARD_DIR, self._drops, config.perf_interval_s))
+        if config.wandb:
+            from otel_rl.exporters.wandb import wandb_sink
+
+            self._built.append(
+                wandb_sink(
+                    config.run_id,
+                    config.run_dir,
+                    self._drops,
+                    project=config.project,
+                    group=config.group,
+                    resume=config.resume,
+                    perf_interval_s=config.perf_interval_s,
+                )
+            )
         if config.panel:
             from otel_rl.panel import PanelSink
 
@@ -270,6 +300,7 @@ class Telemetry:
             config.pipeline_interval_s,
             drops=self._drops,
             mirror_drops=self._dropped,
+            step_check=StepCheck(None if self._previous is None else self._previous.last_steps),
         )
         self._pipeline.start()
         if config.system_metrics_interval_s:
@@ -292,6 +323,14 @@ class Telemetry:
                 sink.shutdown(deadline.left())
             except Exception:
                 _logger.warning("otel-rl: %s did not stop cleanly", type(sink).__name__, exc_info=True)
+
+    def _previous_run(self):
+        """The run this one resumes (read from its folder), or None when there is nothing to resume."""
+        from otel_rl.exporters.jsonl import JSONL_FILE
+        from otel_rl.resume import previous_run
+        from otel_rl.summary import CONFIG_FILE
+
+        return previous_run(self.config.run_dir, self.config.run_id, CONFIG_FILE, JSONL_FILE)  # type: ignore[arg-type]
 
     def _motrix_sink(self):
         """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
@@ -462,6 +501,30 @@ class Telemetry:
             (perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps, next(self._seq))
         )
 
+    def distribution(self, key: str, values: Any, step: int | None = None) -> None:
+        """Record the distribution of ``values`` (actions, advantages, gradient norms...) at ``step``.
+
+        ``values`` is a tensor, array, sequence or number of any shape. The
+        training thread makes one host copy (one transfer for a tensor; inputs
+        over :data:`otel_rl.distributions.MAX_VALUES` elements are evenly
+        strided on their device first); the rest happens off it: a histogram
+        for TensorBoard and W&B, the OpenTelemetry histogram
+        ``rl.distribution``, and ``<key>/min``, ``/mean``, ``/max``, ``/std``
+        and quantiles ``/p05`` ... ``/p95`` as scalars in the live records.
+        Non-finite values are left out of all of them and reported once
+        with a ``nonfinite`` event. Keys follow the rules of :meth:`scalars`.
+        """
+        if self._closed:
+            _logger.warning("otel-rl: distribution() after close(); values dropped")
+            return
+        if step is not None and (type(step) is not int or not INT64_MIN <= step <= INT64_MAX):
+            step = as_step(step, "step")
+        array = to_host_array(values, key)
+        if array is None:
+            return
+        record = (perf_counter_ns(), key, array, step, self._last_iteration, self._last_env_steps, next(self._seq))
+        self._recorder.add_distribution(record, array.nbytes)
+
     def _system_scalars(self, values: dict[str, float]) -> None:
         if not self._closed:
             self.scalars(values)
@@ -556,6 +619,16 @@ class Telemetry:
             )
         )
         self._run_span_id = span_id
+        if self._previous is not None:
+            previous, self._previous = self._previous, None  # a second run() in this process is not a resumption
+            self._recorder.add_event(
+                (
+                    perf_counter_ns(),
+                    "resumed",
+                    {"previous_status": previous.status, "last_step": previous.last_step, "resumes": previous.resumes + 1},
+                    next(self._seq),
+                )
+            )
         if handle_sigterm:
             self._sigterm.install()
         try:
@@ -727,6 +800,7 @@ class Telemetry:
         drops.set("phases", "phases", recorder.phases_dropped)
         drops.set("scalars", "scalars", recorder.scalars_dropped)
         drops.set("events", "events", recorder.events_dropped)
+        drops.set("distributions", "distributions", recorder.distributions_dropped)
         drops.set("device_intervals", "intervals", recorder.device_intervals_dropped)
         drops.set("relay", "cycles", recorder.remote_dropped)
         if self._cuda_timer is not None:
@@ -812,6 +886,9 @@ class NoOpTelemetry:
         return _NOOP_PHASE
 
     def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
+        pass
+
+    def distribution(self, key: str, values: Any, step: int | None = None) -> None:
         pass
 
     def flow(self, flow_id: int, end: bool = False) -> None:

@@ -86,6 +86,7 @@ def init_worker(spec: WorkerSpec, **options: Any):
         "motrix_url": None,
         "panel": False,
         "tensorboard": False,
+        "wandb": False,
         **spec.options,
         **options,
     }

@@ -22,12 +22,13 @@ COLLECTOR_PHASES = {"Inference Request", "Learner Action Wait", "Env Step", "Rep
 def demo_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     receiver = HttpReceiver().start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",
         OTEL_SERVICE_NAME="sac-pendulum",  # the standard variable beats the demo's own default, in both processes
         OTEL_RL_TENSORBOARD="1",
+        OTEL_RL_WANDB="1",  # offline: no W&B key in the environment
     )
     try:
         result = subprocess.run(
@@ -70,6 +71,21 @@ def test_tensorboard_has_reward_and_loss_curves(demo_run):
     tags = set(accumulator.Tags()["scalars"])
     assert {"Train/mean_reward", "Loss/critic", "Loss/actor", "Perf/learning_time"} <= tags
     assert len(accumulator.Scalars("Loss/critic")) >= 2
+    assert accumulator.Histograms("Policy/replay_action")
+
+
+def test_wandb_has_reward_and_loss_curves(demo_run):
+    from wandb_reader import history, run_dirs, summary
+
+    run_dir, _, _ = demo_run
+    (run,) = run_dirs(run_dir)
+    rows = history(run)
+    for key in ("Train/mean_reward", "Loss/critic", "Loss/actor", "Perf/learning_time", "Policy/replay_action/p50"):
+        assert sum(key in row for row in rows) >= 2, key
+    steps = [row["env_steps"] for row in rows if "Loss/critic" in row]
+    assert steps == sorted(steps) and steps[0] > 0
+    state = summary(run)
+    assert state["state"] == "finished" and state["config"]["sac"]["batch_size"] == 256
 
 
 def test_every_phase_is_in_the_trace_with_the_collector_as_its_own_process(demo_run):

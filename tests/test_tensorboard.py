@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
 
@@ -13,7 +14,7 @@ import otel_rl
 
 
 def read(log_dir) -> EventAccumulator:
-    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0})
+    accumulator = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "tensors": 0, "histograms": 0})
     accumulator.Reload()
     return accumulator
 
@@ -29,6 +30,7 @@ def test_scalars_timings_events_and_hparams_are_in_tensorboard(tmp_path):
             tel.scalars({"Loss/critic": np.float32(1.0 / (i + 1)), "Train/mean_reward": -100.0 + i})
             if i == 10:
                 tel.event("checkpoint_saved", path="ckpt.pt")
+                tel.distribution("Policy/action", torch.linspace(-1, 1, 101, dtype=torch.bfloat16))
         tel.scalars({"Loss/actor": 0.5}, step=12345)
     tel.close()  # the files are complete when close() returns
     run = read(tmp_path / "tensorboard")
@@ -37,6 +39,11 @@ def test_scalars_timings_events_and_hparams_are_in_tensorboard(tmp_path):
     assert critic[3].value == pytest.approx(0.25)
     assert [e.step for e in run.Scalars("Loss/actor")] == [12345]
     assert run.Scalars("Perf/learning_time") and all(e.value >= 0.002 for e in run.Scalars("Perf/learning_time"))
+    (histogram,) = run.Histograms("Policy/action")
+    assert histogram.step == 88 and histogram.histogram_value.num == 101
+    assert histogram.histogram_value.min == -1 and histogram.histogram_value.max == 1
+    assert sum(histogram.histogram_value.bucket) == 101 and histogram.histogram_value.bucket_limit[-1] == 1
+    assert [e.value for e in run.Scalars("Policy/action/max")] == [1.0]
     (text,) = run.Tensors("events/checkpoint_saved")
     assert b"ckpt.pt" in text.tensor_proto.string_val[0]
     hparams = {
@@ -52,11 +59,12 @@ def test_scalars_timings_events_and_hparams_are_in_tensorboard(tmp_path):
     assert {h.name for h in experiment.hparam_infos} == {"lr", "env.id", "use_per", "api_key"}
 
 
-def test_a_failed_run_ends_its_tensorboard_session_as_failed(tmp_path):
+@pytest.mark.parametrize("error", [RuntimeError("diverged"), KeyboardInterrupt()])
+def test_a_failed_or_killed_run_ends_its_tensorboard_session_as_failed(tmp_path, error):
     tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, system_metrics_interval_s=0)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(type(error)):
         with tel.run(config={"lr": 1.0}):
-            raise RuntimeError("diverged")
+            raise error
     tel.close()
     run = read(tmp_path / "tensorboard")
     end = plugin_data_pb2.HParamsPluginData.FromString(run.PluginTagToContent(metadata.PLUGIN_NAME)[metadata.SESSION_END_INFO_TAG])
@@ -69,7 +77,8 @@ def test_an_unwritable_folder_costs_only_the_tensorboard_output(tmp_path, caplog
     with tel.run():
         tel.scalars({"Loss/critic": 1.0})
     tel.close()
-    assert sum("cannot write TensorBoard events" in r.getMessage() for r in caplog.records) == 1
+    assert sum("tensorboard output failed" in r.getMessage() for r in caplog.records) == 1
+    assert tel.stats()["dropped"]["tensorboard"] >= 1
     assert '"finished"' in (tmp_path / "metrics.jsonl").read_text()
 
 

@@ -212,6 +212,8 @@ def _learn(tel, args, agent, slots, replay, episodes, collector, shared_actor, w
                 values["Train/mean_reward"] = sum(returns) / len(returns)
                 values["Train/mean_episode_length"] = sum(lengths) / len(lengths)
             tel.scalars(values)
+            if warm:
+                tel.distribution("Policy/replay_action", batch[1])  # what the critic learns from
         if iteration and iteration % 5000 == 0:
             _checkpoint(tel, agent, run_dir, env_steps)
         if iteration == 0:

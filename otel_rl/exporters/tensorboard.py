@@ -8,137 +8,62 @@ the run's configuration through the HParams plugin (flattened, secrets
 already redacted; the session ends with the run's status), so TensorBoard's
 HParams table compares runs.
 
-The pipeline thread only queues what it received (bounded: the oldest
-scalars go first, counted as ``tensorboard`` drops); protobufs are built and
-written by this output's own worker. A failing writer is warned about once;
-training never waits for it.
+Distributions are TensorBoard histograms. The pipeline thread only queues
+what it received (:mod:`otel_rl.exporters.tracker`: bounded, drops counted
+as ``tensorboard``); protobufs are built and written by this output's own
+thread. A failing writer is warned about once; training never waits for it.
 """
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 from otel_rl import run_metadata
-from otel_rl._logging import logger
-from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
-from otel_rl.perf_windows import PerfWindows
-from otel_rl.pipeline import PassTotals, RecordSink
-from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
-
-_logger = logger(__name__)
+from otel_rl.exporters.tracker import TrackerSink, TrackerWriter
 
 TENSORBOARD_DIR = "tensorboard"
-CAPACITY = 100_000
 MAX_METRICS = 20
 """Scalar tags listed as metrics in the HParams table (training keys first)."""
-_STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_ABORTED"}
+_STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_FAILURE"}  # TensorBoard has no aborted status
 
 
-class TensorBoardSink(RecordSink):
-    """Queues scalars, events and run records for :class:`TensorBoardWriter` (see the module docstring)."""
+def tensorboard_sink(log_dir: Path, drops: Drops, perf_interval_s: float = 1.0) -> TrackerSink:
+    """The TensorBoard output: a :class:`TrackerSink` feeding a :class:`TensorBoardWriter`.
 
-    def __init__(self, log_dir: Path, drops: Drops, perf_interval_s: float = 1.0) -> None:
-        self._writer = TensorBoardWriter(Path(log_dir), drops)
-        self._perf = PerfWindows(perf_interval_s)
-
-    def on_run(self, run: RunRecord) -> None:
-        if run.end_ns is None:
-            self._writer.put(("start", run.start_ns, run.attributes.get("config")))
-        else:
-            self._flush_perf()
-            self._writer.put(("end", run.end_ns, run.status))
-
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        step = record.step if record.step is not None else record.env_steps
-        self._writer.put(("scalars", record.time_ns, step, record.values))
-
-    def on_event(self, event: EventRecord) -> None:
-        self._writer.put(("event", event.time_ns, event.name, event.attributes))
-
-    def on_cycles(self, totals: PassTotals) -> None:
-        self._perf.add(totals)
-
-    def on_drain(self, now_ns: int) -> None:
-        if self._perf.due():
-            self._flush_perf()
-
-    def _flush_perf(self) -> None:
-        values = self._perf.take()
-        if values:
-            self._writer.put(("scalars", time.time_ns(), self._perf.axes["env_steps"], values))
-
-    def flush(self, timeout_s: float) -> bool:
-        return self._writer.flush(timeout_s)
-
-    def shutdown(self, timeout_s: float) -> None:
-        deadline = Deadline(timeout_s)
-        self._flush_perf()
-        self._writer.close(deadline)
-        self._writer.join(deadline.left())
+    Raises:
+        ImportError: the ``tensorboard`` package is not installed (``pip install 'otel-rl[tensorboard]'``).
+    """
+    try:
+        import tensorboard  # noqa: F401 - checked here, on init(), rather than failing later on a thread
+    except ImportError as exc:
+        raise ImportError("tensorboard=True needs the tensorboard package: pip install 'otel-rl[tensorboard]'") from exc
+    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s)
 
 
-class TensorBoardWriter(Worker):
+class TensorBoardWriter(TrackerWriter):
     """Builds TensorBoard events and writes them with ``tensorboard``'s ``EventFileWriter`` on its own thread."""
 
-    def __init__(self, log_dir: Path, drops: Drops, interval_s: float = 1.0) -> None:
-        super().__init__("otel-rl-tensorboard", interval_s)
+    def __init__(self, log_dir: Path, drops: Drops) -> None:
+        super().__init__("tensorboard", drops)
         self.log_dir = log_dir
-        self._drops = drops
-        self._queue: deque[tuple] = deque()
-        self._lock = threading.Lock()
         self._writer: Any = None
-        self._failed = False
         self._tags_seen: set[str] = set()
         self._config: dict[str, Any] | None = None
-        self.start()
 
-    def put(self, item: tuple) -> None:
-        """Queue one item (pipeline thread); past :data:`CAPACITY` the oldest scalars make room."""
-        with self._lock:
-            queue = self._queue
-            if len(queue) >= CAPACITY:
-                for index, old in enumerate(queue):
-                    if old[0] == "scalars":
-                        del queue[index]
-                        self._drops.add("tensorboard", "scalars")
-                        break
-                else:
-                    self._drops.add("tensorboard", item[0])
-                    return
-            queue.append(item)
-
-    def has_work(self) -> bool:
-        return bool(self._queue)
-
-    def run_once(self) -> None:
-        with self._lock:
-            items = list(self._queue)
-            self._queue.clear()
-        if self._failed:
-            self._drops.add("tensorboard", "records", len(items))
-            return
+    def write(self, items: list[tuple]) -> None:
         events = []
         for item in items:
             try:
                 events += self._events(item)
             except Exception:  # one bad item costs itself
-                self._drops.add("tensorboard", item[0])
-                _logger.warning("otel-rl: could not make a TensorBoard %s event; skipped", item[0], exc_info=True)
-        try:
-            writer = self._open()
-            for event in events:
-                writer.add_event(event)
-            writer.flush()
-        except Exception as exc:
-            self._failed = True
-            self._drops.add("tensorboard", "records", len(events))
-            _logger.warning("otel-rl: cannot write TensorBoard events to %s (%s); TensorBoard output stops", self.log_dir, exc)
+                self.skipped(item)
+        writer = self._open()
+        for event in events:
+            writer.add_event(event)
+        writer.flush()
 
     def finish(self) -> None:
         if self._writer is not None:
@@ -159,7 +84,7 @@ class TensorBoardWriter(Worker):
 
     def _events(self, item: tuple) -> list:
         from tensorboard.compat.proto.event_pb2 import Event
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
 
         kind, time_ns = item[0], item[1]
         wall = time_ns / 1e9
@@ -168,12 +93,19 @@ class TensorBoardWriter(Worker):
             self._tags_seen.update(values)
             summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items() if v is not None])
             return [Event(wall_time=wall, step=step or 0, summary=summary)]
+        if kind == "distribution":
+            _, _, step, key, h = item
+            histo = HistogramProto(
+                min=h.minimum, max=h.maximum, num=h.count, sum=h.total, sum_squares=h.sum_squares,
+                bucket_limit=h.edges[1:], bucket=h.counts,
+            )  # fmt: skip
+            return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[Summary.Value(tag=key, histo=histo)]))]
         if kind == "event":
-            _, _, name, attributes = item
+            _, _, step, name, attributes = item
             text = f"**{name}** `{json.dumps(attributes, sort_keys=True)}`" if attributes else f"**{name}**"
-            return [Event(wall_time=wall, summary=Summary(value=[_text_value(f"events/{name}", text)]))]
+            return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[_text_value(f"events/{name}", text)]))]
         if kind == "start":
-            self._config = item[2] or {}
+            self._config = item[2].get("config") or {}
             return [Event(wall_time=wall, summary=_hparams_start(self._config, wall))]
         return [  # "end": the session's status, and the experiment with the metrics seen
             Event(wall_time=wall, summary=_hparams_experiment(self._config or {}, sorted(self._tags_seen))),

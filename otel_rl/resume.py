@@ -1,0 +1,142 @@
+"""Continuing a run after a restart: ``init(run_dir=..., resume=True)`` (or ``OTEL_RL_RESUME=1``).
+
+What a resumed run finds in its folder, read once by :func:`previous_run` at
+``init()``: the trace id and resume count from ``run_config.json`` (so every
+span joins the first part's trace), and from the tail of ``metrics.jsonl`` the
+last lifecycle status and the last step of each scalar key (so a step that
+goes back is reported, see :class:`StepCheck`). The outputs then continue:
+``metrics.jsonl`` and TensorBoard append, the W&B run is resumed, the trace
+starts a new file part (:func:`trace_part`) that ``otel-rl analyze`` reads
+with the earlier ones, and the run records a ``resumed`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_rl._logging import logger
+
+_logger = logger(__name__)
+
+TAIL_BYTES = 4 * 1024 * 1024
+"""How much of the end of ``metrics.jsonl`` is read for the last steps and status."""
+MAX_REPORTED_KEYS = 20
+
+
+@dataclass
+class PreviousRun:
+    """What the run folder says about the run being resumed."""
+
+    trace_id: int | None
+    resumes: int
+    """How many times the run was resumed before this one."""
+    status: str
+    """Its last lifecycle status; ``lost`` when it ended without a terminal record (SIGKILL, OOM kill)."""
+    last_steps: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def last_step(self) -> int | None:
+        return max(self.last_steps.values(), default=None)
+
+
+def previous_run(run_dir: Path, run_id: str, config_file: str, jsonl_file: str) -> PreviousRun | None:
+    """The run to resume in ``run_dir``, or None (one warning) when it holds nothing to resume.
+
+    Raises:
+        ValueError: ``run_dir`` holds a different run than ``run_id``.
+    """
+    config_path, jsonl_path = run_dir / config_file, run_dir / jsonl_file
+    document: dict[str, Any] = {}
+    try:
+        document = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as exc:
+        _logger.warning("otel-rl: cannot read %s (%s); the resumed run gets a new trace id", config_path, exc)
+    if document.get("run_id") not in (None, run_id):
+        raise ValueError(f"resume: {run_dir} holds run {document['run_id']!r}, not {run_id!r}")
+    status, last_steps = _jsonl_tail(jsonl_path)
+    if not document and status is None:
+        _logger.warning("otel-rl: resume: nothing to resume in %s; run %r starts afresh", run_dir, run_id)
+        return None
+    trace_id = None
+    try:
+        trace_id = int(document["trace_id"], 16) or None
+    except (KeyError, TypeError, ValueError):
+        if document:
+            _logger.warning("otel-rl: resume: %s has no trace id; the resumed run gets a new one", config_path)
+    if status in (None, "pending", "running"):
+        status = "lost"
+    return PreviousRun(trace_id, int(document.get("resumes") or 0), status, last_steps)
+
+
+def _jsonl_tail(path: Path) -> tuple[str | None, dict[str, int]]:
+    """The last run status and each key's last step in the end of ``metrics.jsonl``."""
+    try:
+        with open(path, "rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            file.seek(max(size - TAIL_BYTES, 0))
+            tail = file.read()
+    except FileNotFoundError:
+        return None, {}
+    except OSError as exc:
+        _logger.warning("otel-rl: resume: cannot read %s (%s)", path, exc)
+        return None, {}
+    status: str | None = None
+    last_steps: dict[str, int] = {}
+    for line in tail.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # the cut first line, or a torn last one
+        if not isinstance(record, dict):
+            continue
+        if record.get("kind") == "run":
+            status = record.get("status")
+        elif record.get("kind") == "scalars" and isinstance(record.get("step"), int):
+            last_steps.update(dict.fromkeys(record.get("values") or (), record["step"]))
+    return status, last_steps
+
+
+def trace_part(directory: Path, file_name: str, resumes: int) -> Path:
+    """The trace file of the ``resumes``-th resumption: ``trace.resume-<n>.perfetto-trace`` next to ``trace.perfetto-trace``."""
+    stem, dot, suffix = file_name.partition(".")
+    return directory / f"{stem}.resume-{resumes}{dot}{suffix}"
+
+
+class StepCheck:
+    """Reports a scalar key whose step went back, once per key (pipeline thread).
+
+    Args:
+        last_steps: each key's last step so far (a resumed run's, from :func:`previous_run`).
+    """
+
+    def __init__(self, last_steps: dict[str, int] | None = None) -> None:
+        self._last = dict(last_steps or {})
+        self._reported: set[str] = set()
+
+    def check(self, values: dict[str, Any], step: int | None) -> dict[str, Any] | None:
+        """Note ``step`` for ``values``' keys; the attributes of a ``step_regression`` event when some went back for the first time."""
+        if step is None:
+            return None
+        last = self._last
+        back = [k for k in values if last.get(k, step) > step]
+        previous = max((last[k] for k in back), default=None)
+        last.update(dict.fromkeys(values, step))
+        if not back:
+            return None
+        new = [k for k in back if k not in self._reported]
+        if not new:
+            return None
+        self._reported.update(new)
+        _logger.warning(
+            "otel-rl: step %d is lower than the last step %d of %s; recorded as given (step_regression event)",
+            step,
+            previous,
+            ", ".join(new[:3]) + (" ..." if len(new) > 3 else ""),
+        )
+        return {"keys": new[:MAX_REPORTED_KEYS], "step": step, "last_step": previous}
