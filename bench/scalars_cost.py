@@ -25,6 +25,7 @@ Usage: python bench/scalars_cost.py [--quick]
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import subprocess
@@ -123,7 +124,11 @@ def main() -> None:
         for key, value in values.items():
             writer.add_scalar(key, value, step)
 
-    references = {"ref: TensorBoard add_scalar x40": tensorboard, "ref: wandb.log": lambda v, i: wandb_run.log(v, step=i)}
+    wandb_steps = itertools.count()  # W&B drops a step lower than its last one: every round needs new steps
+    references = {
+        "ref: TensorBoard add_scalar x40": tensorboard,
+        "ref: wandb.log": lambda v, i: wandb_run.log(v, step=next(wandb_steps)),
+    }
     samples: dict[str, list[float]] = {name: [] for name in [*arms, *references]}
     for _ in range(rounds):
         for name, tel in arms.items():
