@@ -145,6 +145,7 @@ LEARNER_PHASES: tuple[PhaseSpec, ...] = (
 COLLECTOR_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("inference_request", COLLECTOR, "Inference Request"),
     PhaseSpec("learner_action_wait", COLLECTOR, "Learner Action Wait"),
+    PhaseSpec("policy_inference", COLLECTOR, "Policy Inference"),
     PhaseSpec("env_step", COLLECTOR, "Env Step"),
     PhaseSpec("action_apply", COLLECTOR, "Apply Action", parent="env_step"),
     PhaseSpec("backend_step", COLLECTOR, "Backend Step", parent="env_step"),
@@ -385,3 +386,109 @@ def check_schema_version(document: Mapping[str, object]) -> int:
             f"metric_schema_version {version!r} is not supported (supported: {sorted(SUPPORTED_SCHEMA_VERSIONS)})"
         )
     return int(version)  # type: ignore[arg-type]
+
+
+# What the RL libraries log, mapped into the canonical schema (otel_rl.integrations):
+# library -> {the library's key -> canonical key}. Keys not listed keep their
+# name when it is namespaced ("rollout/foo"), else go under "<library>/".
+LIBRARY_TAGS: dict[str, dict[str, str]] = {
+    "sb3": {
+        "rollout/ep_rew_mean": "Train/mean_reward",
+        "rollout/ep_len_mean": "Train/mean_episode_length",
+        "rollout/success_rate": "Episode/success_rate",
+        "rollout/exploration_rate": "Policy/exploration_rate",
+        "time/fps": "Perf/total_fps",
+        "train/loss": "Loss/total",
+        "train/value_loss": "Loss/value",
+        "train/policy_gradient_loss": "Loss/policy",
+        "train/entropy_loss": "Loss/entropy",
+        "train/actor_loss": "Loss/actor",
+        "train/critic_loss": "Loss/critic",
+        "train/ent_coef_loss": "Loss/alpha",
+        "train/ent_coef": "Policy/alpha",
+        "train/approx_kl": "Policy/approx_kl",
+        "train/clip_fraction": "Policy/clip_fraction",
+        "train/clip_range": "Policy/clip_range",
+        "train/explained_variance": "Policy/explained_variance",
+        "train/std": "Policy/mean_std",
+        "train/learning_rate": "Train/learning_rate",
+        "train/n_updates": "Train/n_updates",
+    },
+    "torchrl": {
+        "loss_objective": "Loss/policy",
+        "loss_critic": "Loss/value",
+        "loss_entropy": "Loss/entropy",
+        "loss_actor": "Loss/actor",
+        "loss_qvalue": "Loss/critic",
+        "loss_value": "Loss/value",
+        "loss_alpha": "Loss/alpha",
+        "alpha": "Policy/alpha",
+        "entropy": "Policy/entropy",
+        "kl_approx": "Policy/approx_kl",
+        "clip_fraction": "Policy/clip_fraction",
+        "explained_variance": "Policy/explained_variance",
+        "reward": "Train/mean_step_reward",
+        "episode_reward": "Train/mean_reward",
+        "lr": "Train/learning_rate",
+    },
+    "rsl_rl": {
+        "Loss/value_function": "Loss/value",
+        "Loss/value": "Loss/value",
+        "Loss/surrogate": "Loss/policy",
+        "Loss/entropy": "Loss/entropy",
+        "Loss/learning_rate": "Train/learning_rate",
+        "Policy/mean_std": "Policy/mean_std",
+        "Policy/mean_noise_std": "Policy/mean_std",
+    },
+    "skrl": {
+        "Reward / Total reward (mean)": "Train/mean_reward",
+        "Reward / Instantaneous reward (mean)": "Train/mean_step_reward",
+        "Episode / Total timesteps (mean)": "Train/mean_episode_length",
+        "Loss / Policy loss": "Loss/policy",
+        "Loss / Value loss": "Loss/value",
+        "Loss / Entropy loss": "Loss/entropy",
+        "Loss / Critic loss": "Loss/critic",
+        "Loss / Entropy coefficient loss": "Loss/alpha",
+        "Coefficient / Entropy coefficient": "Policy/alpha",
+        "Policy / Standard deviation": "Policy/mean_std",
+        "Learning / Learning rate": "Train/learning_rate",
+        "Learning / Policy learning rate": "Train/learning_rate",
+    },
+    "rllib": {
+        "env_runners/episode_return_mean": "Train/mean_reward",
+        "env_runners/episode_len_mean": "Train/mean_episode_length",
+        "learners/default_policy/total_loss": "Loss/total",
+        "learners/default_policy/policy_loss": "Loss/policy",
+        "learners/default_policy/vf_loss": "Loss/value",
+        "learners/default_policy/entropy": "Policy/entropy",
+        "learners/default_policy/mean_kl_loss": "Policy/approx_kl",
+        "learners/default_policy/vf_explained_var": "Policy/explained_variance",
+        "learners/default_policy/default_optimizer_learning_rate": "Train/learning_rate",
+        "num_env_steps_sampled_lifetime_throughput": "Perf/total_fps",
+    },
+}
+
+
+# Families renamed by prefix: library -> {the library's prefix -> canonical prefix}.
+LIBRARY_PREFIXES: dict[str, dict[str, str]] = {
+    "rsl_rl": {"Episode_Reward/": "reward/", "Episode/rew_": "reward/"},  # reward terms (Isaac Lab, legacy Isaac Gym)
+}
+
+
+def library_key(library: str, key: str) -> str:
+    """The canonical key of what ``library`` logs as ``key`` (see :data:`LIBRARY_TAGS`, :data:`LIBRARY_PREFIXES`).
+
+    Raises:
+        KeyError: an unknown library.
+    """
+    canonical = LIBRARY_TAGS[library].get(key)
+    if canonical is not None:
+        return canonical
+    for prefix, replacement in LIBRARY_PREFIXES.get(library, {}).items():
+        if key.startswith(prefix) and len(key) > len(prefix):
+            key = replacement + key[len(prefix) :]
+            break
+    if _KEY.match(key):
+        return key
+    parts = [re.sub(r"[^A-Za-z0-9_.\-]+", "_", part.strip()).strip("_") for part in key.split("/")]
+    return "/".join([library, *(p for p in parts if p)] if any(parts) else [library, "unnamed"])

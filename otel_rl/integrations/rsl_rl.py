@@ -1,0 +1,109 @@
+"""RSL-RL (``rsl-rl-lib``, Isaac Lab's trainer): ``instrument(runner, tel)`` before ``runner.learn(...)``.
+
+For an ``OnPolicyRunner`` it records:
+
+- each rollout as a ``collector`` iteration: ``policy_inference`` (the
+  algorithm's ``act``), ``env_step`` (the environment's ``step``) and
+  ``replay_write`` (``process_env_step``, the rollout storage), ending with
+  ``compute_returns``;
+- each ``update`` as a ``learner`` iteration holding one ``learning`` phase;
+- everything the runner's logger writes (losses, ``Perf/*``, rewards, episode
+  extras, reward terms as ``reward/<term>``) under canonical keys
+  (``otel_rl.schema.LIBRARY_TAGS["rsl_rl"]``), at the env-step count of the
+  iteration (RSL-RL's own step is the iteration number), next to the writer
+  the runner was configured with (TensorBoard, W&B, Neptune). Series RSL-RL
+  plots against wall seconds (``*/time``) are left to that writer.
+
+The logger writes only when the runner has a ``log_dir``; without one only
+the phases are recorded (one warning).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from otel_rl import schema
+from otel_rl._logging import logger
+from otel_rl.integrations._wrapping import timed, wrap
+
+_logger = logger(__name__)
+
+
+class TelemetryWriter:
+    """The runner's log writer seen through otel-rl: every ``add_scalar`` also becomes a scalar of ``tel``."""
+
+    def __init__(self, tel: Any, inner: Any, env_steps_per_iteration: int) -> None:
+        self.tel = tel
+        self.inner = inner
+        self.env_steps_per_iteration = env_steps_per_iteration
+
+    def add_scalar(self, key: str, value: Any, step: int = 0, *args: Any, **kwargs: Any) -> None:
+        if not key.endswith("/time"):
+            self.tel.scalars({schema.library_key("rsl_rl", key): value}, step=(int(step) + 1) * self.env_steps_per_iteration)
+        if self.inner is not None:
+            self.inner.add_scalar(key, value, step, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        # Everything else (save_file, store_config, stop, add_video...) is the configured writer's.
+        inner = self.__dict__.get("inner")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+
+def instrument(runner: Any, tel: Any) -> Any:
+    """Record ``runner``'s phases and logged metrics with ``tel``; returns ``runner``."""
+    alg, env, log = runner.alg, runner.env, runner.logger
+    steps_per_rollout = int(runner.cfg["num_steps_per_env"]) * int(env.num_envs)
+    state = {"cycle": None, "rollouts": 0, "updates": 0}
+
+    def act(original):
+        def wrapped(*args: Any, **kwargs: Any):
+            if state["cycle"] is None:
+                cycle = tel.iteration(state["rollouts"], env_steps=state["rollouts"] * steps_per_rollout, timeline=schema.COLLECTOR)
+                cycle.__enter__()
+                state["cycle"] = cycle
+            return timed(tel, "policy_inference", original)(*args, **kwargs)
+
+        return wrapped
+
+    def compute_returns(original):
+        def wrapped(*args: Any, **kwargs: Any):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                cycle, state["cycle"] = state["cycle"], None
+                if cycle is not None:
+                    cycle.__exit__(None, None, None)
+                    state["rollouts"] += 1
+
+        return wrapped
+
+    def update(original):
+        learning = tel.phase("learning")
+
+        def wrapped(*args: Any, **kwargs: Any):
+            with tel.iteration(state["updates"], env_steps=state["rollouts"] * steps_per_rollout), learning:
+                result = original(*args, **kwargs)
+            state["updates"] += 1
+            return result
+
+        return wrapped
+
+    def init_logging_writer(original):
+        def wrapped(*args: Any, **kwargs: Any):
+            original(*args, **kwargs)
+            if log.writer is None:
+                _logger.warning("otel-rl: the RSL-RL runner has no log_dir, so its logger writes nothing; only phases are recorded")
+            elif not isinstance(log.writer, TelemetryWriter):
+                log.writer = TelemetryWriter(tel, log.writer, steps_per_rollout)
+
+        return wrapped
+
+    wrap(alg, "act", act)
+    wrap(alg, "process_env_step", lambda method: timed(tel, "replay_write", method))
+    wrap(alg, "compute_returns", compute_returns)
+    wrap(alg, "update", update)
+    wrap(env, "step", lambda method: timed(tel, "env_step", method))
+    wrap(log, "init_logging_writer", init_logging_writer)
+    return runner

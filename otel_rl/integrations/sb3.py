@@ -1,0 +1,143 @@
+"""Stable-Baselines3: ``model.learn(..., callback=TelemetryCallback(tel))``.
+
+The callback records, for on-policy (PPO, A2C) and off-policy (SAC, TD3,
+DQN) algorithms alike:
+
+- each rollout as a ``collector`` iteration (at the env-step count it started
+  at), with ``env_step`` (the vectorised environment's ``step``) and
+  ``policy_inference`` (the policy choosing actions) as its phases;
+- each call of the algorithm's ``train()`` as a ``learner`` iteration holding
+  one ``learning`` phase;
+- everything SB3 logs (``train/value_loss``, ``rollout/ep_rew_mean``...)
+  under canonical keys (``Loss/value``, ``Train/mean_reward``...; the table is
+  ``otel_rl.schema.LIBRARY_TAGS["sb3"]``) at SB3's step (``num_timesteps``),
+  through an SB3 logger output added to the model's logger.
+
+The environment, policy and ``train`` are wrapped on the model's instances
+for the duration of ``learn()`` and restored at its end.
+"""
+
+from __future__ import annotations
+
+import numbers
+from time import perf_counter_ns
+from typing import Any
+
+from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import KVWriter
+
+from otel_rl import schema
+from otel_rl.integrations._wrapping import timed, wrap
+
+
+class TelemetryOutput(KVWriter):
+    """An SB3 logger output that records every numeric value as a scalar under its canonical key."""
+
+    def __init__(self, tel: Any) -> None:
+        self.tel = tel
+
+    def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
+        values = {
+            schema.library_key("sb3", key): value
+            for key, value in key_values.items()
+            if isinstance(value, numbers.Number) or _is_scalar_tensor(value)
+        }
+        if values:
+            self.tel.scalars(values, step=step)
+
+    def close(self) -> None:
+        """The telemetry outlives SB3's logger: nothing to close."""
+
+
+def _is_scalar_tensor(value: Any) -> bool:
+    return getattr(value, "ndim", None) == 0 and type(value).__module__.startswith(("torch", "numpy"))
+
+
+class TelemetryCallback(BaseCallback):
+    """Phases, iterations and SB3's own metrics for ``model.learn`` (see the module docstring)."""
+
+    def __init__(self, tel: Any, verbose: int = 0) -> None:
+        super().__init__(verbose)
+        self.tel = tel
+        self._output = TelemetryOutput(tel)
+        self._rollout: Any = None
+        self._rollouts = 0
+        self._updates = 0
+        self._collecting = False
+        self._inference_start = 0
+        self._restore: list[Any] = []
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def _on_training_start(self) -> None:
+        model = self.model
+        if self._output not in model.logger.output_formats:
+            model.logger.output_formats.append(self._output)
+        self._restore.append(wrap(model, "train", self._timed_train))
+        self._restore.append(wrap(self.training_env, "step", lambda step: timed(self.tel, "env_step", step)))
+        if hasattr(model, "_sample_action"):  # off-policy: actions come from model.predict
+            self._restore.append(wrap(model, "predict", self._timed_predict))
+        else:  # on-policy: from calling the policy module
+            policy = model.policy
+            handles = (
+                policy.register_forward_pre_hook(self._inference_begins),
+                policy.register_forward_hook(self._inference_ends),
+            )
+            self._restore.append(lambda: [h.remove() for h in handles])
+
+    def _on_training_end(self) -> None:
+        if self._rollout is not None:  # learn() stopped by a callback mid-rollout
+            self._on_rollout_end()
+        for undo in reversed(self._restore):
+            undo()
+        self._restore.clear()
+        if self._output in self.model.logger.output_formats:
+            self.model.logger.output_formats.remove(self._output)
+
+    # -- the collector's rollouts ------------------------------------------------
+
+    def _on_rollout_start(self) -> None:
+        self._rollout = self.tel.iteration(self._rollouts, env_steps=self.model.num_timesteps, timeline=schema.COLLECTOR)
+        self._rollout.__enter__()
+        self._collecting = True
+
+    def _on_rollout_end(self) -> None:
+        self._collecting = False
+        rollout, self._rollout = self._rollout, None
+        if rollout is not None:
+            rollout.__exit__(None, None, None)
+            self._rollouts += 1
+
+    def _on_step(self) -> bool:
+        return True
+
+    def _timed_predict(self, predict):
+        recorded = timed(self.tel, "policy_inference", predict)
+
+        def call(*args: Any, **kwargs: Any):
+            return (recorded if self._collecting else predict)(*args, **kwargs)
+
+        return call
+
+    def _inference_begins(self, module: Any, inputs: Any) -> None:
+        if self._collecting:
+            self._inference_start = perf_counter_ns()
+
+    def _inference_ends(self, module: Any, inputs: Any, outputs: Any) -> None:
+        if self._collecting and self._inference_start:
+            self.tel.record_phase("policy_inference", self._inference_start, perf_counter_ns(), schema.COLLECTOR)
+            self._inference_start = 0
+
+    # -- the learner's updates -----------------------------------------------------
+
+    def _timed_train(self, train):
+        tel = self.tel
+        learning = tel.phase("learning")
+
+        def timed(*args: Any, **kwargs: Any):
+            with tel.iteration(self._updates, env_steps=self.model.num_timesteps), learning:
+                result = train(*args, **kwargs)
+            self._updates += 1
+            return result
+
+        return timed

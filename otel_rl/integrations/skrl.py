@@ -1,0 +1,108 @@
+"""skrl: ``otel_rl.integrations.skrl.instrument(trainer, tel)`` before ``trainer.train()``.
+
+For a single-agent trainer (``SequentialTrainer`` and the like) over one skrl
+agent (PPO, SAC, TD3, DQN...), it records:
+
+- each environment step of the trainer's loop as a ``collector`` iteration
+  (at ``timestep * num_envs`` env steps): ``policy_inference`` (the agent's
+  ``act``), ``env_step`` (the wrapped environment's ``step``) and
+  ``replay_write`` (``record_transition``);
+- each ``update`` of the agent (PPO's after every rollout, SAC's every step)
+  as a ``learner`` iteration holding one ``learning`` phase;
+- what the agent tracks (``Loss / Policy loss``, ``Reward / Total reward
+  (mean)``...) under canonical keys (``otel_rl.schema.LIBRARY_TAGS["skrl"]``),
+  reduced as skrl reduces it (min, max or mean), every time skrl writes it
+  (its ``experiment.write_interval``, ``"auto"`` by default), at that timestep.
+
+skrl's own TensorBoard and W&B writing is left as configured. The methods
+are wrapped on the agent's and the environment's instances.
+"""
+
+from __future__ import annotations
+
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+
+from otel_rl import schema
+from otel_rl._logging import logger
+from otel_rl.integrations._wrapping import timed, wrap
+
+_logger = logger(__name__)
+
+
+def instrument(trainer: Any, tel: Any) -> Any:
+    """Record ``trainer``'s phases and its agent's tracking data with ``tel``; returns ``trainer``.
+
+    Raises:
+        TypeError: a multi-agent trainer or several agents (one agent per trainer is supported).
+    """
+    agent = trainer.agents
+    if isinstance(agent, (list, tuple)) or not hasattr(agent, "record_transition"):
+        raise TypeError("otel_rl.integrations.skrl.instrument takes a trainer of one single-agent skrl agent")
+    env = trainer.env
+    num_envs = int(getattr(env, "num_envs", 1) or 1)
+    state = {"cycle": None, "updates": 0}
+
+    def pre_interaction(original):
+        def wrapped(*, timestep: int, timesteps: int) -> None:
+            original(timestep=timestep, timesteps=timesteps)
+            cycle = tel.iteration(timestep, env_steps=timestep * num_envs, timeline=schema.COLLECTOR)
+            cycle.__enter__()
+            state["cycle"] = cycle
+
+        return wrapped
+
+    def record_transition(original):
+        def wrapped(*args: Any, **kwargs: Any) -> None:
+            start = perf_counter_ns()
+            try:
+                original(*args, **kwargs)
+            finally:
+                tel.record_phase("replay_write", start, perf_counter_ns(), schema.COLLECTOR)
+                cycle, state["cycle"] = state["cycle"], None
+                if cycle is not None:
+                    cycle.__exit__(None, None, None)
+
+        return wrapped
+
+    def update(original):
+        learning = tel.phase("learning")
+
+        def wrapped(*, timestep: int, timesteps: int) -> None:
+            with tel.iteration(state["updates"], env_steps=timestep * num_envs), learning:
+                original(timestep=timestep, timesteps=timesteps)
+            state["updates"] += 1
+
+        return wrapped
+
+    def write_tracking_data(original):
+        def wrapped(*, timestep: int, timesteps: int) -> None:
+            tel.scalars(_reduce(agent.tracking_data), step=timestep * num_envs)
+            original(timestep=timestep, timesteps=timesteps)
+
+        return wrapped
+
+    wrap(agent, "pre_interaction", pre_interaction)
+    wrap(agent, "act", lambda act: timed(tel, "policy_inference", act))
+    wrap(agent, "record_transition", record_transition)
+    wrap(agent, "update", update)
+    wrap(agent, "write_tracking_data", write_tracking_data)
+    wrap(env, "step", lambda step: timed(tel, "env_step", step))
+    if getattr(agent, "write_interval", 1) == 0:
+        _logger.warning("otel-rl: the skrl agent's experiment.write_interval is 0: its tracking data is not recorded, only phases")
+    return trainer
+
+
+
+
+def _reduce(tracking: dict[str, list[float]]) -> dict[str, float]:
+    """skrl's reduction of each tracked series (``(min)``, ``(max)``, else the mean), under canonical keys."""
+    out: dict[str, float] = {}
+    for key, values in tracking.items():
+        if not values:
+            continue
+        reduce = np.min if key.endswith("(min)") else np.max if key.endswith("(max)") else np.mean
+        out[schema.library_key("skrl", key)] = float(reduce(np.asarray(values, dtype=np.float64)))
+    return out

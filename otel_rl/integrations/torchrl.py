@@ -1,0 +1,114 @@
+"""TorchRL: a ``Logger`` that writes to otel-rl, and a collector loop timed as both timelines.
+
+Two lines in a TorchRL training script::
+
+    logger = TelemetryLogger(tel)                  # wherever a torchrl Logger goes
+    for batch in iterate(collector, tel):          # instead of ``for batch in collector``
+        ...                                        # the update: the learner's iteration
+
+- :class:`TelemetryLogger` records ``log_scalar`` / ``log_metrics`` as
+  scalars under canonical keys (``loss_objective`` is ``Loss/policy``...; the
+  table is ``otel_rl.schema.LIBRARY_TAGS["torchrl"]``), ``log_histogram``
+  as a distribution, ``log_hparams`` as a ``hparams`` event.
+- :func:`iterate` times each batch the collector gathers as a ``collector``
+  iteration (``policy_inference``: the policy's forward; ``env_step``: the
+  environment's ``step_and_maybe_reset``) and the loop body that consumes it
+  as a ``learner`` iteration holding one ``learning`` phase, at the frame
+  count collected so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from time import perf_counter_ns
+from typing import Any
+
+from torchrl.record.loggers import Logger
+
+from otel_rl import schema
+from otel_rl._logging import logger, once
+from otel_rl.integrations._wrapping import timed, wrap
+
+_logger = logger(__name__)
+
+
+class TelemetryLogger(Logger):
+    """A TorchRL logger whose every metric goes to ``tel`` (see the module docstring)."""
+
+    def __init__(self, tel: Any, exp_name: str = "otel-rl") -> None:
+        self.tel = tel
+        super().__init__(exp_name=exp_name, log_dir="")
+
+    def _create_experiment(self) -> Any:
+        return self.tel
+
+    def log_scalar(self, name: str, value: float, step: int | None = None) -> None:
+        self.tel.scalars({schema.library_key("torchrl", name): value}, step=step)
+
+    def log_metrics(self, metrics: Any, step: int | None = None, *, keys_sep: str = "/") -> dict[str, Any]:
+        """All the metrics as one record (and one host transfer for their tensors)."""
+        if hasattr(metrics, "flatten_keys"):  # a TensorDict
+            metrics = metrics.flatten_keys(keys_sep).to_dict()
+        self.tel.scalars({schema.library_key("torchrl", str(k)): v for k, v in metrics.items()}, step=step)
+        return dict(metrics)
+
+    def log_histogram(self, name: str, data: Sequence, **kwargs: Any) -> None:
+        self.tel.distribution(schema.library_key("torchrl", name), data, step=kwargs.get("step"))
+
+    def log_hparams(self, cfg: Any) -> None:
+        if hasattr(cfg, "items") and not isinstance(cfg, dict):  # an OmegaConf DictConfig
+            cfg = dict(cfg.items())
+        self.tel.event("hparams", **{str(k): v for k, v in dict(cfg).items()})
+
+    def log_video(self, name: str, video: Any, step: int | None = None, **kwargs: Any) -> None:
+        _logger.warning("otel-rl: TelemetryLogger does not record videos; %r is skipped", name, extra=once(f"video:{name}"))
+
+    def __repr__(self) -> str:
+        return f"TelemetryLogger(run_id={getattr(self.tel, 'run_id', None)!r})"
+
+
+def iterate(collector: Any, tel: Any) -> Iterator[Any]:
+    """The collector's batches, with its rollouts and the loop body timed (see the module docstring)."""
+    state = {"collecting": False, "start": 0, "rollouts": 0, "frames": 0}
+    policy = collector.policy
+    handles = []
+    if hasattr(policy, "register_forward_pre_hook"):
+
+        def begins(module: Any, inputs: Any) -> None:
+            if state["collecting"]:
+                state["start"] = perf_counter_ns()
+
+        def ends(module: Any, inputs: Any, outputs: Any) -> None:
+            if state["collecting"] and state["start"]:
+                tel.record_phase("policy_inference", state["start"], perf_counter_ns(), schema.COLLECTOR)
+                state["start"] = 0
+
+        handles = [policy.register_forward_pre_hook(begins), policy.register_forward_hook(ends)]
+
+    def rollout(original):
+        def wrapped(*args: Any, **kwargs: Any):
+            with tel.iteration(state["rollouts"], env_steps=state["frames"], timeline=schema.COLLECTOR):
+                state["collecting"] = True
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    state["collecting"] = False
+                    state["rollouts"] += 1
+
+        return wrapped
+
+    undo = [
+        wrap(collector, "rollout", rollout),
+        wrap(collector.env, "step_and_maybe_reset", lambda step: timed(tel, "env_step", step)),
+    ]
+    learning = tel.phase("learning")
+    try:
+        for index, batch in enumerate(collector):
+            state["frames"] += int(batch.numel())
+            with tel.iteration(index, env_steps=state["frames"]), learning:
+                yield batch
+    finally:
+        for handle in handles:
+            handle.remove()
+        for restore in reversed(undo):
+            restore()

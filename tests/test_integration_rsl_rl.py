@@ -1,0 +1,91 @@
+"""RSL-RL: a real OnPolicyRunner (PPO) on a small vectorised torch environment written for the test."""
+
+from __future__ import annotations
+
+import torch
+from rsl_rl.env import VecEnv
+from rsl_rl.runners import OnPolicyRunner
+from tensordict import TensorDict
+
+import otel_rl
+from otel_rl import schema
+from otel_rl.integrations.rsl_rl import instrument
+
+from integration_checks import check_run, records
+
+
+class PointMass(VecEnv):
+    """Push a point on a line towards the origin: 2 observations, 1 action, episodes of 50 steps.
+
+    Like Isaac Lab's environments, it reports the reward terms of finished
+    episodes in ``extras["episode"]`` as ``Episode_Reward/<term>``.
+    """
+
+    def __init__(self, num_envs: int = 64) -> None:
+        self.num_envs, self.num_actions, self.max_episode_length = num_envs, 1, 50
+        self.device, self.cfg = "cpu", {"name": "point-mass"}
+        self.episode_length_buf = torch.zeros(num_envs, dtype=torch.long)
+        self.position = torch.rand(num_envs) * 2 - 1
+        self.velocity = torch.zeros(num_envs)
+        self.terms = {"distance": torch.zeros(num_envs), "effort": torch.zeros(num_envs)}
+
+    def get_observations(self) -> TensorDict:
+        obs = torch.stack([self.position, self.velocity], dim=1)
+        return TensorDict({"policy": obs}, batch_size=[self.num_envs])
+
+    def step(self, actions: torch.Tensor):
+        force = actions[:, 0].clamp(-1, 1)
+        self.velocity = 0.9 * self.velocity + 0.1 * force
+        self.position = (self.position + 0.1 * self.velocity).clamp(-2, 2)
+        distance, effort = -self.position.abs(), -0.01 * force.pow(2)
+        self.terms["distance"] += distance
+        self.terms["effort"] += effort
+        self.episode_length_buf += 1
+        dones = self.episode_length_buf >= self.max_episode_length
+        extras = {"time_outs": dones.clone()}
+        if dones.any():
+            extras["episode"] = {f"Episode_Reward/{k}": v[dones].mean() for k, v in self.terms.items()}
+            for v in self.terms.values():
+                v[dones] = 0
+            self.position[dones] = torch.rand(int(dones.sum())) * 2 - 1
+            self.velocity[dones] = 0
+            self.episode_length_buf[dones] = 0
+        return self.get_observations(), distance + effort, dones.long(), extras
+
+
+TRAIN_CFG = {
+    "num_steps_per_env": 24,
+    "save_interval": 1000,
+    "logger": "tensorboard",
+    "obs_groups": {"actor": ["policy"], "critic": ["policy"]},
+    "algorithm": {"class_name": "PPO", "num_learning_epochs": 2, "num_mini_batches": 2},
+    "actor": {"class_name": "MLPModel", "hidden_dims": [32, 32], "distribution_cfg": {"class_name": "GaussianDistribution"}},
+    "critic": {"class_name": "MLPModel", "hidden_dims": [32, 32]},
+}
+
+
+def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path / "run", jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
+    with tel.run(family="rl.onpolicy"):
+        runner = OnPolicyRunner(PointMass(), dict(TRAIN_CFG), log_dir=str(tmp_path / "rsl_rl"), device="cpu")
+        instrument(runner, tel).learn(num_learning_iterations=4)  # 4 x 24 steps x 64 envs
+    tel.close()
+    found = check_run(
+        tmp_path / "run",
+        {"learner": {"Learning", "Policy Inference", "Env Step", "Replay Write"}},
+        {"Train/mean_reward", "Train/mean_episode_length", "Loss/value", "Loss/policy", "Perf/total_fps",
+         "Perf/learning_time", "Policy/mean_std", "reward/distance", "reward/effort"},
+    )  # fmt: skip
+    assert not any(k.endswith("/time") for k in found["keys"])
+    steps = sorted({r["step"] for r in records(tmp_path / "run") if r["kind"] == "scalars" and "Loss/value" in r["values"]})
+    assert steps == [24 * 64 * (i + 1) for i in range(4)]  # env steps, not iteration numbers
+    summary = otel_rl.analysis.analyze(tmp_path / "run")["timelines"]
+    assert summary["collector"]["cycles"] == 4 and summary["learner"]["cycles"] == 4
+    assert summary["collector"]["phases"]["env_step"]["count"] == 4 * 24
+    assert list((tmp_path / "rsl_rl").glob("events.out.tfevents.*"))  # the configured writer still writes
+
+
+def test_reward_terms_map_to_the_reward_family():
+    assert schema.library_key("rsl_rl", "Episode_Reward/track_lin_vel") == "reward/track_lin_vel"
+    assert schema.library_key("rsl_rl", "Episode/rew_feet_air_time") == "reward/feet_air_time"
+    assert schema.library_key("rsl_rl", "Loss/value_function") == "Loss/value"

@@ -1,0 +1,72 @@
+"""Stable-Baselines3: real PPO, SAC and DQN on Gymnasium environments, with the callback added."""
+
+from __future__ import annotations
+
+import pytest
+from stable_baselines3 import DQN, PPO, SAC
+
+import otel_rl
+from otel_rl import schema
+from otel_rl.integrations.sb3 import TelemetryCallback, TelemetryOutput
+
+from integration_checks import check_run
+
+BOTH_TIMELINES = {"learner": {"Learning", "Policy Inference", "Env Step"}}
+
+
+def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
+    with tel.run(family="rl.onpolicy", config={"n_steps": 256}):
+        model = PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=2, device="cpu", seed=0)
+        model.learn(2048, callback=TelemetryCallback(tel))
+    tel.close()
+    found = check_run(
+        tmp_path,
+        BOTH_TIMELINES,
+        {"Train/mean_reward", "Train/mean_episode_length", "Perf/total_fps", "Loss/value", "Loss/policy",
+         "Loss/entropy", "Policy/approx_kl", "Perf/learning_time", "Perf/collector_env_step_ms",
+         "Perf/collector_policy_inference_ms"},
+    )  # fmt: skip
+    assert not any(k.startswith("train/") or k.startswith("rollout/") for k in found["keys"])
+    summary = otel_rl.analysis.analyze(tmp_path)["timelines"]
+    assert summary["collector"]["cycles"] == 2048 // 256  # one per rollout
+    assert summary["learner"]["cycles"] == 2048 // 256  # one per train()
+    assert summary["collector"]["phases"]["env_step"]["count"] == 2048
+
+
+@pytest.mark.parametrize("algorithm", ["sac", "dqn"])
+def test_off_policy_algorithms_record_the_same_timelines(tmp_path, algorithm):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm=algorithm, system_metrics_interval_s=0)
+    with tel.run(family="rl.offpolicy"):
+        if algorithm == "sac":
+            model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=100, batch_size=64, device="cpu", seed=0)
+            model.learn(600, callback=TelemetryCallback(tel), log_interval=1)
+            expected = {"Loss/actor", "Loss/critic", "Policy/alpha", "Loss/alpha"}
+        else:
+            model = DQN("MlpPolicy", "CartPole-v1", learning_starts=200, train_freq=4, device="cpu", seed=0)
+            model.learn(2000, callback=TelemetryCallback(tel), log_interval=4)
+            expected = {"Loss/total", "Policy/exploration_rate"}
+    tel.close()
+    check_run(tmp_path, BOTH_TIMELINES, {"Train/mean_reward", "Perf/learning_time", *expected})
+    # The wrapping is undone after learn(): the model predicts as before, without phases.
+    assert "predict" not in vars(model) and "train" not in vars(model) and "step" not in vars(model.get_env())
+
+
+def test_the_logger_output_maps_keys_and_skips_what_is_not_a_number(tmp_path):
+    import numpy as np
+    import torch
+
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, system_metrics_interval_s=0)
+    with tel.run():
+        TelemetryOutput(tel).write(
+            {"train/value_loss": np.float32(0.5), "rollout/ep_rew_mean": torch.tensor(10.0), "custom_stat": 3,
+             "video": object(), "train/std": "n/a"},
+            {}, step=42,
+        )  # fmt: skip
+    tel.close()
+    from integration_checks import records
+
+    (scalars,) = [r for r in records(tmp_path) if r["kind"] == "scalars"]
+    assert scalars["step"] == 42
+    assert scalars["values"] == {"Loss/value": 0.5, "Train/mean_reward": 10.0, "sb3/custom_stat": 3}
+    assert schema.library_key("sb3", "time/fps") == "Perf/total_fps"
