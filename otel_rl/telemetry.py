@@ -698,17 +698,21 @@ class Telemetry:
         """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""
         self._pipeline.add_sink(sink)  # type: ignore[union-attr]
 
-    def worker_spec(self, role: str, context: Any = None, **options: Any):
+    def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
         """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.workers`).
 
         ``context`` is the multiprocessing context the worker is started with
-        (its queue must come from the same one).
+        (its queue must come from the same one). ``relay`` replaces that queue
+        with another one that reaches the worker (a ``ray.util.queue.Queue``
+        for Ray actors): ``put_nowait`` and ``get_nowait`` raising
+        ``queue.Full`` and ``queue.Empty``.
         """
         import multiprocessing
 
         from otel_rl.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
-        relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
+        if relay is None:
+            relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
         self._relays.append(RelayReceiver(relay, self._recorder.add_remote))
         directory = self.config.trace_output_dir or self.config.run_dir
         return WorkerSpec(
@@ -924,7 +928,7 @@ class NoOpTelemetry:
     def add_sink(self, sink: RecordSink) -> None:
         pass
 
-    def worker_spec(self, role: str, context: Any = None, **options: Any):
+    def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
         """A spec that makes the worker's telemetry disabled too."""
         from otel_rl.workers import WorkerSpec
 

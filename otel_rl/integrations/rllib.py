@@ -1,0 +1,180 @@
+"""RLlib (Ray, new API stack): ``config.callbacks(TelemetryCallbacks.for_run(tel))``.
+
+:meth:`TelemetryCallbacks.for_run` makes a callbacks class that carries the
+run (its id, the run span's trace context, the run folder) to wherever RLlib
+instantiates it: the driver and every EnvRunner actor. Then:
+
+- on the driver, each ``training_step`` is a ``learner`` iteration with
+  ``collector_wait`` (waiting for the EnvRunners' samples), ``learning``
+  (the learner group's update) and ``weight_publish`` (syncing weights back to
+  the EnvRunners); each training result goes to ``tel.scalars`` (flattened,
+  under canonical keys: ``otel_rl.schema.LIBRARY_TAGS["rllib"]``) at the
+  env steps sampled so far;
+- each EnvRunner actor (a process Ray scheduled, on this machine or another)
+  starts its own telemetry in the run's trace (:func:`otel_rl.workers.init_worker`):
+  each ``sample()`` call is a ``collector`` iteration with ``policy_inference``
+  (the RLModule's forward pass) and ``env_step`` phases; its spans are
+  children of the run span in OTLP, its Perfetto fragment becomes its own
+  process in the run's trace when the driver closes, and a summary of each
+  cycle travels back over a Ray queue so the learner's panel and live
+  metrics show the collectors. Its telemetry is closed when RLlib stops the
+  EnvRunner (``algo.stop()``): stop the algorithm before ``tel.close()``.
+
+Call ``for_run`` after ``ray.init()`` (the relay queue is a Ray actor).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from numbers import Number
+from time import perf_counter_ns
+from typing import Any, ClassVar
+
+from ray.rllib.callbacks.callbacks import RLlibCallback
+
+from otel_rl import schema
+from otel_rl.integrations._wrapping import timed, wrap
+from otel_rl.workers import RELAY_CAPACITY, WorkerSpec, init_worker
+
+_DRIVERS: dict[str, Any] = {}
+"""The driver's telemetry by run id, for callbacks instantiated in the driver's own process."""
+
+
+class TelemetryCallbacks(RLlibCallback):
+    """RLlib callbacks recording the driver and every EnvRunner of one run (use :meth:`for_run`)."""
+
+    spec: ClassVar[WorkerSpec | None] = None
+
+    @classmethod
+    def for_run(cls, tel: Any, **options: Any) -> type[TelemetryCallbacks]:
+        """The callbacks class of ``tel``'s run; ``options`` go to each EnvRunner's :func:`otel_rl.init`."""
+        relay = None
+        if tel.enabled:
+            from ray.util.queue import Queue
+
+            relay = Queue(maxsize=RELAY_CAPACITY)
+            _DRIVERS[tel.run_id] = tel
+        spec = tel.worker_spec("env runner", relay=relay, **options)
+        name = "TelemetryCallbacks_" + re.sub(r"\W", "_", spec.run_id or "disabled")
+        return type(name, (cls,), {"spec": spec})
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._tel: Any = None
+        self._samples = 0
+
+    # -- the driver -------------------------------------------------------------
+
+    def on_algorithm_init(self, *, algorithm: Any, metrics_logger: Any = None, **kwargs: Any) -> None:
+        tel = _DRIVERS.get(self.spec.run_id) if self.spec is not None else None
+        if tel is None:
+            return
+        state = {"syncing": False, "iterations": 0}
+
+        def training_step(original):
+            def wrapped(*args: Any, **kwargs: Any):
+                with tel.iteration(state["iterations"], env_steps=_env_steps(algorithm)):
+                    result = original(*args, **kwargs)
+                state["iterations"] += 1
+                return result
+
+            return wrapped
+
+        def foreach_env_runner(original):
+            recorded = timed(tel, "collector_wait", original, schema.LEARNER)
+
+            def wrapped(*args: Any, **kwargs: Any):
+                return (original if state["syncing"] else recorded)(*args, **kwargs)
+
+            return wrapped
+
+        def sync_weights(original):
+            recorded = timed(tel, "weight_publish", original, schema.LEARNER)
+
+            def wrapped(*args: Any, **kwargs: Any):
+                state["syncing"] = True
+                try:
+                    return recorded(*args, **kwargs)
+                finally:
+                    state["syncing"] = False
+
+            return wrapped
+
+        wrap(algorithm, "training_step", training_step)
+        wrap(algorithm.learner_group, "update", lambda update: timed(tel, "learning", update, schema.LEARNER))
+        runners = algorithm.env_runner_group
+        if runners is not None:
+            wrap(runners, "foreach_env_runner", foreach_env_runner)
+            wrap(runners, "sync_weights", sync_weights)
+
+    def on_train_result(self, *, algorithm: Any, metrics_logger: Any = None, result: dict, **kwargs: Any) -> None:
+        tel = _DRIVERS.get(self.spec.run_id) if self.spec is not None else None
+        if tel is not None:
+            values = {schema.library_key("rllib", k): v for k, v in _flatten(result).items()}
+            tel.scalars(values, step=_env_steps(algorithm))
+
+    # -- each EnvRunner ------------------------------------------------------------
+
+    def on_environment_created(self, *, env_runner: Any, env: Any, **kwargs: Any) -> None:
+        if self.spec is None or not self.spec.run_id:
+            return
+        if self._tel is None:  # the first environment of this EnvRunner
+            driver = _DRIVERS.get(self.spec.run_id)  # set when this is the driver's own (local) EnvRunner
+            if driver is None:
+                role = f"env runner {getattr(env_runner, 'worker_index', 0)}"
+                self._tel = init_worker(dataclasses.replace(self.spec, role=role))
+                wrap(env_runner, "stop", self._closing)
+            else:
+                self._tel = driver
+            wrap(env_runner, "sample", lambda sample: self._timed_sample(env_runner, sample))
+        wrap(env, "step", lambda step: timed(self._tel, "env_step", step))
+
+    def _timed_sample(self, env_runner: Any, sample):
+        modules: list[Any] = []
+
+        def wrapped(*args: Any, **kwargs: Any):
+            module = getattr(env_runner, "module", None)  # built after the environment; replaced on restore
+            if module is not None and not any(m is module for m in modules):
+                modules.append(module)
+                for name in ("forward_exploration", "forward_inference"):
+                    wrap(module, name, lambda forward: timed(self._tel, "policy_inference", forward))
+            with self._tel.iteration(self._samples, timeline=schema.COLLECTOR):
+                result = sample(*args, **kwargs)
+            self._samples += 1
+            return result
+
+        return wrapped
+
+    def _closing(self, stop):
+        def wrapped(*args: Any, **kwargs: Any):
+            try:
+                return stop(*args, **kwargs)
+            finally:
+                self._tel.close()
+
+        return wrapped
+
+
+def _env_steps(algorithm: Any) -> int | None:
+    """Env steps sampled so far, as RLlib counts them (None before the first sample)."""
+    try:
+        value = algorithm.metrics.peek(("env_runners", "num_env_steps_sampled_lifetime"), default=None)
+    except Exception:  # an RLlib without this metric: no step axis, the scalars keep theirs
+        return None
+    return None if value is None else int(value)
+
+
+def _flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The numeric leaves of a training result, keyed ``a/b/c``."""
+    out: dict[str, Any] = {}
+    for key, value in result.items():
+        if key == "config":
+            continue
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, path + "/"))
+        elif isinstance(value, Number) and not isinstance(value, bool):
+            out[path] = value
+    return out

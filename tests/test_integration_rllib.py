@@ -1,0 +1,59 @@
+"""RLlib: a real PPO on CartPole with a local Ray (2 CPUs), one EnvRunner actor, followed into one trace."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from ray.rllib.algorithms.ppo import PPOConfig
+
+import otel_rl
+from otel_rl.integrations.rllib import TelemetryCallbacks
+
+from integration_checks import check_run
+from otlp_receivers import HttpReceiver
+
+@pytest.fixture
+def receiver(monkeypatch):
+    """An OTLP receiver whose endpoint the Ray workers inherit (set before ray.init)."""
+    server = HttpReceiver().start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", server.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "1000")
+    yield server
+    server.stop()
+
+def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
+        with tel.run(family="rl.onpolicy"):
+            config = (
+                PPOConfig()
+                .environment("CartPole-v1")
+                .env_runners(num_env_runners=1, num_envs_per_env_runner=2)
+                .training(train_batch_size_per_learner=400, minibatch_size=100, num_epochs=1)
+                .callbacks(TelemetryCallbacks.for_run(tel, system_metrics_interval_s=0))
+            )
+            algo = config.build_algo()
+            for _ in range(2):
+                algo.train()
+            algo.stop()  # the EnvRunner's telemetry closes with it
+        tel.close()
+    finally:
+        ray.shutdown()
+    found = check_run(
+        tmp_path,
+        {"learner": {"Learning", "Collector Wait", "Weight Publish"}, "env runner 1": {"Policy Inference", "Env Step"}},
+        {"Train/mean_reward", "Loss/policy", "Loss/value", "Perf/learning_time",
+         "Perf/collector_env_step_ms", "Perf/collector_policy_inference_ms"},  # the collector's, relayed to the learner
+    )  # fmt: skip
+    assert set(found["processes"]) == {"learner", "env runner 1"}
+    assert receiver.received.wait_for(lambda r: any(
+        {a.key: a.value.string_value for a in res.attributes}.get("rl.role") == "env runner 1" for res, _ in r.spans()
+    ))  # fmt: skip
+    roles = {}
+    for resource, span in receiver.received.spans():
+        role = {a.key: a.value.string_value for a in resource.attributes}["rl.role"]
+        roles.setdefault(role, set()).add(span.trace_id)
+    assert roles.keys() == {"learner", "env runner 1"}
+    assert roles["learner"] == roles["env runner 1"] == {tel.trace_id.to_bytes(16, "big")}
