@@ -96,3 +96,20 @@ def test_buckets_cover_ten_microseconds_to_ten_seconds():
     assert schema.PHASE_BUCKETS_MS[0] == pytest.approx(0.01)
     assert schema.PHASE_BUCKETS_MS[-1] == 10_000.0
     assert list(schema.PHASE_BUCKETS_MS) == sorted(schema.PHASE_BUCKETS_MS)
+
+
+def test_every_library_tag_maps_into_a_canonical_family():
+    for library, table in schema.LIBRARY_TAGS.items():
+        for key, canonical in table.items():
+            assert schema.library_key(library, key) == canonical
+            assert schema.metric_spec(canonical, strict=True).key == canonical, (library, key)
+
+
+def test_unmapped_library_keys_keep_a_namespaced_name_or_get_the_library_as_namespace():
+    assert schema.library_key("sb3", "rollout/custom_stat") == "rollout/custom_stat"
+    assert schema.library_key("torchrl", "grad_norm") == "torchrl/grad_norm"
+    assert schema.library_key("skrl", "Stats / Inference time (ms)") == "skrl/Stats/Inference_time_ms"
+    assert schema.library_key("skrl", " / ") == "skrl/unnamed"
+    assert schema.library_key("rsl_rl", "Episode_Reward/") == "rsl_rl/Episode_Reward"  # a prefix alone names no term
+    with pytest.raises(KeyError):
+        schema.library_key("unknown-library", "x")
