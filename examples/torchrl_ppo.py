@@ -22,7 +22,7 @@ with tel.run(family="rl.onpolicy"):
     value = ValueOperator(MLP(in_features=4, out_features=1, num_cells=[64]), in_keys=["observation"])
     loss, advantage = ClipPPOLoss(policy, value, entropy_coeff=0.01), GAE(gamma=0.99, lmbda=0.95, value_network=value)
     optimizer = torch.optim.Adam(loss.parameters(), lr=3e-4)
-    collector = Collector(env, policy, frames_per_batch=1024, total_frames=50_000, auto_register_policy_transforms=False)
+    collector = Collector(env, policy, frames_per_batch=1024, total_frames=50 * 1024, auto_register_policy_transforms=False)
     logger = TelemetryLogger(tel)
     frames = 0
     for batch in iterate(collector, tel):  # collection and update, timed as the two timelines

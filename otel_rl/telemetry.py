@@ -276,17 +276,7 @@ class Telemetry:
         if config.wandb:
             from otel_rl.exporters.wandb import wandb_sink
 
-            self._built.append(
-                wandb_sink(
-                    config.run_id,
-                    config.run_dir,
-                    self._drops,
-                    project=config.project,
-                    group=config.group,
-                    resume=config.resume,
-                    perf_interval_s=config.perf_interval_s,
-                )
-            )
+            self._built.append(wandb_sink(config, self._drops))
         if config.panel:
             from otel_rl.panel import PanelSink
 

@@ -58,17 +58,8 @@ def wandb_mode() -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
-def wandb_sink(
-    run_id: str,
-    directory: Path | None,
-    drops: Drops,
-    *,
-    project: str | None = None,
-    group: str | None = None,
-    resume: bool = False,
-    perf_interval_s: float = 1.0,
-) -> TrackerSink:
-    """The W&B output: a :class:`TrackerSink` feeding a :class:`WandbWriter`.
+def wandb_sink(config: Any, drops: Drops) -> TrackerSink:
+    """The W&B output of a run (an :class:`otel_rl.TelemetryConfig`): a :class:`TrackerSink` feeding a :class:`WandbWriter`.
 
     Raises:
         ImportError: the ``wandb`` package is not installed (``pip install 'otel-rl[wandb]'``).
@@ -77,8 +68,8 @@ def wandb_sink(
         import wandb  # noqa: F401 - checked here, on init(), rather than failing later on a thread
     except ImportError as exc:
         raise ImportError("wandb=True needs the wandb package: pip install 'otel-rl[wandb]'") from exc
-    writer = WandbWriter(run_id, directory, drops, project=project, group=group, resume=resume)
-    return TrackerSink(writer, perf_interval_s)
+    writer = WandbWriter(config.run_id, config.run_dir, drops, project=config.project, group=config.group, resume=config.resume)
+    return TrackerSink(writer, config.perf_interval_s)
 
 
 class WandbWriter(TrackerWriter):
