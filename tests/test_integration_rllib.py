@@ -48,6 +48,8 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
          "Perf/collector_env_step_ms", "Perf/collector_policy_inference_ms"},  # the collector's, relayed to the learner
     )  # fmt: skip
     assert set(found["processes"]) == {"learner", "env runner 1"}
+    learner = otel_rl.analysis.analyze(tmp_path)["timelines"]["learner"]
+    assert learner["cycles"] == 2 and learner["phases"]["collector_wait"]["count"] == 2  # sampling only, not state syncs
     assert receiver.received.wait_for(lambda r: any(
         {a.key: a.value.string_value for a in res.attributes}.get("rl.role") == "env runner 1" for res, _ in r.spans()
     ))  # fmt: skip

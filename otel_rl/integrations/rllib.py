@@ -5,7 +5,7 @@ run (its id, the run span's trace context, the run folder) to wherever RLlib
 instantiates it: the driver and every EnvRunner actor. Then:
 
 - on the driver, each ``training_step`` is a ``learner`` iteration with
-  ``collector_wait`` (waiting for the EnvRunners' samples), ``learning``
+  ``collector_wait`` (waiting for the EnvRunners' samples, not for state syncs), ``learning``
   (the learner group's update) and ``weight_publish`` (syncing weights back to
   the EnvRunners); each training result goes to ``tel.scalars`` (flattened,
   under canonical keys: ``otel_rl.schema.LIBRARY_TAGS["rllib"]``) at the
@@ -90,13 +90,11 @@ class TelemetryCallbacks(RLlibCallback):
 
             return wrapped
 
-        def sync_weights(original):
-            recorded = timed(tel, "weight_publish", original, schema.LEARNER)
-
+        def syncing(original):
             def wrapped(*args: Any, **kwargs: Any):
-                state["syncing"] = True
+                state["syncing"] = True  # syncing weights or connector states, or stopping, is not waiting for samples
                 try:
-                    return recorded(*args, **kwargs)
+                    return original(*args, **kwargs)
                 finally:
                     state["syncing"] = False
 
@@ -107,7 +105,9 @@ class TelemetryCallbacks(RLlibCallback):
         runners = algorithm.env_runner_group
         if runners is not None:
             wrap(runners, "foreach_env_runner", foreach_env_runner)
-            wrap(runners, "sync_weights", sync_weights)
+            wrap(runners, "sync_weights", lambda sync: syncing(timed(tel, "weight_publish", sync, schema.LEARNER)))
+            wrap(runners, "sync_env_runner_states", syncing)
+            wrap(runners, "stop", syncing)
 
     def on_train_result(self, *, algorithm: Any, metrics_logger: Any = None, result: dict, **kwargs: Any) -> None:
         tel = _DRIVERS.get(self.spec.run_id) if self.spec is not None else None
