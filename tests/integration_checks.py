@@ -36,3 +36,12 @@ def check_run(run_dir: Path, phases: dict[str, set[str]], keys: set[str]) -> dic
     found = scalar_keys(run_dir)
     assert keys <= found, sorted(keys - found)
     return {"processes": seen, "keys": found}
+
+
+def counts(run_dir: Path) -> dict[str, dict]:
+    """Per timeline, cycles and phase occurrences as the pipeline counted them (``run_summary.json``)."""
+    timelines = json.loads((run_dir / "run_summary.json").read_text())["timelines"]
+    return {
+        timeline: {"cycles": entry["iterations"]["count"], **{name: stat["count"] for name, stat in entry["phases"].items()}}
+        for timeline, entry in timelines.items()
+    }
