@@ -52,6 +52,14 @@ def _in_range(value: int | None, fallback: int | None) -> int | None:
     return fallback
 
 
+def _axes(step: int | None, iteration: int | None, env_steps: int | None) -> tuple[int | None, int | None, int | None]:
+    """A record's step axes, each kept only if in the signed 64-bit range (Python ints are checked here, off the training thread)."""
+    for axis in (step, iteration, env_steps):
+        if axis is not None and not INT64_MIN <= axis <= INT64_MAX:
+            return _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
+    return step, iteration, env_steps
+
+
 class Clock:
     """Converts ``perf_counter_ns()`` readings to epoch nanoseconds.
 
@@ -352,54 +360,48 @@ class Pipeline(Worker):
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
         time_ns, values, step, iteration, env_steps, seq = raw
-        for axis in (step, iteration, env_steps):
-            if axis is not None and not INT64_MIN <= axis <= INT64_MAX:
-                step, iteration, env_steps = _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
-                break
+        step, iteration, env_steps = _axes(step, iteration, env_steps)
         if values.keys() <= self._canonical_keys and _plain_finite(values.values()):
             # The common case: keys exported as they are, finite plain numbers.
             # The dict is the call's own snapshot, so it is used as is.
             return ScalarsRecord(self._clock.to_epoch_ns(time_ns), values, step, iteration, env_steps, seq)
         clean: dict[str, float | int | None] = {}
         for raw_key, value in values.items():
-            key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
-            if key is None:
-                key = self._accept_key(raw_key)
+            key = self._key(raw_key)
             if not key:
                 continue
             cleaned, is_number = scalar_number(key, value)
             if not is_number:
                 continue
             clean[key] = cleaned
-            if cleaned is None and key not in self.seen_nonfinite:
-                self.seen_nonfinite.add(key)
-                self._fanout(
-                    "on_event",
-                    EventRecord(
-                        self._clock.to_epoch_ns(time_ns),
-                        "nonfinite",
-                        {"key": key, "value": clean_text(repr(value), MAX_REPR)},
-                        next(self._seq),
-                    ),
-                )
+            if cleaned is None:
+                self._report_nonfinite(key, time_ns, clean_text(repr(value), MAX_REPR))
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
+
+    def _key(self, raw_key: object) -> str:
+        """The exported key of ``raw_key`` (remembered), "" when it is not exported (see :meth:`_accept_key`)."""
+        key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
+        return self._accept_key(raw_key) if key is None else key
+
+    def _report_nonfinite(self, key: str, time_ns: int, value: str) -> None:
+        """One ``nonfinite`` event per key (``time_ns`` on the monotonic clock)."""
+        if key not in self.seen_nonfinite:
+            self.seen_nonfinite.add(key)
+            attributes = {"key": key, "value": value}
+            self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), "nonfinite", attributes, next(self._seq)))
 
     def _distribution(self, raw: tuple) -> None:
         """Summarise one ``distribution()`` call: a :class:`DistributionRecord`, and its statistics as scalars."""
-        time_ns, raw_key, array, step, iteration, env_steps, seq, _ = raw
-        key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
-        if key is None:
-            key = self._accept_key(raw_key)
+        monotonic_ns, raw_key, array, step, iteration, env_steps, seq = raw
+        key = self._key(raw_key)
         if not key:
             return
         key = shorten(key, NAME_LIMIT - 5)  # room for the longest statistic suffix, "/mean"
         summary = distributions.summarize(array)
-        time_ns = self._clock.to_epoch_ns(time_ns)
-        step, iteration, env_steps = _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
-        if summary.nonfinite and key not in self.seen_nonfinite:
-            self.seen_nonfinite.add(key)
-            attributes = {"key": key, "value": f"{summary.nonfinite} of {array.size} values"}
-            self._fanout("on_event", EventRecord(time_ns, "nonfinite", attributes, next(self._seq)))
+        step, iteration, env_steps = _axes(step, iteration, env_steps)
+        if summary.nonfinite:
+            self._report_nonfinite(key, monotonic_ns, f"{summary.nonfinite} of {array.size} values")
+        time_ns = self._clock.to_epoch_ns(monotonic_ns)
         record = DistributionRecord(time_ns, key, summary.values, summary.stats, summary.histogram, step, iteration, env_steps)
         self._fanout("on_distribution", record)
         names = schema.distribution_keys(key)
@@ -424,7 +426,7 @@ class Pipeline(Worker):
         """
         if not isinstance(raw_key, str):
             _logger.warning(
-                "otel-rl: scalars() key %s (%s) is not a string; its value is dropped",
+                "otel-rl: scalars()/distribution() key %s (%s) is not a string; its value is dropped",
                 clean_text(repr(raw_key), MAX_REPR),
                 type(raw_key).__name__,
                 extra=once(f"key-type:{type(raw_key).__name__}"),

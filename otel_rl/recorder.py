@@ -228,18 +228,18 @@ class Recorder:
         with self._distributions_lock:
             queue = self.distributions
             while queue and self._distribution_bytes + nbytes > DISTRIBUTION_BYTES:
-                self._distribution_bytes -= queue.popleft()[-1]
+                self._distribution_bytes -= queue.popleft()[1]
                 self.distributions_dropped += 1
-            queue.append((*record, nbytes))
+            queue.append((record, nbytes))
             self._distribution_bytes += nbytes
 
     def take_distributions(self) -> list[tuple]:
-        """Everything queued by :meth:`add_distribution`, oldest first (each tuple ends with its byte size)."""
+        """The records queued by :meth:`add_distribution`, oldest first."""
         with self._distributions_lock:
-            items = list(self.distributions)
+            records = [record for record, _ in self.distributions]
             self.distributions.clear()
             self._distribution_bytes = 0
-        return items
+        return records
 
     def add_event(self, record: tuple) -> bool:
         """Queue an event; False (and one warning) when the event queue is full."""

@@ -479,8 +479,7 @@ class Telemetry:
         if self._closed:
             _logger.warning("otel-rl: scalars() after close(); values dropped")
             return
-        if step is not None and (type(step) is not int or not INT64_MIN <= step <= INT64_MAX):
-            step = as_step(step, "step")
+        step = _step(step)
         values = snapshot(values)
         if self.config.strict:
             for key in values:
@@ -507,8 +506,7 @@ class Telemetry:
         if self._closed:
             _logger.warning("otel-rl: distribution() after close(); values dropped")
             return
-        if step is not None and (type(step) is not int or not INT64_MIN <= step <= INT64_MAX):
-            step = as_step(step, "step")
+        step = _step(step)
         array = to_host_array(values, key)
         if array is None:
             return
@@ -818,6 +816,13 @@ class Telemetry:
     def meter_provider(self):
         """The SDK meter provider (None when no metric exporter is configured), for the user's own instruments."""
         return self._otel.meter_provider
+
+
+def _step(step: Any) -> int | None:
+    """A ``step`` argument as an int (numpy and torch integers too), or None with one warning."""
+    if step is None or (type(step) is int and INT64_MIN <= step <= INT64_MAX):
+        return step
+    return as_step(step, "step")
 
 
 def _count(what: str, value: Any) -> int | None:

@@ -31,7 +31,6 @@ import os
 import shutil
 from collections import deque
 from pathlib import Path
-from typing import Any
 
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections import deque
 
 from otel_rl._logging import logger
@@ -39,7 +40,7 @@ CAPACITY = 100_000
 _DROPPABLE = ("scalars", "distribution")
 
 
-class TrackerWriter(Worker):
+class TrackerWriter(Worker, ABC):
     """Hands queued items to a tracker on its own thread; subclasses implement :meth:`write`.
 
     Args:
@@ -89,9 +90,9 @@ class TrackerWriter(Worker):
             self._drops.add(self.output, "records", len(items))
             _logger.warning("otel-rl: %s output failed (%s: %s); it stops, training goes on", self.output, type(exc).__name__, exc, exc_info=True)
 
+    @abstractmethod
     def write(self, items: list[tuple]) -> None:
         """Write ``items`` (see the module docstring); an exception stops this output."""
-        raise NotImplementedError
 
     def skipped(self, item: tuple) -> None:
         """Count one item that could not be converted (the rest of the batch goes on), warned once per kind."""

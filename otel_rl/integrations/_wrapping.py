@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from time import perf_counter_ns
 from typing import Any
 
 from otel_rl import schema
@@ -23,12 +24,71 @@ def wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> Callable[[], None
     return undo
 
 
-def timed(tel: Any, phase: str, method: Callable[..., Any], timeline: str = schema.COLLECTOR) -> Callable[..., Any]:
-    """``method`` recorded as ``phase`` of ``timeline`` on every call (also when it raises)."""
+def timed(
+    tel: Any,
+    phase: str,
+    method: Callable[..., Any],
+    timeline: str = schema.COLLECTOR,
+    when: Callable[[], bool] | None = None,
+) -> Callable[..., Any]:
+    """``method`` recorded as ``phase`` of ``timeline`` on every call (also when it raises), or only while ``when()``."""
     recorded = tel.phase(phase, timeline)  # resolved once: entering it costs a fraction of record_phase
 
     def call(*args: Any, **kwargs: Any) -> Any:
+        if when is not None and not when():
+            return method(*args, **kwargs)
         with recorded:
             return method(*args, **kwargs)
 
     return call
+
+
+def time_forward(tel: Any, module: Any, phase: str, when: Callable[[], bool]) -> Callable[[], None]:
+    """Record ``module``'s forward passes made while ``when()`` as ``phase`` of the collector; returns the undo.
+
+    Forward hooks, because the library calls the module itself: its own
+    ``__call__`` cannot be wrapped on the instance.
+    """
+    started = [0]
+
+    def begins(module: Any, inputs: Any) -> None:
+        if when():
+            started[0] = perf_counter_ns()
+
+    def ends(module: Any, inputs: Any, outputs: Any) -> None:
+        if started[0]:
+            tel.record_phase(phase, started[0], perf_counter_ns(), schema.COLLECTOR)
+            started[0] = 0
+
+    handles = (module.register_forward_pre_hook(begins), module.register_forward_hook(ends))
+    return lambda: [handle.remove() for handle in handles]
+
+
+class Cycle:
+    """The collector iteration that one library callback opens and another closes (one open at a time).
+
+    ``count`` is the number of cycles closed so far, and the index of the next.
+    """
+
+    def __init__(self, tel: Any) -> None:
+        self.tel = tel
+        self.count = 0
+        self._open: Any = None
+
+    @property
+    def is_open(self) -> bool:
+        return self._open is not None
+
+    def begin(self, env_steps: int | None) -> None:
+        """Open the next cycle at ``env_steps``, unless one is open."""
+        if self._open is None:
+            cycle = self.tel.iteration(self.count, env_steps=env_steps, timeline=schema.COLLECTOR)
+            cycle.__enter__()
+            self._open = cycle
+
+    def end(self) -> None:
+        """Close the open cycle, if any."""
+        cycle, self._open = self._open, None
+        if cycle is not None:
+            cycle.__exit__(None, None, None)
+            self.count += 1

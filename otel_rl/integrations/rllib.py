@@ -29,7 +29,6 @@ import dataclasses
 import re
 from collections.abc import Mapping
 from numbers import Number
-from time import perf_counter_ns
 from typing import Any, ClassVar
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
@@ -82,14 +81,6 @@ class TelemetryCallbacks(RLlibCallback):
 
             return wrapped
 
-        def foreach_env_runner(original):
-            recorded = timed(tel, "collector_wait", original, schema.LEARNER)
-
-            def wrapped(*args: Any, **kwargs: Any):
-                return (original if state["syncing"] else recorded)(*args, **kwargs)
-
-            return wrapped
-
         def syncing(original):
             def wrapped(*args: Any, **kwargs: Any):
                 state["syncing"] = True  # syncing weights or connector states, or stopping, is not waiting for samples
@@ -100,11 +91,14 @@ class TelemetryCallbacks(RLlibCallback):
 
             return wrapped
 
+        def sampling() -> bool:
+            return not state["syncing"]
+
         wrap(algorithm, "training_step", training_step)
         wrap(algorithm.learner_group, "update", lambda update: timed(tel, "learning", update, schema.LEARNER))
         runners = algorithm.env_runner_group
         if runners is not None:
-            wrap(runners, "foreach_env_runner", foreach_env_runner)
+            wrap(runners, "foreach_env_runner", lambda call: timed(tel, "collector_wait", call, schema.LEARNER, when=sampling))
             wrap(runners, "sync_weights", lambda sync: syncing(timed(tel, "weight_publish", sync, schema.LEARNER)))
             wrap(runners, "sync_env_runner_states", syncing)
             wrap(runners, "stop", syncing)

@@ -24,7 +24,7 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.integrations._wrapping import timed, wrap
+from otel_rl.integrations._wrapping import Cycle, timed, wrap
 
 _logger = logger(__name__)
 
@@ -55,15 +55,15 @@ def instrument(runner: Any, tel: Any) -> Any:
     """Record ``runner``'s phases and logged metrics with ``tel``; returns ``runner``."""
     alg, env, log = runner.alg, runner.env, runner.logger
     steps_per_rollout = int(runner.cfg["num_steps_per_env"]) * int(env.num_envs)
-    state = {"cycle": None, "rollouts": 0, "updates": 0}
+    rollout = Cycle(tel)
+    state = {"updates": 0}
 
     def act(original):
+        recorded = timed(tel, "policy_inference", original)
+
         def wrapped(*args: Any, **kwargs: Any):
-            if state["cycle"] is None:
-                cycle = tel.iteration(state["rollouts"], env_steps=state["rollouts"] * steps_per_rollout, timeline=schema.COLLECTOR)
-                cycle.__enter__()
-                state["cycle"] = cycle
-            return timed(tel, "policy_inference", original)(*args, **kwargs)
+            rollout.begin(rollout.count * steps_per_rollout)  # the first action of a rollout opens it
+            return recorded(*args, **kwargs)
 
         return wrapped
 
@@ -72,10 +72,7 @@ def instrument(runner: Any, tel: Any) -> Any:
             try:
                 return original(*args, **kwargs)
             finally:
-                cycle, state["cycle"] = state["cycle"], None
-                if cycle is not None:
-                    cycle.__exit__(None, None, None)
-                    state["rollouts"] += 1
+                rollout.end()
 
         return wrapped
 
@@ -83,7 +80,7 @@ def instrument(runner: Any, tel: Any) -> Any:
         learning = tel.phase("learning")
 
         def wrapped(*args: Any, **kwargs: Any):
-            with tel.iteration(state["updates"], env_steps=state["rollouts"] * steps_per_rollout), learning:
+            with tel.iteration(state["updates"], env_steps=rollout.count * steps_per_rollout), learning:
                 result = original(*args, **kwargs)
             state["updates"] += 1
             return result

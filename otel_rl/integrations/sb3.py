@@ -20,14 +20,13 @@ for the duration of ``learn()`` and restored at its end.
 from __future__ import annotations
 
 import numbers
-from time import perf_counter_ns
 from typing import Any
 
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from otel_rl import schema
-from otel_rl.integrations._wrapping import timed, wrap
+from otel_rl.integrations._wrapping import Cycle, time_forward, timed, wrap
 
 
 class TelemetryOutput(KVWriter):
@@ -60,11 +59,8 @@ class TelemetryCallback(BaseCallback):
         super().__init__(verbose)
         self.tel = tel
         self._output = TelemetryOutput(tel)
-        self._rollout: Any = None
-        self._rollouts = 0
+        self._rollout = Cycle(tel)
         self._updates = 0
-        self._collecting = False
-        self._inference_start = 0
         self._restore: list[Any] = []
 
     # -- lifecycle -----------------------------------------------------------
@@ -75,19 +71,14 @@ class TelemetryCallback(BaseCallback):
             model.logger.output_formats.append(self._output)
         self._restore.append(wrap(model, "train", self._timed_train))
         self._restore.append(wrap(self.training_env, "step", lambda step: timed(self.tel, "env_step", step)))
+        collecting = self._collecting  # inference is timed only inside rollouts, not in evaluation
         if hasattr(model, "_sample_action"):  # off-policy: actions come from model.predict
-            self._restore.append(wrap(model, "predict", self._timed_predict))
+            self._restore.append(wrap(model, "predict", lambda predict: timed(self.tel, "policy_inference", predict, when=collecting)))
         else:  # on-policy: from calling the policy module
-            policy = model.policy
-            handles = (
-                policy.register_forward_pre_hook(self._inference_begins),
-                policy.register_forward_hook(self._inference_ends),
-            )
-            self._restore.append(lambda: [h.remove() for h in handles])
+            self._restore.append(time_forward(self.tel, model.policy, "policy_inference", collecting))
 
     def _on_training_end(self) -> None:
-        if self._rollout is not None:  # learn() stopped by a callback mid-rollout
-            self._on_rollout_end()
+        self._rollout.end()  # learn() stopped by a callback mid-rollout
         for undo in reversed(self._restore):
             undo()
         self._restore.clear()
@@ -96,37 +87,17 @@ class TelemetryCallback(BaseCallback):
 
     # -- the collector's rollouts ------------------------------------------------
 
+    def _collecting(self) -> bool:
+        return self._rollout.is_open
+
     def _on_rollout_start(self) -> None:
-        self._rollout = self.tel.iteration(self._rollouts, env_steps=self.model.num_timesteps, timeline=schema.COLLECTOR)
-        self._rollout.__enter__()
-        self._collecting = True
+        self._rollout.begin(self.model.num_timesteps)
 
     def _on_rollout_end(self) -> None:
-        self._collecting = False
-        rollout, self._rollout = self._rollout, None
-        if rollout is not None:
-            rollout.__exit__(None, None, None)
-            self._rollouts += 1
+        self._rollout.end()
 
     def _on_step(self) -> bool:
         return True
-
-    def _timed_predict(self, predict):
-        recorded = timed(self.tel, "policy_inference", predict)
-
-        def call(*args: Any, **kwargs: Any):
-            return (recorded if self._collecting else predict)(*args, **kwargs)
-
-        return call
-
-    def _inference_begins(self, module: Any, inputs: Any) -> None:
-        if self._collecting:
-            self._inference_start = perf_counter_ns()
-
-    def _inference_ends(self, module: Any, inputs: Any, outputs: Any) -> None:
-        if self._collecting and self._inference_start:
-            self.tel.record_phase("policy_inference", self._inference_start, perf_counter_ns(), schema.COLLECTOR)
-            self._inference_start = 0
 
     # -- the learner's updates -----------------------------------------------------
 

@@ -20,14 +20,13 @@ are wrapped on the agent's and the environment's instances.
 
 from __future__ import annotations
 
-from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.integrations._wrapping import timed, wrap
+from otel_rl.integrations._wrapping import Cycle, timed, wrap
 
 _logger = logger(__name__)
 
@@ -43,27 +42,24 @@ def instrument(trainer: Any, tel: Any) -> Any:
         raise TypeError("otel_rl.integrations.skrl.instrument takes a trainer of one single-agent skrl agent")
     env = trainer.env
     num_envs = int(getattr(env, "num_envs", 1) or 1)
-    state = {"cycle": None, "updates": 0}
+    cycle = Cycle(tel)
+    state = {"updates": 0}
 
     def pre_interaction(original):
         def wrapped(*, timestep: int, timesteps: int) -> None:
             original(timestep=timestep, timesteps=timesteps)
-            cycle = tel.iteration(timestep, env_steps=timestep * num_envs, timeline=schema.COLLECTOR)
-            cycle.__enter__()
-            state["cycle"] = cycle
+            cycle.begin(timestep * num_envs)
 
         return wrapped
 
     def record_transition(original):
+        recorded = timed(tel, "replay_write", original)
+
         def wrapped(*args: Any, **kwargs: Any) -> None:
-            start = perf_counter_ns()
             try:
-                original(*args, **kwargs)
+                recorded(*args, **kwargs)
             finally:
-                tel.record_phase("replay_write", start, perf_counter_ns(), schema.COLLECTOR)
-                cycle, state["cycle"] = state["cycle"], None
-                if cycle is not None:
-                    cycle.__exit__(None, None, None)
+                cycle.end()
 
         return wrapped
 

@@ -20,14 +20,13 @@ Two lines in a TorchRL training script::
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from time import perf_counter_ns
 from typing import Any
 
 from torchrl.record.loggers import Logger
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
-from otel_rl.integrations._wrapping import timed, wrap
+from otel_rl.integrations._wrapping import time_forward, timed, wrap
 
 _logger = logger(__name__)
 
@@ -69,21 +68,10 @@ class TelemetryLogger(Logger):
 
 def iterate(collector: Any, tel: Any) -> Iterator[Any]:
     """The collector's batches, with its rollouts and the loop body timed (see the module docstring)."""
-    state = {"collecting": False, "start": 0, "rollouts": 0, "frames": 0}
-    policy = collector.policy
-    handles = []
-    if hasattr(policy, "register_forward_pre_hook"):
-
-        def begins(module: Any, inputs: Any) -> None:
-            if state["collecting"]:
-                state["start"] = perf_counter_ns()
-
-        def ends(module: Any, inputs: Any, outputs: Any) -> None:
-            if state["collecting"] and state["start"]:
-                tel.record_phase("policy_inference", state["start"], perf_counter_ns(), schema.COLLECTOR)
-                state["start"] = 0
-
-        handles = [policy.register_forward_pre_hook(begins), policy.register_forward_hook(ends)]
+    state = {"collecting": False, "rollouts": 0, "frames": 0}
+    undo = []
+    if hasattr(collector.policy, "register_forward_pre_hook"):
+        undo.append(time_forward(tel, collector.policy, "policy_inference", lambda: state["collecting"]))
 
     def rollout(original):
         def wrapped(*args: Any, **kwargs: Any):
@@ -97,10 +85,8 @@ def iterate(collector: Any, tel: Any) -> Iterator[Any]:
 
         return wrapped
 
-    undo = [
-        wrap(collector, "rollout", rollout),
-        wrap(collector.env, "step_and_maybe_reset", lambda step: timed(tel, "env_step", step)),
-    ]
+    undo.append(wrap(collector, "rollout", rollout))
+    undo.append(wrap(collector.env, "step_and_maybe_reset", lambda step: timed(tel, "env_step", step)))
     learning = tel.phase("learning")
     try:
         for index, batch in enumerate(collector):
@@ -108,7 +94,5 @@ def iterate(collector: Any, tel: Any) -> Iterator[Any]:
             with tel.iteration(index, env_steps=state["frames"]), learning:
                 yield batch
     finally:
-        for handle in handles:
-            handle.remove()
         for restore in reversed(undo):
             restore()
