@@ -116,12 +116,16 @@ static void Lane_dealloc(LaneObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The slot for the next record; when full, the oldest record is released and counted. */
-static Slot *lane_next_slot(LaneObject *lane) {
+/* The slot for the next record. When the ring is full the oldest record is
+ * evicted and counted: its references move to *evicted, which the caller
+ * releases only after filling the slot, because releasing an object can run
+ * Python code (and so a drain on another thread) while the ring must be whole. */
+static Slot *lane_next_slot(LaneObject *lane, Slot *evicted) {
     Slot *slot;
+    evicted->obj = evicted->exc = NULL;
     if (lane->count == lane->capacity) {
         slot = &lane->ring[lane->head];
-        slot_clear(slot);
+        *evicted = *slot;
         lane->head = (lane->head + 1) % lane->capacity;
         lane->dropped++;
     } else {
@@ -133,21 +137,40 @@ static Slot *lane_next_slot(LaneObject *lane) {
 
 static PyObject *Lane_append(LaneObject *self, PyObject *record) {
     if (self->ring == NULL) { PyErr_SetString(PyExc_RuntimeError, "lane not initialised"); return NULL; }
-    Slot *slot = lane_next_slot(self);
+    Slot evicted;
+    Slot *slot = lane_next_slot(self, &evicted);
     Py_INCREF(record);
     slot->obj = record;
     slot->exc = NULL;
     slot->depth = -1;  /* marks a ready-made record */
+    slot_clear(&evicted);
     Py_RETURN_NONE;
 }
 
-/* Every pending record, oldest first, as tuples; the lane is left empty. */
+/* Every pending record, oldest first, as tuples.
+ *
+ * The pending slots are detached from the ring before any object is
+ * allocated: an allocation can start the cyclic GC, whose finalizers run
+ * Python code, which can hand the GIL to the recording thread; its records
+ * then land in the ring behind the detached ones and wait for the next drain.
+ * Should building a tuple fail, the detached records are counted as dropped. */
 static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
     Py_ssize_t n = self->ring == NULL ? 0 : self->count;
-    PyObject *out = PyList_New(n);
-    if (out == NULL) return NULL;
+    if (n == 0) return PyList_New(0);
+    Slot *taken = PyMem_RawMalloc((size_t)n * sizeof(Slot));  /* never runs the GC */
+    if (taken == NULL) return PyErr_NoMemory();
     for (Py_ssize_t i = 0; i < n; i++) {
         Slot *slot = &self->ring[(self->head + i) % self->capacity];
+        taken[i] = *slot;  /* the references move with it */
+        slot->obj = NULL;
+        slot->exc = NULL;
+    }
+    self->head = (self->head + n) % self->capacity;
+    self->count -= n;
+    PyObject *out = PyList_New(n);
+    Py_ssize_t built = 0;
+    for (; out != NULL && built < n; built++) {
+        Slot *slot = &taken[built];
         PyObject *item;
         if (slot->depth < 0) {
             item = slot->obj;  /* steal */
@@ -161,14 +184,16 @@ static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
             Py_XDECREF(start);
             Py_XDECREF(end);
             Py_XDECREF(depth);
-            if (item == NULL) { Py_DECREF(out); return NULL; }  /* ring left intact */
+            if (item == NULL) { Py_CLEAR(out); break; }
             slot_clear(slot);
         }
-        PyList_SET_ITEM(out, i, item);
+        PyList_SET_ITEM(out, built, item);
     }
-    /* Only now that every tuple exists is the ring emptied. */
-    self->head = 0;
-    self->count = 0;
+    if (out == NULL) {
+        self->dropped += n;
+        for (; built < n; built++) slot_clear(&taken[built]);
+    }
+    PyMem_RawFree(taken);
     return out;
 }
 
@@ -340,7 +365,8 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
     PyObject *innermost = lane->stack_phase[lane->depth - 1];
     if (innermost != (PyObject *)self) return misuse(self->warn, "order", (PyObject *)self, innermost);
     lane->depth--;
-    Slot *slot = lane_next_slot(lane);
+    Slot evicted;
+    Slot *slot = lane_next_slot(lane, &evicted);
     slot->obj = (PyObject *)self;  /* the stack's reference moves into the record */
     lane->stack_phase[lane->depth] = NULL;
     if (exc_type != Py_None) {
@@ -352,6 +378,7 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
     slot->start = lane->stack_start[lane->depth];
     slot->end = end;
     slot->depth = lane->depth;
+    slot_clear(&evicted);
     Py_RETURN_FALSE;
 }
 
@@ -457,10 +484,12 @@ static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag
     Py_DECREF(time_obj);
     Py_DECREF(cpu);
     if (record == NULL) return -1;
-    Slot *slot = lane_next_slot(lane);
+    Slot evicted;
+    Slot *slot = lane_next_slot(lane, &evicted);
     slot->obj = record;  /* the new reference moves into the ring */
     slot->exc = NULL;
     slot->depth = -1;
+    slot_clear(&evicted);
     return 0;
 }
 

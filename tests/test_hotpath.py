@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -79,6 +80,51 @@ def test_ring_drops_oldest_and_counts(impl):
     assert len(records) == 10
     starts = [r[1] for r in records]
     assert starts == sorted(starts)
+
+
+class _YieldsWhenCollected:
+    """Garbage whose finalizer gives the GIL away, as any ``__del__`` may."""
+
+    def __init__(self) -> None:
+        self.cycle = self  # freed only by the cyclic GC, which allocations inside drain() can start
+
+    def __del__(self) -> None:
+        time.sleep(0)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_records_written_while_a_drain_runs_the_gc_are_kept(impl):
+    # drain() allocates the records it returns; an allocation can run the GC, whose
+    # finalizers can switch to the recording thread in the middle of the drain.
+    rec = Recorder(implementation=impl)
+    phase = rec.new_phase(phase_spec("collector", "env_step"))
+    total, done = 100_000, threading.Event()
+
+    def record() -> None:
+        for i in range(total):
+            with phase:
+                pass
+            if i % 50 == 0:
+                time.sleep(0.00001)  # the pipeline drains much more slowly than this thread records
+        done.set()
+
+    thread = threading.Thread(target=record)
+    drained = 0
+    thresholds = gc.get_threshold()
+    gc.set_threshold(5, 1, 1)
+    try:
+        thread.start()
+        while not done.is_set() or thread.is_alive():
+            for _ in range(20):
+                _YieldsWhenCollected()  # the last few are still uncollected when drain() starts
+            for lane in rec.snapshot_lanes():
+                drained += len(lane.drain())
+    finally:
+        gc.set_threshold(*thresholds)
+        thread.join()
+    drained += sum(len(lane.drain()) for lane in rec.snapshot_lanes())
+    assert drained + rec.phases_dropped == total  # every record returned or counted, none lost unseen
+    assert drained > total // 2
 
 
 @pytest.mark.parametrize("impl", IMPLS)
