@@ -44,4 +44,8 @@ def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -
     config = TelemetryConfig.from_options(run_dir, service_name, **options)
     if not config.enabled:
         return NoOpTelemetry(config)
+    if config.agent != "off":
+        from otel_rl.agent.producer import ProducerTelemetry
+
+        return ProducerTelemetry(config)
     return Telemetry(config)

@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stdint.h>
 #include <time.h>
 
 #define MAX_DEPTH 64
@@ -37,10 +38,38 @@ typedef struct {
     int depth;
 } Slot;
 
+/* A record in a shared-memory lane: what a Slot holds, with names as ids of
+ * the segment's string table. 48 bytes; otel_rl/agent/segment.py mirrors the
+ * layout. */
+typedef struct {
+    int64_t start, end;  /* phase start/end; a mark's time and thread CPU time (-1: none) */
+    int64_t a, b;        /* iteration index and env steps (INT64_MIN: none); flow id; correlation */
+    int32_t name;        /* phase id; a mark's timeline id */
+    int16_t depth;       /* phase depth; open phases at a flow or correlation mark */
+    uint8_t kind, flags; /* SHM_*; a flow mark's "terminating" */
+    int32_t exc;         /* exception type's name id, -1: none */
+    int32_t reserved;
+} ShmRecord;
+
+/* Header of a shared-memory lane (64 bytes), followed by `capacity` records.
+ * One writer (the lane's thread) moves `write`; one reader (the agent) moves `read`. */
+typedef struct {
+    uint64_t write, read, dropped, capacity;
+    int64_t thread_id;
+    char thread_name[24];
+} ShmLaneHeader;
+
+enum { SHM_PHASE = 1, SHM_ITERATION_START = 2, SHM_ITERATION_END = 3, SHM_FLOW = 4, SHM_CORRELATE = 5 };
+
 typedef struct {
     PyObject_HEAD
     Slot *ring;
     Py_ssize_t capacity, head, count, dropped;
+    /* Shared-memory mode (a buffer was given): records go to shm_records, not ring. */
+    Py_buffer shm_view;
+    ShmLaneHeader *shm;
+    ShmRecord *shm_records;
+    PyObject *intern;  /* intern(str or exception type) -> id in the segment's string table */
     PyObject *thread_id;
     PyObject *thread_name;
     PyObject *open_iterations; /* dict: timeline -> Iteration */
@@ -55,21 +84,48 @@ static void slot_clear(Slot *slot) {
 }
 
 static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"capacity", "thread_id", "thread_name", NULL};
-    PyObject *thread_id, *thread_name;
-    Py_ssize_t capacity;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOO", kwlist, &capacity, &thread_id, &thread_name))
+    static char *kwlist[] = {"capacity", "thread_id", "thread_name", "buffer", "offset", "intern", NULL};
+    PyObject *thread_id, *thread_name, *buffer = NULL, *intern = NULL;
+    Py_ssize_t capacity, offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOO|OnO", kwlist, &capacity, &thread_id, &thread_name, &buffer, &offset, &intern))
         return -1;
     if (capacity < 1) {
         PyErr_Format(PyExc_ValueError, "capacity must be positive, got %zd", capacity);
         return -1;
     }
-    if (self->ring != NULL) {
+    if (self->ring != NULL || self->shm != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "lane already initialised");
         return -1;
     }
-    self->ring = PyMem_Calloc((size_t)capacity, sizeof(Slot));
-    if (self->ring == NULL) { PyErr_NoMemory(); return -1; }
+    if (buffer != NULL && buffer != Py_None) {
+        if (intern == NULL || !PyCallable_Check(intern)) {
+            PyErr_SetString(PyExc_TypeError, "a shared-memory lane needs an intern callable");
+            return -1;
+        }
+        if (PyObject_GetBuffer(buffer, &self->shm_view, PyBUF_WRITABLE) < 0) return -1;
+        size_t needed = (size_t)offset + sizeof(ShmLaneHeader) + (size_t)capacity * sizeof(ShmRecord);
+        if (offset < 0 || offset % 8 || (size_t)self->shm_view.len < needed) {
+            PyBuffer_Release(&self->shm_view);
+            PyErr_Format(PyExc_ValueError, "buffer too small or misaligned for a lane of %zd records at %zd", capacity, offset);
+            return -1;
+        }
+        self->shm = (ShmLaneHeader *)((char *)self->shm_view.buf + offset);
+        self->shm_records = (ShmRecord *)(self->shm + 1);
+        memset(self->shm, 0, sizeof(ShmLaneHeader));
+        self->shm->capacity = (uint64_t)capacity;
+        self->shm->thread_id = PyLong_Check(thread_id) ? PyLong_AsLongLong(thread_id) : 0;
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (PyUnicode_Check(thread_name)) {
+            Py_ssize_t n;
+            const char *name = PyUnicode_AsUTF8AndSize(thread_name, &n);
+            if (name == NULL) PyErr_Clear();
+            else memcpy(self->shm->thread_name, name, (size_t)(n < 23 ? n : 23));
+        }
+        Py_INCREF(intern); Py_XSETREF(self->intern, intern);
+    } else {
+        self->ring = PyMem_Calloc((size_t)capacity, sizeof(Slot));
+        if (self->ring == NULL) { PyErr_NoMemory(); return -1; }
+    }
     PyObject *open_iterations = PyDict_New();
     if (open_iterations == NULL) return -1;
     Py_INCREF(thread_id); Py_XSETREF(self->thread_id, thread_id);
@@ -91,6 +147,7 @@ static int Lane_traverse(LaneObject *self, visitproc visit, void *arg) {
         }
     }
     Py_VISIT(self->open_iterations);
+    Py_VISIT(self->intern);
     return 0;
 }
 
@@ -106,12 +163,17 @@ static int Lane_clear(LaneObject *self) {
     Py_CLEAR(self->thread_id);
     Py_CLEAR(self->thread_name);
     Py_CLEAR(self->open_iterations);
+    Py_CLEAR(self->intern);
     return 0;
 }
 
 static void Lane_dealloc(LaneObject *self) {
     PyObject_GC_UnTrack(self);
     Lane_clear(self);
+    if (self->shm != NULL) {
+        self->shm = NULL;
+        PyBuffer_Release(&self->shm_view);
+    }
     PyMem_Free(self->ring);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -135,7 +197,105 @@ static Slot *lane_next_slot(LaneObject *lane, Slot *evicted) {
     return slot;
 }
 
+/* The next free record of a shared-memory lane, or NULL (counted as dropped) when
+ * the reader is a whole ring behind: a single producer can only drop what it has
+ * not published, never what the reader may be copying. */
+static ShmRecord *shm_next(LaneObject *lane) {
+    ShmLaneHeader *h = lane->shm;
+    uint64_t w = h->write;  /* only this thread writes it */
+    uint64_t r = __atomic_load_n(&h->read, __ATOMIC_ACQUIRE);
+    if (w - r >= (uint64_t)lane->capacity) {
+        lane->dropped++;
+        __atomic_store_n(&h->dropped, (uint64_t)lane->dropped, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    ShmRecord *rec = &lane->shm_records[w % (uint64_t)lane->capacity];
+    memset(rec, 0, sizeof(ShmRecord));
+    return rec;
+}
+
+/* Publish the record shm_next returned: the reader sees it whole or not at all. */
+static void shm_commit(LaneObject *lane) {
+    __atomic_store_n(&lane->shm->write, lane->shm->write + 1, __ATOMIC_RELEASE);
+}
+
+/* intern(obj) as an id; -1 (and no error) if it fails or obj is None. */
+static int32_t shm_intern(LaneObject *lane, PyObject *obj) {
+    if (obj == NULL || obj == Py_None) return -1;
+    PyObject *r = PyObject_CallOneArg(lane->intern, obj);
+    long id = r == NULL ? -1 : PyLong_AsLong(r);
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) { PyErr_WriteUnraisable(lane->intern); return -1; }
+    return (int32_t)id;
+}
+
+/* A Python int as int64; `fallback` when it is not an int or does not fit. */
+static int64_t as_int64(PyObject *obj, int64_t fallback) {
+    if (obj == NULL || !PyLong_Check(obj)) return fallback;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return fallback; }
+    return overflow ? fallback : (int64_t)v;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *spec;
+    PyObject *key;      /* the recorder's lane key in each thread state's dict */
+    PyObject *recorder; /* recorder.lane() creates and binds the lane on first use */
+    PyObject *warn;     /* warn(kind, phase, other) on misuse */
+    int id;             /* the phase's id in a shared-memory segment's string table (-1: none) */
+} PhaseObject;
+
+static PyObject *tag_flow = NULL, *tag_correlate = NULL;
+static PyTypeObject PhaseType;
+
+/* A ready-made raw record (see recorder.py) written to a shared-memory lane. */
+static PyObject *shm_append(LaneObject *self, PyObject *record) {
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
+        PyErr_SetString(PyExc_TypeError, "a raw record is a tuple");
+        return NULL;
+    }
+    PyObject *head = PyTuple_GET_ITEM(record, 0);
+    Py_ssize_t n = PyTuple_GET_SIZE(record);
+    if (head == tag_flow && n == 5) {  /* (FLOW, time, flow_id, terminating, open_phases) */
+        ShmRecord *rec = shm_next(self);
+        if (rec == NULL) Py_RETURN_NONE;
+        rec->kind = SHM_FLOW;
+        rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
+        PyObject *flow = PyTuple_GET_ITEM(record, 2);
+        rec->a = PyLong_Check(flow) ? (int64_t)PyLong_AsUnsignedLongLongMask(flow) : 0;
+        if (PyErr_Occurred()) PyErr_Clear();
+        rec->flags = (uint8_t)PyObject_IsTrue(PyTuple_GET_ITEM(record, 3));
+        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 4), 0);
+        rec->name = rec->exc = -1;
+    } else if (head == tag_correlate && n == 3) {  /* (CORRELATE, correlation, open_phases) */
+        ShmRecord *rec = shm_next(self);
+        if (rec == NULL) Py_RETURN_NONE;
+        rec->kind = SHM_CORRELATE;
+        rec->a = as_int64(PyTuple_GET_ITEM(record, 1), 0);
+        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 2), 0);
+        rec->name = rec->exc = -1;
+    } else if (PyObject_TypeCheck(head, &PhaseType) && n == 5) {  /* (phase, start, end, depth, exc_type) */
+        int32_t exc = shm_intern(self, PyTuple_GET_ITEM(record, 4));
+        ShmRecord *rec = shm_next(self);
+        if (rec == NULL) Py_RETURN_NONE;
+        rec->kind = SHM_PHASE;
+        rec->name = ((PhaseObject *)head)->id;
+        rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
+        rec->end = as_int64(PyTuple_GET_ITEM(record, 2), 0);
+        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 3), 0);
+        rec->exc = exc;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "not a raw record this lane can store");
+        return NULL;
+    }
+    shm_commit(self);
+    Py_RETURN_NONE;
+}
+
 static PyObject *Lane_append(LaneObject *self, PyObject *record) {
+    if (self->shm != NULL) return shm_append(self, record);
     if (self->ring == NULL) { PyErr_SetString(PyExc_RuntimeError, "lane not initialised"); return NULL; }
     Slot evicted;
     Slot *slot = lane_next_slot(self, &evicted);
@@ -155,6 +315,10 @@ static PyObject *Lane_append(LaneObject *self, PyObject *record) {
  * then land in the ring behind the detached ones and wait for the next drain.
  * Should building a tuple fail, the detached records are counted as dropped. */
 static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
+    if (self->shm != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a shared-memory lane is read by its segment's reader");
+        return NULL;
+    }
     Py_ssize_t n = self->ring == NULL ? 0 : self->count;
     if (n == 0) return PyList_New(0);
     Slot *taken = PyMem_RawMalloc((size_t)n * sizeof(Slot));  /* never runs the GC */
@@ -198,6 +362,8 @@ static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
 }
 
 static Py_ssize_t Lane_len(LaneObject *self) {
+    if (self->shm != NULL)
+        return (Py_ssize_t)(self->shm->write - __atomic_load_n(&self->shm->read, __ATOMIC_ACQUIRE));
     return self->count;
 }
 
@@ -296,19 +462,14 @@ static PyObject *misuse(PyObject *warn_fn, const char *kind, PyObject *obj, PyOb
 
 /* --------------------------------------------------------------- Phase */
 
-typedef struct {
-    PyObject_HEAD
-    PyObject *spec;
-    PyObject *key;      /* the recorder's lane key in each thread state's dict */
-    PyObject *recorder; /* recorder.lane() creates and binds the lane on first use */
-    PyObject *warn;     /* warn(kind, phase, other) on misuse */
-} PhaseObject;
 
 static int Phase_init(PhaseObject *self, PyObject *args, PyObject *kwds) {
-    static char *kwlist[] = {"spec", "key", "recorder", "warn", NULL};
+    static char *kwlist[] = {"spec", "key", "recorder", "warn", "id", NULL};
     PyObject *spec, *key, *recorder, *warn;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOO", kwlist, &spec, &key, &recorder, &warn))
+    int id = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOO|i", kwlist, &spec, &key, &recorder, &warn, &id))
         return -1;
+    self->id = id;
     Py_INCREF(spec); Py_XSETREF(self->spec, spec);
     Py_INCREF(key); Py_XSETREF(self->key, key);
     Py_INCREF(recorder); Py_XSETREF(self->recorder, recorder);
@@ -365,6 +526,22 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
     PyObject *innermost = lane->stack_phase[lane->depth - 1];
     if (innermost != (PyObject *)self) return misuse(self->warn, "order", (PyObject *)self, innermost);
     lane->depth--;
+    if (lane->shm != NULL) {
+        int32_t exc = exc_type == Py_None ? -1 : shm_intern(lane, exc_type);
+        ShmRecord *rec = shm_next(lane);
+        if (rec != NULL) {
+            rec->kind = SHM_PHASE;
+            rec->name = self->id;
+            rec->start = lane->stack_start[lane->depth];
+            rec->end = end;
+            rec->depth = (int16_t)lane->depth;
+            rec->exc = exc;
+            shm_commit(lane);
+        }
+        lane->stack_phase[lane->depth] = NULL;
+        Py_DECREF(self);  /* the stack's reference */
+        Py_RETURN_FALSE;
+    }
     Slot evicted;
     Slot *slot = lane_next_slot(lane, &evicted);
     slot->obj = (PyObject *)self;  /* the stack's reference moves into the record */
@@ -390,6 +567,7 @@ static PyMethodDef Phase_methods[] = {
 
 static PyMemberDef Phase_members[] = {
     {"spec", T_OBJECT_EX, offsetof(PhaseObject, spec), READONLY, NULL},
+    {"id", T_INT, offsetof(PhaseObject, id), READONLY, NULL},
     {NULL}
 };
 
@@ -476,6 +654,20 @@ static void Iteration_dealloc(IterationObject *self) {
 
 /* Append (tag, time, timeline, index, env_steps, thread cpu or None) to the lane. */
 static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag, long long time_ns) {
+    if (lane->shm != NULL) {
+        int32_t timeline = shm_intern(lane, self->timeline);
+        ShmRecord *rec = shm_next(lane);
+        if (rec == NULL) return 0;
+        rec->kind = tag == tag_start ? SHM_ITERATION_START : SHM_ITERATION_END;
+        rec->name = timeline;
+        rec->start = time_ns;
+        rec->end = self->thread_time ? thread_cpu_ns() : -1;
+        rec->a = as_int64(self->index, -1);
+        rec->b = self->env_steps == Py_None ? INT64_MIN : as_int64(self->env_steps, INT64_MIN);
+        rec->exc = -1;
+        shm_commit(lane);
+        return 0;
+    }
     PyObject *cpu = self->thread_time ? PyLong_FromLongLong(thread_cpu_ns()) : Py_NewRef(Py_None);
     if (cpu == NULL) return -1;
     PyObject *time_obj = PyLong_FromLongLong(time_ns);
@@ -560,10 +752,12 @@ static PyTypeObject IterationType = {
 };
 
 static PyObject *set_record_tags(PyObject *module, PyObject *args) {
-    PyObject *start, *end;
-    if (!PyArg_ParseTuple(args, "OO", &start, &end)) return NULL;
+    PyObject *start, *end, *flow, *correlate;
+    if (!PyArg_ParseTuple(args, "OOOO", &start, &end, &flow, &correlate)) return NULL;
     Py_XSETREF(tag_start, Py_NewRef(start));
     Py_XSETREF(tag_end, Py_NewRef(end));
+    Py_XSETREF(tag_flow, Py_NewRef(flow));
+    Py_XSETREF(tag_correlate, Py_NewRef(correlate));
     Py_RETURN_NONE;
 }
 
@@ -575,7 +769,7 @@ static PyMethodDef module_methods[] = {
     {"monotonic_ns", monotonic_ns, METH_NOARGS, "The clock this module stamps phases with."},
     {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
     {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
-    {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end records."},
+    {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end, flow and correlation records."},
     {NULL}
 };
 

@@ -20,6 +20,15 @@ from otel_rl import environment_variables as env
 from otel_rl.values import clean_text
 
 
+AGENT_MODES = ("off", "thread", "process")
+
+
+def _agent_mode(raw: str) -> str:
+    if raw.lower() not in AGENT_MODES:
+        raise ValueError(raw)
+    return raw.lower()
+
+
 @dataclass(kw_only=True, slots=True)
 class TelemetryConfig:
     enabled: bool = True
@@ -103,6 +112,11 @@ class TelemetryConfig:
     resume: bool = False
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
 
+    agent: str = "off"
+    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``off``, on a thread of this process, reading its
+    buffers; ``process``, in an agent process fed over shared memory (what this process recorded survives
+    its death); ``thread``, the agent's code on a thread of this process. See :mod:`otel_rl.agent`."""
+
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""
 
@@ -146,6 +160,7 @@ class TelemetryConfig:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
         _check("role", self.role, str, "a non-empty string", lambda v: bool(v))
+        _check("agent", self.agent, str, "one of " + ", ".join(AGENT_MODES), lambda v: v in AGENT_MODES)
         _check("span_budget_per_s", self.span_budget_per_s, (int, float), ">= 0", lambda v: v >= 0)
         for name in ("lane_capacity", "scalars_capacity", "trace_max_bytes"):
             _check(name, getattr(self, name), int, "a positive integer", lambda v: v >= 1)
@@ -216,6 +231,7 @@ class TelemetryConfig:
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
+            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "off", "one of " + ", ".join(AGENT_MODES)),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),

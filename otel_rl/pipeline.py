@@ -520,7 +520,7 @@ class Pipeline(Worker):
                     depth,
                     thread_id,
                     thread_name,
-                    None if exc_type is None else exc_type.__name__,
+                    exc_type if exc_type is None or type(exc_type) is str else exc_type.__name__,
                     children_by_depth.pop(depth + 1, None) if children_by_depth else None,
                 )
                 if state.flows_by_depth:

@@ -41,7 +41,7 @@ class PyLane:
 
     Raw record shapes:
 
-    * phase: ``(Phase, start_ns, end_ns, depth, exception_type_or_None)``
+    * phase: ``(Phase, start_ns, end_ns, depth, exception_type_or_its_name_or_None)``
     * iteration start/end: ``(ITERATION_START or ITERATION_END, time_ns, timeline,
       index, env_steps, thread_cpu_ns_or_None)``
     * flow mark: ``(FLOW, time_ns, flow_id, terminating, open_phases)``
@@ -88,10 +88,11 @@ MAX_DEPTH = 64
 class PyPhase:
     """Pure-Python enter/exit of a phase (``otel_rl._hotpath.Phase`` is its C twin)."""
 
-    __slots__ = ("spec", "_local", "_recorder", "_warn")
+    __slots__ = ("spec", "id", "_local", "_recorder", "_warn")
 
     def __init__(self, spec: PhaseSpec, local: threading.local, recorder: Recorder, warn: Callable) -> None:
         self.spec = spec
+        self.id = -1  # its id in a shared-memory segment's string table
         self._local = local
         self._recorder = recorder
         self._warn = warn
@@ -407,7 +408,7 @@ def iteration_misuse(kind: str, iteration: Iteration, other: Iteration | None) -
 
 
 if _hotpath is not None:
-    _hotpath.set_record_tags(ITERATION_START, ITERATION_END)
+    _hotpath.set_record_tags(ITERATION_START, ITERATION_END, FLOW, CORRELATE)
     Iteration = PyIteration | _hotpath.Iteration
 else:
     Iteration = PyIteration

@@ -76,10 +76,11 @@ def sample_host(process: psutil.Process) -> dict[str, float]:
 class SystemSampler(Worker):
     """Samples ``sys/*`` every ``interval_s`` on a background worker and hands each sample to ``record``."""
 
-    def __init__(self, record: Callable[[dict[str, float]], None], interval_s: float = 2.0) -> None:
+    def __init__(self, record: Callable[[dict[str, float]], None], interval_s: float = 2.0, pid: int | None = None) -> None:
+        """``pid``: the process whose CPU and memory are sampled (default: this one)."""
         super().__init__("otel-rl-system", interval_s)
         self._record = record
-        self._process = psutil.Process()
+        self._process = psutil.Process(pid)
         self._process.cpu_percent(None)  # the first reading only starts the measurement
         psutil.cpu_percent(None)
         self._nvml = Nvml()

@@ -165,11 +165,18 @@ class Telemetry:
 
     enabled = True
 
-    def __init__(self, config: TelemetryConfig, sinks: list[RecordSink] | None = None) -> None:
+    def __init__(
+        self,
+        config: TelemetryConfig,
+        sinks: list[RecordSink] | None = None,
+        *,
+        trace: tuple[int, int | None] | None = None,
+        sampled_pid: int | None = None,
+    ) -> None:
+        """``trace`` (trace id, parent span id) and ``sampled_pid`` are set by an agent building a producer's outputs."""
         self.config = config
         self._clock = Clock()
-        self._recorder = Recorder(config.lane_capacity, config.scalars_capacity)
-        self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
+        self._sampled_pid = sampled_pid
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -195,11 +202,13 @@ class Telemetry:
         self._built: list[RecordSink] = []
         self._run_span_id: int | None = None
 
-        parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
+        parent = trace or parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
         self._previous = self._previous_run() if config.resume and config.role == "learner" else None
         if self._previous is not None and self._previous.trace_id and not parent:
             self.trace_id = self._previous.trace_id  # the resumed run's spans join the first part's trace
+        self._recorder = self._new_recorder()
+        self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
         self._base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
         try:
             self._build(config, sinks or [])
@@ -212,6 +221,9 @@ class Telemetry:
         self._atexit = lambda: (t := ref()) is not None and t.close()
         atexit.register(self._atexit)
         _live.add(self)
+
+    def _new_recorder(self) -> Recorder:
+        return Recorder(self.config.lane_capacity, self.config.scalars_capacity)
 
     def _build(self, config: TelemetryConfig, extra_sinks: list[RecordSink]) -> None:
         """Create the sinks, the pipeline and the sampler; :meth:`_abort` undoes a partial build."""
@@ -296,7 +308,7 @@ class Telemetry:
         if config.system_metrics_interval_s:
             from otel_rl.system_metrics import SystemSampler
 
-            self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s)
+            self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, self._sampled_pid)
             if self._otel.meter_provider is not None:
                 self._system.register_gauges(self._otel.meter_provider.get_meter("otel_rl.system"))
 
@@ -439,7 +451,8 @@ class Telemetry:
         reason = cuda_unavailable_reason()
         if reason is not None:
             _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
-            self._otel.cuda_fallback[(timeline, name)] = reason
+            if self._otel is not None:  # None when the outputs run in an agent process
+                self._otel.cuda_fallback[(timeline, name)] = reason
             phase = host
         else:
             with self._phases_lock:

@@ -1,0 +1,234 @@
+"""The agent: reads a producer's segment and feeds the outputs built from its configuration.
+
+The outputs are an ordinary :class:`otel_rl.telemetry.Telemetry` of the
+producer's configuration (pipeline, OTLP, ``motrix.metrics/v1``, Perfetto,
+summary, panel, trackers), built in the agent's host: a separate process
+(``otel-rl agent``), or a thread of the producer when no process can be
+started. Each pass moves what the producer wrote since the last one into the
+outputs' recorder queues, in the producer's order, and runs one pipeline
+pass.
+
+The producer is watched: when it dies without closing (SIGKILL, OOM kill,
+segfault, a second SIGTERM), everything it wrote is still in the segment; the
+agent reads it all, ends an open run as ``killed`` (with the signal when the
+kernel still tells it) or ``failed`` (with the exit code), and closes every
+output.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from otel_rl import schema
+from otel_rl._logging import logger
+from otel_rl.agent import segment as shm
+from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane
+from otel_rl.records import RunRecord
+
+_logger = logger(__name__)
+
+RECORDS_PER_PASS = 65_536
+"""Lane records moved per lane and pass at most (what the outputs' lanes hold)."""
+MESSAGE_BYTES_PER_PASS = 64 << 20
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """What the producer hands its agent (pickled into the segment)."""
+
+    config: Any
+    """The producer's :class:`otel_rl.config.TelemetryConfig`, with ``agent="off"`` (the outputs run where the agent runs)."""
+    trace_id: int
+    parent_span_id: int | None
+    pid: int
+
+
+class _Replayed:
+    """Stands for a producer's phase in a replayed raw record: the pipeline reads only ``spec``."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
+class Agent:
+    """Moves one producer's records into ``outputs`` (a Telemetry whose pipeline this agent drives)."""
+
+    def __init__(self, reader: shm.SegmentReader, outputs: Any) -> None:
+        self.reader = reader
+        self.outputs = outputs
+        self._recorder = outputs._recorder
+        self._lanes: list[PyLane] = []
+        self._phases: dict[int, _Replayed | None] = {}
+        self.run: RunRecord | None = None
+        """The open run (its start record), None before it starts and after it ends."""
+        self.last_ns = 0
+
+    def pump(self) -> int:
+        """One pass: move everything written since the last pass, then run the pipeline; returns records moved."""
+        reader = self.reader
+        names = reader.update_names()
+        moved = 0
+        for index, (thread_id, thread_name, dropped) in enumerate(reader.lanes()):
+            if index == len(self._lanes):
+                lane = PyLane(RECORDS_PER_PASS * 2, thread_id, thread_name)
+                with self._recorder._lanes_lock:
+                    self._recorder.lanes.append(lane)
+                self._lanes.append(lane)
+            lane = self._lanes[index]
+            lane.dropped = dropped
+            records = reader.take_lane(index, RECORDS_PER_PASS)
+            if len(records):
+                lane.records.extend(self._decode(records, names))
+                moved += len(records)
+        control = reader.control.take(MESSAGE_BYTES_PER_PASS)
+        data = reader.data.take(MESSAGE_BYTES_PER_PASS)
+        ends = []
+        for kind, payload in control:
+            record = pickle.loads(payload)
+            if kind == shm.RUN and record.end_ns is not None:
+                ends.append(record)  # after the data written before it
+            else:
+                self._route(kind, record)
+        for kind, payload in data:
+            self._route(kind, pickle.loads(payload))
+        for record in ends:
+            self._route(shm.RUN, record)
+        moved += len(control) + len(data)
+        self.outputs._pipeline.drain()
+        return moved
+
+    def _route(self, kind: int, record: Any) -> None:
+        recorder = self._recorder
+        seq = next(self.outputs._seq)  # one writer numbers every record: the agent, in the producer's order
+        if kind == shm.SCALARS:
+            recorder.add_scalars((*record[:-1], seq))
+            self.last_ns = max(self.last_ns, record[0])
+        elif kind == shm.EVENT:
+            recorder.add_event((*record[:-1], seq))
+            self.last_ns = max(self.last_ns, record[0])
+        elif kind == shm.RUN:
+            record = replace(record, seq=seq)
+            if record.end_ns is None:
+                self.run = record
+                num_envs = record.attributes.get("num_envs")
+                self.outputs._num_envs = num_envs if isinstance(num_envs, int) else None
+            else:
+                self.run = None
+            recorder.add_control(record)
+        elif kind == shm.DISTRIBUTION:
+            recorder.add_distribution((*record[:-1], seq), record[2].nbytes)
+        elif kind == shm.DEVICE_INTERVAL:
+            recorder.add_device_interval(record)
+        elif kind == shm.REMOTE_CYCLE:
+            recorder.add_remote(record)
+
+    def _decode(self, records: Any, names: list[str]) -> list[tuple]:
+        """Lane records as the raw tuples :class:`otel_rl.pipeline.Pipeline` reads."""
+        out = []
+        phases = self._phases
+        for start, end, a, b, name, depth, kind, flags, exc, _ in records.tolist():
+            if kind == shm.PHASE:
+                phase = phases.get(name)
+                if phase is None and name not in phases:
+                    phase = phases[name] = self._phase(name, names)
+                if phase is None:
+                    continue
+                out.append((phase, start, end, depth, names[exc] if 0 <= exc < len(names) else None))
+                self.last_ns = max(self.last_ns, end)
+            elif kind == shm.ITERATION_START or kind == shm.ITERATION_END:
+                timeline = names[name] if 0 <= name < len(names) else schema.LEARNER
+                tag = ITERATION_START if kind == shm.ITERATION_START else ITERATION_END
+                out.append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end))
+                self.last_ns = max(self.last_ns, start)
+            elif kind == shm.FLOW:
+                out.append((FLOW, start, a % 2**64, bool(flags), depth))
+            elif kind == shm.CORRELATE:
+                out.append((CORRELATE, a, depth))
+        return out
+
+    @staticmethod
+    def _phase(name_id: int, names: list[str]) -> _Replayed | None:
+        if not 0 <= name_id < len(names) or "\t" not in names[name_id]:
+            _logger.warning("otel-rl: agent: a phase record names no phase (id %d); skipped", name_id)
+            return None
+        timeline, name = names[name_id].split("\t", 1)
+        return _Replayed(schema.phase_spec(timeline, name))
+
+    def end_run(self, status: str, reason: str) -> None:
+        """End the open run as the producer could not (it died): after everything it wrote."""
+        if self.run is None:
+            return
+        clock = self.outputs._clock
+        end_ns = clock.to_epoch_ns(self.last_ns) if self.last_ns else clock.now_ns()
+        self._route(shm.RUN, RunRecord(status, self.run.start_ns, max(end_ns, self.run.start_ns), reason, {"detected_by": "agent"}))
+        self.outputs._pipeline.drain()
+
+
+class ProducerWatch:
+    """Whether the producer process lives, and how it ended.
+
+    ``/proc/<pid>/stat`` tells apart a reused pid (its start time) and, while
+    the dead process waits for its parent to collect it, its wait status.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self._started = self._stat()[1] if self._stat() else None
+
+    def _stat(self) -> tuple[str, int | None, int | None] | None:
+        try:
+            with open(f"/proc/{self.pid}/stat", "rb") as f:
+                text = f.read().decode("ascii", "replace")
+        except OSError:
+            return None
+        fields = text[text.rindex(")") + 2 :].split()
+        state, started = fields[0], int(fields[19])
+        exit_code = int(fields[49]) if len(fields) > 49 else None
+        return state, started, exit_code
+
+    def ended(self) -> tuple[str, str] | None:
+        """None while the producer lives; else ``(status, reason)`` for a run it left open."""
+        stat = self._stat()
+        if stat is not None and stat[1] == self._started and stat[0] not in ("Z", "X"):
+            return None
+        if stat is not None and stat[1] == self._started and stat[2] is not None:
+            wait_status = stat[2]
+            if os.WIFSIGNALED(wait_status):
+                number = os.WTERMSIG(wait_status)
+                return "killed", f"killed by {signal.Signals(number).name}" if number in signal.valid_signals() else f"killed by signal {number}"
+            code = os.WEXITSTATUS(wait_status)
+            return "failed", f"exited with code {code} before ending its run"
+        return "killed", "the process disappeared without ending its run (SIGKILL, OOM kill or os._exit)"
+
+
+def serve(reader: shm.SegmentReader, outputs: Any, pid: int, interval_s: float, deadline_s: float) -> None:
+    """Run the agent until its producer closes or dies, then close the outputs within ``deadline_s``."""
+    agent = Agent(reader, outputs)
+    watch = ProducerWatch(pid)
+    reader.set("agent_pid", os.getpid())
+    reader.set("agent_state", shm.AGENT_ATTACHED)
+    try:
+        while True:
+            closing = reader.get("state") == shm.CLOSING
+            ended = None if closing else watch.ended()
+            while agent.pump():  # until the segment is empty
+                pass
+            if closing or ended is not None:
+                break
+            request = reader.get("flush_request")
+            if request > reader.get("flush_done"):
+                outputs.flush(deadline_s)
+                reader.set("flush_done", request)
+            time.sleep(interval_s)
+        if ended is not None:
+            agent.end_run(*ended)
+    finally:
+        outputs.close(deadline_s)
+        reader.set("agent_state", shm.AGENT_DONE)

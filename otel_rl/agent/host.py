@@ -1,0 +1,165 @@
+"""Where an agent runs: its own process (:class:`ProcessHost`) or a thread of the producer (:class:`ThreadHost`).
+
+Both speak to the agent through the segment's header only: ``state``
+(the producer is closing), ``flush_request``/``flush_done`` and
+``agent_state``, so the producer's side is the same for both.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from otel_rl._logging import logger
+from otel_rl.agent import segment as shm
+from otel_rl.background import Deadline
+
+_logger = logger(__name__)
+POLL_S = 0.005
+
+
+def segment_path(config: Any) -> Path:
+    """A fresh segment file for this process, named after the run and role."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.run_id}-{config.role}")[:80]
+    return shm.segment_dir() / f"{name}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+
+
+def picklable(config: Any) -> bool:
+    """Whether the configuration can travel to an agent process."""
+    try:
+        pickle.dumps(config)
+    except Exception:
+        return False
+    return True
+
+
+def _wait(condition, deadline: Deadline) -> bool:
+    while not condition():
+        if deadline.left() <= 0:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = None, sampled_pid: int | None = None):
+    """The producer's outputs (a Telemetry of its configuration), on its trace and timebase."""
+    from otel_rl.telemetry import Telemetry
+
+    outputs = Telemetry(agent_config.config, sinks, trace=(agent_config.trace_id, agent_config.parent_span_id), sampled_pid=sampled_pid)
+    outputs._clock.offset_ns = clock_offset_ns
+    return outputs
+
+
+class ThreadHost:
+    """The agent on a daemon thread of the producer, reading the producer's own mapping."""
+
+    def __init__(self, segment: shm.Segment, agent_config: Any, sinks: list) -> None:
+        from otel_rl.agent.core import serve
+
+        self.segment = segment
+        reader = shm.SegmentReader(segment.buffer)
+        # Built on the caller's thread: a bad option fails init() as it always has.
+        self.outputs = build_outputs(agent_config, segment.get("clock_offset_ns"), sinks)
+        config = agent_config.config
+        self._thread = threading.Thread(
+            target=serve,
+            args=(reader, self.outputs, os.getpid(), config.pipeline_interval_s, config.shutdown_timeout_s),
+            name="otel-rl-agent",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def flush(self, deadline: Deadline) -> bool:
+        return _flush(self.segment, deadline, self._thread.is_alive)
+
+    def stop(self, deadline: Deadline) -> None:
+        self.segment.set("state", shm.CLOSING)
+        self._thread.join(deadline.left())
+        if self._thread.is_alive():
+            _logger.warning("otel-rl: the agent did not finish within the shutdown deadline")
+        else:
+            self.segment.close()
+
+
+class ProcessHost:
+    """The agent as a process of its own (``python -m otel_rl.agent SEGMENT``), started without waiting for it.
+
+    It runs in a session of its own (a Ctrl-C meant for training does not stop
+    it first), inherits the terminal (the panel) and the environment (OTLP
+    settings), and removes the segment when it is done. If it is gone when the
+    producer closes, the producer runs the agent itself, once, from where the
+    dead one stopped reading.
+    """
+
+    outputs = None
+
+    def __init__(self, segment: shm.Segment) -> None:
+        self.segment = segment
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "otel_rl.agent", str(segment.path)],
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+    def _alive(self) -> bool:
+        return self.process.poll() is None
+
+    def flush(self, deadline: Deadline) -> bool:
+        return _flush(self.segment, deadline, self._alive)
+
+    def stop(self, deadline: Deadline) -> None:
+        segment = self.segment
+        segment.set("state", shm.CLOSING)
+        _wait(lambda: segment.get("agent_state") == shm.AGENT_DONE or not self._alive(), deadline)
+        if segment.get("agent_state") != shm.AGENT_DONE and not self._alive():
+            _logger.warning("otel-rl: the agent process ended early (exit code %s); finishing its work here", self.process.returncode)
+            self._take_over(deadline)
+        elif segment.get("agent_state") != shm.AGENT_DONE:
+            _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
+        segment.close()
+
+    def _take_over(self, deadline: Deadline) -> None:
+        from otel_rl.agent.core import serve
+
+        reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
+        try:
+            agent_config = pickle.loads(reader.config())
+            outputs = build_outputs(agent_config, reader.get("clock_offset_ns"))
+            serve(reader, outputs, os.getpid(), 0.0, deadline.left())
+        except Exception:
+            _logger.exception("otel-rl: the agent's work could not be finished")
+        finally:
+            reader.close()
+            Path(self.segment.path).unlink(missing_ok=True)  # type: ignore[arg-type]
+
+
+def _flush(segment: shm.Segment, deadline: Deadline, alive) -> bool:
+    request = segment.get("flush_request") + 1
+    segment.set("flush_request", request)
+    return _wait(lambda: segment.get("flush_done") >= request or not alive(), deadline) and alive()
+
+
+def main(path: str) -> int:
+    """The agent process: serve one producer's segment until it closes or dies; 0 when every output closed."""
+    from otel_rl.agent.core import serve
+
+    reader = shm.SegmentReader(Path(path))
+    try:
+        agent_config = pickle.loads(reader.config())
+        outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), sampled_pid=agent_config.pid)
+        config = agent_config.config
+        serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s)
+    finally:
+        done = reader.get("agent_state") == shm.AGENT_DONE
+        reader.close()
+        if done:
+            Path(path).unlink(missing_ok=True)
+    return 0

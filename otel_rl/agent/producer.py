@@ -1,0 +1,327 @@
+"""The producer's recorder: the same training-thread API, records written into a :class:`Segment`.
+
+Phases and iteration marks go into the calling thread's lane of the segment
+(fixed binary records, names as ids of its string table); scalars, events,
+run records, distributions, GPU intervals and relayed cycles go into its
+message rings as small pickles. Nothing stays in this process's memory:
+what was recorded is readable by the agent even after this process dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import struct
+import threading
+from dataclasses import replace
+from typing import Any
+
+from otel_rl._logging import logger, once
+from otel_rl.agent import host
+from otel_rl.agent import segment as shm
+from otel_rl.agent.core import AgentConfig
+from otel_rl.background import Deadline
+from otel_rl.config import TelemetryConfig
+from otel_rl.recorder import (
+    CORRELATE,
+    FLOW,
+    ITERATION_END,
+    ITERATION_START,
+    Recorder,
+    _hotpath,
+    phase_misuse,
+)
+from otel_rl.schema import PhaseSpec
+from otel_rl.telemetry import HURRY_S, Telemetry
+
+_logger = logger(__name__)
+_RECORD = struct.Struct("<qqqqihBBii")
+_LANE_IDENTITY = struct.Struct("<q24s")
+
+
+def phase_name(spec: PhaseSpec) -> str:
+    """The string-table entry of a phase: ``timeline<TAB>name``."""
+    return f"{spec.timeline}\t{spec.name}"
+
+
+class PyShmLane:
+    """Pure-Python twin of a shared-memory ``_hotpath.Lane``: the same records, written with ``struct``."""
+
+    __slots__ = ("segment", "offset", "capacity", "dropped", "thread_id", "thread_name", "open_iterations", "stack", "_write", "_read", "_dropped")
+
+    def __init__(self, segment: shm.Segment, offset: int, capacity: int, thread_id: int, thread_name: str) -> None:
+        self.segment = segment
+        self.offset = offset
+        self.capacity = capacity
+        self.dropped = 0
+        self.thread_id = thread_id
+        self.thread_name = thread_name
+        self.open_iterations: dict = {}
+        self.stack: list = []
+        buffer = segment.buffer
+        self._write = shm._u64(buffer, offset)
+        self._read = shm._u64(buffer, offset + 8)
+        self._dropped = shm._u64(buffer, offset + 16)
+        shm._u64(buffer, offset + 24).value = capacity
+        _LANE_IDENTITY.pack_into(buffer, offset + 32, thread_id, thread_name.encode("utf-8", "replace")[:23])
+
+    @property
+    def depth(self) -> int:
+        return len(self.stack)
+
+    def __len__(self) -> int:
+        return self._write.value - self._read.value
+
+    def append(self, record: tuple) -> None:
+        head = record[0]
+        intern = self.segment.intern
+        if head is ITERATION_START or head is ITERATION_END:
+            _, time_ns, timeline, index, env_steps, cpu = record
+            kind = shm.ITERATION_START if head is ITERATION_START else shm.ITERATION_END
+            fields = (time_ns, -1 if cpu is None else cpu, _int64(index, -1), _int64(env_steps, shm.NO_STEPS), intern(timeline), 0, kind, 0, -1, 0)
+        elif head is FLOW:
+            _, time_ns, flow_id, terminating, open_phases = record
+            fields = (time_ns, 0, _int64(flow_id, 0), 0, -1, open_phases, shm.FLOW, 1 if terminating else 0, -1, 0)
+        elif head is CORRELATE:
+            _, correlation, open_phases = record
+            fields = (0, 0, _int64(correlation, 0), 0, -1, open_phases, shm.CORRELATE, 0, -1, 0)
+        else:
+            phase, start, end, depth, exc_type = record
+            exc = -1 if exc_type is None else intern(exc_type)
+            fields = (start, end, 0, 0, phase.id, depth, shm.PHASE, 0, exc, 0)
+        write = self._write.value
+        if write - self._read.value >= self.capacity:
+            self.dropped += 1
+            self._dropped.value = self.dropped
+            return
+        _RECORD.pack_into(self.segment.buffer, self.offset + shm.LANE_HEADER_BYTES + (write % self.capacity) * 48, *fields)
+        self._write.value = write + 1  # published after the record
+
+
+def _int64(value: Any, fallback: int) -> int:
+    return value if type(value) is int and -(2**63) <= value < 2**63 else fallback
+
+
+class SegmentRecorder(Recorder):
+    """A :class:`Recorder` whose lanes and queues live in ``segment``."""
+
+    def __init__(self, segment: shm.Segment, lane_capacity: int, implementation: str | None = None) -> None:
+        super().__init__(lane_capacity=lane_capacity, implementation=implementation)
+        self.segment = segment
+        self._overflow_lanes = 0
+
+    # -- lanes ------------------------------------------------------------
+
+    def lane(self):
+        if self.implementation == "c":
+            lane = _hotpath.current_lane(self._key)
+            if lane is not None:
+                return lane
+        else:
+            try:
+                return self.local.lane
+            except AttributeError:
+                pass
+        thread_id, thread_name = threading.get_native_id(), threading.current_thread().name
+        offset = self.segment.new_lane()
+        if offset is None:
+            _logger.warning(
+                "otel-rl: more than %d threads record phases; the phases of thread %r are dropped (counted)",
+                shm.MAX_LANES,
+                thread_name,
+                extra=once("lanes-full"),
+            )
+            lane = self._lane_class(1, thread_id, thread_name)  # never read: its records count as dropped
+        elif self.implementation == "c":
+            lane = _hotpath.Lane(
+                self.lane_capacity, thread_id, thread_name, buffer=self.segment.buffer, offset=offset, intern=self.segment.intern
+            )
+        else:
+            lane = PyShmLane(self.segment, offset, self.lane_capacity, thread_id, thread_name)
+        with self._lanes_lock:
+            self.lanes.append(lane)
+        if self.implementation == "c":
+            _hotpath.bind_lane(self._key, lane)
+        else:
+            self.local.lane = lane
+        return lane
+
+    def new_phase(self, spec: PhaseSpec):
+        phase_id = self.segment.intern(phase_name(spec))
+        if self.implementation == "c":
+            return self._phase_class(spec, self._key, self, phase_misuse, phase_id)
+        phase = self._phase_class(spec, self.local, self, phase_misuse)
+        phase.id = phase_id
+        return phase
+
+    # -- messages ---------------------------------------------------------
+
+    def _put(self, kind: int, record: object) -> bool:
+        try:
+            payload = pickle.dumps(record, protocol=5)
+        except Exception as exc:  # an attribute no pickle can carry: the record is lost, loudly
+            _logger.warning("otel-rl: a record could not be encoded (%s); dropped", exc, extra=once(f"encode:{kind}"))
+            return False
+        return self.segment.put(kind, payload)
+
+    def add_scalars(self, record: tuple) -> None:
+        if not self._put(shm.SCALARS, record):
+            self.scalars_dropped += 1
+
+    def add_distribution(self, record: tuple, nbytes: int) -> None:
+        if not self._put(shm.DISTRIBUTION, record):
+            self.distributions_dropped += 1
+
+    def add_event(self, record: tuple) -> bool:
+        if self._put(shm.EVENT, record):
+            return True
+        self.events_dropped += 1
+        _logger.warning("otel-rl: event ring full; dropping new events", extra=once("event-ring-full"))
+        return False
+
+    def add_control(self, record: tuple) -> None:
+        if not self._put(shm.RUN, record):
+            self.events_dropped += 1
+            _logger.error("otel-rl: no room for a run record in the control ring; the agent will not see it")
+
+    def add_device_interval(self, record: object) -> None:
+        if not self._put(shm.DEVICE_INTERVAL, record):
+            self.device_intervals_dropped += 1
+
+    def add_remote(self, cycle: object) -> None:
+        if not self._put(shm.REMOTE_CYCLE, cycle):
+            self.remote_dropped += 1
+
+    @property
+    def phases_pending(self) -> int:
+        return sum(len(lane) for lane in self.snapshot_lanes())
+
+
+class ProducerTelemetry(Telemetry):
+    """Telemetry whose outputs run in an agent: this process keeps only its recorder.
+
+    The agent is a separate process (``agent="process"``: it outlives this one
+    and reads what it wrote even after a SIGKILL) or a thread of this process
+    (``agent="thread"``, the fallback where no process can be started or the
+    configuration holds objects that cannot leave the process). Either runs
+    the same :mod:`otel_rl.agent.core` on the same segment.
+
+    What needs the outputs in this process behaves as follows: :meth:`flush`
+    and :meth:`close` wait for the agent (within their deadline);
+    ``tracer_provider``, ``meter_provider`` and :meth:`window_timings` are
+    only served by a thread agent.
+    """
+
+    def __init__(self, config: TelemetryConfig, sinks: list | None = None) -> None:
+        self._host: host.AgentHost | None = None
+        self._extra_sinks = list(sinks or [])
+        super().__init__(config)
+
+    def _new_recorder(self) -> Recorder:
+        config = self.config
+        mode = config.agent
+        if mode == "process" and (self._extra_sinks or not host.picklable(config)):
+            _logger.warning(
+                "otel-rl: the configuration holds objects that cannot leave this process (exporters, sinks); "
+                "the agent runs on a thread",
+                extra=once("agent-thread"),
+            )
+            mode = "thread"
+        agent_config = AgentConfig(replace(config, agent="off"), self.trace_id, self._parent_span_id, os.getpid())
+        segment = None
+        if mode == "process":
+            try:
+                segment = shm.Segment(host.segment_path(config), pickle.dumps(agent_config), config.lane_capacity)
+            except (OSError, PermissionError) as exc:
+                _logger.warning("otel-rl: no shared memory for the agent (%s); it runs on a thread", exc)
+                mode = "thread"
+        if segment is None:
+            segment = shm.Segment(None, b"", config.lane_capacity)
+        segment.set("clock_offset_ns", self._clock.offset_ns)
+        self._mode = mode
+        self._agent_config = agent_config
+        self._segment = segment
+        return SegmentRecorder(segment, config.lane_capacity)
+
+    def _build(self, config: TelemetryConfig, extra_sinks: list) -> None:
+        self._otel = None
+        self._pipeline = None
+        if self._mode == "process":
+            self._host = host.ProcessHost(self._segment)
+        else:
+            self._host = host.ThreadHost(self._segment, self._agent_config, self._extra_sinks)
+
+    def _abort(self) -> None:
+        self._closed = True
+        if self._host is not None:
+            self._host.stop(Deadline(2.0))
+
+    @property
+    def tracer_provider(self):
+        outputs = self._host.outputs if self._host is not None else None
+        return outputs.tracer_provider if outputs is not None else None
+
+    @property
+    def meter_provider(self):
+        outputs = self._host.outputs if self._host is not None else None
+        return outputs.meter_provider if outputs is not None else None
+
+    def window_timings(self) -> dict[str, float]:
+        outputs = self._host.outputs if self._host is not None else None
+        return outputs.window_timings() if outputs is not None else {}
+
+    def add_sink(self, sink) -> None:
+        outputs = self._host.outputs if self._host is not None else None
+        if outputs is None:
+            _logger.warning("otel-rl: add_sink() needs the agent on a thread (agent='thread'); %r not added", sink)
+            return
+        outputs.add_sink(sink)
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        if self._closed:
+            return True
+        return self._host.flush(Deadline(timeout_s))  # type: ignore[union-attr]
+
+    def close(self, timeout_s: float | None = None) -> None:
+        """Everything recorded is handed to the agent; returns when it has closed every output, or at the deadline."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        atexit.unregister(self._atexit)
+        deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
+        if self._hurried:
+            deadline.shorten(HURRY_S)
+        try:
+            feeders = [w for w in (self._monitor, *self._relays) if w is not None]
+            for worker in feeders:
+                worker.close(deadline)
+            for worker in feeders:
+                worker.join(deadline.left())
+            if self._cuda_timer is not None:
+                self._cuda_timer.shutdown(deadline.left(cap_s=1.0))
+            self._host.stop(deadline)  # type: ignore[union-attr]
+        finally:
+            self._sigterm.restore()
+
+    def _dropped(self) -> dict[str, int]:
+        recorder = self._recorder
+        drops = self._drops
+        drops.set("phases", "phases", recorder.phases_dropped)
+        drops.set("scalars", "scalars", recorder.scalars_dropped)
+        drops.set("events", "events", recorder.events_dropped)
+        drops.set("distributions", "distributions", recorder.distributions_dropped)
+        drops.set("device_intervals", "intervals", recorder.device_intervals_dropped)
+        drops.set("relay", "cycles", recorder.remote_dropped)
+        return drops.totals()
+
+    def _pending(self) -> dict[str, int]:
+        segment = self._segment
+        return {
+            "phases": self._recorder.phases_pending,
+            "messages": segment.control.pending() + segment.data.pending() if segment.control is not None else 0,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        return {"pending": self._pending(), "dropped": self._dropped(), "agent": self._mode}
