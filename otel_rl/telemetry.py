@@ -172,11 +172,14 @@ class Telemetry:
         *,
         trace: tuple[int, int | None] | None = None,
         sampled_pid: int | None = None,
+        started_ns: int | None = None,
     ) -> None:
-        """``trace`` (trace id, parent span id) and ``sampled_pid`` are set by an agent building a producer's outputs."""
+        """``trace`` (trace id, parent span id), ``sampled_pid`` and ``started_ns`` (the producer's
+        :func:`otel_rl.init`) are set by an agent building a producer's outputs."""
         self.config = config
         self._clock = Clock()
         self._sampled_pid = sampled_pid
+        self.started_ns = self._clock.now_ns() if started_ns is None else started_ns
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -360,7 +363,7 @@ class Telemetry:
 
             sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
         self._built.remove(sink)
-        sink.pending()
+        sink.pending(self.started_ns / 1e9)
         return sink
 
     def _resource(self):

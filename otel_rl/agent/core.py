@@ -46,6 +46,8 @@ class AgentConfig:
     trace_id: int
     parent_span_id: int | None
     pid: int
+    started_ns: int
+    """When the producer called :func:`otel_rl.init` (the run's ``pending`` record)."""
 
 
 class _Replayed:

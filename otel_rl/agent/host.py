@@ -52,7 +52,13 @@ def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = 
     """The producer's outputs (a Telemetry of its configuration), on its trace and timebase."""
     from otel_rl.telemetry import Telemetry
 
-    outputs = Telemetry(agent_config.config, sinks, trace=(agent_config.trace_id, agent_config.parent_span_id), sampled_pid=sampled_pid)
+    outputs = Telemetry(
+        agent_config.config,
+        sinks,
+        trace=(agent_config.trace_id, agent_config.parent_span_id),
+        sampled_pid=sampled_pid,
+        started_ns=agent_config.started_ns,
+    )
     outputs._clock.offset_ns = clock_offset_ns
     return outputs
 

@@ -82,7 +82,7 @@ class PyShmLane:
             fields = (time_ns, -1 if cpu is None else cpu, _int64(index, -1), _int64(env_steps, shm.NO_STEPS), intern(timeline), 0, kind, 0, -1, 0)
         elif head is FLOW:
             _, time_ns, flow_id, terminating, open_phases = record
-            fields = (time_ns, 0, _int64(flow_id, 0), 0, -1, open_phases, shm.FLOW, 1 if terminating else 0, -1, 0)
+            fields = (time_ns, 0, _low64(flow_id), 0, -1, open_phases, shm.FLOW, 1 if terminating else 0, -1, 0)
         elif head is CORRELATE:
             _, correlation, open_phases = record
             fields = (0, 0, _int64(correlation, 0), 0, -1, open_phases, shm.CORRELATE, 0, -1, 0)
@@ -101,6 +101,14 @@ class PyShmLane:
 
 def _int64(value: Any, fallback: int) -> int:
     return value if type(value) is int and -(2**63) <= value < 2**63 else fallback
+
+
+def _low64(value: Any) -> int:
+    """A flow id's low 64 bits, as the signed value the record holds (the agent reads them back unsigned)."""
+    if not isinstance(value, int):
+        return 0
+    low = value & (2**64 - 1)
+    return low - 2**64 if low >= 2**63 else low
 
 
 class SegmentRecorder(Recorder):
@@ -228,7 +236,7 @@ class ProducerTelemetry(Telemetry):
                 extra=once("agent-thread"),
             )
             mode = "thread"
-        agent_config = AgentConfig(replace(config, agent="off"), self.trace_id, self._parent_span_id, os.getpid())
+        agent_config = AgentConfig(replace(config, agent="off"), self.trace_id, self._parent_span_id, os.getpid(), self.started_ns)
         segment = None
         if mode == "process":
             try:

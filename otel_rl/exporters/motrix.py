@@ -94,9 +94,9 @@ class MotrixSink(RecordSink):
     def heartbeat(self) -> Item:
         return "heartbeat", encode_record(self.make("heartbeat"))
 
-    def pending(self) -> None:
-        """The run exists but has not started training (sent from :func:`otel_rl.init`)."""
-        self._emit(self.make("run", status="pending", **self._run_fields))
+    def pending(self, ts: float | None = None) -> None:
+        """The run exists but has not started training (sent from :func:`otel_rl.init`, at ``ts``: default now)."""
+        self._emit(self.make("run", ts=ts, status="pending", **self._run_fields))
 
     def _emit(self, rec: dict[str, Any]) -> None:
         item = self.encode(rec)

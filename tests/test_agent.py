@@ -1,0 +1,177 @@
+"""The agent: outputs assembled outside the training process, nothing lost when it dies (real processes, files, server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+import otel_rl
+from otel_rl.agent import segment as shm
+from otel_rl.agent.producer import PyShmLane, SegmentRecorder
+from otel_rl.analysis import protobuf_engine, trace_files
+from otel_rl.recorder import IMPLEMENTATIONS
+from otel_rl.schema import phase_spec
+from otel_rl.server import IngestServer
+
+TARGET = Path(__file__).parent / "agent_target.py"
+KILLED_AFTER = 60  # iterations the target finishes before it is killed
+
+
+def train(run_dir: Path, end: str, agent: str = "process", env: dict | None = None) -> int:
+    return subprocess.run(
+        [sys.executable, str(TARGET), str(run_dir), end, agent], env={**os.environ, **(env or {})}, timeout=120
+    ).returncode
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def wait_for_terminal(run_dir: Path, timeout_s: float = 30.0) -> list[dict]:
+    """The JSONL records once the agent has written the run's end (it outlives the killed producer)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if (run_dir / "metrics.jsonl").exists():
+            found = records(run_dir)
+            if any(r["kind"] == "run" and r["status"] not in ("pending", "running") for r in found):
+                if (run_dir / "run_summary.json").exists() and not _segments_of(run_dir.name):
+                    return found
+        time.sleep(0.05)
+    raise AssertionError(f"the agent did not end the run in {run_dir} within {timeout_s} s")
+
+
+def _segments_of(run_id: str) -> list[Path]:
+    return list(shm.segment_dir().glob(f"{run_id}-*.seg"))
+
+
+def learning_slices(run_dir: Path) -> int:
+    model = protobuf_engine.read(trace_files(run_dir))
+    return sum(1 for s in model.slices if s.name == "Learning")
+
+
+def check_everything_before_the_kill(run_dir: Path, server_url: str, status: str) -> dict:
+    found = wait_for_terminal(run_dir)
+    run_id = run_dir.name
+    assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", status]
+    steps = [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert steps == [10 * (i + 1) for i in range(KILLED_AFTER)]  # every one, once, in order
+    events = [r["attributes"]["iteration"] for r in found if r["kind"] == "event" and r["name"] == "checkpoint_saved"]
+    assert events == list(range(0, KILLED_AFTER, 10))
+    assert learning_slices(run_dir) == KILLED_AFTER
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    assert summary["timelines"]["learner"]["iterations"]["count"] == KILLED_AFTER
+    stored = requests.get(f"{server_url}/api/v1/runs/{run_id}", timeout=10).json()
+    series = requests.get(f"{server_url}/api/v1/runs/{run_id}/scalars", params={"key": "Loss/critic"}, timeout=10).json()
+    assert stored["run"]["status"] == status
+    assert [p["step"] for p in series["points"]] == [10 * (i + 1) for i in range(KILLED_AFTER)]
+    return next(r for r in found if r["kind"] == "run" and r["status"] == status)
+
+
+def test_a_sigkilled_producer_loses_nothing_it_recorded(tmp_path):
+    run_dir = tmp_path / "sigkill-1"
+    with IngestServer(tmp_path / "db.sqlite3") as server:
+        assert train(run_dir, "sigkill", env={"MOTRIX_METRICS_URL": server.url}) == -signal.SIGKILL
+        end = check_everything_before_the_kill(run_dir, server.url, "killed")
+    assert "SIGKILL" in end["reason"] or "disappeared" in end["reason"]
+
+
+def test_sigterm_then_sigkill_during_shutdown_loses_nothing(tmp_path):
+    run_dir = tmp_path / "sigterm-1"
+    with IngestServer(tmp_path / "db.sqlite3") as server:
+        assert train(run_dir, "sigterm_sigkill", env={"MOTRIX_METRICS_URL": server.url}) == -signal.SIGKILL
+        end = check_everything_before_the_kill(run_dir, server.url, "killed")
+    assert end["reason"] == "Terminated: SIGTERM"  # the producer's own record of the first signal, not the agent's guess
+
+
+def test_a_killed_agent_costs_no_training_and_its_work_is_finished_at_close(tmp_path, capfd):
+    run_dir = tmp_path / "agent-killed-1"
+    assert train(run_dir, "kill_agent") == 0
+    assert "finishing its work here" in capfd.readouterr().err
+    found = records(run_dir)
+    assert [r["status"] for r in found if r["kind"] == "run"][-1] == "finished"
+    steps = [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    # What the dead agent had not read yet was still in the rings: the last 70 iterations all arrive.
+    assert steps[-70:] == [10 * (i + 1) for i in range(30, 100)]
+    assert not _segments_of(run_dir.name)
+
+
+@pytest.mark.parametrize("agent", ["thread", "process"])
+def test_both_hosts_write_the_same_outputs(tmp_path, agent):
+    run_dir = tmp_path / f"same-{agent}"
+    assert train(run_dir, "finish", agent) == 0
+    found = records(run_dir)
+    assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]
+    assert [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]] == [10 * (i + 1) for i in range(100)]
+    assert learning_slices(run_dir) == 100
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == 100
+    assert not _segments_of(run_dir.name)
+
+
+def test_segments_are_private_and_removed(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path / "private-1", jsonl=True, agent="process", system_metrics_interval_s=0)
+    try:
+        (path,) = _segments_of("private-1")
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        with tel.run():
+            tel.scalars({"Loss/critic": 1.0})
+    finally:
+        tel.close()
+    assert not _segments_of("private-1")
+
+
+def test_python_and_c_lanes_write_the_same_records(tmp_path):
+    if "c" not in IMPLEMENTATIONS:
+        pytest.skip("the C hot path is not built")
+    written = {}
+    for implementation in ("c", "python"):
+        segment = shm.Segment(None, b"", 64)
+        recorder = SegmentRecorder(segment, 64, implementation)
+        learning = recorder.new_phase(phase_spec("learner", "learning"))
+        iteration = recorder.iteration_factory()("learner", 2**70, 5)  # an index past int64: recorded as -1
+        with iteration:
+            with pytest.raises(KeyError):
+                with learning:
+                    raise KeyError("x")
+        recorder.lane().append(("flow", 7, 2**64 - 1, True, 0))
+        reader = shm.SegmentReader(segment.buffer)
+        (lane,) = reader.lanes()
+        got = reader.take_lane(0, 100)
+        if implementation == "python":
+            assert isinstance(recorder.lane(), PyShmLane)
+        written[implementation] = [
+            (int(r["kind"]), int(r["name"]), int(r["depth"]), int(r["a"]), int(r["b"]), int(r["exc"]), int(r["flags"])) for r in got
+        ]
+        names = reader.update_names()
+        assert names[written[implementation][1][1]] == "learner\tlearning" and "KeyError" in names
+    assert written["c"] == written["python"]
+    kinds = [r[0] for r in written["c"]]
+    assert kinds == [shm.ITERATION_START, shm.PHASE, shm.ITERATION_END, shm.FLOW]
+    assert written["c"][0][3:5] == (-1, 5)
+
+
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
+def test_a_full_lane_drops_new_records_and_counts_them(implementation):
+    segment = shm.Segment(None, b"", 8)
+    recorder = SegmentRecorder(segment, 8, implementation)
+    learning = recorder.new_phase(phase_spec("learner", "learning"))
+    for _ in range(20):
+        with learning:
+            pass
+    reader = shm.SegmentReader(segment.buffer)
+    assert reader.lanes()[0][2] == 12 == recorder.phases_dropped
+    first = reader.take_lane(0, 100)
+    assert len(first) == 8
+    with learning:
+        pass
+    assert len(reader.take_lane(0, 100)) == 1  # room again once the reader has moved on
