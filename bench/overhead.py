@@ -13,7 +13,8 @@ Arms: off; off again (the noise control); otel-rl with every output on (OTLP
 to a local receiver, live stream to a local ingest server, JSONL, Perfetto
 trace, system metrics, the panel); otel-rl with each fault (ingest hung,
 ingest refusing, collector down, disk stalled, disk erroring, and all of them
-at once); the OpenTelemetry SDK used directly (a span per phase through
+at once); otel-rl with its outputs in an agent process (``agent="process"``,
+healthy and with every fault); the OpenTelemetry SDK used directly (a span per phase through
 ``start_as_current_span`` and a histogram record); TensorBoard's
 ``SummaryWriter`` (a scalar per phase and per key).
 
@@ -47,7 +48,8 @@ TESTS = HERE.parent / "tests"
 PHASES = (("collector_wait", 0.1), ("inference", 0.2), ("replay_sample", 0.1), ("learning", 0.6))
 KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
 SAMPLE_EVERY = 8  # time every 8th phase and scalars call (the timing itself costs)
-COMPARE_SUFFIX = "@compare"  # the otel-rl arm run with another checkout of otel-rl (--compare)
+COMPARE_SUFFIX = "@compare"
+AGENT_PID: list[int] = []  # the child's agent process, in the agent arms  # the otel-rl arm run with another checkout of otel-rl (--compare)
 
 
 # -- the child: one arm, one workload, one measurement ------------------------
@@ -147,8 +149,10 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         tb_iteration = TbPhase("iteration")
         return TbPhase, lambda index: tb_iteration, scalars, writer.close, lambda: {}
 
-    # otel-rl with every output on, pointed at healthy or failing peers.
+    # otel-rl with every output on, pointed at healthy or failing peers; "agent": the outputs in an agent process.
     faults = set(arm.removeprefix("otel-rl").removeprefix(COMPARE_SUFFIX).strip(": ").split("+")) - {""}
+    agent = "process" if "agent" in faults else "off"
+    faults.discard("agent")
     if "all-faults" in faults:
         faults = {"ingest-hung", "ingest-refused", "collector-down", "disk-stalled", "disk-erroring"}
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -170,13 +174,16 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         jsonl=True,
         trace_enabled=True,
         system_metrics_interval_s=2.0,
-        shutdown_timeout_s=1.0,
+        shutdown_timeout_s=1.0 if agent == "off" else 5.0,  # the agent's start-up (about 1 s here) is part of close()
+        agent=agent,
+        panel=agent != "off",  # the agent draws it on the inherited terminal (here: the result pipe, before the result line)
     )
-    from rich.console import Console
+    if agent == "off":
+        from rich.console import Console
 
-    from otel_rl.panel import PanelSink
+        from otel_rl.panel import PanelSink
 
-    tel.add_sink(PanelSink(tel.config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140)))  # noqa: SIM115
+        tel.add_sink(PanelSink(tel.config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140)))  # noqa: SIM115
     tel.run().__enter__()
 
     def delivered():
@@ -187,7 +194,10 @@ def build_arm(arm: str, peers: dict, tmp: Path):
             out["jsonl"] = len(jsonl.read_bytes().splitlines())
         return out
 
-    return tel.phase, tel.iteration, tel.scalars, lambda: tel.close(timeout_s=1.0), delivered
+    close = lambda: tel.close(timeout_s=1.0 if agent == "off" else 10.0)  # noqa: E731
+    if agent == "process":
+        AGENT_PID.append(tel._host.process.pid)
+    return tel.phase, tel.iteration, tel.scalars, close, delivered
 
 
 def thread_cpu_s() -> dict[str, float]:
@@ -204,6 +214,17 @@ def thread_cpu_s() -> dict[str, float]:
         name = names.get(int(tid), f"thread {tid}")
         out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     return out
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) of another process so far; 0 without one."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def child(spec: dict) -> dict:
@@ -228,6 +249,8 @@ def child(spec: dict) -> dict:
     start = time.monotonic()
     end = start + spec["duration_s"]
     cpu_before = thread_cpu_s()
+    agent_pid = AGENT_PID[0] if AGENT_PID else None
+    agent_before = process_cpu_s(agent_pid)
     while time.monotonic() < end:
         cycle = iteration(warm + iterations)
         cycle.__enter__()
@@ -253,6 +276,7 @@ def child(spec: dict) -> dict:
         iterations += 1
     elapsed = time.monotonic() - start
     cpu = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in thread_cpu_s().items()}
+    agent_cpu = process_cpu_s(agent_pid) - agent_before
     close()
     return {
         "iterations_per_s": iterations / elapsed,
@@ -261,6 +285,7 @@ def child(spec: dict) -> dict:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "training_cpu": cpu.pop("MainThread", 0.0) / elapsed,
         "background_cpu": sum(cpu.values()) / elapsed,
+        "agent_cpu": agent_cpu / elapsed,
         "produced": {"phases": iterations * len(PHASES), "scalars": produced_scalars},
         "delivered": delivered(),
     }
@@ -315,7 +340,7 @@ def run_child(spec: dict, compare: str | None = None) -> dict:
     )
     if out.returncode != 0:
         raise RuntimeError(f"{spec['arm']} failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1])  # after the agent's panel lines
 
 
 def demo_rate(disabled: bool, iterations: int) -> float:
@@ -347,6 +372,8 @@ def main() -> None:
     parser.add_argument("--markdown", help="also write the report to this file")
     parser.add_argument("--workloads", help="comma-separated kind:length, e.g. numpy:200us,python:2ms")
     parser.add_argument("--duration", type=float, default=None, help="seconds measured per child")
+    parser.add_argument("--arms", help="comma-separated arms to run (default: all)")
+    parser.add_argument("--no-demo", action="store_true", help="skip the demo's training loop")
     parser.add_argument(
         "--compare",
         metavar="CHECKOUT",
@@ -363,8 +390,11 @@ def main() -> None:
         "off", "off-control", "otel-rl",
         "otel-rl: ingest-hung", "otel-rl: ingest-refused", "otel-rl: collector-down",
         "otel-rl: disk-stalled", "otel-rl: disk-erroring", "otel-rl: all-faults",
+        "otel-rl: agent", "otel-rl: agent+all-faults",
         "otel-sdk", "tensorboard",
     ]  # fmt: skip
+    if args.arms:
+        arms = [arm.strip() for arm in args.arms.split(",")]
     if args.compare:
         arms.insert(3, "otel-rl" + COMPARE_SUFFIX)
     lengths = {"200us": 200e-6, "2ms": 2e-3, "20ms": 20e-3}
@@ -392,7 +422,7 @@ def main() -> None:
                         results.setdefault((kind, name, every, arm), []).append(run_child(spec, args.compare))
                 print(f"done: {kind} {name} scalars every {every}", file=sys.stderr, flush=True)
         demo = {"off": [], "otel-rl": []}
-        for _ in range(2 if quick else 3):
+        for _ in range(0 if args.no_demo else 2 if quick else 3):
             for arm in random.sample(list(demo), 2):
                 demo[arm].append(demo_rate(arm == "off", 1200 if quick else 2500))
     finally:
@@ -415,7 +445,8 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
         "Throughput change is the median iterations per second of an arm against `off` "
         "(positive: slower). The control band is `off-control` against `off`, the noise of the machine. "
         "Background CPU is the CPU time of every thread but the training thread while the loop ran, "
-        "in percent of one core (median over rounds): time a GIL-holding loop has to give up.",
+        "in percent of one core (median over rounds): time a GIL-holding loop has to give up. "
+        "Agent CPU is the agent process's CPU time over the same interval (it holds no GIL of the training process).",
         "",
     ]
     for kind, name in workloads:
@@ -424,8 +455,8 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
             lines += [
                 f"## {kind} workload, {name} iterations, scalars every {every}",
                 "",
-                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | background CPU | peak RSS (MiB) | delivered |",
-                "|---|---|---|---|---|---|---|",
+                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | background CPU | agent CPU | peak RSS (MiB) | delivered |",
+                "|---|---|---|---|---|---|---|---|",
             ]
             for arm in arms:
                 runs = results[(kind, name, every, arm)]
@@ -434,13 +465,14 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
                 calls = [ns / 1000 for r in runs for ns in r["scalars_ns"]]
                 rss = max(r["peak_rss_mib"] for r in runs)
                 background = statistics.median(r["background_cpu"] for r in runs)
+                agent_cpu = statistics.median(r.get("agent_cpu", 0.0) for r in runs)
                 last = runs[-1]
                 delivered = ", ".join(f"{k} {v}" for k, v in last["delivered"].items())
                 if delivered:
                     delivered += f" (of {last['produced']['scalars']} scalars calls, {last['produced']['phases']} phases)"
                 lines.append(
                     f"| {arm} | {100 * (base / rate - 1):+.2f}% | {percentile(phase, 0.5):.2f} / {percentile(phase, 0.99):.2f} "
-                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {100 * background:.0f}% | {rss:.0f} | {delivered} |"
+                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {100 * background:.1f}% | {100 * agent_cpu:.0f}% | {rss:.0f} | {delivered} |"
                 )
             lines.append("")
     if demo["off"]:

@@ -361,6 +361,20 @@ static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
     return out;
 }
 
+/* Stop writing to shared memory (a forked child: the segment is its parent's); later records are dropped. */
+static PyObject *Lane_detach(LaneObject *self, PyObject *unused) {
+    if (self->shm == NULL) Py_RETURN_NONE;
+    Slot *ring = PyMem_Calloc(1, sizeof(Slot));
+    if (ring == NULL) return PyErr_NoMemory();
+    self->shm = NULL;
+    self->shm_records = NULL;
+    PyBuffer_Release(&self->shm_view);
+    self->ring = ring;
+    self->capacity = 1;
+    self->head = self->count = 0;
+    Py_RETURN_NONE;
+}
+
 static Py_ssize_t Lane_len(LaneObject *self) {
     if (self->shm != NULL)
         return (Py_ssize_t)(self->shm->write - __atomic_load_n(&self->shm->read, __ATOMIC_ACQUIRE));
@@ -374,6 +388,7 @@ static PyObject *Lane_get_depth(LaneObject *self, void *closure) {
 static PyMethodDef Lane_methods[] = {
     {"append", (PyCFunction)Lane_append, METH_O, "Append a ready-made raw record, dropping the oldest when full."},
     {"drain", (PyCFunction)Lane_drain, METH_NOARGS, "Remove and return every pending record, oldest first."},
+    {"detach", (PyCFunction)Lane_detach, METH_NOARGS, "Stop writing to shared memory; later records are dropped."},
     {NULL}
 };
 

@@ -143,6 +143,9 @@ def _after_fork_in_child() -> None:
     for telemetry in list(_live):
         telemetry._closed = True
         atexit.unregister(telemetry._atexit)
+        after_fork = getattr(telemetry._recorder, "after_fork", None)
+        if after_fork is not None:  # lanes in a parent's shared memory
+            after_fork()
 
 
 if hasattr(os, "register_at_fork"):
@@ -665,7 +668,7 @@ class Telemetry:
         Reads what the pipeline has assembled so far (it trails the training
         thread by at most ``pipeline_interval_s``; :meth:`flush` first for an exact window).
         """
-        phases, cycles = self._aggregates.totals()
+        phases, cycles = self._totals()
         last_phases, last_cycles = self._window_mark
         self._window_mark = (phases, cycles)
         count, wall = cycles.get(schema.LEARNER, (0, 0.0))
@@ -679,6 +682,9 @@ class Telemetry:
                 delta = total - last_phases.get((timeline, name), 0.0)
                 out[schema.phase_key(timeline, name)] = delta / count * schema.phase_key_scale(timeline, name)
         return out
+
+    def _totals(self) -> tuple[dict[tuple[str, str], float], dict[str, tuple[int, float]]]:
+        return self._aggregates.totals()
 
     def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
         """The job's view of a log window: timings averaged and throughput summed across ranks.

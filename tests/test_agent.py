@@ -175,3 +175,49 @@ def test_a_full_lane_drops_new_records_and_counts_them(implementation):
     with learning:
         pass
     assert len(reader.take_lane(0, 100)) == 1  # room again once the reader has moved on
+
+
+def test_window_timings_come_from_the_agent(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path / "window-1", agent="process", system_metrics_interval_s=0)
+    try:
+        with tel.run():
+            for i in range(20):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        time.sleep(0.002)
+            assert tel.flush(30.0)
+            first = tel.window_timings()
+            assert first["Perf/iteration_time"] >= 0.002 and first["Perf/learning_time"] >= 0.002  # s per iteration
+            assert tel.window_timings() == {}  # nothing new since
+    finally:
+        tel.close()
+
+
+@pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
+def test_a_forked_child_writes_nothing_into_its_parents_segment(implementation, monkeypatch):
+    if implementation == "python":
+        monkeypatch.setenv("OTEL_RL_PURE_PYTHON", "1")
+    tel = otel_rl.init(agent="thread", system_metrics_interval_s=0)
+    try:
+        learning = tel.phase("learning")
+        with learning:
+            pass
+        lane = tel._recorder.lane()
+        written = lane._write.value if implementation == "python" else None
+        pid = os.fork()
+        if pid == 0:  # the child records as if nothing happened
+            for _ in range(1000):
+                with learning:
+                    pass
+            tel.scalars({"Loss/critic": 1.0})
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        assert tel.flush(10.0)
+        phases = tel._host.outputs._aggregates.totals()[0]
+        assert tel._host.outputs.stats()["pending"]["scalars"] == 0
+        summary = tel._host.outputs._aggregates.phase_summary()
+        assert summary["learner"]["phases"]["learning"]["count"] == 1 and phases
+        if written is not None:
+            assert lane._write.value == written
+    finally:
+        tel.close()

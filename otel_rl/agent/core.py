@@ -104,6 +104,8 @@ class Agent:
             self._route(shm.RUN, record)
         moved += len(control) + len(data)
         self.outputs._pipeline.drain()
+        if moved:
+            self.reader.publish_totals(pickle.dumps(self.outputs._aggregates.totals()))
         return moved
 
     def _route(self, kind: int, record: Any) -> None:

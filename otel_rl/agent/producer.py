@@ -10,6 +10,7 @@ what was recorded is readable by the agent even after this process dies.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import os
 import pickle
 import struct
@@ -73,6 +74,12 @@ class PyShmLane:
     def __len__(self) -> int:
         return self._write.value - self._read.value
 
+    def detach(self) -> None:
+        """Stop writing to shared memory; later records are dropped (counted here only)."""
+        self.capacity = 0
+        self._read = self._write = ctypes.c_uint64(0)
+        self._dropped = ctypes.c_uint64(0)
+
     def append(self, record: tuple) -> None:
         head = record[0]
         intern = self.segment.intern
@@ -117,7 +124,13 @@ class SegmentRecorder(Recorder):
     def __init__(self, segment: shm.Segment, lane_capacity: int, implementation: str | None = None) -> None:
         super().__init__(lane_capacity=lane_capacity, implementation=implementation)
         self.segment = segment
-        self._overflow_lanes = 0
+        self._pid = os.getpid()
+
+    def after_fork(self) -> None:
+        """In a forked child: the segment belongs to the parent, whose only writer each lane must stay."""
+        for lane in self.snapshot_lanes():
+            if hasattr(lane, "detach"):
+                lane.detach()
 
     # -- lanes ------------------------------------------------------------
 
@@ -166,6 +179,8 @@ class SegmentRecorder(Recorder):
     # -- messages ---------------------------------------------------------
 
     def _put(self, kind: int, record: object) -> bool:
+        if os.getpid() != self._pid:  # a forked child writes nothing into its parent's rings
+            return False
         try:
             payload = pickle.dumps(record, protocol=5)
         except Exception as exc:  # an attribute no pickle can carry: the record is lost, loudly
@@ -217,8 +232,9 @@ class ProducerTelemetry(Telemetry):
 
     What needs the outputs in this process behaves as follows: :meth:`flush`
     and :meth:`close` wait for the agent (within their deadline);
-    ``tracer_provider``, ``meter_provider`` and :meth:`window_timings` are
-    only served by a thread agent.
+    :meth:`window_timings` reads the totals the agent publishes in the
+    segment after each pass; ``tracer_provider``, ``meter_provider`` and
+    :meth:`add_sink` are only served by a thread agent.
     """
 
     def __init__(self, config: TelemetryConfig, sinks: list | None = None) -> None:
@@ -250,7 +266,7 @@ class ProducerTelemetry(Telemetry):
         self._mode = mode
         self._agent_config = agent_config
         self._segment = segment
-        return SegmentRecorder(segment, config.lane_capacity)
+        return SegmentRecorder(segment, segment.lane_capacity)
 
     def _build(self, config: TelemetryConfig, extra_sinks: list) -> None:
         self._otel = None
@@ -275,9 +291,10 @@ class ProducerTelemetry(Telemetry):
         outputs = self._host.outputs if self._host is not None else None
         return outputs.meter_provider if outputs is not None else None
 
-    def window_timings(self) -> dict[str, float]:
-        outputs = self._host.outputs if self._host is not None else None
-        return outputs.window_timings() if outputs is not None else {}
+    def _totals(self):
+        """The totals the agent published after its last pass (it trails this process by one pass)."""
+        payload = self._segment.totals() if self._segment.control is not None else None
+        return pickle.loads(payload) if payload else ({}, {})
 
     def add_sink(self, sink) -> None:
         outputs = self._host.outputs if self._host is not None else None

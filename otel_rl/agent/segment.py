@@ -9,6 +9,7 @@ integers little-endian)::
     header       4 KiB   magic, pid, clock offset, states, counts, region offsets
     names        1 MiB   the string table: [u16 length][utf-8] entries, ids in order
     config       1 MiB   what the agent needs to build the outputs (pickled, written once)
+    totals      64 KiB   the agent's cumulative phase and cycle totals, for window_timings() (seqlock)
     control ring         run records and events: scalars never take their room
     data ring            scalars, distributions, GPU intervals, relayed cycles
     lanes                one ring of fixed 48-byte records per recording thread
@@ -36,10 +37,14 @@ MAGIC = b"OTELRL\x00\x01"
 HEADER_BYTES = 4096
 NAMES_BYTES = 1 << 20
 CONFIG_BYTES = 1 << 20
+TOTALS_BYTES = 64 << 10
 RING_HEADER_BYTES = 64
 LANE_HEADER_BYTES = 64
-MAX_LANES = 32
+MAX_LANES = 8
 """Recording threads per process with a lane; the records of further threads are dropped (one warning)."""
+MAX_LANE_CAPACITY = 65_536
+"""Records per lane at most (3 MiB, several seconds of phases: what waits while the agent starts up);
+the segment's memory (about 42 MiB) is reserved up front."""
 
 RECORD = np.dtype(
     [
@@ -121,7 +126,8 @@ class _Layout:
         self.lane_capacity = lane_capacity
         self.names = HEADER_BYTES
         self.config = self.names + NAMES_BYTES
-        self.control = self.config + CONFIG_BYTES
+        self.totals = self.config + CONFIG_BYTES
+        self.control = self.totals + TOTALS_BYTES
         self.control_bytes = control_bytes
         self.data = self.control + RING_HEADER_BYTES + control_bytes
         self.data_bytes = data_bytes
@@ -205,12 +211,14 @@ class Segment:
         path: Path | None,
         config: bytes,
         lane_capacity: int,
-        control_bytes: int = 4 << 20,
-        data_bytes: int = 32 << 20,
+        control_bytes: int = 2 << 20,
+        data_bytes: int = 16 << 20,
     ) -> None:
         if len(config) > CONFIG_BYTES:
             raise ValueError(f"the outputs' configuration is {len(config)} bytes; at most {CONFIG_BYTES} fit")
         self.path = path
+        lane_capacity = min(lane_capacity, MAX_LANE_CAPACITY)
+        self.lane_capacity = lane_capacity
         self.layout = layout = _Layout(lane_capacity, control_bytes, data_bytes)
         if path is None:
             self.buffer = mmap.mmap(-1, layout.total)
@@ -304,6 +312,19 @@ class Segment:
     def get(self, field: str) -> int:
         return self.header[field].value
 
+    def totals(self) -> bytes | None:
+        """What the agent last published with :meth:`SegmentReader.publish_totals`; None before that or if it kept changing."""
+        version = _u64(self.buffer, self.layout.totals)
+        for _ in range(100):
+            before = version.value
+            if before % 2:  # being written
+                continue
+            (length,) = struct.unpack_from("<Q", self.buffer, self.layout.totals + 8)
+            payload = bytes(self.buffer[self.layout.totals + 16 : self.layout.totals + 16 + min(length, TOTALS_BYTES - 16)])
+            if version.value == before:
+                return payload if before else None
+        return None
+
     def close(self) -> None:
         """Forget the mapping (the reader unlinks the file)."""
         self.header.clear()
@@ -350,6 +371,17 @@ class SegmentReader:
     def config(self) -> bytes:
         start = self.layout.config
         return bytes(self.buffer[start : start + self.get("config_bytes")])
+
+    def publish_totals(self, payload: bytes) -> bool:
+        """Publish the outputs' totals for the producer (a seqlock: odd while written); False if too large."""
+        if len(payload) > TOTALS_BYTES - 16:
+            return False
+        version = _u64(self.buffer, self.layout.totals)
+        version.value += 1
+        struct.pack_into("<Q", self.buffer, self.layout.totals + 8, len(payload))
+        self.buffer[self.layout.totals + 16 : self.layout.totals + 16 + len(payload)] = payload
+        version.value += 1
+        return True
 
     def update_names(self) -> list[str]:
         """Read the string table's new entries; returns the whole table."""
