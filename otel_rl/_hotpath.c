@@ -776,12 +776,59 @@ static PyObject *set_record_tags(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* put_frame(buffer, ring_offset, capacity, kind, payload, limit) -> bool: one frame into a
+ * message ring of a segment (layout in otel_rl/agent/segment.py). Nothing here releases the
+ * GIL, so the threads of this process append one at a time without a lock. */
+static PyObject *put_frame(PyObject *module, PyObject *args) {
+    PyObject *buffer;
+    Py_ssize_t offset, capacity, limit;
+    unsigned int kind;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "OnnIy*n", &buffer, &offset, &capacity, &kind, &payload, &limit)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) { PyBuffer_Release(&payload); return NULL; }
+    PyObject *result = NULL;
+    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view.len < offset + 64 + capacity
+        || payload.len > 0x7fffffff) {
+        PyErr_SetString(PyExc_ValueError, "not a message ring of this buffer, or a payload too large");
+        goto done;
+    }
+    char *ring = (char *)view.buf + offset;
+    uint64_t *write = (uint64_t *)ring, *read = (uint64_t *)(ring + 8), *dropped = (uint64_t *)(ring + 16);
+    char *data = ring + 64;
+    uint64_t cap = (uint64_t)capacity, size = 8 + (uint64_t)payload.len;
+    size += (8 - size % 8) % 8;
+    uint64_t w = *write, r = __atomic_load_n(read, __ATOMIC_ACQUIRE), pos = w % cap;
+    uint64_t skip = pos + size > cap ? cap - pos : 0;
+    uint64_t room = (uint64_t)limit < cap ? (uint64_t)limit : cap;
+    if (w + skip + size - r > room) {
+        __atomic_store_n(dropped, *dropped + 1, __ATOMIC_RELAXED);
+        result = Py_NewRef(Py_False);
+        goto done;
+    }
+    if (skip) {
+        if (skip >= 8) memset(data + pos, 0, 8);  /* a SKIP frame: length 0, kind 0 */
+        w += skip;
+        pos = 0;
+    }
+    uint32_t header[2] = {(uint32_t)payload.len, kind};
+    memcpy(data + pos, header, 8);
+    memcpy(data + pos + 8, payload.buf, (size_t)payload.len);
+    __atomic_store_n(write, w + size, __ATOMIC_RELEASE);
+    result = Py_NewRef(Py_True);
+done:
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&payload);
+    return result;
+}
+
 static PyObject *monotonic_ns(PyObject *module, PyObject *unused) {
     return PyLong_FromLongLong(now_ns());
 }
 
 static PyMethodDef module_methods[] = {
     {"monotonic_ns", monotonic_ns, METH_NOARGS, "The clock this module stamps phases with."},
+    {"put_frame", put_frame, METH_VARARGS, "Append one frame to a segment's message ring; False when it is full."},
     {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
     {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
     {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end, flow and correlation records."},

@@ -17,6 +17,7 @@ output.
 
 from __future__ import annotations
 
+import marshal
 import os
 import pickle
 import signal
@@ -93,13 +94,13 @@ class Agent:
         data = reader.data.take(MESSAGE_BYTES_PER_PASS)
         ends = []
         for kind, payload in control:
-            record = pickle.loads(payload)
+            kind, record = _decode_message(kind, payload)
             if kind == shm.RUN and record.end_ns is not None:
                 ends.append(record)  # after the data written before it
             else:
                 self._route(kind, record)
         for kind, payload in data:
-            self._route(kind, pickle.loads(payload))
+            self._route(*_decode_message(kind, payload))
         for record in ends:
             self._route(shm.RUN, record)
         moved += len(control) + len(data)
@@ -173,6 +174,12 @@ class Agent:
         end_ns = clock.to_epoch_ns(self.last_ns) if self.last_ns else clock.now_ns()
         self._route(shm.RUN, RunRecord(status, self.run.start_ns, max(end_ns, self.run.start_ns), reason, {"detected_by": "agent"}))
         self.outputs._pipeline.drain()
+
+
+def _decode_message(kind: int, payload: bytes) -> tuple[int, Any]:
+    if kind & shm.PICKLED:
+        return kind & ~shm.PICKLED, pickle.loads(payload)
+    return kind, marshal.loads(payload)
 
 
 class ProducerWatch:

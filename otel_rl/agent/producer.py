@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import marshal
 import os
 import pickle
 import struct
@@ -182,10 +183,14 @@ class SegmentRecorder(Recorder):
         if os.getpid() != self._pid:  # a forked child writes nothing into its parent's rings
             return False
         try:
-            payload = pickle.dumps(record, protocol=5)
-        except Exception as exc:  # an attribute no pickle can carry: the record is lost, loudly
-            _logger.warning("otel-rl: a record could not be encoded (%s); dropped", exc, extra=once(f"encode:{kind}"))
-            return False
+            payload = marshal.dumps(record)  # plain values (scalars, events): the fast encoding
+        except ValueError:
+            try:
+                payload = pickle.dumps(record, protocol=5)
+                kind |= shm.PICKLED
+            except Exception as exc:  # an attribute no pickle can carry: the record is lost, loudly
+                _logger.warning("otel-rl: a record could not be encoded (%s); dropped", exc, extra=once(f"encode:{kind}"))
+                return False
         return self.segment.put(kind, payload)
 
     def add_scalars(self, record: tuple) -> None:

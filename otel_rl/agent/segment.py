@@ -33,6 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from otel_rl._hotpath import put_frame
+except ImportError:  # not built: the pure-Python writer
+    put_frame = None
+
 MAGIC = b"OTELRL\x00\x01"
 HEADER_BYTES = 4096
 NAMES_BYTES = 1 << 20
@@ -73,6 +78,8 @@ SKIP = 0
 """Filler to the ring's end: the next frame starts at offset 0."""
 RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE = 1, 2, 3, 4, 5, 6
 CONTROL_KINDS = frozenset({RUN, EVENT})
+PICKLED = 0x100
+"""Set in a frame's kind when its payload is a pickle; otherwise it is ``marshal`` (plain values only, faster)."""
 
 # Producer states.
 RUNNING, CLOSING = 0, 1
@@ -144,6 +151,7 @@ class _Ring:
 
     def __init__(self, buffer: mmap.mmap, offset: int, capacity: int) -> None:
         self.buffer = buffer
+        self.offset = offset
         self.data = offset + RING_HEADER_BYTES
         self.capacity = capacity
         self.write = _u64(buffer, offset + _RING_WRITE)
@@ -151,7 +159,10 @@ class _Ring:
         self.dropped = _u64(buffer, offset + _RING_DROPPED)
 
     def put(self, kind: int, payload: bytes, limit: int) -> bool:
-        """Append one frame (caller holds the writer's lock); False when it would pass ``limit`` bytes in use."""
+        """Append one frame (caller holds the writer's lock); False when it would pass ``limit`` bytes in use.
+
+        ``otel_rl._hotpath.put_frame`` is the same in C (and needs no lock: it holds the GIL throughout).
+        """
         size = _FRAME.size + len(payload)
         size += -size % 8
         write, read = self.write.value, self.read.value
@@ -294,17 +305,18 @@ class Segment:
             return self.layout.lane(count)
 
     def put(self, kind: int, payload: bytes) -> bool:
-        """One message; False (counted in the ring) when its ring is full.
+        """One message (``kind``, with :data:`PICKLED` when it is); False (counted in the ring) when its ring is full.
 
         Events may fill three quarters of the control ring; the rest is kept
         for run records, so a lifecycle change always finds room.
         """
+        base = kind & ~PICKLED
+        ring = self.control if base in CONTROL_KINDS else self.data
+        limit = ring.capacity * 3 // 4 if base == EVENT else ring.capacity
+        if put_frame is not None:
+            return put_frame(self.buffer, ring.offset, ring.capacity, kind, payload, limit)
         with self._lock:
-            if kind == RUN:
-                return self.control.put(kind, payload, self.control.capacity)
-            if kind == EVENT:
-                return self.control.put(kind, payload, self.control.capacity * 3 // 4)
-            return self.data.put(kind, payload, self.data.capacity)
+            return ring.put(kind, payload, limit)
 
     def set(self, field: str, value: int) -> None:
         self.header[field].value = value
