@@ -113,9 +113,11 @@ class TelemetryConfig:
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
 
     agent: str = "off"
-    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``off``, on a thread of this process, reading its
-    buffers; ``process``, in an agent process fed over shared memory (what this process recorded survives
-    its death); ``thread``, the agent's code on a thread of this process. See :mod:`otel_rl.agent`."""
+    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``off``, the pipeline thread reading in-process
+    buffers; ``process``, an agent process fed over shared memory (what this process recorded survives its
+    death; its warnings about bad input appear on the terminal, not in this process's logging); ``thread``,
+    the same agent on a thread of this process (chosen instead of ``process`` when the configuration holds
+    exporter objects or no process or shared memory is available). See :mod:`otel_rl.agent`."""
 
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""

@@ -174,15 +174,15 @@ class Telemetry:
         sinks: list[RecordSink] | None = None,
         *,
         trace: tuple[int, int | None] | None = None,
-        sampled_pid: int | None = None,
+        producer_pid: int | None = None,
         started_ns: int | None = None,
     ) -> None:
-        """``trace`` (trace id, parent span id), ``sampled_pid`` and ``started_ns`` (the producer's
+        """``trace`` (trace id, parent span id), ``producer_pid`` and ``started_ns`` (the producer's
         :func:`otel_rl.init`) are set by an agent building a producer's outputs."""
         self.config = config
         self._clock = Clock()
-        self._sampled_pid = sampled_pid
-        self.started_ns = self._clock.now_ns() if started_ns is None else started_ns
+        self._producer_pid = producer_pid
+        self._started_ns = self._clock.now_ns() if started_ns is None else started_ns
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -216,6 +216,7 @@ class Telemetry:
         self._recorder = self._new_recorder()
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
         self._base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
+        self._service_name = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
         try:
             self._build(config, sinks or [])
         except BaseException:
@@ -285,6 +286,7 @@ class Telemetry:
                     thread_time=config.trace_thread_time,
                     cuda_events=config.trace_cuda_events,
                     max_bytes=config.trace_max_bytes,
+                    pid=self._producer_pid,
                 )
             )
         if config.tensorboard:
@@ -314,7 +316,7 @@ class Telemetry:
         if config.system_metrics_interval_s:
             from otel_rl.system_metrics import SystemSampler
 
-            self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, self._sampled_pid)
+            self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, self._producer_pid)
             if self._otel.meter_provider is not None:
                 self._system.register_gauges(self._otel.meter_provider.get_meter("otel_rl.system"))
 
@@ -366,7 +368,7 @@ class Telemetry:
 
             sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
         self._built.remove(sink)
-        sink.pending(self.started_ns / 1e9)
+        sink.pending(self._started_ns / 1e9)
         return sink
 
     def _resource(self):
@@ -380,7 +382,6 @@ class Telemetry:
         }
         if self.config.algorithm:
             attributes[schema.ATTR_ALGORITHM] = self.config.algorithm
-        self._service_name = self.config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
         attributes["service.name"] = self._service_name
         return Resource.create(attributes)
 
@@ -457,8 +458,10 @@ class Telemetry:
         reason = cuda_unavailable_reason()
         if reason is not None:
             _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
-            if self._otel is not None:  # None when the outputs run in an agent process
+            if self._otel is not None:
                 self._otel.cuda_fallback[(timeline, name)] = reason
+            else:  # the outputs run in an agent
+                self._recorder.add_cuda_fallback(timeline, name, reason)
             phase = host
         else:
             with self._phases_lock:

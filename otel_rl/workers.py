@@ -90,6 +90,11 @@ def init_worker(spec: WorkerSpec, **options: Any):
         **spec.options,
         **options,
     }
+    from otel_rl.environment_variables import OTEL_RL_AGENT
+
+    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, ""))).strip().lower() == "process":
+        # The relay queue cannot reach an agent process: this worker's agent runs on a thread.
+        settings["agent"] = "thread"
     tel = otel_rl.init(**settings)
     if tel.enabled:
         tel.add_sink(RelaySink(spec.role, spec.relay, tel._drops))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import enum
 import json
 import os
 import signal
@@ -11,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
 
@@ -242,3 +245,26 @@ def test_message_rings_wrap_fill_and_agree_between_c_and_python(monkeypatch):
         assert reader.data.dropped.value == len(frames) - len(accepted) > 0
         taken[writer] = got
     assert taken["c"] == taken["python"]
+
+
+class _Algo(enum.Enum):
+    SAC = "sac"
+
+
+def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, capfd):
+    run_dir = tmp_path / "odd-1"
+    tel = otel_rl.init(run_dir=run_dir, jsonl=True, agent="process", system_metrics_interval_s=0)
+    try:
+        # A class the agent cannot import, a path, bytes, numpy: one warning each, the rest kept.
+        tel.scalars({1: np.float32(2.0), "1": 3.0, ("a", 1): 4.0, _Algo.SAC: 5.0, "Loss/critic": 1.0,
+                     "Loss/path": Path("/p"), "Loss/bytes": b"xx", "Loss/nan": float("nan")})  # fmt: skip
+        tel.event("configured", algo=_Algo.SAC, when=datetime.date(2026, 1, 2))
+    finally:
+        tel.close()
+    found = records(run_dir)
+    assert [r["values"] for r in found if r["kind"] == "scalars"] == [{"custom/1": 3.0, "Loss/critic": 1.0, "Loss/nan": None}]
+    (configured,) = [r["attributes"] for r in found if r["kind"] == "event" and r["name"] == "configured"]
+    assert configured["when"] == "2026-01-02"
+    err = capfd.readouterr().err  # the agent writes its warnings to the terminal it inherited
+    assert "key <_Algo.SAC: 'sac'> (_Algo) is not a string" in err
+    assert "'Loss/path' is PosixPath, not a number" in err and "'Loss/bytes' is bytes, not a number" in err

@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from otel_rl import schema
-from otel_rl._logging import logger
+from otel_rl._logging import logger, once
 from otel_rl.agent import segment as shm
 from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane
 from otel_rl.records import RunRecord
@@ -94,13 +94,17 @@ class Agent:
         data = reader.data.take(MESSAGE_BYTES_PER_PASS)
         ends = []
         for kind, payload in control:
-            kind, record = _decode_message(kind, payload)
-            if kind == shm.RUN and record.end_ns is not None:
-                ends.append(record)  # after the data written before it
+            decoded = self._decode_message(kind, payload)
+            if decoded is None:
+                continue
+            if decoded[0] == shm.RUN and decoded[1].end_ns is not None:
+                ends.append(decoded[1])  # after the data written before it
             else:
-                self._route(kind, record)
+                self._route(*decoded)
         for kind, payload in data:
-            self._route(*_decode_message(kind, payload))
+            decoded = self._decode_message(kind, payload)
+            if decoded is not None:
+                self._route(*decoded)
         for record in ends:
             self._route(shm.RUN, record)
         moved += len(control) + len(data)
@@ -108,6 +112,15 @@ class Agent:
         if moved:
             self.reader.publish_totals(pickle.dumps(self.outputs._aggregates.totals()))
         return moved
+
+    def _decode_message(self, kind: int, payload: bytes) -> tuple[int, Any] | None:
+        """A message's record; None (one warning per kind, counted) when it cannot be read here."""
+        try:
+            return _decode_message(kind, payload)
+        except Exception as exc:  # a pickled class this process cannot import, say
+            self.outputs._drops.add("agent_decode", str(kind & ~shm.PICKLED))
+            _logger.warning("otel-rl: agent: a record of kind %d could not be read (%s); dropped", kind & ~shm.PICKLED, exc, extra=once(f"agent-decode:{kind}"))
+            return None
 
     def _route(self, kind: int, record: Any) -> None:
         recorder = self._recorder
@@ -133,6 +146,9 @@ class Agent:
             recorder.add_device_interval(record)
         elif kind == shm.REMOTE_CYCLE:
             recorder.add_remote(record)
+        elif kind == shm.CUDA_FALLBACK:
+            timeline, name, reason = record
+            self.outputs._otel.cuda_fallback[(timeline, name)] = reason
 
     def _decode(self, records: Any, names: list[str]) -> list[tuple]:
         """Lane records as the raw tuples :class:`otel_rl.pipeline.Pipeline` reads."""
@@ -179,7 +195,40 @@ class Agent:
 def _decode_message(kind: int, payload: bytes) -> tuple[int, Any]:
     if kind & shm.PICKLED:
         return kind & ~shm.PICKLED, pickle.loads(payload)
-    return kind, marshal.loads(payload)
+    return kind, _restore(marshal.loads(payload))
+
+
+_STAND_INS: dict[str, type] = {}
+
+
+def _restore(item: Any) -> Any:
+    """Stand-ins of odd keys and values (see :data:`segment.FOREIGN`) as objects with their type's name and repr.
+
+    The pipeline's checks then word their warnings as they would for the original.
+    """
+    kind = type(item)
+    if kind is dict:
+        return {_restore(k): _restore(v) for k, v in item.items()} if any(type(k) is tuple or type(v) is tuple for k, v in item.items()) else item
+    if kind is tuple:
+        if len(item) == 3 and item[0] == shm.FOREIGN:
+            stand_in = _STAND_INS.get(item[1])
+            if stand_in is None:
+                stand_in = _STAND_INS[item[1]] = type(item[1], (_StandIn,), {})
+            return stand_in(item[2])
+        return tuple(_restore(v) for v in item)
+    return item
+
+
+class _StandIn:
+    __slots__ = ("_repr",)
+
+    def __init__(self, text: str) -> None:
+        self._repr = text
+
+    def __repr__(self) -> str:
+        return self._repr
+
+    __str__ = __repr__
 
 
 class ProducerWatch:

@@ -48,7 +48,7 @@ def _wait(condition, deadline: Deadline) -> bool:
     return True
 
 
-def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = None, sampled_pid: int | None = None):
+def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = None, producer_pid: int | None = None):
     """The producer's outputs (a Telemetry of its configuration), on its trace and timebase."""
     from otel_rl.telemetry import Telemetry
 
@@ -56,7 +56,7 @@ def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = 
         agent_config.config,
         sinks,
         trace=(agent_config.trace_id, agent_config.parent_span_id),
-        sampled_pid=sampled_pid,
+        producer_pid=producer_pid,
         started_ns=agent_config.started_ns,
     )
     outputs._clock.offset_ns = clock_offset_ns
@@ -160,7 +160,7 @@ def main(path: str) -> int:
     reader = shm.SegmentReader(Path(path))
     try:
         agent_config = pickle.loads(reader.config())
-        outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), sampled_pid=agent_config.pid)
+        outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), producer_pid=agent_config.pid)
         config = agent_config.config
         serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s)
     finally:

@@ -17,6 +17,7 @@ import pickle
 import struct
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from otel_rl._logging import logger, once
@@ -39,6 +40,8 @@ from otel_rl.telemetry import HURRY_S, Telemetry
 
 _logger = logger(__name__)
 _RECORD = struct.Struct("<qqqqihBBii")
+_MARSHALLED = frozenset({shm.SCALARS, shm.EVENT, shm.CUDA_FALLBACK})
+"""Kinds whose records hold plain values (``marshal`` would turn an array into bytes: the others are pickled)."""
 _LANE_IDENTITY = struct.Struct("<q24s")
 
 
@@ -105,6 +108,23 @@ class PyShmLane:
             return
         _RECORD.pack_into(self.segment.buffer, self.offset + shm.LANE_HEADER_BYTES + (write % self.capacity) * 48, *fields)
         self._write.value = write + 1  # published after the record
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _plain(item: Any) -> Any:
+    """``item`` with every value that is not plain data replaced by its stand-in (see :data:`segment.FOREIGN`)."""
+    kind = type(item)
+    if kind in _PLAIN:
+        return item
+    if kind is dict:
+        return {_plain(k): _plain(v) for k, v in item.items()}
+    if kind is tuple or kind is list:
+        return kind(_plain(v) for v in item)
+    if isinstance(item, str):  # a str subclass (StrEnum...): its text, as the pipeline reads it
+        return str.__str__(item)
+    return (shm.FOREIGN, kind.__name__, repr(item)[:1000])
 
 
 def _int64(value: Any, fallback: int) -> int:
@@ -183,7 +203,12 @@ class SegmentRecorder(Recorder):
         if os.getpid() != self._pid:  # a forked child writes nothing into its parent's rings
             return False
         try:
-            payload = marshal.dumps(record)  # plain values (scalars, events): the fast encoding
+            if kind not in _MARSHALLED:
+                raise ValueError(kind)
+            try:
+                payload = marshal.dumps(record)  # plain values: the fast encoding
+            except ValueError:  # an odd key or value: sent as a stand-in the agent's checks word alike
+                payload = marshal.dumps(_plain(record))
         except ValueError:
             try:
                 payload = pickle.dumps(record, protocol=5)
@@ -216,6 +241,10 @@ class SegmentRecorder(Recorder):
     def add_device_interval(self, record: object) -> None:
         if not self._put(shm.DEVICE_INTERVAL, record):
             self.device_intervals_dropped += 1
+
+    def add_cuda_fallback(self, timeline: str, name: str, reason: str) -> None:
+        """A CUDA phase timed on the host: its spans say why."""
+        self._put(shm.CUDA_FALLBACK, (timeline, name, reason))
 
     def add_remote(self, cycle: object) -> None:
         if not self._put(shm.REMOTE_CYCLE, cycle):
@@ -257,7 +286,7 @@ class ProducerTelemetry(Telemetry):
                 extra=once("agent-thread"),
             )
             mode = "thread"
-        agent_config = AgentConfig(replace(config, agent="off"), self.trace_id, self._parent_span_id, os.getpid(), self.started_ns)
+        agent_config = AgentConfig(replace(config, agent="off"), self.trace_id, self._parent_span_id, os.getpid(), self._started_ns)
         segment = None
         if mode == "process":
             try:
@@ -277,9 +306,14 @@ class ProducerTelemetry(Telemetry):
         self._otel = None
         self._pipeline = None
         if self._mode == "process":
-            self._host = host.ProcessHost(self._segment)
-        else:
-            self._host = host.ThreadHost(self._segment, self._agent_config, self._extra_sinks)
+            try:
+                self._host = host.ProcessHost(self._segment)
+                return
+            except OSError as exc:  # no process can be started here: the same agent on a thread
+                _logger.warning("otel-rl: the agent process could not start (%s); it runs on a thread", exc)
+                self._mode = "thread"
+                Path(self._segment.path).unlink(missing_ok=True)  # type: ignore[arg-type]
+        self._host = host.ThreadHost(self._segment, self._agent_config, self._extra_sinks)
 
     def _abort(self) -> None:
         self._closed = True

@@ -76,8 +76,11 @@ NO_STEPS = -(2**63)
 # Message kinds (the first u32 of a frame is its payload length, the second its kind).
 SKIP = 0
 """Filler to the ring's end: the next frame starts at offset 0."""
-RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE = 1, 2, 3, 4, 5, 6
-CONTROL_KINDS = frozenset({RUN, EVENT})
+RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE, CUDA_FALLBACK = 1, 2, 3, 4, 5, 6, 7
+CONTROL_KINDS = frozenset({RUN, EVENT, CUDA_FALLBACK})
+FOREIGN = "\x00otel-rl foreign"
+"""First item of the stand-in ``(FOREIGN, type name, repr)`` sent for a key or value of a marshalled
+record that is not plain data (an enum, a path, a bytes object...): the agent's checks word it alike."""
 PICKLED = 0x100
 """Set in a frame's kind when its payload is a pickle; otherwise it is ``marshal`` (plain values only, faster)."""
 
@@ -307,12 +310,13 @@ class Segment:
     def put(self, kind: int, payload: bytes) -> bool:
         """One message (``kind``, with :data:`PICKLED` when it is); False (counted in the ring) when its ring is full.
 
-        Events may fill three quarters of the control ring; the rest is kept
-        for run records, so a lifecycle change always finds room.
+        Events (and the other control records) may fill three quarters of the
+        control ring; the rest is kept for run records, so a lifecycle change
+        always finds room.
         """
         base = kind & ~PICKLED
         ring = self.control if base in CONTROL_KINDS else self.data
-        limit = ring.capacity * 3 // 4 if base == EVENT else ring.capacity
+        limit = ring.capacity if base == RUN else ring.capacity * 3 // 4
         if put_frame is not None:
             return put_frame(self.buffer, ring.offset, ring.capacity, kind, payload, limit)
         with self._lock:

@@ -351,6 +351,7 @@ class PerfettoTraceSink(RecordSink):
         thread_time: add a CPU-share counter per thread (needs iteration thread times).
         cuda_events: put device intervals on GPU stream tracks.
         max_bytes: rotate the file past this size.
+        pid: the process the trace shows (default: this one; an agent passes its producer's).
     """
 
     def __init__(
@@ -363,13 +364,14 @@ class PerfettoTraceSink(RecordSink):
         max_bytes: int = DEFAULT_MAX_BYTES,
         capacity: int = QUEUE_CAPACITY,
         merge_fragments: bool = False,
+        pid: int | None = None,
     ) -> None:
         self.path = Path(path)
         self._merge_fragments = merge_fragments
         # A worker's fragment is written under a temporary name and renamed when
         # complete, so the learner only ever merges finished fragments.
         self._writing = self.path if merge_fragments else self.path.with_name(self.path.name + ".partial")
-        self._encoder = TraceEncoder(os.getpid(), process_name)
+        self._encoder = TraceEncoder(os.getpid() if pid is None else pid, process_name)
         self._thread_time = thread_time
         self._cuda_events = cuda_events
         self._max_bytes = max_bytes
