@@ -268,3 +268,19 @@ def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, capfd):
     err = capfd.readouterr().err  # the agent writes its warnings to the terminal it inherited
     assert "key <_Algo.SAC: 'sac'> (_Algo) is not a string" in err
     assert "'Loss/path' is PosixPath, not a number" in err and "'Loss/bytes' is bytes, not a number" in err
+
+
+def test_without_a_process_the_agent_runs_on_a_thread(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "no-python-here"))
+    run_dir = tmp_path / "no-process-1"
+    with caplog.at_level("WARNING", logger="otel_rl"):
+        tel = otel_rl.init(run_dir=run_dir, jsonl=True, agent="process", system_metrics_interval_s=0)
+    try:
+        assert tel.stats()["agent"] == "thread"
+        with tel.run():
+            tel.scalars({"Loss/critic": 1.0}, step=1)
+    finally:
+        tel.close()
+    assert any("could not start" in r.getMessage() for r in caplog.records)
+    assert [r["status"] for r in records(run_dir) if r["kind"] == "run"] == ["pending", "running", "finished"]
+    assert not _segments_of("no-process-1")
