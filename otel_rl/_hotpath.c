@@ -776,9 +776,44 @@ static PyObject *set_record_tags(PyObject *module, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Room for a frame of `size` bytes (header included, a multiple of 8) in a segment's message ring
+ * at `ring` (layout in otel_rl/agent/segment.py): where to write it, or NULL (counted as dropped)
+ * when the ring has less than that free under `limit`. commit_frame publishes it. */
+static char *reserve_frame(char *ring, uint64_t cap, uint64_t size, uint64_t limit, uint64_t *end) {
+    uint64_t *write = (uint64_t *)ring, *read = (uint64_t *)(ring + 8), *dropped = (uint64_t *)(ring + 16);
+    char *data = ring + 64;
+    uint64_t w = *write, r = __atomic_load_n(read, __ATOMIC_ACQUIRE), pos = w % cap;
+    uint64_t skip = pos + size > cap ? cap - pos : 0;
+    uint64_t room = limit < cap ? limit : cap;
+    if (w + skip + size - r > room) {
+        __atomic_store_n(dropped, *dropped + 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    if (skip) {
+        if (skip >= 8) memset(data + pos, 0, 8);  /* a SKIP frame: length 0, kind 0 */
+        w += skip;
+        pos = 0;
+    }
+    *end = w + size;
+    return data + pos;
+}
+
+static void commit_frame(char *ring, uint64_t end) {
+    __atomic_store_n((uint64_t *)ring, end, __ATOMIC_RELEASE);
+}
+
+/* The ring at `offset` of a writable buffer view, or NULL with an error set. */
+static char *ring_of(Py_buffer *view, Py_ssize_t offset, Py_ssize_t capacity) {
+    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view->len < offset + 64 + capacity) {
+        PyErr_SetString(PyExc_ValueError, "not a message ring of this buffer");
+        return NULL;
+    }
+    return (char *)view->buf + offset;
+}
+
 /* put_frame(buffer, ring_offset, capacity, kind, payload, limit) -> bool: one frame into a
- * message ring of a segment (layout in otel_rl/agent/segment.py). Nothing here releases the
- * GIL, so the threads of this process append one at a time without a lock. */
+ * message ring of a segment. Nothing here releases the GIL, so the threads of this process
+ * append one at a time without a lock. */
 static PyObject *put_frame(PyObject *module, PyObject *args) {
     PyObject *buffer;
     Py_ssize_t offset, capacity, limit;
@@ -788,37 +823,115 @@ static PyObject *put_frame(PyObject *module, PyObject *args) {
     Py_buffer view;
     if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) { PyBuffer_Release(&payload); return NULL; }
     PyObject *result = NULL;
-    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view.len < offset + 64 + capacity
-        || payload.len > 0x7fffffff) {
-        PyErr_SetString(PyExc_ValueError, "not a message ring of this buffer, or a payload too large");
-        goto done;
+    char *ring = ring_of(&view, offset, capacity);
+    if (ring != NULL && payload.len > 0x7fffffff) PyErr_SetString(PyExc_ValueError, "payload too large");
+    else if (ring != NULL) {
+        uint64_t size = 8 + (uint64_t)payload.len, end;
+        size += (8 - size % 8) % 8;
+        char *at = reserve_frame(ring, (uint64_t)capacity, size, (uint64_t)limit, &end);
+        if (at == NULL) result = Py_NewRef(Py_False);
+        else {
+            uint32_t header[2] = {(uint32_t)payload.len, kind};
+            memcpy(at, header, 8);
+            memcpy(at + 8, payload.buf, (size_t)payload.len);
+            commit_frame(ring, end);
+            result = Py_NewRef(Py_True);
+        }
     }
-    char *ring = (char *)view.buf + offset;
-    uint64_t *write = (uint64_t *)ring, *read = (uint64_t *)(ring + 8), *dropped = (uint64_t *)(ring + 16);
-    char *data = ring + 64;
-    uint64_t cap = (uint64_t)capacity, size = 8 + (uint64_t)payload.len;
-    size += (8 - size % 8) % 8;
-    uint64_t w = *write, r = __atomic_load_n(read, __ATOMIC_ACQUIRE), pos = w % cap;
-    uint64_t skip = pos + size > cap ? cap - pos : 0;
-    uint64_t room = (uint64_t)limit < cap ? (uint64_t)limit : cap;
-    if (w + skip + size - r > room) {
-        __atomic_store_n(dropped, *dropped + 1, __ATOMIC_RELAXED);
-        result = Py_NewRef(Py_False);
-        goto done;
-    }
-    if (skip) {
-        if (skip >= 8) memset(data + pos, 0, 8);  /* a SKIP frame: length 0, kind 0 */
-        w += skip;
-        pos = 0;
-    }
-    uint32_t header[2] = {(uint32_t)payload.len, kind};
-    memcpy(data + pos, header, 8);
-    memcpy(data + pos + 8, payload.buf, (size_t)payload.len);
-    __atomic_store_n(write, w + size, __ATOMIC_RELEASE);
-    result = Py_NewRef(Py_True);
-done:
     PyBuffer_Release(&view);
     PyBuffer_Release(&payload);
+    return result;
+}
+
+/* A packed scalars record (see otel_rl/agent/segment.py: SCALARS_HEADER, SCALAR_ENTRY). */
+typedef struct { int64_t time, step, iteration, env_steps; uint32_t count, reserved; } ScalarsHeader;
+typedef struct { uint32_t key; uint8_t tag, reserved[3]; union { double f; int64_t i; } value; } ScalarEntry;
+enum { VALUE_FLOAT = 0, VALUE_INT = 1, VALUE_NONE = 2, VALUE_BOOL = 3 };
+
+static int optional_int64(PyObject *obj, int64_t *out) {
+    if (obj == Py_None) { *out = INT64_MIN; return 1; }
+    if (!PyLong_CheckExact(obj)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v == INT64_MIN) { PyErr_Clear(); return 0; }
+    *out = v;
+    return 1;
+}
+
+/* put_scalars(buffer, ring_offset, capacity, limit, kind, time_ns, values, step, iteration,
+ * env_steps, key_ids, intern) -> True, False (ring full) or None (not plain: encode it another way).
+ * Keys must be exact str (ids from key_ids, else intern(key)), values float, int (64-bit), bool or
+ * None. Every key is looked up before the ring is touched: intern() runs Python code. */
+static PyObject *put_scalars(PyObject *module, PyObject *args) {
+    PyObject *buffer, *values, *step, *iteration, *env_steps, *key_ids, *intern;
+    Py_ssize_t offset, capacity, limit;
+    unsigned int kind;
+    long long time_ns;
+    if (!PyArg_ParseTuple(args, "OnnnILO!OOOO!O", &buffer, &offset, &capacity, &limit, &kind, &time_ns,
+                          &PyDict_Type, &values, &step, &iteration, &env_steps, &PyDict_Type, &key_ids, &intern))
+        return NULL;
+    ScalarsHeader header = {time_ns, 0, 0, 0, 0, 0};
+    if (!optional_int64(step, &header.step) || !optional_int64(iteration, &header.iteration)
+        || !optional_int64(env_steps, &header.env_steps))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyDict_GET_SIZE(values);
+    ScalarEntry *entries = PyMem_Calloc(n ? (size_t)n : 1, sizeof(ScalarEntry));
+    if (entries == NULL) return PyErr_NoMemory();
+    PyObject *key, *value, *result = NULL;
+    Py_ssize_t pos = 0, i = 0;
+    int plain = 1;
+    while (plain && PyDict_Next(values, &pos, &key, &value)) {
+        ScalarEntry *e = &entries[i++];
+        if (!PyUnicode_CheckExact(key)) { plain = 0; break; }
+        if (PyFloat_CheckExact(value)) { e->tag = VALUE_FLOAT; e->value.f = PyFloat_AS_DOUBLE(value); }
+        else if (value == Py_None) e->tag = VALUE_NONE;
+        else if (PyBool_Check(value)) { e->tag = VALUE_BOOL; e->value.i = value == Py_True; }
+        else if (PyLong_CheckExact(value)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); plain = 0; break; }
+            e->tag = VALUE_INT;
+            e->value.i = v;
+        } else { plain = 0; break; }
+    }
+    if (!plain) { result = Py_NewRef(Py_None); goto done; }
+    /* Key ids (values are checked: nothing above ran Python code; intern() below may). */
+    pos = 0; i = 0;
+    while (PyDict_Next(values, &pos, &key, &value)) {
+        Py_INCREF(key);
+        PyObject *id = PyDict_GetItemWithError(key_ids, key);
+        if (id != NULL) Py_INCREF(id);
+        else if (!PyErr_Occurred()) id = PyObject_CallOneArg(intern, key);
+        Py_DECREF(key);
+        if (id == NULL) goto done;
+        long v = PyLong_AsLong(id);
+        Py_DECREF(id);
+        if (v == -1 && PyErr_Occurred()) goto done;
+        if (v < 0) { result = Py_NewRef(Py_None); goto done; }  /* the string table is full */
+        entries[i++].key = (uint32_t)v;
+        if (i == n) break;
+    }
+    if (i != n) { result = Py_NewRef(Py_None); goto done; }  /* the dict changed under intern() */
+    header.count = (uint32_t)n;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) goto done;
+    char *ring = ring_of(&view, offset, capacity);
+    if (ring != NULL) {
+        uint64_t length = sizeof(ScalarsHeader) + (uint64_t)n * sizeof(ScalarEntry), end;
+        char *at = reserve_frame(ring, (uint64_t)capacity, 8 + length, (uint64_t)limit, &end);
+        if (at == NULL) result = Py_NewRef(Py_False);
+        else {
+            uint32_t frame[2] = {(uint32_t)length, kind};
+            memcpy(at, frame, 8);
+            memcpy(at + 8, &header, sizeof(ScalarsHeader));
+            memcpy(at + 8 + sizeof(ScalarsHeader), entries, (size_t)n * sizeof(ScalarEntry));
+            commit_frame(ring, end);
+            result = Py_NewRef(Py_True);
+        }
+    }
+    PyBuffer_Release(&view);
+done:
+    PyMem_Free(entries);
     return result;
 }
 
@@ -829,6 +942,7 @@ static PyObject *monotonic_ns(PyObject *module, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"monotonic_ns", monotonic_ns, METH_NOARGS, "The clock this module stamps phases with."},
     {"put_frame", put_frame, METH_VARARGS, "Append one frame to a segment's message ring; False when it is full."},
+    {"put_scalars", put_scalars, METH_VARARGS, "Append a packed scalars record; False when the ring is full, None when not plain."},
     {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
     {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
     {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end, flow and correlation records."},

@@ -284,3 +284,27 @@ def test_without_a_process_the_agent_runs_on_a_thread(tmp_path, monkeypatch, cap
     assert any("could not start" in r.getMessage() for r in caplog.records)
     assert [r["status"] for r in records(run_dir) if r["kind"] == "run"] == ["pending", "running", "finished"]
     assert not _segments_of("no-process-1")
+
+
+def test_scalars_reach_every_host_alike(tmp_path):
+    calls = [
+        {"Loss/critic": 1.5, "Loss/steps": 7, "Loss/flag": True, "Loss/none": None, "Loss/nan": float("nan")},
+        {"Loss/critic": np.float32(2.5), "Loss/huge": 2**70, "Loss/negative": -(2**63) + 1},
+        {"Loss/new_key": 3.0, "Loss/critic": float("-inf")},
+    ]
+    seen = {}
+    for agent in ("off", "thread", "process"):
+        run_dir = tmp_path / f"alike-{agent}"
+        tel = otel_rl.init(run_dir=run_dir, jsonl=True, agent=agent, system_metrics_interval_s=0)
+        try:
+            for step, values in enumerate(calls):
+                tel.scalars(values, step=step if step != 1 else None)
+        finally:
+            tel.close()
+        found = records(run_dir)
+        seen[agent] = (
+            [(r["values"], r.get("step")) for r in found if r["kind"] == "scalars"],
+            sorted((r["name"], json.dumps(r["attributes"], sort_keys=True)) for r in found if r["kind"] == "event"),
+        )
+    assert seen["thread"] == seen["off"] == seen["process"]
+    assert seen["off"][0][0][0]["Loss/steps"] == 7 and seen["off"][0][0][0]["Loss/nan"] is None

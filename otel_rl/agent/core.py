@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from otel_rl import schema
 from otel_rl._logging import logger, once
 from otel_rl.agent import segment as shm
@@ -116,7 +118,7 @@ class Agent:
     def _decode_message(self, kind: int, payload: bytes) -> tuple[int, Any] | None:
         """A message's record; None (one warning per kind, counted) when it cannot be read here."""
         try:
-            return _decode_message(kind, payload)
+            return _decode_message(kind, payload, self.reader)
         except Exception as exc:  # a pickled class this process cannot import, say
             self.outputs._drops.add("agent_decode", str(kind & ~shm.PICKLED))
             _logger.warning("otel-rl: agent: a record of kind %d could not be read (%s); dropped", kind & ~shm.PICKLED, exc, extra=once(f"agent-decode:{kind}"))
@@ -192,10 +194,34 @@ class Agent:
         self.outputs._pipeline.drain()
 
 
-def _decode_message(kind: int, payload: bytes) -> tuple[int, Any]:
+def _decode_message(kind: int, payload: bytes, reader: shm.SegmentReader) -> tuple[int, Any]:
+    if kind == shm.SCALARS_PACKED:
+        return shm.SCALARS, _unpack_scalars(payload, reader)
     if kind & shm.PICKLED:
         return kind & ~shm.PICKLED, pickle.loads(payload)
     return kind, _restore(marshal.loads(payload))
+
+
+def _unpack_scalars(payload: bytes, reader: shm.SegmentReader) -> tuple:
+    time_ns, step, iteration, env_steps, count, _ = shm.SCALARS_HEADER.unpack_from(payload)
+    entries = np.frombuffer(payload, shm.SCALAR_ENTRY, count, shm.SCALARS_HEADER.size)
+    names = reader.names
+    if count and int(entries["key"].max()) >= len(names):  # interned after this pass read the table
+        names = reader.update_names()
+    as_int = entries["value"].view("<i8").tolist()
+    values: dict[str, Any] = {}
+    for (key, tag, value), integer in zip(entries[["key", "tag", "value"]].tolist(), as_int):
+        name = names[key]
+        if tag == shm.VALUE_FLOAT:
+            values[name] = value
+        elif tag == shm.VALUE_INT:
+            values[name] = integer
+        elif tag == shm.VALUE_BOOL:
+            values[name] = bool(integer)
+        else:
+            values[name] = None
+    axes = [None if v == shm.NO_STEPS else v for v in (step, iteration, env_steps)]
+    return (time_ns, values, *axes, 0)
 
 
 _STAND_INS: dict[str, type] = {}

@@ -219,7 +219,12 @@ class SegmentRecorder(Recorder):
         return self.segment.put(kind, payload)
 
     def add_scalars(self, record: tuple) -> None:
-        if not self._put(shm.SCALARS, record):
+        if os.getpid() != self._pid:
+            return
+        packed = self.segment.put_scalars(record)  # the common case: str keys, numbers
+        if packed is None:
+            packed = self._put(shm.SCALARS, record)
+        if not packed:
             self.scalars_dropped += 1
 
     def add_distribution(self, record: tuple, nbytes: int) -> None:

@@ -34,9 +34,9 @@ from pathlib import Path
 import numpy as np
 
 try:
-    from otel_rl._hotpath import put_frame
+    from otel_rl._hotpath import put_frame, put_scalars
 except ImportError:  # not built: the pure-Python writer
-    put_frame = None
+    put_frame = put_scalars = None
 
 MAGIC = b"OTELRL\x00\x01"
 HEADER_BYTES = 4096
@@ -76,13 +76,20 @@ NO_STEPS = -(2**63)
 # Message kinds (the first u32 of a frame is its payload length, the second its kind).
 SKIP = 0
 """Filler to the ring's end: the next frame starts at offset 0."""
-RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE, CUDA_FALLBACK = 1, 2, 3, 4, 5, 6, 7
+RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE, CUDA_FALLBACK, SCALARS_PACKED = 1, 2, 3, 4, 5, 6, 7, 8
 CONTROL_KINDS = frozenset({RUN, EVENT, CUDA_FALLBACK})
 FOREIGN = "\x00otel-rl foreign"
 """First item of the stand-in ``(FOREIGN, type name, repr)`` sent for a key or value of a marshalled
 record that is not plain data (an enum, a path, a bytes object...): the agent's checks word it alike."""
 PICKLED = 0x100
 """Set in a frame's kind when its payload is a pickle; otherwise it is ``marshal`` (plain values only, faster)."""
+
+SCALARS_HEADER = struct.Struct("<qqqqII")
+"""A packed scalars record (``SCALARS_PACKED``, written by ``_hotpath.put_scalars``): time, step,
+iteration, env steps (:data:`NO_STEPS`: none), the number of entries; then the entries."""
+SCALAR_ENTRY = np.dtype([("key", "<u4"), ("tag", "u1"), ("reserved", "u1", (3,)), ("value", "<f8")])
+"""One value of a packed scalars record: its key's id in the string table, its type, its 8 bytes."""
+VALUE_FLOAT, VALUE_INT, VALUE_NONE, VALUE_BOOL = 0, 1, 2, 3
 
 # Producer states.
 RUNNING, CLOSING = 0, 1
@@ -321,6 +328,18 @@ class Segment:
             return put_frame(self.buffer, ring.offset, ring.capacity, kind, payload, limit)
         with self._lock:
             return ring.put(kind, payload, limit)
+
+    def put_scalars(self, record: tuple) -> bool | None:
+        """A ``scalars()`` record packed in C (key ids, 8-byte values): False when the ring is full,
+        None when it is not plain (keys not all ``str``, values not all numbers) or C is not built."""
+        if put_scalars is None:
+            return None
+        time_ns, values, step, iteration, env_steps, _ = record
+        ring = self.data
+        return put_scalars(
+            self.buffer, ring.offset, ring.capacity, ring.capacity, SCALARS_PACKED, time_ns, values, step, iteration,
+            env_steps, self._names, self.intern,
+        )  # fmt: skip
 
     def set(self, field: str, value: int) -> None:
         self.header[field].value = value
