@@ -20,6 +20,7 @@ from __future__ import annotations
 import marshal
 import os
 import pickle
+import select
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -266,7 +267,24 @@ class ProducerWatch:
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
-        self._started = self._stat()[1] if self._stat() else None
+        stat = self._stat()
+        self._started = stat[1] if stat else None
+        try:  # readable the moment the process exits: the agent wakes while its wait status is still there
+            self._pidfd: int | None = os.pidfd_open(pid) if pid != os.getpid() else None
+        except (AttributeError, OSError):
+            self._pidfd = None
+
+    def wait(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s``, or less if the producer exits meanwhile."""
+        if self._pidfd is None:
+            time.sleep(timeout_s)
+        else:
+            select.select([self._pidfd], [], [], timeout_s)
+
+    def close(self) -> None:
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
 
     def _stat(self) -> tuple[str, int | None, int | None] | None:
         try:
@@ -312,9 +330,10 @@ def serve(reader: shm.SegmentReader, outputs: Any, pid: int, interval_s: float, 
             if request > reader.get("flush_done"):
                 outputs.flush(deadline_s)
                 reader.set("flush_done", request)
-            time.sleep(interval_s)
+            watch.wait(interval_s)
         if ended is not None:
             agent.end_run(*ended)
     finally:
+        watch.close()
         outputs.close(deadline_s)
         reader.set("agent_state", shm.AGENT_DONE)
