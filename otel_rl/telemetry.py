@@ -176,13 +176,16 @@ class Telemetry:
         trace: tuple[int, int | None] | None = None,
         producer_pid: int | None = None,
         started_ns: int | None = None,
+        takeover: int = 0,
     ) -> None:
-        """``trace`` (trace id, parent span id), ``producer_pid`` and ``started_ns`` (the producer's
-        :func:`otel_rl.init`) are set by an agent building a producer's outputs."""
+        """``trace`` (trace id, parent span id), ``producer_pid``, ``started_ns`` (the producer's
+        :func:`otel_rl.init`) and ``takeover`` (agents that served the producer before) are set by
+        an agent building a producer's outputs."""
         self.config = config
         self._clock = Clock()
         self._producer_pid = producer_pid
         self._started_ns = self._clock.now_ns() if started_ns is None else started_ns
+        self._takeover = takeover
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -277,6 +280,8 @@ class Telemetry:
                 if last.exists():
                     merge_fragments(last)  # what the previous part's workers left, before new ones reuse the names
                 path = trace_part(directory, TRACE_FILE, self._previous.resumes + 1)
+            if self._takeover:  # the previous agent's part stays as it was written
+                path = path.with_name(path.name.replace(".", f".agent-{self._takeover}.", 1))
             self._built.append(
                 PerfettoTraceSink(
                     path,
@@ -368,7 +373,8 @@ class Telemetry:
 
             sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
         self._built.remove(sink)
-        sink.pending(self._started_ns / 1e9)
+        if not self._takeover:  # an agent taking over continues a run whose pending record is out
+            sink.pending(self._started_ns / 1e9)
         return sink
 
     def _resource(self):

@@ -8,6 +8,8 @@
 - ``sigterm_sigkill``: SIGTERM to itself after iteration 59 (the run ends as
   killed), then SIGKILL while telemetry would be shutting down;
 - ``kill_agent``: SIGKILL to the agent process after iteration 29; training goes on to the end.
+- ``restart_agent``: the same, then 6,000 scalars calls of 200 keys (more than the data ring
+  holds) and 3 s more of training, long enough for a new agent; prints ``tel.stats()`` as JSON.
 
 AGENT is ``process`` (default) or ``thread``. Outputs: JSONL, the trace, and
 the live stream when ``MOTRIX_METRICS_URL`` is set.
@@ -15,6 +17,7 @@ the live stream when ``MOTRIX_METRICS_URL`` is set.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -44,12 +47,24 @@ def main() -> None:
                     os.kill(os.getpid(), signal.SIGKILL)
                 if i == KILL_AT and end == "sigterm_sigkill":
                     os.kill(os.getpid(), signal.SIGTERM)
-                if i == 29 and end == "kill_agent":
+                if i == 29 and end in ("kill_agent", "restart_agent"):
+                    while end == "restart_agent" and tel._segment.get("agent_state") == 0:
+                        time.sleep(0.05)  # the first agent has started reading (and writing outputs)
+                    if end == "restart_agent":
+                        time.sleep(2.5)  # and has written what it read (JSONL is written every 2 s)
                     os.kill(tel._host.process.pid, signal.SIGKILL)
                     tel._host.process.wait()
+                    if end == "restart_agent":
+                        burst = {f"Burst/k{k:03d}": float(k) for k in range(200)}
+                        for _ in range(6000):
+                            tel.scalars(burst)
+                if end == "restart_agent" and i >= 29:
+                    time.sleep(0.045)
     finally:
         if end == "sigterm_sigkill":
             os.kill(os.getpid(), signal.SIGKILL)  # the second signal, before telemetry could flush anything
+    if end == "restart_agent":
+        print(json.dumps(tel.stats()), flush=True)
     tel.close()
 
 

@@ -107,6 +107,26 @@ def test_a_killed_agent_costs_no_training_and_its_work_is_finished_at_close(tmp_
     assert not _segments_of(run_dir.name)
 
 
+def test_a_new_agent_takes_over_while_training_runs(tmp_path):
+    run_dir = tmp_path / "agent-restarted-1"
+    out = subprocess.run(
+        [sys.executable, str(TARGET), str(run_dir), "restart_agent"], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]  # training went on
+    assert "starting a new one" in out.stderr and "finishing its work here" not in out.stderr
+    stats = json.loads(out.stdout.strip().splitlines()[-1])
+    assert stats["dropped"]["scalars"] > 0  # the ring filled while no agent read it: counted, never blocking
+    found = records(run_dir)
+    assert [r["status"] for r in found if r["kind"] == "run"][-1] == "finished"
+    assert [r["status"] for r in found if r["kind"] == "run"].count("pending") == 1  # the run continued, not restarted
+    steps = [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert steps[-40:] == [10 * (i + 1) for i in range(60, 100)]  # once the new agent reads, nothing is missed
+    # The new agent's trace part sits next to the first agent's; the run span closes in its part.
+    assert (run_dir / "trace.agent-1.perfetto-trace").exists()
+    assert learning_slices(run_dir) >= 40
+    assert not _segments_of(run_dir.name)
+
+
 @pytest.mark.parametrize("agent", ["thread", "process"])
 def test_both_hosts_write_the_same_outputs(tmp_path, agent):
     run_dir = tmp_path / f"same-{agent}"

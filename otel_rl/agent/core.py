@@ -66,7 +66,8 @@ class _Replayed:
 class Agent:
     """Moves one producer's records into ``outputs`` (a Telemetry whose pipeline this agent drives)."""
 
-    def __init__(self, reader: shm.SegmentReader, outputs: Any) -> None:
+    def __init__(self, reader: shm.SegmentReader, outputs: Any, takeover: bool = False) -> None:
+        """``takeover``: another agent read this segment before; the open run is learned from the segment."""
         self.reader = reader
         self.outputs = outputs
         self._recorder = outputs._recorder
@@ -75,6 +76,17 @@ class Agent:
         self.run: RunRecord | None = None
         """The open run (its start record), None before it starts and after it ends."""
         self.last_ns = 0
+        published = reader.run() if takeover else None
+        if published:
+            # Its start was written by the previous agent: only the spans' parent and the panel need it here.
+            self.run = pickle.loads(published)
+            if outputs._otel is not None:
+                outputs._otel.on_run(self.run)
+            self._note_num_envs(self.run)
+
+    def _note_num_envs(self, run: RunRecord) -> None:
+        num_envs = run.attributes.get("num_envs")
+        self.outputs._num_envs = num_envs if isinstance(num_envs, int) else None
 
     def pump(self) -> int:
         """One pass: move everything written since the last pass, then run the pipeline; returns records moved."""
@@ -138,8 +150,7 @@ class Agent:
             record = replace(record, seq=seq)
             if record.end_ns is None:
                 self.run = record
-                num_envs = record.attributes.get("num_envs")
-                self.outputs._num_envs = num_envs if isinstance(num_envs, int) else None
+                self._note_num_envs(record)
             else:
                 self.run = None
             recorder.add_control(record)
@@ -312,9 +323,11 @@ class ProducerWatch:
         return "killed", "the process disappeared without ending its run (SIGKILL, OOM kill or os._exit)"
 
 
-def serve(reader: shm.SegmentReader, outputs: Any, pid: int, interval_s: float, deadline_s: float) -> None:
+def serve(
+    reader: shm.SegmentReader, outputs: Any, pid: int, interval_s: float, deadline_s: float, takeover: bool = False
+) -> None:
     """Run the agent until its producer closes or dies, then close the outputs within ``deadline_s``."""
-    agent = Agent(reader, outputs)
+    agent = Agent(reader, outputs, takeover)
     watch = ProducerWatch(pid)
     reader.set("agent_pid", os.getpid())
     reader.set("agent_state", shm.AGENT_ATTACHED)

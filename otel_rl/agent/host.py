@@ -48,8 +48,13 @@ def _wait(condition, deadline: Deadline) -> bool:
     return True
 
 
-def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = None, producer_pid: int | None = None):
-    """The producer's outputs (a Telemetry of its configuration), on its trace and timebase."""
+def build_outputs(
+    agent_config: Any, clock_offset_ns: int, sinks: list | None = None, producer_pid: int | None = None, takeover: int = 0
+):
+    """The producer's outputs (a Telemetry of its configuration), on its trace and timebase.
+
+    ``takeover``: how many agents served this producer before (their outputs are continued, not restarted).
+    """
     from otel_rl.telemetry import Telemetry
 
     outputs = Telemetry(
@@ -58,6 +63,7 @@ def build_outputs(agent_config: Any, clock_offset_ns: int, sinks: list | None = 
         trace=(agent_config.trace_id, agent_config.parent_span_id),
         producer_pid=producer_pid,
         started_ns=agent_config.started_ns,
+        takeover=takeover,
     )
     outputs._clock.offset_ns = clock_offset_ns
     return outputs
@@ -99,29 +105,56 @@ class ProcessHost:
 
     It runs in a session of its own (a Ctrl-C meant for training does not stop
     it first), inherits the terminal (the panel) and the environment (OTLP
-    settings), and removes the segment when it is done. If it is gone when the
-    producer closes, the producer runs the agent itself, once, from where the
-    dead one stopped reading.
+    settings), and removes the segment when it is done. A watcher thread
+    (awake once a second) starts a new agent, once, if the first one dies
+    while training runs; it resumes reading where the dead one stopped. If the
+    agent is gone when the producer closes, the producer runs the agent's code
+    itself to finish the work.
     """
 
     outputs = None
+    WATCH_S = 1.0
 
     def __init__(self, segment: shm.Segment) -> None:
         self.segment = segment
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "otel_rl.agent", str(segment.path)],
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            close_fds=True,
-        )
+        self.agents = 1
+        self.process = self._start(0)
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="otel-rl-agent-watch", daemon=True)
+        self._watcher.start()
+
+    def _start(self, takeover: int) -> subprocess.Popen:
+        command = [sys.executable, "-m", "otel_rl.agent", str(self.segment.path)]
+        if takeover:
+            command += ["--takeover", str(takeover)]
+        return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
     def _alive(self) -> bool:
         return self.process.poll() is None
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(self.WATCH_S):
+            if self._alive() or self.segment.get("agent_state") == shm.AGENT_DONE:
+                continue
+            if self.agents > 1:
+                return  # the second one died too: close() finishes the work
+            _logger.warning(
+                "otel-rl: the agent process ended (exit code %s) while training runs; starting a new one",
+                self.process.returncode,
+            )
+            try:
+                self.process = self._start(self.agents)
+            except OSError as exc:
+                _logger.warning("otel-rl: no new agent (%s); close() will finish the work", exc)
+                return
+            self.agents += 1
 
     def flush(self, deadline: Deadline) -> bool:
         return _flush(self.segment, deadline, self._alive)
 
     def stop(self, deadline: Deadline) -> None:
+        self._stopping.set()
+        self._watcher.join(deadline.left(cap_s=1.0))
         segment = self.segment
         segment.set("state", shm.CLOSING)
         _wait(lambda: segment.get("agent_state") == shm.AGENT_DONE or not self._alive(), deadline)
@@ -136,10 +169,11 @@ class ProcessHost:
         from otel_rl.agent.core import serve
 
         reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
+        takeover = self.agents if reader.get("agent_state") != shm.AGENT_NONE else 0
         try:
             agent_config = pickle.loads(reader.config())
-            outputs = build_outputs(agent_config, reader.get("clock_offset_ns"))
-            serve(reader, outputs, os.getpid(), 0.0, deadline.left())
+            outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), takeover=takeover)
+            serve(reader, outputs, os.getpid(), 0.0, deadline.left(), takeover=takeover > 0)
         except Exception:
             _logger.exception("otel-rl: the agent's work could not be finished")
         finally:
@@ -153,16 +187,21 @@ def _flush(segment: shm.Segment, deadline: Deadline, alive) -> bool:
     return _wait(lambda: segment.get("flush_done") >= request or not alive(), deadline) and alive()
 
 
-def main(path: str) -> int:
-    """The agent process: serve one producer's segment until it closes or dies; 0 when every output closed."""
+def main(path: str, takeover: int = 0) -> int:
+    """The agent process: serve one producer's segment until it closes or dies; 0 when every output closed.
+
+    ``takeover``: agents that served this segment before (this one continues their outputs).
+    """
     from otel_rl.agent.core import serve
 
     reader = shm.SegmentReader(Path(path))
+    if reader.get("agent_state") == shm.AGENT_NONE:
+        takeover = 0  # the agent before never started reading: this one is the first to write outputs
     try:
         agent_config = pickle.loads(reader.config())
-        outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), producer_pid=agent_config.pid)
+        outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), producer_pid=agent_config.pid, takeover=takeover)
         config = agent_config.config
-        serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s)
+        serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s, takeover=takeover > 0)
     finally:
         done = reader.get("agent_state") == shm.AGENT_DONE
         reader.close()

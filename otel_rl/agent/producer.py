@@ -238,10 +238,12 @@ class SegmentRecorder(Recorder):
         _logger.warning("otel-rl: event ring full; dropping new events", extra=once("event-ring-full"))
         return False
 
-    def add_control(self, record: tuple) -> None:
+    def add_control(self, record: Any) -> None:
         if not self._put(shm.RUN, record):
             self.events_dropped += 1
             _logger.error("otel-rl: no room for a run record in the control ring; the agent will not see it")
+        # An agent that takes over mid-run learns the open run from here (it missed its start record).
+        self.segment.publish_run(pickle.dumps(record, protocol=5) if record.end_ns is None else b"")
 
     def add_device_interval(self, record: object) -> None:
         if not self._put(shm.DEVICE_INTERVAL, record):

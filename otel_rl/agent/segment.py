@@ -9,7 +9,8 @@ integers little-endian)::
     header       4 KiB   magic, pid, clock offset, states, counts, region offsets
     names        1 MiB   the string table: [u16 length][utf-8] entries, ids in order
     config       1 MiB   what the agent needs to build the outputs (pickled, written once)
-    totals      64 KiB   the agent's cumulative phase and cycle totals, for window_timings() (seqlock)
+    totals      64 KiB   the agent's cumulative phase and cycle totals, for window_timings() (a slot)
+    run         64 KiB   the open run's start record, for an agent taking over mid-run (a slot)
     control ring         run records and events: scalars never take their room
     data ring            scalars, distributions, GPU intervals, relayed cycles
     lanes                one ring of fixed 48-byte records per recording thread
@@ -42,7 +43,7 @@ MAGIC = b"OTELRL\x00\x01"
 HEADER_BYTES = 4096
 NAMES_BYTES = 1 << 20
 CONFIG_BYTES = 1 << 20
-TOTALS_BYTES = 64 << 10
+SLOT_BYTES = 64 << 10
 RING_HEADER_BYTES = 64
 LANE_HEADER_BYTES = 64
 MAX_LANES = 8
@@ -136,6 +137,32 @@ def _i64(buffer: mmap.mmap, offset: int) -> ctypes.c_int64:
     return ctypes.c_int64.from_buffer(buffer, offset)
 
 
+def _write_slot(buffer: mmap.mmap, offset: int, payload: bytes) -> bool:
+    """Replace a slot's payload (one writer): its version is odd while it is written (a seqlock)."""
+    if len(payload) > SLOT_BYTES - 16:
+        return False
+    version = _u64(buffer, offset)
+    version.value += 1
+    struct.pack_into("<Q", buffer, offset + 8, len(payload))
+    buffer[offset + 16 : offset + 16 + len(payload)] = payload
+    version.value += 1
+    return True
+
+
+def _read_slot(buffer: mmap.mmap, offset: int) -> bytes | None:
+    """A slot's payload as one whole version; None before the first write (or if it kept changing)."""
+    version = _u64(buffer, offset)
+    for _ in range(100):
+        before = version.value
+        if before % 2:  # being written
+            continue
+        (length,) = struct.unpack_from("<Q", buffer, offset + 8)
+        payload = bytes(buffer[offset + 16 : offset + 16 + min(length, SLOT_BYTES - 16)])
+        if version.value == before:
+            return payload if before else None
+    return None
+
+
 class _Layout:
     """Offsets of the regions, from the header's sizes."""
 
@@ -144,7 +171,8 @@ class _Layout:
         self.names = HEADER_BYTES
         self.config = self.names + NAMES_BYTES
         self.totals = self.config + CONFIG_BYTES
-        self.control = self.totals + TOTALS_BYTES
+        self.run = self.totals + SLOT_BYTES
+        self.control = self.run + SLOT_BYTES
         self.control_bytes = control_bytes
         self.data = self.control + RING_HEADER_BYTES + control_bytes
         self.data_bytes = data_bytes
@@ -348,17 +376,12 @@ class Segment:
         return self.header[field].value
 
     def totals(self) -> bytes | None:
-        """What the agent last published with :meth:`SegmentReader.publish_totals`; None before that or if it kept changing."""
-        version = _u64(self.buffer, self.layout.totals)
-        for _ in range(100):
-            before = version.value
-            if before % 2:  # being written
-                continue
-            (length,) = struct.unpack_from("<Q", self.buffer, self.layout.totals + 8)
-            payload = bytes(self.buffer[self.layout.totals + 16 : self.layout.totals + 16 + min(length, TOTALS_BYTES - 16)])
-            if version.value == before:
-                return payload if before else None
-        return None
+        """What the agent last published with :meth:`SegmentReader.publish_totals` (None before that)."""
+        return _read_slot(self.buffer, self.layout.totals)
+
+    def publish_run(self, payload: bytes) -> bool:
+        """The open run's start record (empty: no run open), for an agent that takes over mid-run."""
+        return _write_slot(self.buffer, self.layout.run, payload)
 
     def close(self) -> None:
         """Forget the mapping (the reader unlinks the file)."""
@@ -408,15 +431,12 @@ class SegmentReader:
         return bytes(self.buffer[start : start + self.get("config_bytes")])
 
     def publish_totals(self, payload: bytes) -> bool:
-        """Publish the outputs' totals for the producer (a seqlock: odd while written); False if too large."""
-        if len(payload) > TOTALS_BYTES - 16:
-            return False
-        version = _u64(self.buffer, self.layout.totals)
-        version.value += 1
-        struct.pack_into("<Q", self.buffer, self.layout.totals + 8, len(payload))
-        self.buffer[self.layout.totals + 16 : self.layout.totals + 16 + len(payload)] = payload
-        version.value += 1
-        return True
+        """Publish the outputs' totals for the producer; False if too large."""
+        return _write_slot(self.buffer, self.layout.totals, payload)
+
+    def run(self) -> bytes | None:
+        """The open run's start record as the producer published it, or None."""
+        return _read_slot(self.buffer, self.layout.run) or None
 
     def update_names(self) -> list[str]:
         """Read the string table's new entries; returns the whole table."""
