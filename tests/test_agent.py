@@ -328,3 +328,23 @@ def test_scalars_reach_every_host_alike(tmp_path):
         )
     assert seen["thread"] == seen["off"] == seen["process"]
     assert seen["off"][0][0][0]["Loss/steps"] == 7 and seen["off"][0][0][0]["Loss/nan"] is None
+
+
+def test_segments_left_by_dead_producers_and_agents_are_removed(tmp_path):
+    directory = tmp_path / "segments"
+    directory.mkdir()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    for name, pid, agent_pid, age_s in (
+        ("stale.seg", dead_pid, dead_pid, 3600),  # both gone, old: removed
+        ("producer-alive.seg", os.getpid(), dead_pid, 3600),
+        ("agent-alive.seg", dead_pid, os.getpid(), 3600),
+        ("young.seg", dead_pid, dead_pid, 0),  # maybe being created by another process
+    ):
+        segment = shm.Segment(directory / name, b"", 8, control_bytes=4096, data_bytes=4096)
+        segment.set("pid", pid)
+        segment.set("agent_pid", agent_pid)
+        segment.close()
+        os.utime(directory / name, (time.time() - age_s, time.time() - age_s))
+    assert [p.name for p in shm.remove_stale(directory)] == ["stale.seg"]
+    assert sorted(p.name for p in directory.iterdir()) == ["agent-alive.seg", "producer-alive.seg", "young.seg"]

@@ -28,7 +28,10 @@ POLL_S = 0.005
 def segment_path(config: Any) -> Path:
     """A fresh segment file for this process, named after the run and role."""
     name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.run_id}-{config.role}")[:80]
-    return shm.segment_dir() / f"{name}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+    directory = shm.segment_dir()
+    for stale in shm.remove_stale(directory):
+        _logger.info("otel-rl: removed %s, left by a producer and agent that both died", stale.name)
+    return directory / f"{name}-{os.getpid()}-{os.urandom(4).hex()}.seg"
 
 
 def picklable(config: Any) -> bool:

@@ -30,6 +30,7 @@ import mmap
 import os
 import struct
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +127,41 @@ def segment_dir() -> Path:
     if path.stat().st_uid != os.getuid() or path.stat().st_mode & 0o077:
         raise PermissionError(f"{path} is not private to this user")
     return path
+
+
+STALE_AFTER_S = 60.0
+"""A segment this old whose producer and agent are both gone is removed by the next producer that starts."""
+
+
+def remove_stale(directory: Path) -> list[Path]:
+    """Remove segments left by a producer and an agent that both died (each reserved tens of MiB); returns them."""
+    removed = []
+    for path in directory.glob("*.seg"):
+        try:
+            if time.time() - path.stat().st_mtime < STALE_AFTER_S:
+                continue  # being created, or young: never raced
+            with open(path, "rb") as f:
+                header = f.read(len(MAGIC) + 48)
+            pid, agent_pid = struct.unpack_from("<q", header, _FIELDS["pid"])[0], struct.unpack_from("<q", header, _FIELDS["agent_pid"])[0]
+            if header[: len(MAGIC)] == MAGIC and (_alive(pid) or _alive(agent_pid)):
+                continue
+            path.unlink()
+            removed.append(path)
+        except (OSError, struct.error):
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _u64(buffer: mmap.mmap, offset: int) -> ctypes.c_uint64:
