@@ -348,3 +348,18 @@ def test_segments_left_by_dead_producers_and_agents_are_removed(tmp_path):
         os.utime(directory / name, (time.time() - age_s, time.time() - age_s))
     assert [p.name for p in shm.remove_stale(directory)] == ["stale.seg"]
     assert sorted(p.name for p in directory.iterdir()) == ["agent-alive.seg", "producer-alive.seg", "young.seg"]
+
+
+def test_close_and_flush_do_not_wait_for_the_agents_next_pass(tmp_path):
+    run_dir = tmp_path / "slow-pass-1"
+    tel = otel_rl.init(run_dir=run_dir, jsonl=True, agent="process", pipeline_interval_s=3600, system_metrics_interval_s=0)
+    try:
+        with tel.run():
+            with tel.iteration(0, env_steps=1):
+                with tel.phase("learning"):
+                    pass
+            assert tel.flush(30.0)
+            assert tel.window_timings()["Perf/iteration_time"] > 0  # flushed through the agent
+    finally:
+        tel.close(30.0)
+    assert [r["status"] for r in records(run_dir) if r["kind"] == "run"] == ["pending", "running", "finished"]

@@ -39,6 +39,8 @@ _logger = logger(__name__)
 RECORDS_PER_PASS = 65_536
 """Lane records moved per lane and pass at most (what the outputs' lanes hold)."""
 MESSAGE_BYTES_PER_PASS = 64 << 20
+CONTROL_POLL_S = 0.05
+"""How often the agent reads the producer's requests (close, flush) between passes."""
 
 
 @dataclass(frozen=True)
@@ -331,19 +333,24 @@ def serve(
     watch = ProducerWatch(pid)
     reader.set("agent_pid", os.getpid())
     reader.set("agent_state", shm.AGENT_ATTACHED)
+    next_pass = 0.0
     try:
         while True:
+            # The header is read every CONTROL_POLL_S: a close or flush never waits for the next pass.
             closing = reader.get("state") == shm.CLOSING
             ended = None if closing else watch.ended()
-            while agent.pump():  # until the segment is empty
-                pass
+            request = reader.get("flush_request")
+            flushing = request > reader.get("flush_done")
+            if closing or ended is not None or flushing or time.monotonic() >= next_pass:
+                while agent.pump():  # until the segment is empty
+                    pass
+                next_pass = time.monotonic() + interval_s
             if closing or ended is not None:
                 break
-            request = reader.get("flush_request")
-            if request > reader.get("flush_done"):
+            if flushing:
                 outputs.flush(deadline_s)
                 reader.set("flush_done", request)
-            watch.wait(interval_s)
+            watch.wait(min(interval_s, CONTROL_POLL_S))
         if ended is not None:
             agent.end_run(*ended)
     finally:
