@@ -233,6 +233,8 @@ def test_a_forked_child_writes_nothing_into_its_parents_segment(implementation, 
                 with learning:
                     pass
             tel.scalars({"Loss/critic": 1.0})
+            with tel.run():
+                pass
             os._exit(0)
         assert os.waitpid(pid, 0)[1] == 0
         assert tel.flush(10.0)
@@ -242,6 +244,7 @@ def test_a_forked_child_writes_nothing_into_its_parents_segment(implementation, 
         assert summary["learner"]["phases"]["learning"]["count"] == 1 and phases
         if written is not None:
             assert lane._write.value == written
+        assert shm.SegmentReader(tel._segment.buffer).run() is None  # no run record of the child's
     finally:
         tel.close()
 

@@ -239,6 +239,8 @@ class SegmentRecorder(Recorder):
         return False
 
     def add_control(self, record: Any) -> None:
+        if os.getpid() != self._pid:  # a forked child: the segment is its parent's
+            return
         if not self._put(shm.RUN, record):
             self.events_dropped += 1
             _logger.error("otel-rl: no room for a run record in the control ring; the agent will not see it")
@@ -256,10 +258,6 @@ class SegmentRecorder(Recorder):
     def add_remote(self, cycle: object) -> None:
         if not self._put(shm.REMOTE_CYCLE, cycle):
             self.remote_dropped += 1
-
-    @property
-    def phases_pending(self) -> int:
-        return sum(len(lane) for lane in self.snapshot_lanes())
 
 
 class ProducerTelemetry(Telemetry):
