@@ -274,8 +274,9 @@ class _Algo(enum.Enum):
     SAC = "sac"
 
 
-def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, capfd):
+def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, caplog):
     run_dir = tmp_path / "odd-1"
+    caplog.set_level("WARNING", logger="otel_rl")
     tel = otel_rl.init(run_dir=run_dir, jsonl=True, agent="process", system_metrics_interval_s=0)
     try:
         # A class the agent cannot import, a path, bytes, numpy: one warning each, the rest kept.
@@ -288,9 +289,11 @@ def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, capfd):
     assert [r["values"] for r in found if r["kind"] == "scalars"] == [{"custom/1": 3.0, "Loss/critic": 1.0, "Loss/nan": None}]
     (configured,) = [r["attributes"] for r in found if r["kind"] == "event" and r["name"] == "configured"]
     assert configured["when"] == "2026-01-02"
-    err = capfd.readouterr().err  # the agent writes its warnings to the terminal it inherited
-    assert "key <_Algo.SAC: 'sac'> (_Algo) is not a string" in err
-    assert "'Loss/path' is PosixPath, not a number" in err and "'Loss/bytes' is bytes, not a number" in err
+    # The agent's warnings are logged in this process, under the loggers that raised them, by close().
+    logged = {(r.name, r.getMessage()) for r in caplog.records}
+    assert ("otel_rl.pipeline", "otel-rl: scalars()/distribution() key <_Algo.SAC: 'sac'> (_Algo) is not a string; its value is dropped") in logged
+    assert ("otel_rl.values", "otel-rl: scalars(): 'Loss/path' is PosixPath, not a number; dropped") in logged
+    assert any("'Loss/bytes' is bytes, not a number" in message for _, message in logged)
 
 
 def test_without_a_process_the_agent_runs_on_a_thread(tmp_path, monkeypatch, caplog):

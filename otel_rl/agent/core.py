@@ -17,11 +17,13 @@ output.
 
 from __future__ import annotations
 
+import logging
 import marshal
 import os
 import pickle
 import select
 import signal
+import sys
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -269,6 +271,52 @@ class _StandIn:
         return self._repr
 
     __str__ = __repr__
+
+
+class LogForwarder(logging.Handler):
+    """The agent process's otel-rl log records, sent to the producer, which logs them as its own.
+
+    Warnings about the producer's input then reach the training process's
+    logging (its handlers, its files), not only the terminal. Once the
+    producer is gone, records go to stderr instead.
+    """
+
+    def __init__(self, reader: shm.SegmentReader, pid: int) -> None:
+        super().__init__(logging.WARNING)
+        self._reader = reader
+        self._pid = pid
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            if self._reader.logs is not None and shm._alive(self._pid):
+                payload = marshal.dumps((record.levelno, record.name, message))
+                if self._reader.logs.put(shm.LOG, payload, self._reader.logs.capacity):
+                    return
+            sys.stderr.write(message + "\n")
+        except Exception:
+            self.handleError(record)
+
+    @classmethod
+    def install(cls, reader: shm.SegmentReader, pid: int) -> LogForwarder:
+        forwarder = cls(reader, pid)
+        logging.getLogger("otel_rl").addHandler(forwarder)
+        return forwarder
+
+
+def relay_logs(segment: shm.Segment) -> None:
+    """Log, in the producer, what the agent forwarded (see :class:`LogForwarder`)."""
+    logs = segment.logs
+    if logs is None:
+        return
+    for _, payload in logs.take(shm.LOG_BYTES):
+        try:
+            level, name, message = marshal.loads(payload)
+        except (ValueError, EOFError, TypeError):
+            continue
+        logging.getLogger(name).log(level, "%s", message)
 
 
 class ProducerWatch:

@@ -136,7 +136,10 @@ class ProcessHost:
         return self.process.poll() is None
 
     def _watch(self) -> None:
+        from otel_rl.agent.core import relay_logs
+
         while not self._stopping.wait(self.WATCH_S):
+            relay_logs(self.segment)
             if self._alive() or self.segment.get("agent_state") == shm.AGENT_DONE:
                 continue
             if self.agents > 1:
@@ -153,9 +156,15 @@ class ProcessHost:
             self.agents += 1
 
     def flush(self, deadline: Deadline) -> bool:
-        return _flush(self.segment, deadline, self._alive)
+        from otel_rl.agent.core import relay_logs
+
+        flushed = _flush(self.segment, deadline, self._alive)
+        relay_logs(self.segment)
+        return flushed
 
     def stop(self, deadline: Deadline) -> None:
+        from otel_rl.agent.core import relay_logs
+
         self._stopping.set()
         self._watcher.join(deadline.left(cap_s=1.0))
         segment = self.segment
@@ -166,6 +175,7 @@ class ProcessHost:
             self._take_over(deadline)
         elif segment.get("agent_state") != shm.AGENT_DONE:
             _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
+        relay_logs(segment)
         segment.close()
 
     def _take_over(self, deadline: Deadline) -> None:
@@ -195,13 +205,14 @@ def main(path: str, takeover: int = 0) -> int:
 
     ``takeover``: agents that served this segment before (this one continues their outputs).
     """
-    from otel_rl.agent.core import serve
+    from otel_rl.agent.core import LogForwarder, serve
 
     reader = shm.SegmentReader(Path(path))
     if reader.get("agent_state") == shm.AGENT_NONE:
         takeover = 0  # the agent before never started reading: this one is the first to write outputs
     try:
         agent_config = pickle.loads(reader.config())
+        LogForwarder.install(reader, agent_config.pid)
         outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), producer_pid=agent_config.pid, takeover=takeover)
         config = agent_config.config
         serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s, takeover=takeover > 0)

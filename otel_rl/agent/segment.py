@@ -11,6 +11,7 @@ integers little-endian)::
     config       1 MiB   what the agent needs to build the outputs (pickled, written once)
     totals      64 KiB   the agent's cumulative phase and cycle totals, for window_timings() (a slot)
     run         64 KiB   the open run's start record, for an agent taking over mid-run (a slot)
+    log ring   256 KiB   the agent's warnings, for the producer to log (written by the agent)
     control ring         run records and events: scalars never take their room
     data ring            scalars, distributions, GPU intervals, relayed cycles
     lanes                one ring of fixed 48-byte records per recording thread
@@ -45,6 +46,7 @@ HEADER_BYTES = 4096
 NAMES_BYTES = 1 << 20
 CONFIG_BYTES = 1 << 20
 SLOT_BYTES = 64 << 10
+LOG_BYTES = 256 << 10
 RING_HEADER_BYTES = 64
 LANE_HEADER_BYTES = 64
 MAX_LANES = 8
@@ -78,7 +80,7 @@ NO_STEPS = -(2**63)
 # Message kinds (the first u32 of a frame is its payload length, the second its kind).
 SKIP = 0
 """Filler to the ring's end: the next frame starts at offset 0."""
-RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE, CUDA_FALLBACK, SCALARS_PACKED = 1, 2, 3, 4, 5, 6, 7, 8
+RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE, CUDA_FALLBACK, SCALARS_PACKED, LOG = 1, 2, 3, 4, 5, 6, 7, 8, 9
 CONTROL_KINDS = frozenset({RUN, EVENT, CUDA_FALLBACK})
 FOREIGN = "\x00otel-rl foreign"
 """First item of the stand-in ``(FOREIGN, type name, repr)`` sent for a key or value of a marshalled
@@ -208,7 +210,8 @@ class _Layout:
         self.config = self.names + NAMES_BYTES
         self.totals = self.config + CONFIG_BYTES
         self.run = self.totals + SLOT_BYTES
-        self.control = self.run + SLOT_BYTES
+        self.logs = self.run + SLOT_BYTES
+        self.control = self.logs + RING_HEADER_BYTES + LOG_BYTES
         self.control_bytes = control_bytes
         self.data = self.control + RING_HEADER_BYTES + control_bytes
         self.data_bytes = data_bytes
@@ -328,10 +331,12 @@ class Segment:
         header["config_bytes"].value = len(config)
         _u64(buffer, layout.control + _RING_CAPACITY).value = control_bytes
         _u64(buffer, layout.data + _RING_CAPACITY).value = data_bytes
+        _u64(buffer, layout.logs + _RING_CAPACITY).value = LOG_BYTES
         buffer[: len(MAGIC)] = MAGIC  # last: a reader trusts nothing before it
         self.header = header
         self.control = _Ring(buffer, layout.control, control_bytes)
         self.data = _Ring(buffer, layout.data, data_bytes)
+        self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
         self._lock = threading.Lock()
         self._names: dict[str, int] = {}
         self._exceptions: dict[type, int] = {}
@@ -422,7 +427,7 @@ class Segment:
     def close(self) -> None:
         """Forget the mapping (the reader unlinks the file)."""
         self.header.clear()
-        self.control = self.data = None  # type: ignore[assignment]
+        self.control = self.data = self.logs = None  # type: ignore[assignment]
         try:
             self.buffer.close()
         except BufferError:  # a C lane still holds it; freed with the lane
@@ -452,6 +457,7 @@ class SegmentReader:
         )
         self.control = _Ring(buffer, layout.control, layout.control_bytes)
         self.data = _Ring(buffer, layout.data, layout.data_bytes)
+        self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
         self.names: list[str] = []
         self._names_at = 0
         self._lanes: list[tuple[ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, int, np.ndarray]] = []
@@ -516,7 +522,7 @@ class SegmentReader:
     def close(self) -> None:
         self._lanes.clear()
         self.header.clear()
-        self.control = self.data = None  # type: ignore[assignment]
+        self.control = self.data = self.logs = None  # type: ignore[assignment]
         if self.path is not None:
             try:
                 self.buffer.close()
