@@ -360,6 +360,8 @@ class ProducerWatch:
 
     def ended(self) -> tuple[str, str] | None:
         """None while the producer lives; else ``(status, reason)`` for a run it left open."""
+        if self._started is None:  # no /proc here (or the producer was gone before the agent looked)
+            return None if shm._alive(self.pid) else ("killed", "the process disappeared without ending its run")
         stat = self._stat()
         if stat is not None and stat[1] == self._started and stat[0] not in ("Z", "X"):
             return None

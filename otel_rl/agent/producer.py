@@ -296,7 +296,7 @@ class ProducerTelemetry(Telemetry):
         if mode == "process":
             try:
                 segment = shm.Segment(host.segment_path(config), pickle.dumps(agent_config), config.lane_capacity)
-            except (OSError, PermissionError) as exc:
+            except (OSError, AttributeError) as exc:  # AttributeError: no os.posix_fallocate on this platform
                 _logger.warning("otel-rl: no shared memory for the agent (%s); it runs on a thread", exc)
                 mode = "thread"
         if segment is None:
