@@ -112,11 +112,11 @@ class TelemetryConfig:
     resume: bool = False
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
 
-    agent: str = "process"
-    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``process``, an agent process fed over shared
-    memory (what this process recorded survives its death); ``thread``, the same agent on a thread of this
-    process (chosen instead of ``process`` when the configuration holds exporter objects or no process or
-    shared memory is available); ``off``, the pipeline thread reading in-process buffers. See :mod:`otel_rl.agent`."""
+    agent: str = "off"
+    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``off``, the pipeline thread reading in-process
+    buffers; ``process``, an agent process fed over shared memory (what this process recorded survives its
+    death); ``thread``, the same agent on a thread of this process (chosen instead of ``process`` when the
+    configuration holds exporter objects or no process or shared memory is available). See :mod:`otel_rl.agent`."""
 
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""
@@ -232,7 +232,7 @@ class TelemetryConfig:
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
-            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "process", "one of " + ", ".join(AGENT_MODES)),
+            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "off", "one of " + ", ".join(AGENT_MODES)),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),

@@ -92,7 +92,7 @@ def init_worker(spec: WorkerSpec, **options: Any):
     }
     from otel_rl.environment_variables import OTEL_RL_AGENT
 
-    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT) or "process")).strip().lower() == "process":
+    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, ""))).strip().lower() == "process":
         # The relay queue cannot reach an agent process: this worker's agent runs on a thread.
         settings["agent"] = "thread"
     tel = otel_rl.init(**settings)
