@@ -19,6 +19,7 @@ SIGTERM may shorten it.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -192,3 +193,16 @@ class Worker:
             return self.has_work()
         except Exception:
             return False
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether a process with this pid exists (a zombie counts; ours or another user's)."""
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -194,7 +194,7 @@ class Recorder:
                 return self.local.lane
             except AttributeError:
                 pass
-        lane = self._lane_class(self.lane_capacity, threading.get_native_id(), threading.current_thread().name)
+        lane = self._new_lane(threading.get_native_id(), threading.current_thread().name)
         with self._lanes_lock:
             self.lanes.append(lane)
         if self.implementation == "c":
@@ -202,6 +202,10 @@ class Recorder:
         else:
             self.local.lane = lane
         return lane
+
+    def _new_lane(self, thread_id: int, thread_name: str) -> PyLane:
+        """A lane for a thread that records for the first time (in this process's memory)."""
+        return self._lane_class(self.lane_capacity, thread_id, thread_name)
 
     def iteration_factory(
         self, on_enter: Callable[[Iteration], None] | None = None, thread_time: bool = False

@@ -791,9 +791,13 @@ class Telemetry:
                 worker.join(deadline.left())
             if self._cuda_timer is not None:
                 self._cuda_timer.shutdown(deadline.left(cap_s=1.0))
-            self._pipeline.shutdown(deadline)  # type: ignore[union-attr]
+            self._stop_outputs(deadline)
         finally:
             self._sigterm.restore()
+
+    def _stop_outputs(self, deadline: Deadline) -> None:
+        """The last step of :meth:`close`: the final pipeline pass and every sink."""
+        self._pipeline.shutdown(deadline)  # type: ignore[union-attr]
 
     def _hurry(self) -> None:
         """A second SIGTERM: shorten what is left of the shutdown deadline."""
@@ -828,7 +832,10 @@ class Telemetry:
         drops.set("relay", "cycles", recorder.remote_dropped)
         if self._cuda_timer is not None:
             drops.set("cuda_pending", "pairs", self._cuda_timer.pending.dropped)
-        return {**drops.totals(), "span_budget": self._otel.budget.sampled_out}
+        totals = drops.totals()
+        if self._otel is not None:  # None when the outputs run in an agent
+            totals["span_budget"] = self._otel.budget.sampled_out
+        return totals
 
     def stats(self) -> dict[str, Any]:
         """Counters of the telemetry itself: pending, dropped (per queue), spans sampled out."""

@@ -32,6 +32,7 @@ import numpy as np
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
+from otel_rl.background import pid_alive
 from otel_rl.agent import segment as shm
 from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane
 from otel_rl.records import RunRecord
@@ -291,7 +292,7 @@ class LogForwarder(logging.Handler):
             message = record.getMessage()
             if record.exc_info:
                 message += "\n" + logging.Formatter().formatException(record.exc_info)
-            if self._reader.logs is not None and shm._alive(self._pid):
+            if self._reader.logs is not None and pid_alive(self._pid):
                 payload = marshal.dumps((record.levelno, record.name, message))
                 if self._reader.logs.put(shm.LOG, payload, self._reader.logs.capacity):
                     return
@@ -361,7 +362,7 @@ class ProducerWatch:
     def ended(self) -> tuple[str, str] | None:
         """None while the producer lives; else ``(status, reason)`` for a run it left open."""
         if self._started is None:  # no /proc here (or the producer was gone before the agent looked)
-            return None if shm._alive(self.pid) else ("killed", "the process disappeared without ending its run")
+            return None if pid_alive(self.pid) else ("killed", "the process disappeared without ending its run")
         stat = self._stat()
         if stat is not None and stat[1] == self._started and stat[0] not in ("Z", "X"):
             return None

@@ -9,13 +9,11 @@ what was recorded is readable by the agent even after this process dies.
 
 from __future__ import annotations
 
-import atexit
 import ctypes
 import marshal
 import os
 import pickle
 import struct
-import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,7 @@ from otel_rl.recorder import (
     phase_misuse,
 )
 from otel_rl.schema import PhaseSpec
-from otel_rl.telemetry import HURRY_S, Telemetry
+from otel_rl.telemetry import Telemetry
 
 _logger = logger(__name__)
 _RECORD = struct.Struct("<qqqqihBBii")
@@ -145,27 +143,19 @@ class SegmentRecorder(Recorder):
     def __init__(self, segment: shm.Segment, lane_capacity: int, implementation: str | None = None) -> None:
         super().__init__(lane_capacity=lane_capacity, implementation=implementation)
         self.segment = segment
-        self._pid = os.getpid()
+        self._forked = False
 
     def after_fork(self) -> None:
-        """In a forked child: the segment belongs to the parent, whose only writer each lane must stay."""
+        """In a forked child: the segment belongs to the parent, whose only writer each lane and ring must stay."""
+        self._forked = True
         for lane in self.snapshot_lanes():
             if hasattr(lane, "detach"):
                 lane.detach()
 
     # -- lanes ------------------------------------------------------------
 
-    def lane(self):
-        if self.implementation == "c":
-            lane = _hotpath.current_lane(self._key)
-            if lane is not None:
-                return lane
-        else:
-            try:
-                return self.local.lane
-            except AttributeError:
-                pass
-        thread_id, thread_name = threading.get_native_id(), threading.current_thread().name
+    def _new_lane(self, thread_id: int, thread_name: str):
+        """A lane in the segment (the next free one), or, past :data:`segment.MAX_LANES`, one never read."""
         offset = self.segment.new_lane()
         if offset is None:
             _logger.warning(
@@ -174,20 +164,12 @@ class SegmentRecorder(Recorder):
                 thread_name,
                 extra=once("lanes-full"),
             )
-            lane = self._lane_class(1, thread_id, thread_name)  # never read: its records count as dropped
-        elif self.implementation == "c":
-            lane = _hotpath.Lane(
+            return self._lane_class(1, thread_id, thread_name)  # its records count as dropped
+        if self.implementation == "c":
+            return _hotpath.Lane(
                 self.lane_capacity, thread_id, thread_name, buffer=self.segment.buffer, offset=offset, intern=self.segment.intern
             )
-        else:
-            lane = PyShmLane(self.segment, offset, self.lane_capacity, thread_id, thread_name)
-        with self._lanes_lock:
-            self.lanes.append(lane)
-        if self.implementation == "c":
-            _hotpath.bind_lane(self._key, lane)
-        else:
-            self.local.lane = lane
-        return lane
+        return PyShmLane(self.segment, offset, self.lane_capacity, thread_id, thread_name)
 
     def new_phase(self, spec: PhaseSpec):
         phase_id = self.segment.intern(phase_name(spec))
@@ -200,7 +182,7 @@ class SegmentRecorder(Recorder):
     # -- messages ---------------------------------------------------------
 
     def _put(self, kind: int, record: object) -> bool:
-        if os.getpid() != self._pid:  # a forked child writes nothing into its parent's rings
+        if self._forked:  # a forked child writes nothing into its parent's rings
             return False
         try:
             if kind not in _MARSHALLED:
@@ -219,7 +201,7 @@ class SegmentRecorder(Recorder):
         return self.segment.put(kind, payload)
 
     def add_scalars(self, record: tuple) -> None:
-        if os.getpid() != self._pid:
+        if self._forked:
             return
         packed = self.segment.put_scalars(record)  # the common case: str keys, numbers
         if packed is None:
@@ -239,7 +221,7 @@ class SegmentRecorder(Recorder):
         return False
 
     def add_control(self, record: Any) -> None:
-        if os.getpid() != self._pid:  # a forked child: the segment is its parent's
+        if self._forked:  # a forked child: the segment is its parent's
             return
         if not self._put(shm.RUN, record):
             self.events_dropped += 1
@@ -352,38 +334,9 @@ class ProducerTelemetry(Telemetry):
             return True
         return self._host.flush(Deadline(timeout_s))  # type: ignore[union-attr]
 
-    def close(self, timeout_s: float | None = None) -> None:
+    def _stop_outputs(self, deadline: Deadline) -> None:
         """Everything recorded is handed to the agent; returns when it has closed every output, or at the deadline."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        atexit.unregister(self._atexit)
-        deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
-        if self._hurried:
-            deadline.shorten(HURRY_S)
-        try:
-            feeders = [w for w in (self._monitor, *self._relays) if w is not None]
-            for worker in feeders:
-                worker.close(deadline)
-            for worker in feeders:
-                worker.join(deadline.left())
-            if self._cuda_timer is not None:
-                self._cuda_timer.shutdown(deadline.left(cap_s=1.0))
-            self._host.stop(deadline)  # type: ignore[union-attr]
-        finally:
-            self._sigterm.restore()
-
-    def _dropped(self) -> dict[str, int]:
-        recorder = self._recorder
-        drops = self._drops
-        drops.set("phases", "phases", recorder.phases_dropped)
-        drops.set("scalars", "scalars", recorder.scalars_dropped)
-        drops.set("events", "events", recorder.events_dropped)
-        drops.set("distributions", "distributions", recorder.distributions_dropped)
-        drops.set("device_intervals", "intervals", recorder.device_intervals_dropped)
-        drops.set("relay", "cycles", recorder.remote_dropped)
-        return drops.totals()
+        self._host.stop(deadline)  # type: ignore[union-attr]
 
     def _pending(self) -> dict[str, int]:
         segment = self._segment

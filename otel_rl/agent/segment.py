@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+from otel_rl.background import pid_alive
+
 try:
     from otel_rl._hotpath import put_frame, put_scalars
 except ImportError:  # not built: the pure-Python writer
@@ -145,25 +147,13 @@ def remove_stale(directory: Path) -> list[Path]:
             with open(path, "rb") as f:
                 header = f.read(len(MAGIC) + 48)
             pid, agent_pid = struct.unpack_from("<q", header, _FIELDS["pid"])[0], struct.unpack_from("<q", header, _FIELDS["agent_pid"])[0]
-            if header[: len(MAGIC)] == MAGIC and (_alive(pid) or _alive(agent_pid)):
+            if header[: len(MAGIC)] == MAGIC and (pid_alive(pid) or pid_alive(agent_pid)):
                 continue
             path.unlink()
             removed.append(path)
         except (OSError, struct.error):
             continue
     return removed
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _u64(buffer: mmap.mmap, offset: int) -> ctypes.c_uint64:

@@ -36,7 +36,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, Track
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
-from otel_rl.background import Worker
+from otel_rl.background import Worker, pid_alive
 from otel_rl.drops import Drops
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.exporters.files import close_quietly
@@ -601,15 +601,7 @@ def merge_fragments(path: Path) -> None:
 
 def _writer_alive(fragment: Path) -> bool:
     _, _, pid = _whole_packets(fragment.read_bytes()[:65536])
-    if pid is None or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid != os.getpid() and pid_alive(pid)
 
 
 def _whole_packets(data: bytes) -> tuple[int, int, int | None]:
