@@ -451,8 +451,9 @@ class Pipeline(Worker):
         try:
             key = schema.metric_spec(raw_key).key
         except schema.SchemaError as exc:
-            key = "custom/" + (re.sub(r"[^A-Za-z0-9_.\-]", "_", raw_key) or "unnamed")
-            _logger.warning("otel-rl: %s; exporting it as %r", exc, key, extra=once(f"key:{raw_key}"))
+            key = shorten(clean_text("custom/" + (re.sub(r"[^A-Za-z0-9_.\-]", "_", raw_key) or "unnamed")))
+            # An over-long key is named shortened, not in full, in the warning.
+            _logger.warning("otel-rl: %s; exporting it as %r", clean_text(str(exc), MAX_REPR), key, extra=once(f"key:{raw_key}"))
         key = shorten(clean_text(key))
         self._accepted_keys[raw_key] = key
         if key == raw_key:
