@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -21,12 +22,26 @@ from otel_rl.values import clean_text
 
 
 AGENT_MODES = ("off", "thread", "process")
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+AGENT_CHOICES = "off, thread, process or the name of a shared agent (1 to 64 of A-Z a-z 0-9 _ . -)"
 
 
 def _agent_mode(raw: str) -> str:
-    if raw.lower() not in AGENT_MODES:
+    """A mode (case-insensitive; ``inprocess`` is ``thread``) or an agent's name (kept as written)."""
+    mode = raw.strip()
+    if mode.lower() in (*AGENT_MODES, "inprocess"):
+        return "thread" if mode.lower() == "inprocess" else mode.lower()
+    if not _AGENT_NAME.fullmatch(mode) or mode in (".", ".."):
         raise ValueError(raw)
-    return raw.lower()
+    return mode
+
+
+def _is_agent_mode(value: str) -> bool:
+    try:
+        _agent_mode(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(kw_only=True, slots=True)
@@ -161,7 +176,8 @@ class TelemetryConfig:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
         _check("role", self.role, str, "a non-empty string", lambda v: bool(v))
-        _check("agent", self.agent, str, "one of " + ", ".join(AGENT_MODES), lambda v: v in AGENT_MODES)
+        _check("agent", self.agent, str, AGENT_CHOICES, _is_agent_mode)
+        self.agent = _agent_mode(self.agent)
         _check("span_budget_per_s", self.span_budget_per_s, (int, float), ">= 0", lambda v: v >= 0)
         for name in ("lane_capacity", "scalars_capacity", "trace_max_bytes"):
             _check(name, getattr(self, name), int, "a positive integer", lambda v: v >= 1)
@@ -232,7 +248,7 @@ class TelemetryConfig:
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
-            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "off", "one of " + ", ".join(AGENT_MODES)),
+            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "off", AGENT_CHOICES),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),

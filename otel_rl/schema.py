@@ -55,6 +55,8 @@ METRIC_DROPPED = "rl.telemetry.dropped"
 METRIC_EVENTS = "rl.events"
 """Events recorded, by name (``rl.event``): ``worker_crashed``, ``nonfinite``, ``records_dropped``..."""
 ATTR_EVENT = "rl.event"
+EVENT_PROCESS_DIED = "process_died"
+"""Recorded by the agent for a producer without an open run (a worker) that died: ``status``, ``reason``, ``pid``."""
 METRIC_RUN_INFO = "rl.run.info"
 """Always 1; its labels are the run's id, commit and configuration (``rl.config.*``), for joining runs with their settings."""
 

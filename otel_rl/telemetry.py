@@ -269,9 +269,10 @@ class Telemetry:
             from otel_rl.exporters.perfetto import TRACE_FILE, PerfettoTraceSink
             from otel_rl.workers import fragment_name
 
-            learner = config.role == "learner"
+            # The learner's rank 0 writes the trace; workers and the ranks an agent joins to it write fragments it merges.
+            learner = config.role == "learner" and (config.rank == 0 or config.outputs_on_every_rank)
             directory = config.trace_output_dir or config.run_dir
-            path = directory / (TRACE_FILE if learner else fragment_name(config.role))
+            path = directory / (TRACE_FILE if learner else fragment_name(config.role, config.rank))
             if self._previous is not None:
                 from otel_rl.exporters.perfetto import merge_fragments
                 from otel_rl.resume import trace_part
@@ -285,7 +286,7 @@ class Telemetry:
             self._built.append(
                 PerfettoTraceSink(
                     path,
-                    config.role,
+                    config.role if config.rank == 0 else f"{config.role} rank {config.rank}",
                     self._drops,
                     merge_fragments=learner,
                     thread_time=config.trace_thread_time,
@@ -730,20 +731,27 @@ class Telemetry:
 
         from otel_rl.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
-        if relay is None:
-            relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
-        self._relays.append(RelayReceiver(relay, self._recorder.add_remote))
+        agent = self._workers_agent()
+        if agent is None:
+            if relay is None:
+                relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
+            self._relays.append(RelayReceiver(relay, self._recorder.add_remote))
         directory = self.config.trace_output_dir or self.config.run_dir
         return WorkerSpec(
             role=role,
             run_id=self.config.run_id,
             traceparent=self.traceparent(),
-            relay=relay,
+            relay=relay if agent is None else None,
+            agent=agent,
             run_dir=str(directory) if directory is not None else None,
             trace_enabled=self.config.trace_enabled,
             options=options,
             service_name=self._service_name,
         )
+
+    def _workers_agent(self) -> str | None:
+        """The agent this process's workers record into (None: they relay their cycles to this process)."""
+        return None
 
     def watch_worker(self, process: Any, role: str) -> None:
         """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""

@@ -61,10 +61,14 @@ class WorkerSpec:
     options: dict[str, Any] = field(default_factory=dict)
     service_name: str | None = None
     """The learner's ``service.name``: one run, one service, in every process."""
+    agent: str | None = None
+    """The learner's agent: the worker records into it, which relays its cycles to the learner (``relay`` is None)."""
 
 
-def fragment_name(role: str) -> str:
-    return "trace-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", role).strip("-") + ".perfetto-trace"
+def fragment_name(role: str, rank: int = 0) -> str:
+    """The trace fragment of a worker (or of a rank other than 0) that the learner merges."""
+    name = role if rank == 0 else f"{role}-rank{rank}"
+    return "trace-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + ".perfetto-trace"
 
 
 def init_worker(spec: WorkerSpec, **options: Any):
@@ -92,7 +96,15 @@ def init_worker(spec: WorkerSpec, **options: Any):
     }
     from otel_rl.environment_variables import OTEL_RL_AGENT
 
-    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, ""))).strip().lower() == "process":
+    if spec.relay is None:
+        # The learner's agent serves this worker too: it sees the worker's records and relays its cycles.
+        if spec.agent is not None and "agent" not in spec.options and "agent" not in options:
+            settings["agent"] = spec.agent
+        tel = otel_rl.init(**settings)
+        if tel.enabled and tel.stats().get("agent") != "process":
+            _logger.warning("otel-rl: worker %s runs without the learner's agent; the learner will not see its cycles", spec.role)
+        return tel
+    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, ""))).strip().lower() not in ("", "off", "thread"):
         # The relay queue cannot reach an agent process: this worker's agent runs on a thread.
         settings["agent"] = "thread"
     tel = otel_rl.init(**settings)

@@ -53,7 +53,7 @@ def wait_for_terminal(run_dir: Path, timeout_s: float = 30.0) -> list[dict]:
 
 
 def _segments_of(run_id: str) -> list[Path]:
-    return list(shm.segment_dir().glob(f"{run_id}-*.seg"))
+    return list(shm.segment_dir().glob(f"*/{run_id}-*.seg"))
 
 
 def learning_slices(run_dir: Path) -> int:
@@ -145,7 +145,8 @@ def test_segments_are_private_and_removed(tmp_path):
     try:
         (path,) = _segments_of("private-1")
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
-        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+        assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700  # the agent's directory
+        assert stat.S_IMODE(path.parent.parent.stat().st_mode) == 0o700
         with tel.run():
             tel.scalars({"Loss/critic": 1.0})
     finally:
@@ -368,3 +369,67 @@ def test_close_and_flush_do_not_wait_for_the_agents_next_pass(tmp_path):
     finally:
         tel.close(30.0)
     assert [r["status"] for r in records(run_dir) if r["kind"] == "run"] == ["pending", "running", "finished"]
+
+
+def _slices(run_dir: Path) -> list:
+    return protobuf_engine.read(trace_files(run_dir)).slices
+
+
+def test_two_ranks_and_a_collector_share_one_agent_and_one_trace(tmp_path):
+    import multiprocessing as mp
+    import socket
+
+    import agent_group
+
+    run_dir, out = tmp_path / "ranks-1", tmp_path / "out"
+    out.mkdir()
+    name = f"test-{os.getpid()}-{os.urandom(3).hex()}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = mp.get_context("spawn")
+    ranks = [context.Process(target=agent_group.rank, args=(r, 2, port, str(run_dir), name, str(out))) for r in range(2)]
+    for p in ranks:
+        p.start()
+    for p in ranks:
+        p.join(120)
+    assert [p.exitcode for p in ranks] == [0, 0]
+    agents = {f.stem: int(f.read_text()) for f in out.glob("*.agent")}
+    assert set(agents) == {"rank0", "rank1", "collector 0"}
+    assert len(set(agents.values())) == 1 and 0 not in agents.values()  # one agent served all three
+    slices = _slices(run_dir)
+    by_process = {}
+    for s in slices:
+        by_process.setdefault(s.process, []).append(s.name)
+    assert set(by_process) == {"learner", "learner rank 1", "collector 0"}  # one trace, every process
+    assert by_process["learner"].count("Learning") == by_process["learner rank 1"].count("Learning") == agent_group.LEARNER_ITERATIONS
+    assert by_process["collector 0"].count("Env Step") == agent_group.COLLECTOR_CYCLES
+    found = records(run_dir)
+    keys = set().union(*(r["values"] for r in found if r["kind"] == "scalars"))
+    assert "Perf/collector_env_step_ms" in keys  # the learner's live metrics see the collector
+    assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]
+    assert not list((tmp_path).glob("**/trace-*.perfetto-trace*"))  # every fragment merged
+
+
+def test_a_worker_killed_mid_run_loses_nothing_it_recorded(tmp_path):
+    import multiprocessing as mp
+
+    import agent_group
+
+    run_dir, out = tmp_path / "doomed-1", tmp_path / "out"
+    out.mkdir()
+    learner = mp.get_context("spawn").Process(target=agent_group.learner_with_doomed_worker, args=(str(run_dir), str(out)))
+    learner.start()
+    learner.join(120)
+    assert learner.exitcode == 0
+    assert int((out / "collector 0.agent").read_text()) == int((out / "learner.agent").read_text())
+    slices = _slices(run_dir)
+    env_steps = [s for s in slices if s.process == "collector 0" and s.name == "Env Step"]
+    assert len(env_steps) == agent_group.COLLECTOR_CYCLES // 2  # every cycle before the SIGKILL, once
+    raw = (run_dir / "trace.perfetto-trace").read_bytes()
+    # The agent's mark names the signal when it reads the wait status before the learner reaps the worker.
+    assert b"worker crashed: its trace ends here (killed by SIGKILL)" in raw or b"ends here (the process disappeared" in raw
+    found = records(run_dir)
+    assert [r["attributes"]["exit_code"] for r in found if r["kind"] == "event" and r["name"] == "worker_crashed"] == [-9]
+    assert "Perf/collector_env_step_ms" in set().union(*(r["values"] for r in found if r["kind"] == "scalars"))
+    assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]

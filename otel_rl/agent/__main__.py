@@ -1,12 +1,12 @@
-"""``python -m otel_rl.agent SEGMENT [--takeover N]``: the agent process a producer starts (see :mod:`otel_rl.agent.host`)."""
+"""``python -m otel_rl.agent --dir DIRECTORY [--linger S]``: the agent process (see :mod:`otel_rl.agent.service`)."""
 
 import argparse
 
-from otel_rl.agent.host import main
+from otel_rl.agent.service import main
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m otel_rl.agent", description=__doc__)
-    parser.add_argument("segment", help="the producer's segment file")
-    parser.add_argument("--takeover", type=int, default=0, help="agents that served this segment before")
+    parser.add_argument("--dir", required=True, help="the agent's directory of segments")
+    parser.add_argument("--linger", type=float, default=None, help="seconds to wait, once idle, before ending (default: serve forever)")
     args = parser.parse_args()
-    raise SystemExit(main(args.segment, args.takeover))
+    raise SystemExit(main(args.dir, args.linger))

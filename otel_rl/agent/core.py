@@ -24,9 +24,11 @@ import pickle
 import select
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from time import perf_counter_ns
+from typing import Any, Callable
 
 import numpy as np
 
@@ -210,6 +212,12 @@ class Agent:
         self._route(shm.RUN, RunRecord(status, self.run.start_ns, max(end_ns, self.run.start_ns), reason, {"detected_by": "agent"}))
         self.outputs._pipeline.drain()
 
+    def record_death(self, status: str, reason: str) -> None:
+        """A producer without an open run (a worker) died: a ``process_died`` event closes its timeline."""
+        attributes = {"status": status, "reason": reason, "pid": self.outputs._producer_pid or 0, "detected_by": "agent"}
+        self._route(shm.EVENT, (max(self.last_ns, perf_counter_ns()), schema.EVENT_PROCESS_DIED, attributes, 0))
+        self.outputs._pipeline.drain()
+
 
 def _decode_message(kind: int, payload: bytes, reader: shm.SegmentReader) -> tuple[int, Any]:
     if kind == shm.SCALARS_PACKED:
@@ -275,34 +283,54 @@ class _StandIn:
 
 
 class LogForwarder(logging.Handler):
-    """The agent process's otel-rl log records, sent to the producer, which logs them as its own.
+    """The agent process's otel-rl log records, sent to a producer, which logs them as its own.
 
-    Warnings about the producer's input then reach the training process's
-    logging (its handlers, its files), not only the terminal. Once the
-    producer is gone, records go to stderr instead.
+    Warnings about a producer's input then reach the training process's
+    logging (its handlers, its files), not only the terminal. A record goes to
+    the producer whose segment the logging thread serves (see :meth:`serving`);
+    one from another thread (an exporter's) goes to the first producer still
+    alive; with none, to stderr.
     """
 
-    def __init__(self, reader: shm.SegmentReader, pid: int) -> None:
+    _current = threading.local()
+
+    def __init__(self) -> None:
         super().__init__(logging.WARNING)
-        self._reader = reader
-        self._pid = pid
+        self._producers: list[tuple[shm.SegmentReader, int]] = []
+        self._lock = threading.Lock()
+
+    @classmethod
+    def serving(cls, reader: shm.SegmentReader, pid: int) -> None:
+        """Records logged on this thread from now on are the producer ``pid``'s."""
+        cls._current.producer = (reader, pid)
+
+    def add(self, reader: shm.SegmentReader, pid: int) -> None:
+        with self._lock:
+            self._producers.append((reader, pid))
+
+    def remove(self, reader: shm.SegmentReader) -> None:
+        with self._lock:
+            self._producers = [p for p in self._producers if p[0] is not reader]
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
             message = record.getMessage()
             if record.exc_info:
                 message += "\n" + logging.Formatter().formatException(record.exc_info)
-            if self._reader.logs is not None and pid_alive(self._pid):
-                payload = marshal.dumps((record.levelno, record.name, message))
-                if self._reader.logs.put(shm.LOG, payload, self._reader.logs.capacity):
+            payload = marshal.dumps((record.levelno, record.name, message))
+            current = getattr(self._current, "producer", None)
+            with self._lock:
+                candidates = [current] if current is not None else list(self._producers)
+            for reader, pid in candidates:
+                if reader.logs is not None and pid_alive(pid) and reader.logs.put(shm.LOG, payload, reader.logs.capacity):
                     return
             sys.stderr.write(message + "\n")
         except Exception:
             self.handleError(record)
 
     @classmethod
-    def install(cls, reader: shm.SegmentReader, pid: int) -> LogForwarder:
-        forwarder = cls(reader, pid)
+    def install(cls) -> LogForwarder:
+        forwarder = cls()
         logging.getLogger("otel_rl").addHandler(forwarder)
         return forwarder
 
@@ -377,9 +405,18 @@ class ProducerWatch:
 
 
 def serve(
-    reader: shm.SegmentReader, outputs: Any, pid: int, interval_s: float, deadline_s: float, takeover: bool = False
+    reader: shm.SegmentReader,
+    outputs: Any,
+    pid: int,
+    interval_s: float,
+    deadline_s: float,
+    takeover: bool = False,
+    before_close: Callable[[], None] | None = None,
 ) -> None:
-    """Run the agent until its producer closes or dies, then close the outputs within ``deadline_s``."""
+    """Run the agent until its producer closes or dies, then close the outputs within ``deadline_s``.
+
+    ``before_close`` runs first when it ends (a learner's agent waits there for its workers' outputs).
+    """
     agent = Agent(reader, outputs, takeover)
     watch = ProducerWatch(pid)
     reader.set("agent_pid", os.getpid())
@@ -403,8 +440,19 @@ def serve(
                 reader.set("flush_done", request)
             watch.wait(min(interval_s, CONTROL_POLL_S))
         if ended is not None:
-            agent.end_run(*ended)
+            agent.end_run(*ended) if agent.run is not None else agent.record_death(*ended)
     finally:
         watch.close()
-        outputs.close(deadline_s)
-        reader.set("agent_state", shm.AGENT_DONE)
+        try:
+            if before_close is not None:
+                before_close()
+        finally:
+            outputs.close(deadline_s)
+            reader.set("agent_state", shm.AGENT_DONE)
+
+
+def attach(reader: shm.SegmentReader) -> int:
+    """Count this agent among the segment's; returns how many served it before (0: this one writes the outputs first)."""
+    before = reader.get("agents") if reader.get("agent_state") != shm.AGENT_NONE else 0
+    reader.set("agents", max(before, reader.get("agents")) + 1)
+    return before

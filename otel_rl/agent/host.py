@@ -25,11 +25,10 @@ _logger = logger(__name__)
 POLL_S = 0.005
 
 
-def segment_path(config: Any) -> Path:
-    """A fresh segment file for this process, named after the run and role."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.run_id}-{config.role}")[:80]
-    directory = shm.segment_dir()
-    for stale in shm.remove_stale(directory):
+def segment_path(config: Any, directory: Path) -> Path:
+    """A fresh segment file for this process in the agent's ``directory``, named after the run and role."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.run_id}-{config.role}-{config.rank}")[:80]
+    for stale in shm.remove_stale(shm.segment_dir()):
         _logger.info("otel-rl: removed %s, left by a producer and agent that both died", stale.name)
     return directory / f"{name}-{os.getpid()}-{os.urandom(4).hex()}.seg"
 
@@ -104,56 +103,68 @@ class ThreadHost:
 
 
 class ProcessHost:
-    """The agent as a process of its own (``python -m otel_rl.agent SEGMENT``), started without waiting for it.
+    """The agent as a process of its own, serving the directory the segment is in; started unless one runs.
 
-    It runs in a session of its own (a Ctrl-C meant for training does not stop
-    it first), inherits the terminal (the panel) and the environment (OTLP
-    settings), and removes the segment when it is done. A watcher thread
-    (awake once a second) starts a new agent, once, if the first one dies
-    while training runs; it resumes reading where the dead one stopped. If the
-    agent is gone when the producer closes, the producer runs the agent's code
-    itself to finish the work.
+    The agent (``python -m otel_rl.agent --dir DIRECTORY``) runs in a session
+    of its own (a Ctrl-C meant for training does not stop it first), inherits
+    the terminal (the panel) and the environment (OTLP settings), and removes
+    the segment when it is done. ``init()`` does not wait for it: the rings
+    hold records until it attaches. A watcher thread (awake once a second)
+    starts a new agent, once, if the one serving this producer dies while
+    training runs; it resumes reading where the dead one stopped. If no agent
+    is there when the producer closes (or the one it started is still
+    starting up), the producer runs the agent's code itself to finish the work.
+
+    ``linger_s``: how long the agent started here waits, once idle, for
+    further producers (workers, other ranks) before it ends.
     """
 
     outputs = None
     WATCH_S = 1.0
 
-    def __init__(self, segment: shm.Segment) -> None:
+    def __init__(self, segment: shm.Segment, linger_s: float) -> None:
         self.segment = segment
-        self.agents = 1
-        self.process = self._start(0)
+        self.directory = Path(segment.path).parent  # type: ignore[arg-type]
+        self.linger_s = linger_s
+        self.restarts = 0
+        self.process: subprocess.Popen | None = None
+        if not shm.agent_running(self.directory):
+            self.process = self._start()
         self._stopping = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="otel-rl-agent-watch", daemon=True)
         self._watcher.start()
 
-    def _start(self, takeover: int) -> subprocess.Popen:
-        command = [sys.executable, "-m", "otel_rl.agent", str(self.segment.path)]
-        if takeover:
-            command += ["--takeover", str(takeover)]
+    def _start(self) -> subprocess.Popen:
+        command = [sys.executable, "-m", "otel_rl.agent", "--dir", str(self.directory), "--linger", str(self.linger_s)]
         return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
 
+    def _starting(self) -> bool:
+        """The agent started here runs but does not serve yet (it has not taken the directory's lock)."""
+        return self.process is not None and self.process.poll() is None and not shm.agent_running(self.directory)
+
     def _alive(self) -> bool:
-        return self.process.poll() is None
+        return (self.process is not None and self.process.poll() is None) or shm.agent_running(self.directory)
 
     def _watch(self) -> None:
         from otel_rl.agent.core import relay_logs
 
         while not self._stopping.wait(self.WATCH_S):
             relay_logs(self.segment)
-            if self._alive() or self.segment.get("agent_state") == shm.AGENT_DONE:
+            if self.segment.get("agent_state") == shm.AGENT_DONE or self._alive():
                 continue
-            if self.agents > 1:
-                return  # the second one died too: close() finishes the work
-            _logger.warning(
-                "otel-rl: the agent process ended (exit code %s) while training runs; starting a new one",
-                self.process.returncode,
-            )
-            try:
-                self.process = self._start(self.agents)
+            if self.segment.get("agent_state") == shm.AGENT_ATTACHED:  # the agent serving this process died
+                if self.restarts:
+                    return  # the second one died too: close() finishes the work
+                _logger.warning(
+                    "otel-rl: the agent process ended (exit code %s) while training runs; starting a new one",
+                    None if self.process is None else self.process.returncode,
+                )
+                self.restarts += 1
+            try:  # else the agent ended before it saw this segment (it was idle): a new one serves it
+                self.process = self._start()
             except OSError as exc:
                 _logger.warning("otel-rl: no new agent (%s); close() will finish the work", exc)
                 return
-            self.agents += 1
 
     def flush(self, deadline: Deadline) -> bool:
         from otel_rl.agent.core import relay_logs
@@ -169,9 +180,14 @@ class ProcessHost:
         self._watcher.join(deadline.left(cap_s=1.0))
         segment = self.segment
         segment.set("state", shm.CLOSING)
+        short = segment.get("agent_state") == shm.AGENT_NONE and self._starting()
+        if short:  # a short run: finishing here is quicker than waiting for the agent's start-up
+            self.process.kill()  # type: ignore[union-attr]
+            self.process.wait()  # type: ignore[union-attr]
         _wait(lambda: segment.get("agent_state") == shm.AGENT_DONE or not self._alive(), deadline)
         if segment.get("agent_state") != shm.AGENT_DONE and not self._alive():
-            _logger.warning("otel-rl: the agent process ended early (exit code %s); finishing its work here", self.process.returncode)
+            if not short:
+                _logger.warning("otel-rl: the agent process ended early; finishing its work here")
             self._take_over(deadline)
         elif segment.get("agent_state") != shm.AGENT_DONE:
             _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
@@ -179,11 +195,11 @@ class ProcessHost:
         segment.close()
 
     def _take_over(self, deadline: Deadline) -> None:
-        from otel_rl.agent.core import serve
+        from otel_rl.agent.core import attach, serve
 
         reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
-        takeover = self.agents if reader.get("agent_state") != shm.AGENT_NONE else 0
         try:
+            takeover = attach(reader)
             agent_config = pickle.loads(reader.config())
             outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), takeover=takeover)
             serve(reader, outputs, os.getpid(), 0.0, deadline.left(), takeover=takeover > 0)
@@ -198,27 +214,3 @@ def _flush(segment: shm.Segment, deadline: Deadline, alive) -> bool:
     request = segment.get("flush_request") + 1
     segment.set("flush_request", request)
     return _wait(lambda: segment.get("flush_done") >= request or not alive(), deadline) and alive()
-
-
-def main(path: str, takeover: int = 0) -> int:
-    """The agent process: serve one producer's segment until it closes or dies; 0 when every output closed.
-
-    ``takeover``: agents that served this segment before (this one continues their outputs).
-    """
-    from otel_rl.agent.core import LogForwarder, serve
-
-    reader = shm.SegmentReader(Path(path))
-    if reader.get("agent_state") == shm.AGENT_NONE:
-        takeover = 0  # the agent before never started reading: this one is the first to write outputs
-    try:
-        agent_config = pickle.loads(reader.config())
-        LogForwarder.install(reader, agent_config.pid)
-        outputs = build_outputs(agent_config, reader.get("clock_offset_ns"), producer_pid=agent_config.pid, takeover=takeover)
-        config = agent_config.config
-        serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s, takeover=takeover > 0)
-    finally:
-        done = reader.get("agent_state") == shm.AGENT_DONE
-        reader.close()
-        if done:
-            Path(path).unlink(missing_ok=True)
-    return 0

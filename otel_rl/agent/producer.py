@@ -242,6 +242,12 @@ class SegmentRecorder(Recorder):
             self.remote_dropped += 1
 
 
+OWN_AGENT_LINGER_S = 1.0
+"""How long the agent started for this process waits, once idle, for late workers before it ends."""
+NAMED_AGENT_LINGER_S = 10.0
+"""How long an agent started by name waits, once idle: the other ranks of a job start within seconds."""
+
+
 class ProducerTelemetry(Telemetry):
     """Telemetry whose outputs run in an agent: this process keeps only its recorder.
 
@@ -265,7 +271,9 @@ class ProducerTelemetry(Telemetry):
 
     def _new_recorder(self) -> Recorder:
         config = self.config
-        mode = config.agent
+        mode, self._agent_name = config.agent, None
+        if mode not in ("thread", "process"):  # the name of an agent that serves every producer that names it
+            mode, self._agent_name = "process", config.agent
         if mode == "process" and (self._extra_sinks or not host.picklable(config)):
             _logger.warning(
                 "otel-rl: the configuration holds objects that cannot leave this process (exporters, sinks); "
@@ -277,7 +285,10 @@ class ProducerTelemetry(Telemetry):
         segment = None
         if mode == "process":
             try:
-                segment = shm.Segment(host.segment_path(config), pickle.dumps(agent_config), config.lane_capacity)
+                if self._agent_name is None:  # this process's own agent, which its workers share
+                    self._agent_name = f"run-{os.getpid()}-{os.urandom(3).hex()}"
+                directory = shm.agent_dir(self._agent_name)
+                segment = shm.Segment(host.segment_path(config, directory), pickle.dumps(agent_config), config.lane_capacity)
             except (OSError, AttributeError) as exc:  # AttributeError: no os.posix_fallocate on this platform
                 _logger.warning("otel-rl: no shared memory for the agent (%s); it runs on a thread", exc)
                 mode = "thread"
@@ -294,11 +305,12 @@ class ProducerTelemetry(Telemetry):
         self._pipeline = None
         if self._mode == "process":
             try:
-                self._host = host.ProcessHost(self._segment)
+                linger_s = NAMED_AGENT_LINGER_S if self.config.agent == self._agent_name else OWN_AGENT_LINGER_S
+                self._host = host.ProcessHost(self._segment, linger_s)
                 return
             except OSError as exc:  # no process can be started here: the same agent on a thread
                 _logger.warning("otel-rl: the agent process could not start (%s); it runs on a thread", exc)
-                self._mode = "thread"
+                self._mode, self._agent_name = "thread", None
                 Path(self._segment.path).unlink(missing_ok=True)  # type: ignore[arg-type]
         self._host = host.ThreadHost(self._segment, self._agent_config, self._extra_sinks)
 
@@ -346,4 +358,13 @@ class ProducerTelemetry(Telemetry):
         }
 
     def stats(self) -> dict[str, Any]:
-        return {"pending": self._pending(), "dropped": self._dropped(), "agent": self._mode}
+        return {"pending": self._pending(), "dropped": self._dropped(), "agent": self._mode, "agent_pid": self._agent_pid()}
+
+    def _agent_pid(self) -> int | None:
+        """The pid of the agent serving this process (None before one attached, and for a thread agent)."""
+        if self._mode != "process" or self._segment.control is None:
+            return None
+        return self._segment.get("agent_pid") or None
+
+    def _workers_agent(self) -> str | None:
+        return self._agent_name if self._mode == "process" else None

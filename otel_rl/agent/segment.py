@@ -27,8 +27,10 @@ copying). Lanes are written by ``otel_rl._hotpath`` (or
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import mmap
 import os
+import re
 import struct
 import threading
 import time
@@ -118,6 +120,7 @@ _FIELDS = {
     "lane_capacity": 104,
     "control_bytes": 112,
     "data_bytes": 120,
+    "agents": 128,
 }
 _RING_WRITE, _RING_READ, _RING_DROPPED, _RING_CAPACITY = 0, 8, 16, 24
 _FRAME = struct.Struct("<II")
@@ -133,14 +136,64 @@ def segment_dir() -> Path:
     return path
 
 
+AGENT_LOCK = "agent.lock"
+"""In an agent's directory: the file its agent holds an exclusive ``flock`` on while it serves."""
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def agent_dir(name: str) -> Path:
+    """The directory of the agent called ``name`` (created 0700): its producers' segments and its lock."""
+    if not _NAME.fullmatch(name) or name in (".", ".."):
+        raise ValueError(f"an agent name is 1 to 64 of A-Z a-z 0-9 _ . -, got {name[:80]!r}")
+    path = segment_dir() / name
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
+
+
+def agent_running(directory: Path) -> bool:
+    """Whether an agent serves ``directory`` (holds its lock)."""
+    try:
+        fd = os.open(directory / AGENT_LOCK, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only while no agent holds it exclusively
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # releases the probe's shared lock
+    return False
+
+
+def lock_agent(directory: Path, wait_s: float = 1.0) -> int | None:
+    """Become the agent of ``directory``: the lock's descriptor, or None when another agent holds it.
+
+    Retried for ``wait_s``: a producer's :func:`agent_running` probe holds a shared lock for microseconds.
+    """
+    fd = os.open(directory / AGENT_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except OSError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.01)
+
+
 STALE_AFTER_S = 60.0
 """A segment this old whose producer and agent are both gone is removed by the next producer that starts."""
 
 
 def remove_stale(directory: Path) -> list[Path]:
-    """Remove segments left by a producer and an agent that both died (each reserved tens of MiB); returns them."""
+    """Remove segments left by a producer and an agent that both died (each reserved tens of MiB); returns them.
+
+    ``directory`` and the agents' directories in it are searched.
+    """
     removed = []
-    for path in directory.glob("*.seg"):
+    for path in [*directory.glob("*.seg"), *directory.glob("*/*.seg")]:
         try:
             if time.time() - path.stat().st_mtime < STALE_AFTER_S:
                 continue  # being created, or young: never raced
@@ -152,6 +205,14 @@ def remove_stale(directory: Path) -> list[Path]:
             path.unlink()
             removed.append(path)
         except (OSError, struct.error):
+            continue
+    for agent in directory.glob("*/" + AGENT_LOCK):  # an agent's directory whose agent ended and producers left
+        try:
+            if time.time() - agent.stat().st_mtime < STALE_AFTER_S or any(agent.parent.glob("*.seg")) or agent_running(agent.parent):
+                continue
+            agent.unlink()
+            agent.parent.rmdir()
+        except OSError:
             continue
     return removed
 

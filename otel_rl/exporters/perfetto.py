@@ -42,7 +42,7 @@ from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.exporters.files import close_quietly
 from otel_rl.exporters.protowire import varint as _varint
 from otel_rl.pipeline import RecordSink
-from otel_rl.records import DeviceIntervalRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
 from otel_rl.schema import PhaseSpec
 
 try:
@@ -455,6 +455,12 @@ class PerfettoTraceSink(RecordSink):
                 self._flush_loose()
                 self._emit((record.time_ns, values))
 
+    def on_event(self, event: EventRecord) -> None:
+        # The agent saw this process die: its timeline ends with the mark a crashed worker's merged fragment gets.
+        if event.name == schema.EVENT_PROCESS_DIED:
+            self._flush_loose()
+            self._put([_crash_mark(self._encoder.pid, event.time_ns, f"{CRASH_MARK} ({event.attributes.get('reason')})")], 1, True)
+
     def on_drain(self, now_ns: int) -> None:
         self._flush_loose()
         if self._writer.queue:
@@ -569,6 +575,7 @@ class TraceWriter(Worker):
 
 
 CRASH_MARK = "worker crashed: its trace ends here"
+"""The instant that ends a crashed worker's timeline (the agent adds why, when it saw the death)."""
 
 
 def merge_fragments(path: Path) -> None:
@@ -635,7 +642,7 @@ def _whole_packets(data: bytes) -> tuple[int, int, int | None]:
     return offset, last_ts, pid
 
 
-def _crash_mark(pid: int, time_ns: int) -> bytes:
+def _crash_mark(pid: int, time_ns: int, name: str = "") -> bytes:
     """An instant on a "crashed" track of process ``pid`` at ``time_ns`` (its own packet sequence)."""
     sequence = 0x7FFF0000 + (pid % 0xFFFF)
     uuid = track_uuid("crashed", pid)
@@ -646,5 +653,5 @@ def _crash_mark(pid: int, time_ns: int) -> bytes:
     mark = TracePacket(trusted_packet_sequence_id=sequence, timestamp=time_ns)
     mark.track_event.type = TrackEvent.TYPE_INSTANT
     mark.track_event.track_uuid = uuid
-    mark.track_event.name = CRASH_MARK
+    mark.track_event.name = name or CRASH_MARK
     return _trace_entry(descriptor.SerializeToString()) + _trace_entry(mark.SerializeToString())

@@ -1,0 +1,231 @@
+"""The agent process: serves every producer whose segment is in its directory.
+
+One agent per directory (an exclusive ``flock`` on its lock file). It scans
+the directory every :data:`SCAN_S` and serves each new segment on a thread of
+its own (:func:`otel_rl.agent.core.serve`), with outputs built from that
+producer's configuration. Producers of one run see each other here:
+
+* a worker (a role other than ``learner``) relays its cycles straight into the
+  learner's outputs, so the learner's panel and live metrics show the
+  collector timeline;
+* a rank other than 0 writes its Perfetto trace as a fragment next to rank
+  0's, so every local rank is a process of one trace and stragglers show;
+* the learner's outputs close after the workers' that are ending (dead or
+  closing), so their trace fragments are complete when the learner merges them.
+
+The agent started for one process (``agent="process"``) ends shortly after its
+last producer; one started by name (``OTEL_RL_AGENT=NAME``) lingers for
+producers still to come; ``otel-rl agent NAME`` serves until interrupted.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from otel_rl import schema
+from otel_rl._logging import logger
+from otel_rl.agent import segment as shm
+from otel_rl.agent.core import LogForwarder, attach, serve
+from otel_rl.background import pid_alive
+
+_logger = logger(__name__)
+
+SCAN_S = 0.05
+"""How often the directory is scanned for new segments."""
+GROUP_WAIT_S = 3.0
+"""How long a worker or a rank other than 0 waits for its learner's outputs before it is served alone."""
+WORKERS_WAIT_S = 5.0
+"""How long a learner's close waits for the outputs of its ending workers."""
+
+
+@dataclass
+class Served:
+    """One producer this agent serves."""
+
+    path: Path
+    reader: shm.SegmentReader
+    agent_config: Any
+    outputs: Any = None
+    built: threading.Event = field(default_factory=threading.Event)
+    done: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def config(self) -> Any:
+        return self.agent_config.config
+
+    @property
+    def is_learner(self) -> bool:
+        return self.config.role == schema.LEARNER and self.config.rank == 0
+
+    def ending(self) -> bool:
+        """Its producer closed or died: its outputs are about to close."""
+        return self.reader.get("state") == shm.CLOSING or not pid_alive(self.agent_config.pid)
+
+
+class LocalRelay:
+    """Hands a worker's cycles to its learner's outputs in this process (the queue a relay sink expects)."""
+
+    def __init__(self, learner: Served) -> None:
+        self._learner = learner
+
+    def put_nowait(self, cycle: Any) -> None:
+        self._learner.outputs._recorder.add_remote(cycle)
+
+
+class AgentService:
+    """Serves the segments of ``directory`` until none is left for ``linger_s`` (or forever)."""
+
+    def __init__(self, directory: Path, linger_s: float | None) -> None:
+        self.directory = directory
+        self.linger_s = linger_s
+        self._served: dict[Path, Served] = {}
+        self._lock = threading.Lock()
+        self._logs = LogForwarder.install()
+
+    def run(self) -> int:
+        """0 when it served until idle; 0 too when another agent already serves the directory."""
+        lock = shm.lock_agent(self.directory)
+        if lock is None:
+            return 0
+        try:
+            os.ftruncate(lock, 0)
+            os.write(lock, str(os.getpid()).encode())
+            idle_since = time.monotonic()
+            while True:
+                self._scan()
+                with self._lock:
+                    busy = any(not s.done.is_set() for s in self._served.values())
+                if busy:
+                    idle_since = time.monotonic()
+                elif self.linger_s is not None and time.monotonic() - idle_since >= self.linger_s:
+                    self._scan()  # a producer that came in the last moment is served before the lock goes
+                    with self._lock:
+                        if all(s.done.is_set() for s in self._served.values()):
+                            break
+                time.sleep(SCAN_S)
+        finally:
+            os.close(lock)
+        return 0
+
+    def _scan(self) -> None:
+        try:
+            paths = sorted(self.directory.glob("*.seg"), key=_created)
+        except OSError:
+            return
+        for path in paths:
+            with self._lock:
+                known = path in self._served
+            if known:
+                continue
+            try:
+                reader = shm.SegmentReader(path)
+            except (OSError, ValueError):  # removed meanwhile, or still being created
+                continue
+            state, agent_pid = reader.get("agent_state"), reader.get("agent_pid")
+            if state == shm.AGENT_DONE or (state == shm.AGENT_ATTACHED and agent_pid != os.getpid() and pid_alive(agent_pid)):
+                reader.close()
+                continue
+            try:
+                agent_config = pickle.loads(reader.config())
+            except Exception as exc:  # a configuration this process cannot import, say
+                _logger.warning("otel-rl: agent: cannot read the configuration of %s (%s); not served", path.name, exc)
+                reader.close()
+                continue
+            served = Served(path, reader, agent_config)
+            with self._lock:
+                self._served[path] = served
+            threading.Thread(target=self._serve, args=(served,), name=f"otel-rl-agent-{agent_config.pid}", daemon=True).start()
+
+    def _serve(self, served: Served) -> None:
+        from otel_rl.agent.host import build_outputs
+        from otel_rl.workers import RelaySink
+
+        reader, agent_config = served.reader, served.agent_config
+        LogForwarder.serving(reader, agent_config.pid)
+        self._logs.add(reader, agent_config.pid)
+        try:
+            takeover = attach(reader)
+            config, sinks = agent_config.config, []
+            learner = None if served.is_learner else self._learner_of(served)
+            if learner is not None and learner.outputs is not None:
+                if config.role != schema.LEARNER:  # a worker: its cycles go to the learner's panel and live metrics
+                    sinks.append(RelaySink(config.role, LocalRelay(learner), None))
+                config = _join_trace(config, learner.config)
+            outputs = build_outputs(
+                _with_config(agent_config, config), reader.get("clock_offset_ns"), sinks, agent_config.pid, takeover
+            )
+            served.outputs = outputs
+            served.built.set()
+            before_close = (lambda: self._wait_for_workers(served)) if served.is_learner else None
+            serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s, takeover > 0, before_close)
+        except Exception:
+            _logger.exception("otel-rl: agent: serving %s failed", served.path.name)
+        finally:
+            served.built.set()
+            self._logs.remove(reader)
+            done = reader.get("agent_state") == shm.AGENT_DONE
+            reader.close()
+            if done:
+                served.path.unlink(missing_ok=True)
+            served.done.set()
+
+    def _learner_of(self, served: Served) -> Served | None:
+        """The learner (rank 0) of ``served``'s run, once its outputs are built; None if it does not come."""
+        deadline = time.monotonic() + GROUP_WAIT_S
+        while True:
+            with self._lock:
+                found = [s for s in self._served.values() if s.is_learner and s.config.run_id == served.config.run_id]
+            if found:
+                found[0].built.wait(max(0.0, deadline - time.monotonic()))
+                return found[0] if found[0].outputs is not None and not found[0].done.is_set() else None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(SCAN_S)
+
+    def _wait_for_workers(self, learner: Served) -> None:
+        """Before the learner's outputs close: let its ending workers' outputs close first (their trace fragments)."""
+        deadline = time.monotonic() + min(WORKERS_WAIT_S, learner.config.shutdown_timeout_s / 2)
+        while time.monotonic() < deadline:
+            with self._lock:
+                waiting = [
+                    s for s in self._served.values()
+                    if s is not learner and s.config.run_id == learner.config.run_id and not s.done.is_set() and s.ending()
+                ]
+            if not waiting:
+                return
+            waiting[0].done.wait(max(0.0, deadline - time.monotonic()))
+
+
+def _created(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def _join_trace(config: Any, learner: Any) -> Any:
+    """A rank other than 0 writes its trace next to rank 0's (a fragment it merges), as its own process."""
+    if config.rank == 0 or not learner.trace_enabled or config.trace_enabled:
+        return config
+    joined = copy.copy(config)
+    joined.trace_enabled = True
+    joined.trace_output_dir = learner.trace_output_dir or learner.run_dir
+    return joined
+
+
+def _with_config(agent_config: Any, config: Any) -> Any:
+    from dataclasses import replace
+
+    return agent_config if config is agent_config.config else replace(agent_config, config=config)
+
+
+def main(directory: str, linger_s: float | None) -> int:
+    """``python -m otel_rl.agent --dir DIRECTORY``: serve it (see :class:`AgentService`)."""
+    return AgentService(Path(directory), linger_s).run()
