@@ -45,6 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--json", action="store_true", help="print the report as JSON")
     analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
 
+    agent = commands.add_parser(
+        "agent", help="serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)"
+    )
+    agent.add_argument("name", help="the agent's name (1 to 64 of A-Z a-z 0-9 _ . -)")
+    agent.add_argument("--linger", type=float, default=None, help="end after this many idle seconds (default: serve until interrupted)")
+
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     if args.command == "demo":
@@ -53,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_demo(args)
     if args.command == "analyze":
         return _analyze(args)
+    if args.command == "agent":
+        return _agent(args)
     token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
     if args.command == "serve":
         from otel_rl.server import serve_forever
@@ -78,6 +86,25 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  refused: {reason}")
         return 0
     return 2
+
+
+def _agent(args) -> int:
+    from otel_rl.agent import segment
+    from otel_rl.agent.service import AgentService
+
+    try:
+        directory = segment.agent_dir(args.name)
+    except (ValueError, OSError) as exc:
+        print(f"otel-rl agent: {exc}", file=sys.stderr)
+        return 2
+    if segment.agent_running(directory):
+        print(f"otel-rl agent: an agent named {args.name!r} is already running", file=sys.stderr)
+        return 1
+    print(f"otel-rl agent: serving OTEL_RL_AGENT={args.name} (Ctrl-C to stop)", file=sys.stderr)
+    try:
+        return AgentService(directory, args.linger).run()
+    except KeyboardInterrupt:
+        return 0
 
 
 def _analyze(args) -> int:

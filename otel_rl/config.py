@@ -127,7 +127,7 @@ class TelemetryConfig:
     resume: bool = False
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
 
-    agent: str = "off"
+    agent: str = "process"
     """Where the outputs are assembled (``OTEL_RL_AGENT``): ``off``, the pipeline thread reading in-process
     buffers; ``process``, an agent process fed over shared memory (what this process recorded survives its
     death); ``thread``, the same agent on a thread of this process (chosen instead of ``process`` when the
@@ -248,7 +248,7 @@ class TelemetryConfig:
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
-            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "off", AGENT_CHOICES),
+            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "process", AGENT_CHOICES),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),

@@ -228,7 +228,8 @@ class Telemetry:
         # The exit hook holds a weak reference: it must not keep a forgotten
         # Telemetry alive, and it is bounded by the shutdown timeout.
         ref = weakref.ref(self)
-        self._atexit = lambda: (t := ref()) is not None and t.close()
+        self._at_exit = False
+        self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()
         atexit.register(self._atexit)
         _live.add(self)
 
@@ -342,10 +343,13 @@ class Telemetry:
 
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
+        from otel_rl.agent.segment import wait_for_agents
         from otel_rl.exporters.jsonl import JSONL_FILE
         from otel_rl.resume import previous_run
         from otel_rl.summary import CONFIG_FILE
 
+        if not wait_for_agents(self.config.run_id, self.config.shutdown_timeout_s):  # type: ignore[arg-type]
+            _logger.warning("otel-rl: the agent of the run's previous process is still writing its outputs; resuming anyway")
         return previous_run(self.config.run_dir, self.config.run_id, CONFIG_FILE, JSONL_FILE)  # type: ignore[arg-type]
 
     def _motrix_sink(self):
@@ -701,7 +705,8 @@ class Telemetry:
 
         ``values`` (``Perf/total_fps``, losses...) join this rank's learner
         timings of the window; with an initialised ``torch.distributed`` and a
-        ``group`` they are reduced across ranks with one packed all-reduce.
+        ``group`` they are reduced across ranks with one packed all-reduce
+        (see :func:`otel_rl.distributed.reduce_across_ranks`).
         Rank 0 records the result as scalars; every rank gets it back.
         """
         local = {**self.window_timings(), **snapshot(values or {})}
@@ -802,6 +807,10 @@ class Telemetry:
             self._stop_outputs(deadline)
         finally:
             self._sigterm.restore()
+
+    def _close_at_exit(self) -> None:
+        self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere
+        self.close()
 
     def _stop_outputs(self, deadline: Deadline) -> None:
         """The last step of :meth:`close`: the final pipeline pass and every sink."""

@@ -118,3 +118,15 @@ def areal_parity(rank: int, world: int, extra) -> dict:
     stats.get("rollout/").scalar(reward=float(rank))
     everything = stats.export_all(reduce_group=dist.group.WORLD)
     return {"stats": out, "all": everything, "device": str(reduce_device(dist.group.WORLD))}
+
+
+def window_keys_differ(rank: int, world: int, extra) -> list:
+    """Log windows whose keys differ across ranks (an empty window on one rank, a phase only rank 0 runs)."""
+    from otel_rl.distributed import reduce_across_ranks
+
+    first = reduce_across_ranks({} if rank == 1 else {"Perf/learning_time": 2.0 * (rank + 1)}, dist.group.WORLD)
+    second = reduce_across_ranks(
+        {"Perf/total_fps": 10.0, **({"Perf/learner_replay_sample_ms": 4.0} if rank == 0 else {})}, dist.group.WORLD
+    )
+    same = reduce_across_ranks({"Perf/total_fps": 1.0}, dist.group.WORLD)  # and the ranks are still in step
+    return [first, second, same]

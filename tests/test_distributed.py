@@ -192,3 +192,14 @@ def test_worker_merges_weight_by_count_and_keep_uncounted_keys():
     assert merged["only_b"] == 7.0  # no count: kept, not dropped
     assert "reward__count" not in publishable(merged)
     assert merge_worker_stats([a, b]) == merge_worker_stats([merge_worker_stats([a]), b])
+
+
+def test_windows_whose_keys_differ_across_ranks_are_reduced_over_the_union():
+    # Reducing tensors of different sizes would abort every rank (gloo's enforce): the ranks agree on the keys first.
+    results = run_ranks(3, "window_keys_differ")
+    for rank in range(3):
+        status, (first, second, same) = results[rank]
+        assert status == "ok"
+        assert first == {"Perf/learning_time": (2.0 + 6.0) / 2}  # the mean over the ranks that have it
+        assert second == {"Perf/total_fps": 30.0, "Perf/learner_replay_sample_ms": 4.0}
+        assert same == {"Perf/total_fps": 3.0}

@@ -190,14 +190,15 @@ CHILD = textwrap.dedent(
 )
 
 
-def _child(tmp_path, server, mode):
+def _child(tmp_path, server, mode, agent="process"):
     run_dir = tmp_path / mode
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(run_dir), server.url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))},
+        env={**env, "OTEL_RL_AGENT": agent},
     )
     assert proc.stdout.readline().strip() == "ready"
     return proc, run_dir
@@ -227,7 +228,8 @@ def test_lifecycle_in_a_real_process(tmp_path, server, mode, status, code):
 
 
 def test_sigkill_then_backfill_holds_every_flushed_record_once(tmp_path, server):
-    proc, run_dir = _child(tmp_path, server, "loop")
+    # In-process outputs: what was flushed before the SIGKILL is on disk, the rest is lost with the process.
+    proc, run_dir = _child(tmp_path, server, "loop", agent="off")
     time.sleep(3)  # at least one JSONL flush (every 2 s) and one live batch
     proc.kill()
     proc.wait(10)
@@ -240,6 +242,25 @@ def test_sigkill_then_backfill_holds_every_flushed_record_once(tmp_path, server)
     stored = {(r["writer"], r["seq"]) for r in server.storage.records(run_dir.name)}
     assert {(r["writer"], r["seq"]) for r in lines} <= stored
     assert server.storage.count() == len(stored)  # each exactly once
+
+
+def test_after_a_sigkill_the_agent_delivers_everything_and_backfill_finds_nothing_new(tmp_path, server):
+    proc, run_dir = _child(tmp_path, server, "loop")
+    time.sleep(3)
+    proc.kill()
+    proc.wait(10)
+    deadline = time.monotonic() + 30
+    while _status(server, run_dir)["status"] != "killed" and time.monotonic() < deadline:
+        time.sleep(0.1)  # the agent reads the rest of the segment and ends the run
+    info = _status(server, run_dir)
+    assert info["status"] == "killed" and info["reason"].startswith(("killed by SIGKILL", "the process disappeared"))
+    while (run_dir / "run_summary.json").exists() is False and time.monotonic() < deadline:
+        time.sleep(0.1)
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    assert lines[-1]["kind"] == "run" and lines[-1]["status"] == "killed"  # the file holds the end too
+    totals = backfill(run_dir, server.url)
+    assert totals["sent"] == len(lines) and totals["accepted"] == 0  # the live stream already had every record
+    assert server.storage.count() == len({(r["writer"], r["seq"]) for r in lines})
 
 
 # -- bad input is a 400 or a refusal, never a 500 ------------------------------------------

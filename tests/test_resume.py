@@ -80,9 +80,11 @@ def test_a_killed_run_resumes_as_one_run_in_every_output(tmp_path):
     assert summary(second)["summary"]["events/resumed"]["count"] == 1
 
 
-def test_a_sigkilled_run_resumes_in_the_same_trace_and_is_reported_lost(tmp_path, monkeypatch):
+@pytest.mark.parametrize("agent, previous_status", [("off", "lost"), ("process", "killed")])
+def test_a_sigkilled_run_resumes_in_the_same_trace_and_is_reported_lost(tmp_path, monkeypatch, agent, previous_status):
+    # In-process outputs die with the process (the run is found "lost"); an agent ends it as "killed" first.
     run_dir = tmp_path / "sac-2"
-    assert train(run_dir, 0, 10, "sigkill") == -signal.SIGKILL
+    assert train(run_dir, 0, 10, "sigkill", env={"OTEL_RL_AGENT": agent}) == -signal.SIGKILL
     trace_id = int(json.loads((run_dir / "run_config.json").read_text())["trace_id"], 16)
     receiver = HttpReceiver().start()
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
@@ -100,7 +102,7 @@ def test_a_sigkilled_run_resumes_in_the_same_trace_and_is_reported_lost(tmp_path
     assert tel.trace_id == trace_id
     assert {int.from_bytes(s.trace_id, "big") for _, s in receiver.received.spans()} == {trace_id}
     (resumed,) = [r for r in jsonl(run_dir) if r["kind"] == "event" and r["name"] == "resumed"]
-    assert resumed["attributes"]["previous_status"] == "lost" and resumed["attributes"]["last_step"] == 100
+    assert resumed["attributes"]["previous_status"] == previous_status and resumed["attributes"]["last_step"] == 100
 
 
 def test_resuming_an_empty_folder_starts_afresh_with_one_warning(tmp_path, caplog):

@@ -131,9 +131,18 @@ class Agent:
             self._route(shm.RUN, record)
         moved += len(control) + len(data)
         self.outputs._pipeline.drain()
-        if moved:
-            self.reader.publish_totals(pickle.dumps(self.outputs._aggregates.totals()))
+        self.publish()
         return moved
+
+    def publish(self) -> None:
+        """Hand the producer what it reports without the outputs: totals for ``window_timings()``, drops for ``stats()``."""
+        outputs = self.outputs
+        counts = {
+            "totals": outputs._aggregates.totals(),
+            "dropped": outputs._dropped(),
+            "spans_sampled_out": outputs._otel.budget.sampled_out,
+        }
+        self.reader.publish_totals(pickle.dumps(counts))
 
     def _decode_message(self, kind: int, payload: bytes) -> tuple[int, Any] | None:
         """A message's record; None (one warning per kind, counted) when it cannot be read here."""
@@ -448,6 +457,7 @@ def serve(
                 before_close()
         finally:
             outputs.close(deadline_s)
+            agent.publish()  # what closing dropped, for the producer's last stats()
             reader.set("agent_state", shm.AGENT_DONE)
 
 

@@ -93,7 +93,7 @@ class ThreadHost:
     def flush(self, deadline: Deadline) -> bool:
         return _flush(self.segment, deadline, self._thread.is_alive)
 
-    def stop(self, deadline: Deadline) -> None:
+    def stop(self, deadline: Deadline, at_exit: bool = False) -> None:
         self.segment.set("state", shm.CLOSING)
         self._thread.join(deadline.left())
         if self._thread.is_alive():
@@ -173,23 +173,38 @@ class ProcessHost:
         relay_logs(self.segment)
         return flushed
 
-    def stop(self, deadline: Deadline) -> None:
+    def stop(self, deadline: Deadline, at_exit: bool = False) -> None:
+        """Hand the segment over to the agent to close every output; back when it has, or at the deadline.
+
+        With no agent left, the work is finished here; at interpreter exit
+        (when the outputs could not start their threads here) a new agent
+        process is started for it instead, which goes on after this process
+        if the deadline passes.
+        """
         from otel_rl.agent.core import relay_logs
 
         self._stopping.set()
         self._watcher.join(deadline.left(cap_s=1.0))
         segment = self.segment
         segment.set("state", shm.CLOSING)
-        short = segment.get("agent_state") == shm.AGENT_NONE and self._starting()
+        short = not at_exit and segment.get("agent_state") == shm.AGENT_NONE and self._starting()
         if short:  # a short run: finishing here is quicker than waiting for the agent's start-up
             self.process.kill()  # type: ignore[union-attr]
             self.process.wait()  # type: ignore[union-attr]
-        _wait(lambda: segment.get("agent_state") == shm.AGENT_DONE or not self._alive(), deadline)
-        if segment.get("agent_state") != shm.AGENT_DONE and not self._alive():
+        done = lambda: segment.get("agent_state") == shm.AGENT_DONE  # noqa: E731
+        _wait(lambda: done() or not self._alive(), deadline)
+        if not done() and not self._alive():
             if not short:
-                _logger.warning("otel-rl: the agent process ended early; finishing its work here")
-            self._take_over(deadline)
-        elif segment.get("agent_state") != shm.AGENT_DONE:
+                _logger.warning("otel-rl: the agent process ended early; finishing its work %s", "in a new one" if at_exit else "here")
+            if at_exit:
+                try:
+                    self.process = self._start()
+                except OSError as exc:
+                    _logger.warning("otel-rl: no agent can finish the work (%s)", exc)
+                _wait(lambda: done() or not self._alive(), deadline)
+            else:
+                self._take_over(deadline)
+        if not done():
             _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
         relay_logs(segment)
         segment.close()

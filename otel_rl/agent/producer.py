@@ -329,10 +329,13 @@ class ProducerTelemetry(Telemetry):
         outputs = self._host.outputs if self._host is not None else None
         return outputs.meter_provider if outputs is not None else None
 
+    def _agent_counts(self) -> dict[str, Any]:
+        """What the agent published after its last pass (it trails this process by one pass): totals and drops."""
+        payload = self._segment.totals()
+        return pickle.loads(payload) if payload else {}
+
     def _totals(self):
-        """The totals the agent published after its last pass (it trails this process by one pass)."""
-        payload = self._segment.totals() if self._segment.control is not None else None
-        return pickle.loads(payload) if payload else ({}, {})
+        return self._agent_counts().get("totals", ({}, {}))
 
     def add_sink(self, sink) -> None:
         outputs = self._host.outputs if self._host is not None else None
@@ -348,7 +351,7 @@ class ProducerTelemetry(Telemetry):
 
     def _stop_outputs(self, deadline: Deadline) -> None:
         """Everything recorded is handed to the agent; returns when it has closed every output, or at the deadline."""
-        self._host.stop(deadline)  # type: ignore[union-attr]
+        self._host.stop(deadline, self._at_exit)  # type: ignore[union-attr]
 
     def _pending(self) -> dict[str, int]:
         segment = self._segment
@@ -358,7 +361,17 @@ class ProducerTelemetry(Telemetry):
         }
 
     def stats(self) -> dict[str, Any]:
-        return {"pending": self._pending(), "dropped": self._dropped(), "agent": self._mode, "agent_pid": self._agent_pid()}
+        counts = self._agent_counts()
+        dropped = self._dropped()
+        for queue, n in counts.get("dropped", {}).items():  # the outputs' queues, and the agent's own
+            dropped[queue] = dropped.get(queue, 0) + n
+        return {
+            "pending": self._pending(),
+            "dropped": dropped,
+            "spans_sampled_out": counts.get("spans_sampled_out", 0),
+            "agent": self._mode,
+            "agent_pid": self._agent_pid(),
+        }
 
     def _agent_pid(self) -> int | None:
         """The pid of the agent serving this process (None before one attached, and for a thread agent)."""

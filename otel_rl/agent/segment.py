@@ -183,6 +183,34 @@ def lock_agent(directory: Path, wait_s: float = 1.0) -> int | None:
             time.sleep(0.01)
 
 
+def wait_for_agents(run_id: str, timeout_s: float) -> bool:
+    """Wait while an agent still finishes the outputs of ``run_id`` for a producer that died; True when none does.
+
+    A run resumed right after a SIGKILL would otherwise write its folder while
+    the dead producer's agent is still writing its end there.
+    """
+    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:80]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        busy = False
+        for path in segment_dir().glob("*/*.seg"):
+            if not path.name.startswith(prefix + "-"):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    header = f.read(HEADER_BYTES)
+                field = lambda name: struct.unpack_from("<q", header, _FIELDS[name])[0]  # noqa: E731
+                if header[: len(MAGIC)] == MAGIC and field("agent_state") != AGENT_DONE:
+                    busy = busy or (not pid_alive(field("pid")) and pid_alive(field("agent_pid")))
+            except (OSError, struct.error):
+                continue
+        if not busy:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 STALE_AFTER_S = 60.0
 """A segment this old whose producer and agent are both gone is removed by the next producer that starts."""
 
@@ -389,6 +417,7 @@ class Segment:
         self.data = _Ring(buffer, layout.data, data_bytes)
         self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
         self._lock = threading.Lock()
+        self._final_totals: bytes | None = None
         self._names: dict[str, int] = {}
         self._exceptions: dict[type, int] = {}
 
@@ -468,7 +497,9 @@ class Segment:
         return self.header[field].value
 
     def totals(self) -> bytes | None:
-        """What the agent last published with :meth:`SegmentReader.publish_totals` (None before that)."""
+        """What the agent last published with :meth:`SegmentReader.publish_totals` (None before that; kept after close)."""
+        if self.control is None:
+            return self._final_totals
         return _read_slot(self.buffer, self.layout.totals)
 
     def publish_run(self, payload: bytes) -> bool:
@@ -477,6 +508,8 @@ class Segment:
 
     def close(self) -> None:
         """Forget the mapping (the reader unlinks the file)."""
+        if self.control is not None:
+            self._final_totals = _read_slot(self.buffer, self.layout.totals)
         self.header.clear()
         self.control = self.data = self.logs = None  # type: ignore[assignment]
         try:
