@@ -7,7 +7,7 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("otel_rl._hotpath", ["otel_rl/_hotpath.c"], optional=True),
-        Extension("otel_rl.exporters._slices", ["otel_rl/exporters/_slices.c"], optional=True),
+        Extension("otel_rl.producer._hotpath", ["otel_rl/producer/_hotpath.c"], optional=True),
+        Extension("otel_rl.perfetto._slices", ["otel_rl/perfetto/_slices.c"], optional=True),
     ]
 )

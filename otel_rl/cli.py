@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         serve_forever(args.db, args.host, args.port, token, args.lost_after)
         return 0
     if args.command == "backfill":
-        from otel_rl.backfill import backfill as run_backfill
+        from otel_rl.motrix.backfill import backfill as run_backfill
 
         if not args.url:
             parser.error("--url (or MOTRIX_METRICS_URL) is required")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _agent(args) -> int:
-    from otel_rl.agent import segment
+    from otel_rl.producer import segment
     from otel_rl.agent.service import AgentService
 
     try:

@@ -128,10 +128,12 @@ class TelemetryConfig:
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
 
     agent: str = "process"
-    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``off``, the pipeline thread reading in-process
-    buffers; ``process``, an agent process fed over shared memory (what this process recorded survives its
-    death); ``thread``, the same agent on a thread of this process (chosen instead of ``process`` when the
-    configuration holds exporter objects or no process or shared memory is available). See :mod:`otel_rl.agent`."""
+    """Where the outputs are assembled (``OTEL_RL_AGENT``): ``process``, an agent process fed over shared
+    memory (what this process recorded survives its death; its workers record into it too); the name of an
+    agent shared by every process that names it (the ranks of a machine: one trace with every rank);
+    ``thread``, the same agent on a thread of this process (chosen instead when the configuration holds
+    exporter objects or sinks, or no process or shared memory is available); ``off``, the pipeline thread
+    reading in-process buffers. See :mod:`otel_rl.agent`."""
 
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""

@@ -50,7 +50,9 @@ OTEL_RL_WANDB = "OTEL_RL_WANDB"
 OTEL_RL_RESUME = "OTEL_RL_RESUME"
 """``true``: continue the run named by the run id (and run folder) after a restart."""
 OTEL_RL_AGENT = "OTEL_RL_AGENT"
-"""``process``: assemble the outputs in an agent process fed over shared memory; ``thread``: the agent on a thread; ``off`` (default): in-process buffers and pipeline."""
+"""``process`` (default): the outputs are assembled by an agent process fed over shared memory (one per
+learner and its workers); a name (``A-Z a-z 0-9 _ . -``): the agent of that name, shared by every process that
+names it (ranks on one machine); ``thread`` (or ``inprocess``): the agent on a thread; ``off``: in-process buffers."""
 OTEL_RL_TRACE_OUTPUT_DIR = "OTEL_RL_TRACE_OUTPUT_DIR"
 OTEL_RL_TRACE_THREAD_TIME = "OTEL_RL_TRACE_THREAD_TIME"
 OTEL_RL_TRACE_CUDA_EVENTS = "OTEL_RL_TRACE_CUDA_EVENTS"

@@ -1,6 +1,6 @@
 """The live terminal panel: what the training is doing, redrawn at 2 Hz by its own thread.
 
-It reads the pipeline's records (a :class:`~otel_rl.pipeline.RecordSink`) into
+It reads the pipeline's records (a :class:`~otel_rl.agent.pipeline.RecordSink`) into
 bounded windows and shows 2-second averages ("Avg 2s (n=...)"): the backends
 keep the unsmoothed per-iteration values. The training loop never triggers a
 redraw. Width tiers: under 96 columns everything stacks with a single Timing
@@ -23,8 +23,8 @@ from rich.table import Table
 
 from otel_rl import schema
 from otel_rl.background import Worker
-from otel_rl.pipeline import PassTotals, RecordSink
-from otel_rl.records import ScalarsRecord
+from otel_rl.agent.pipeline import PassTotals, RecordSink
+from otel_rl.agent.records import ScalarsRecord
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0

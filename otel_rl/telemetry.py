@@ -17,18 +17,19 @@ from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import protocol, run_metadata, schema
+from otel_rl import run_metadata, schema
+from otel_rl.motrix import protocol
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
 from otel_rl.distributions import to_host_array
 from otel_rl.drops import Drops
-from otel_rl.pipeline import Clock, Pipeline, RecordSink
-from otel_rl.recorder import FLOW, Iteration, Phase, Recorder
-from otel_rl.records import RunRecord
+from otel_rl.agent.pipeline import Clock, Pipeline, RecordSink
+from otel_rl.producer.recorder import FLOW, Iteration, Phase, Recorder
+from otel_rl.agent.records import RunRecord
 from otel_rl.resume import StepCheck
 from otel_rl.run_metadata import redact
-from otel_rl.spans import new_span_id, new_trace_id
+from otel_rl.otel.spans import new_span_id, new_trace_id
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
 
 _logger = logger(__name__)
@@ -238,9 +239,9 @@ class Telemetry:
 
     def _build(self, config: TelemetryConfig, extra_sinks: list[RecordSink]) -> None:
         """Create the sinks, the pipeline and the sampler; :meth:`_abort` undoes a partial build."""
-        from otel_rl.aggregation import Aggregates, AggregatorSink
-        from otel_rl.otel_sink import OpenTelemetrySink
-        from otel_rl.summary import SummarySink
+        from otel_rl.otel.aggregation import Aggregates, AggregatorSink
+        from otel_rl.otel.sink import OpenTelemetrySink
+        from otel_rl.exporters.summary import SummarySink
 
         config.meta = redact(json_safe(config.meta, self._nonfinite, "meta"))
         self._aggregates = Aggregates(self._clock.now_ns(), self._base_attributes, self.trace_id)
@@ -267,7 +268,7 @@ class Telemetry:
         if self._motrix is not None:
             self._built.append(self._motrix)
         if config.trace_enabled:
-            from otel_rl.exporters.perfetto import TRACE_FILE, PerfettoTraceSink
+            from otel_rl.perfetto.trace import TRACE_FILE, PerfettoTraceSink
             from otel_rl.workers import fragment_name
 
             # The learner's rank 0 writes the trace; workers and the ranks an agent joins to it write fragments it merges.
@@ -275,7 +276,7 @@ class Telemetry:
             directory = config.trace_output_dir or config.run_dir
             path = directory / (TRACE_FILE if learner else fragment_name(config.role, config.rank))
             if self._previous is not None:
-                from otel_rl.exporters.perfetto import merge_fragments
+                from otel_rl.perfetto.trace import merge_fragments
                 from otel_rl.resume import trace_part
 
                 last = trace_part(directory, TRACE_FILE, self._previous.resumes) if self._previous.resumes else path
@@ -343,10 +344,10 @@ class Telemetry:
 
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
-        from otel_rl.agent.segment import wait_for_agents
-        from otel_rl.exporters.jsonl import JSONL_FILE
+        from otel_rl.producer.segment import wait_for_agents
+        from otel_rl.motrix.jsonl import JSONL_FILE
         from otel_rl.resume import previous_run
-        from otel_rl.summary import CONFIG_FILE
+        from otel_rl.exporters.summary import CONFIG_FILE
 
         if not wait_for_agents(self.config.run_id, self.config.shutdown_timeout_s):  # type: ignore[arg-type]
             _logger.warning("otel-rl: the agent of the run's previous process is still writing its outputs; resuming anyway")
@@ -357,8 +358,8 @@ class Telemetry:
         config = self.config
         if not config.motrix_url and not config.jsonl:
             return None
-        from otel_rl.exporters.jsonl import JSONL_FILE, JsonlWriter
-        from otel_rl.exporters.motrix import MotrixSink
+        from otel_rl.motrix.jsonl import JSONL_FILE, JsonlWriter
+        from otel_rl.motrix.exporter import MotrixSink
 
         sink = MotrixSink(
             config.run_id,
@@ -374,7 +375,7 @@ class Telemetry:
         if config.jsonl:
             sink.outputs.append(JsonlWriter(config.run_dir / JSONL_FILE, self._drops))
         if config.motrix_url:
-            from otel_rl.exporters.http_sender import HttpSender
+            from otel_rl.motrix.http_sender import HttpSender
 
             sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
         self._built.remove(sink)
@@ -411,7 +412,7 @@ class Telemetry:
 
         ``cuda=True`` (or a ``torch.cuda.Stream`` as ``stream``) also times the
         phase on the GPU with CUDA events, without synchronizing (see
-        :mod:`otel_rl.cuda_timing`); without CUDA it is timed on the host and
+        :mod:`otel_rl.producer.cuda_timing`); without CUDA it is timed on the host and
         its spans say so.
 
         Raises:
@@ -464,7 +465,7 @@ class Telemetry:
         if phase is not None:
             return phase
         host = self.phase(name, timeline)
-        from otel_rl.cuda_timing import CudaPhase, CudaTimer, cuda_unavailable_reason
+        from otel_rl.producer.cuda_timing import CudaPhase, CudaTimer, cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:
@@ -720,7 +721,7 @@ class Telemetry:
         return reduced
 
     def add_sink(self, sink: RecordSink) -> None:
-        """Add a record sink (see :class:`otel_rl.pipeline.RecordSink`) to the running pipeline."""
+        """Add a record sink (see :class:`otel_rl.agent.pipeline.RecordSink`) to the running pipeline."""
         self._pipeline.add_sink(sink)  # type: ignore[union-attr]
 
     def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):

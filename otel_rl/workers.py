@@ -28,8 +28,8 @@ from typing import Any
 
 from otel_rl._logging import EVERY_TIME, logger
 from otel_rl.background import Worker
-from otel_rl.pipeline import RecordSink
-from otel_rl.records import IterationRecord
+from otel_rl.agent.pipeline import RecordSink
+from otel_rl.agent.records import IterationRecord
 
 _logger = logger(__name__)
 

@@ -17,7 +17,7 @@ import pytest
 import requests
 
 import otel_rl
-from otel_rl.backfill import backfill
+from otel_rl.motrix.backfill import backfill
 from otel_rl.server import IngestServer
 
 from motrix_golden import golden_records

@@ -8,8 +8,8 @@ from rich.console import Console
 
 from otel_rl import schema
 from otel_rl.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
-from otel_rl.pipeline import CycleTotals, PassTotals
-from otel_rl.records import IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.agent.pipeline import CycleTotals, PassTotals
+from otel_rl.agent.records import IterationRecord, PhaseRecord, ScalarsRecord
 
 NOW = 1_000_000_000_000
 

@@ -45,7 +45,7 @@ def test_worker_spans_are_children_of_the_run_span(method, monkeypatch, tmp_path
 
 
 def test_a_crashed_worker_becomes_a_worker_crashed_event():
-    from otel_rl.pipeline import RecordSink
+    from otel_rl.agent.pipeline import RecordSink
 
     class Capture(RecordSink):
         def __init__(self):

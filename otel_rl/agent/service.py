@@ -31,7 +31,7 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.agent import segment as shm
+from otel_rl.producer import segment as shm
 from otel_rl.agent.core import LogForwarder, attach, serve
 from otel_rl.background import pid_alive
 

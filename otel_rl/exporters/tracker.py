@@ -30,9 +30,9 @@ from collections import deque
 from otel_rl._logging import logger
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
-from otel_rl.perf_windows import PerfWindows
-from otel_rl.pipeline import PassTotals, RecordSink
-from otel_rl.records import DistributionRecord, EventRecord, RunRecord, ScalarsRecord
+from otel_rl.agent.perf_windows import PerfWindows
+from otel_rl.agent.pipeline import PassTotals, RecordSink
+from otel_rl.agent.records import DistributionRecord, EventRecord, RunRecord, ScalarsRecord
 
 _logger = logger(__name__)
 

@@ -49,7 +49,7 @@ from typing import Any
 
 from aiohttp import web
 
-from otel_rl.protocol import INGEST_PATH
+from otel_rl.motrix.protocol import INGEST_PATH
 from otel_rl.server.storage import Row, Storage, StorageUnavailable, open_storage
 from otel_rl.server.validation import LARGE_BODY_BYTES, Decoded, Invalid, decode_batch, iter_large_batch, stored_text
 

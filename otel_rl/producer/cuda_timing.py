@@ -34,8 +34,8 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from otel_rl.background import Worker
-from otel_rl.recorder import CORRELATE, Phase, Recorder
-from otel_rl.records import DeviceIntervalRecord
+from otel_rl.producer.recorder import CORRELATE, Phase, Recorder
+from otel_rl.agent.records import DeviceIntervalRecord
 from otel_rl.schema import PhaseSpec
 
 

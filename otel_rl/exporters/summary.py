@@ -17,10 +17,10 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.aggregation import Aggregates
+from otel_rl.otel.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
-from otel_rl.pipeline import RecordSink
-from otel_rl.records import RunRecord, ScalarsRecord
+from otel_rl.agent.pipeline import RecordSink
+from otel_rl.agent.records import RunRecord, ScalarsRecord
 
 _logger = logger(__name__)
 

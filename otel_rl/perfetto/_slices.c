@@ -12,7 +12,7 @@
  *   0x0a len  TracePacket{ 0x40 timestamp, 0x5a len TrackEvent{ body [flows] }, sequence_tail }
  * where ``body`` (type, track, name and category) is prepared once per track
  * and phase spec by the Python encoder, and ``sequence_tail`` carries the
- * sequence id and flags. otel_rl/exporters/perfetto.py has the pure-Python
+ * sequence id and flags. otel_rl/perfetto/trace.py has the pure-Python
  * twin used when this module is not built; the tests check both against the
  * perfetto protos.
  */
@@ -239,7 +239,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef slices_module = {
-    PyModuleDef_HEAD_INIT, "otel_rl.exporters._slices", "Perfetto slice packets of phase records, in C.", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "otel_rl.perfetto._slices", "Perfetto slice packets of phase records, in C.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__slices(void) {

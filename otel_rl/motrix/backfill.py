@@ -4,7 +4,7 @@ Every line is sent as it was written, same ``(writer, seq)``, so records the
 service already has are ignored there: a backfill after a live run that lost
 its connection (or after a crash) fills the gaps and duplicates nothing.
 Records the service refuses are skipped one by one and reported; the rest
-go on (:func:`otel_rl.exporters.delivery.send`).
+go on (:func:`otel_rl.motrix.delivery.send`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl._logging import logger
-from otel_rl.exporters.delivery import send
-from otel_rl.exporters.http_post import Poster
-from otel_rl.exporters.jsonl import JSONL_FILE
-from otel_rl.protocol import INGEST_PATH
+from otel_rl.motrix.delivery import send
+from otel_rl.motrix.http_post import Poster
+from otel_rl.motrix.jsonl import JSONL_FILE
+from otel_rl.motrix.protocol import INGEST_PATH
 
 _logger = logger(__name__)
 

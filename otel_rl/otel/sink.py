@@ -1,6 +1,6 @@
 """The OpenTelemetry sink: spans, metrics and log records behind the SDK's processors.
 
-Built from the environment (:mod:`otel_rl.otlp`). Each signal with at least
+Built from the environment (:mod:`otel_rl.otel.otlp`). Each signal with at least
 one exporter gets the SDK's batching machinery: ``BatchSpanProcessor``,
 ``PeriodicExportingMetricReader`` and ``BatchLogRecordProcessor``, each with
 its own thread and bounded queue. A signal without exporters costs nothing.
@@ -22,12 +22,13 @@ from opentelemetry.trace import Status, StatusCode
 
 from otel_rl._logging import logger, once
 from otel_rl import environment_variables as env
-from otel_rl import otlp, run_metadata, schema
-from otel_rl.aggregation import Aggregates, MergingMetricExporter
+from otel_rl import run_metadata, schema
+from otel_rl.otel import otlp
+from otel_rl.otel.aggregation import Aggregates, MergingMetricExporter
 from otel_rl.background import Deadline
-from otel_rl.pipeline import Clock, RecordSink
-from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
-from otel_rl.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
+from otel_rl.agent.pipeline import Clock, RecordSink
+from otel_rl.agent.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
+from otel_rl.otel.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
 
 _logger = logger(__name__)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from otel_rl._logging import logger, once
 from otel_rl.background import Worker
 from otel_rl.drops import Drops
-from otel_rl.exporters.record_queue import Item, RecordQueue
+from otel_rl.motrix.record_queue import Item, RecordQueue
 
 _logger = logger(__name__)
 

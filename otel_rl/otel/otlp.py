@@ -130,7 +130,7 @@ def _otlp_exporter(settings: OtlpSettings):
     """Construct the SDK's OTLP exporter of a signal with explicit settings."""
     grpc = settings.protocol == "grpc"
     if settings.signal == "traces":
-        from otel_rl.exporters.otlp_spans import GrpcSpanExporter, HttpSpanExporter
+        from otel_rl.otel.span_encoder import GrpcSpanExporter, HttpSpanExporter
 
         cls = GrpcSpanExporter if grpc else HttpSpanExporter
     elif settings.signal == "metrics":

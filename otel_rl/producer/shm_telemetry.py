@@ -20,11 +20,11 @@ from typing import Any
 
 from otel_rl._logging import logger, once
 from otel_rl.agent import host
-from otel_rl.agent import segment as shm
+from otel_rl.producer import segment as shm
 from otel_rl.agent.core import AgentConfig
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
-from otel_rl.recorder import (
+from otel_rl.producer.recorder import (
     CORRELATE,
     FLOW,
     ITERATION_END,

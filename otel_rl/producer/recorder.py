@@ -2,7 +2,7 @@
 
 Nothing here builds an OpenTelemetry object, serializes, or does IO. Entering
 and leaving a phase costs two ``perf_counter_ns()`` calls and a deque append;
-everything else happens on the pipeline thread (:mod:`otel_rl.pipeline`).
+everything else happens on the pipeline thread (:mod:`otel_rl.agent.pipeline`).
 
 Each thread that records gets its own lane (:class:`PyLane` or its C twin): a bounded deque of raw
 records plus the stack of open phases. One writer per lane means the lane
@@ -48,7 +48,7 @@ class PyLane:
     * CUDA correlation mark: ``(CORRELATE, correlation, open_phases)``
 
     Times are ``perf_counter_ns()`` values; the pipeline converts them to epoch.
-    This is the pure-Python lane; ``otel_rl._hotpath.Lane`` is its C twin.
+    This is the pure-Python lane; ``otel_rl.producer._hotpath.Lane`` is its C twin.
     """
 
     __slots__ = ("records", "capacity", "dropped", "thread_id", "thread_name", "open_iterations", "stack")
@@ -86,7 +86,7 @@ MAX_DEPTH = 64
 
 
 class PyPhase:
-    """Pure-Python enter/exit of a phase (``otel_rl._hotpath.Phase`` is its C twin)."""
+    """Pure-Python enter/exit of a phase (``otel_rl.producer._hotpath.Phase`` is its C twin)."""
 
     __slots__ = ("spec", "id", "_local", "_recorder", "_warn")
 
@@ -125,7 +125,7 @@ class PyPhase:
 
 
 try:
-    from otel_rl import _hotpath
+    from otel_rl.producer import _hotpath
 except ImportError:  # not built (no compiler at install time): pure Python
     _hotpath = None
 
@@ -288,7 +288,7 @@ class Phase:
     open-phase stack lives in the calling thread's lane. Exceptions propagate
     unchanged; the phase is recorded with the exception's type.
 
-    The enter/exit machinery comes from ``otel_rl._hotpath`` (C) when it is
+    The enter/exit machinery comes from ``otel_rl.producer._hotpath`` (C) when it is
     built, else from :class:`PyPhase`.
     """
 
@@ -344,7 +344,7 @@ def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
 class PyIteration:
     """One cycle of a timeline (a learner iteration: its wall time is Iter Wall).
 
-    Pure-Python enter/exit; ``otel_rl._hotpath.Iteration`` is its C twin.
+    Pure-Python enter/exit; ``otel_rl.producer._hotpath.Iteration`` is its C twin.
     Create through :meth:`Recorder.iteration_factory`.
     """
 

@@ -1,7 +1,7 @@
 """``Perf/*`` timings for outputs that show phase time as scalars (live metrics, TensorBoard).
 
 :class:`PerfWindows` adds up what each pipeline pass measured per timeline
-(:class:`otel_rl.pipeline.PassTotals`) and, at most once per
+(:class:`otel_rl.agent.pipeline.PassTotals`) and, at most once per
 ``interval_s``, turns the window into ``Perf/*`` values: the mean per cycle
 (per occurrence for timelines without cycles), in each key's unit, aligned on
 the learner's latest iteration and env steps.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from otel_rl import schema
-from otel_rl.pipeline import CycleTotals, PassTotals
+from otel_rl.agent.pipeline import CycleTotals, PassTotals
 
 
 class _Window:

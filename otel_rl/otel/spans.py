@@ -21,7 +21,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
 from otel_rl import schema
-from otel_rl.records import IterationRecord, PhaseRecord
+from otel_rl.agent.records import IterationRecord, PhaseRecord
 
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)

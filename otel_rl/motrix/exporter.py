@@ -19,11 +19,11 @@ from typing import Any
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.drops import Drops
-from otel_rl.exporters.record_queue import Item
-from otel_rl.perf_windows import PerfWindows
-from otel_rl.pipeline import PassTotals, RecordSink
-from otel_rl.protocol import ProtocolError, encode_record, record
-from otel_rl.records import EventRecord, RunRecord, ScalarsRecord
+from otel_rl.motrix.record_queue import Item
+from otel_rl.agent.perf_windows import PerfWindows
+from otel_rl.agent.pipeline import PassTotals, RecordSink
+from otel_rl.motrix.protocol import ProtocolError, encode_record, record
+from otel_rl.agent.records import EventRecord, RunRecord, ScalarsRecord
 
 _logger = logger(__name__)
 

@@ -24,8 +24,8 @@ from otel_rl import distributions, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
-from otel_rl.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
-from otel_rl.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.producer.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
+from otel_rl.agent.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
 from otel_rl.resume import StepCheck
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, scalar_number, shorten
 

@@ -38,9 +38,9 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_rl import schema
-from otel_rl.pipeline import RecordSink
+from otel_rl.agent.pipeline import RecordSink
 from otel_rl._logging import logger
-from otel_rl.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.agent.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
 
 MAX_EVENT_NAMES = 200
 """Distinct event names counted by ``rl.events``; further names are not counted."""

@@ -6,7 +6,7 @@ within ``request_timeout_s``, answer included (a service that trickles its
 answer cannot hold the sender). Network errors, 408, 429 and 5xx are retried
 with exponential backoff and full jitter (429 and 503 honour
 ``Retry-After``). Records the service refuses as invalid are dropped one by
-one (:func:`otel_rl.exporters.delivery.send`), never their batch.
+one (:func:`otel_rl.motrix.delivery.send`), never their batch.
 
 After ``retry_window_s`` of failures the batch's ``scalars`` and heartbeats
 are dropped (counted); ``run`` and ``event`` records go back to the front of
@@ -27,10 +27,10 @@ from collections.abc import Callable
 from otel_rl._logging import EVERY_TIME, logger, once
 from otel_rl.background import Worker
 from otel_rl.drops import Drops
-from otel_rl.exporters.delivery import Outcome, send
-from otel_rl.exporters.http_post import Poster
-from otel_rl.exporters.record_queue import DROPPABLE, Item, RecordQueue
-from otel_rl.protocol import INGEST_PATH
+from otel_rl.motrix.delivery import Outcome, send
+from otel_rl.motrix.http_post import Poster
+from otel_rl.motrix.record_queue import DROPPABLE, Item, RecordQueue
+from otel_rl.motrix.protocol import INGEST_PATH
 
 _logger = logger(__name__)
 

@@ -20,7 +20,7 @@ Every ring has one writer and one reader and moves two counters: the writer
 publishes ``write`` after the bytes it covers, the reader publishes ``read``
 after it has copied them. A writer that finds its ring full drops the new
 record and counts it (it can never take back what the reader may be
-copying). Lanes are written by ``otel_rl._hotpath`` (or
+copying). Lanes are written by ``otel_rl.producer._hotpath`` (or
 :class:`PyShmLane`) with the layout of :data:`RECORD`.
 """
 
@@ -41,7 +41,7 @@ import numpy as np
 from otel_rl.background import pid_alive
 
 try:
-    from otel_rl._hotpath import put_frame, put_scalars
+    from otel_rl.producer._hotpath import put_frame, put_scalars
 except ImportError:  # not built: the pure-Python writer
     put_frame = put_scalars = None
 
@@ -317,7 +317,7 @@ class _Ring:
     def put(self, kind: int, payload: bytes, limit: int) -> bool:
         """Append one frame (caller holds the writer's lock); False when it would pass ``limit`` bytes in use.
 
-        ``otel_rl._hotpath.put_frame`` is the same in C (and needs no lock: it holds the GIL throughout).
+        ``otel_rl.producer._hotpath.put_frame`` is the same in C (and needs no lock: it holds the GIL throughout).
         """
         size = _FRAME.size + len(payload)
         size += -size % 8

@@ -15,7 +15,7 @@ The pipeline thread encodes each record as it arrives and hands the bytes to
 a bounded queue; a writer thread streams them to ``trace.perfetto-trace``.
 Track descriptors and the first packet of a sequence are built with the
 ``perfetto`` package's protos; the slice packets of phases, thousands per
-second, are encoded in C (``otel_rl.exporters._slices``, with a pure-Python
+second, are encoded in C (``otel_rl.perfetto._slices``, with a pure-Python
 twin) from bodies prepared once per track and phase (the same wire format,
 checked by decoding in the tests). A file that outgrows ``max_bytes`` is
 rotated to ``trace.1.perfetto-trace``.
@@ -41,12 +41,12 @@ from otel_rl.drops import Drops
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.exporters.files import close_quietly
 from otel_rl.exporters.protowire import varint as _varint
-from otel_rl.pipeline import RecordSink
-from otel_rl.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.agent.pipeline import RecordSink
+from otel_rl.agent.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
 from otel_rl.schema import PhaseSpec
 
 try:
-    from otel_rl.exporters._slices import encode_phases as _c_encode_phases
+    from otel_rl.perfetto._slices import encode_phases as _c_encode_phases
 except ImportError:  # not built (no compiler): the pure-Python twin below
     _c_encode_phases = None
 
@@ -117,7 +117,7 @@ def encode_phases(
 ) -> PhaseSpec | None:
     """Append a BEGIN and END slice packet per phase (nested phases in between) to ``out``.
 
-    The pure-Python twin of ``otel_rl.exporters._slices.encode_phases``.
+    The pure-Python twin of ``otel_rl.perfetto._slices.encode_phases``.
     ``bodies`` maps ``id(spec)`` to the BEGIN TrackEvent without flows;
     ``outer`` is an enclosing slice ``(start_ns, end_ns, BEGIN body,
     annotations)`` with integer debug annotations as (name field, value) pairs.
@@ -160,7 +160,7 @@ class TraceEncoder:
     Args:
         pid: the process whose records these are.
         process_name: its role (``learner``, ``collector 0``...).
-        native: encode phase slices in C (``otel_rl.exporters._slices``); by
+        native: encode phase slices in C (``otel_rl.perfetto._slices``); by
             default when it is built, unless ``OTEL_RL_PURE_PYTHON=1``.
     """
 
@@ -169,7 +169,7 @@ class TraceEncoder:
         if native is None:
             native = _c_encode_phases is not None and os.environ.get(OTEL_RL_PURE_PYTHON, "").lower() not in ("1", "true")
         if native and _c_encode_phases is None:
-            raise RuntimeError("otel_rl.exporters._slices is not built")
+            raise RuntimeError("otel_rl.perfetto._slices is not built")
         self._encode_phases = _c_encode_phases if native else encode_phases
         self.process_name = process_name
         self.sequence_id = (pid % 0x7FFF0000) + 1

@@ -20,9 +20,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from otel_rl.exporters.http_post import Poster, PostError
-from otel_rl.exporters.record_queue import Item
-from otel_rl.protocol import batch_body
+from otel_rl.motrix.http_post import Poster, PostError
+from otel_rl.motrix.record_queue import Item
+from otel_rl.motrix.protocol import batch_body
 
 RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
 RETRY_AFTER_CAP_S = 60.0

@@ -39,7 +39,7 @@ typedef struct {
 } Slot;
 
 /* A record in a shared-memory lane: what a Slot holds, with names as ids of
- * the segment's string table. 48 bytes; otel_rl/agent/segment.py mirrors the
+ * the segment's string table. 48 bytes; otel_rl/producer/segment.py mirrors the
  * layout. */
 typedef struct {
     int64_t start, end;  /* phase start/end; a mark's time and thread CPU time (-1: none) */
@@ -412,7 +412,7 @@ static PyGetSetDef Lane_getset[] = {
 
 static PyTypeObject LaneType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_rl._hotpath.Lane",
+    .tp_name = "otel_rl.producer._hotpath.Lane",
     .tp_basicsize = sizeof(LaneObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Raw records of one thread (a bounded ring) and its open-phase stack.",
@@ -588,7 +588,7 @@ static PyMemberDef Phase_members[] = {
 
 static PyTypeObject PhaseType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_rl._hotpath.Phase",
+    .tp_name = "otel_rl.producer._hotpath.Phase",
     .tp_basicsize = sizeof(PhaseObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Enter/exit of a phase: timestamps into the calling thread's lane.",
@@ -753,7 +753,7 @@ static PyMemberDef Iteration_members[] = {
 
 static PyTypeObject IterationType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "otel_rl._hotpath.Iteration",
+    .tp_name = "otel_rl.producer._hotpath.Iteration",
     .tp_basicsize = sizeof(IterationObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "Enter/exit of one cycle: start and end marks into the calling thread's lane.",
@@ -777,7 +777,7 @@ static PyObject *set_record_tags(PyObject *module, PyObject *args) {
 }
 
 /* Room for a frame of `size` bytes (header included, a multiple of 8) in a segment's message ring
- * at `ring` (layout in otel_rl/agent/segment.py): where to write it, or NULL (counted as dropped)
+ * at `ring` (layout in otel_rl/producer/segment.py): where to write it, or NULL (counted as dropped)
  * when the ring has less than that free under `limit`. commit_frame publishes it. */
 static char *reserve_frame(char *ring, uint64_t cap, uint64_t size, uint64_t limit, uint64_t *end) {
     uint64_t *write = (uint64_t *)ring, *read = (uint64_t *)(ring + 8), *dropped = (uint64_t *)(ring + 16);
@@ -843,7 +843,7 @@ static PyObject *put_frame(PyObject *module, PyObject *args) {
     return result;
 }
 
-/* A packed scalars record (see otel_rl/agent/segment.py: SCALARS_HEADER, SCALAR_ENTRY). */
+/* A packed scalars record (see otel_rl/producer/segment.py: SCALARS_HEADER, SCALAR_ENTRY). */
 typedef struct { int64_t time, step, iteration, env_steps; uint32_t count, reserved; } ScalarsHeader;
 typedef struct { uint32_t key; uint8_t tag, reserved[3]; union { double f; int64_t i; } value; } ScalarEntry;
 enum { VALUE_FLOAT = 0, VALUE_INT = 1, VALUE_NONE = 2, VALUE_BOOL = 3 };
@@ -950,7 +950,7 @@ static PyMethodDef module_methods[] = {
 };
 
 static struct PyModuleDef hotpath_module = {
-    PyModuleDef_HEAD_INIT, "otel_rl._hotpath", "C hot path of the phase recorder.", -1, module_methods,
+    PyModuleDef_HEAD_INIT, "otel_rl.producer._hotpath", "C hot path of the phase recorder.", -1, module_methods,
 };
 
 PyMODINIT_FUNC PyInit__hotpath(void) {
