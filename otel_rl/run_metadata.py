@@ -70,7 +70,7 @@ def package_versions() -> dict[str, str]:
     for name in ("torch", "numpy", "gymnasium", "stable_baselines3", "torchrl", "ray"):
         module = sys.modules.get(name)
         if module is not None and isinstance(getattr(module, "__version__", None), str):
-            versions[name] = module.__version__
+            versions[name] = str(module.__version__)  # torch's is a str subclass of its own: plain text travels anywhere
     return versions
 
 

@@ -187,3 +187,26 @@ def test_invalid_variables_warn_once_and_use_defaults(monkeypatch, caplog):
     ):
         assert sum(name + "=" in m for m in messages) == 1, name
     assert tel.enabled
+
+
+def test_the_users_own_spans_and_instruments_are_exported_with_an_agent_process(monkeypatch):
+    receiver = HttpReceiver().start()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.endpoint)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+    try:
+        tel = otel_rl.init(agent="process", system_metrics_interval_s=0, service_name="user-sdk")
+        with tel.run():
+            with tel.tracer_provider.get_tracer("my.code").start_as_current_span("my_evaluation"):
+                tel.meter_provider.get_meter("my.code").create_counter("my.evaluations").add(3)
+            with tel.iteration(0):
+                with tel.phase("learning"):
+                    pass
+        tel.close()
+        assert receiver.received.wait_for(lambda r: {"my_evaluation", "rl.run"} <= {s.name for _, s in r.spans()})
+        assert receiver.received.wait_for(lambda r: "my.evaluations" in {m.name for _, m in r.metric_list()})
+    finally:
+        receiver.stop()
+    services = {
+        a.value.string_value for resource, span in receiver.received.spans() for a in resource.attributes if a.key == "service.name"
+    }
+    assert services == {"user-sdk"}  # the user's spans and otel-rl's (from the agent) under one service

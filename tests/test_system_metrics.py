@@ -28,6 +28,7 @@ def test_sample_is_plausible():
 
 def test_sampled_into_the_records(tmp_path):
     tel = otel_rl.init(run_dir=tmp_path, jsonl=True, system_metrics_interval_s=0.1)
+    tel.flush(timeout_s=30)  # the agent, which samples this process, is up
     time.sleep(0.5)
     tel.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]

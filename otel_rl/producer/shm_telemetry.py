@@ -24,6 +24,7 @@ from otel_rl.producer import segment as shm
 from otel_rl.agent.core import AgentConfig
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
+from otel_rl.otel.user_providers import UserProviders
 from otel_rl.producer.recorder import (
     CORRELATE,
     FLOW,
@@ -260,13 +261,15 @@ class ProducerTelemetry(Telemetry):
     What needs the outputs in this process behaves as follows: :meth:`flush`
     and :meth:`close` wait for the agent (within their deadline);
     :meth:`window_timings` reads the totals the agent publishes in the
-    segment after each pass; ``tracer_provider``, ``meter_provider`` and
-    :meth:`add_sink` are only served by a thread agent.
+    segment after each pass; ``tracer_provider`` and ``meter_provider`` are
+    the thread agent's, or (agent process) providers of this process for the
+    user's own spans and instruments; :meth:`add_sink` needs a thread agent.
     """
 
     def __init__(self, config: TelemetryConfig, sinks: list | None = None) -> None:
-        self._host: host.AgentHost | None = None
+        self._host: host.ProcessHost | host.ThreadHost | None = None
         self._extra_sinks = list(sinks or [])
+        self._user_providers = UserProviders(self._resource)
         super().__init__(config)
 
     def _new_recorder(self) -> Recorder:
@@ -321,13 +324,15 @@ class ProducerTelemetry(Telemetry):
 
     @property
     def tracer_provider(self):
+        """The thread agent's provider; with an agent process, one of this process for the user's own spans."""
         outputs = self._host.outputs if self._host is not None else None
-        return outputs.tracer_provider if outputs is not None else None
+        return outputs.tracer_provider if outputs is not None else self._user_providers.tracer_provider()
 
     @property
     def meter_provider(self):
+        """The thread agent's provider; with an agent process, one of this process for the user's own instruments."""
         outputs = self._host.outputs if self._host is not None else None
-        return outputs.meter_provider if outputs is not None else None
+        return outputs.meter_provider if outputs is not None else self._user_providers.meter_provider()
 
     def _agent_counts(self) -> dict[str, Any]:
         """What the agent published after its last pass (it trails this process by one pass): totals and drops."""
@@ -352,6 +357,7 @@ class ProducerTelemetry(Telemetry):
     def _stop_outputs(self, deadline: Deadline) -> None:
         """Everything recorded is handed to the agent; returns when it has closed every output, or at the deadline."""
         self._host.stop(deadline, self._at_exit)  # type: ignore[union-attr]
+        self._user_providers.shutdown(deadline)
 
     def _pending(self) -> dict[str, int]:
         segment = self._segment
