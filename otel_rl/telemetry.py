@@ -737,7 +737,8 @@ class Telemetry:
 
         from otel_rl.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
-        agent = self._workers_agent()
+        # A worker records into this process's agent, unless a relay is given (a Ray actor may be on another machine).
+        agent = self._workers_agent() if relay is None else None
         if agent is None:
             if relay is None:
                 relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)

@@ -433,3 +433,30 @@ def test_a_worker_killed_mid_run_loses_nothing_it_recorded(tmp_path):
     assert [r["attributes"]["exit_code"] for r in found if r["kind"] == "event" and r["name"] == "worker_crashed"] == [-9]
     assert "Perf/collector_env_step_ms" in set().union(*(r["values"] for r in found if r["kind"] == "scalars"))
     assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]
+
+
+def test_lane_drops_are_counted_once_in_stats_and_reach_the_outputs(tmp_path):
+    run_dir = tmp_path / "lane-drops-1"
+    tel = otel_rl.init(run_dir=run_dir, jsonl=True, agent="process", lane_capacity=64, pipeline_interval_s=3600, system_metrics_interval_s=0)
+    learning = tel.phase("learning")
+    for _ in range(200):  # before the agent is up: the lane keeps 64, drops the rest
+        with learning:
+            pass
+    assert tel.flush(timeout_s=30)
+    assert tel.stats()["dropped"]["phases"] == 136  # the agent mirrors the count; the sum is not doubled
+    tel.close()
+    reports = [r["attributes"] for r in records(run_dir) if r["kind"] == "event" and r["name"] == "records_dropped"]
+    assert sum(a["phases"] for a in reports if a["queue"] == "phases") == 136  # the live outputs report them too
+
+
+def test_a_segment_is_read_by_one_reader_at_a_time(tmp_path):
+    path = tmp_path / "one-reader.seg"
+    segment = shm.Segment(path, b"", 8, control_bytes=4096, data_bytes=4096)
+    first, second = shm.SegmentReader(path), shm.SegmentReader(path)
+    try:
+        assert first.claim() and not second.claim()  # an agent and a producer finishing the work never both read
+        first.close()
+        assert second.claim()  # released with its holder (on close, or by the kernel when it dies)
+    finally:
+        second.close()
+        segment.close()

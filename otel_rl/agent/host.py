@@ -213,6 +213,10 @@ class ProcessHost:
         from otel_rl.agent.core import attach, serve
 
         reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
+        if not reader.claim():  # an agent took it after all (one started by another producer): it finishes the work
+            reader.close()
+            _wait(lambda: self.segment.get("agent_state") == shm.AGENT_DONE, deadline)
+            return
         try:
             takeover = attach(reader)
             agent_config = pickle.loads(reader.config())

@@ -128,8 +128,7 @@ class AgentService:
                 reader = shm.SegmentReader(path)
             except (OSError, ValueError):  # removed meanwhile, or still being created
                 continue
-            state, agent_pid = reader.get("agent_state"), reader.get("agent_pid")
-            if state == shm.AGENT_DONE or (state == shm.AGENT_ATTACHED and agent_pid != os.getpid() and pid_alive(agent_pid)):
+            if reader.get("agent_state") == shm.AGENT_DONE or not reader.claim():  # done, or another reads it
                 reader.close()
                 continue
             try:

@@ -544,6 +544,7 @@ class SegmentReader:
         self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
         self.names: list[str] = []
         self._names_at = 0
+        self._claim: int | None = None
         self._lanes: list[tuple[ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, int, np.ndarray]] = []
 
     def get(self, field: str) -> int:
@@ -603,7 +604,29 @@ class SegmentReader:
         read.value = end  # the writer may reuse those records now
         return out
 
+    def claim(self) -> bool:
+        """Become the one reader of this segment's file: True, or False when another holds it.
+
+        An exclusive ``flock`` on the file, held until :meth:`close` (the
+        kernel drops it when the holder dies, so a new agent can take over).
+        Two agents, or an agent and a producer finishing the work itself,
+        never read the same rings.
+        """
+        if self.path is None:
+            return True
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return False
+        self._claim = fd
+        return True
+
     def close(self) -> None:
+        if self._claim is not None:
+            os.close(self._claim)
+            self._claim = None
         self._lanes.clear()
         self.header.clear()
         self.control = self.data = self.logs = None  # type: ignore[assignment]

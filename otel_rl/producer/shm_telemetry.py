@@ -370,7 +370,8 @@ class ProducerTelemetry(Telemetry):
         counts = self._agent_counts()
         dropped = self._dropped()
         for queue, n in counts.get("dropped", {}).items():  # the outputs' queues, and the agent's own
-            dropped[queue] = dropped.get(queue, 0) + n
+            # The agent's lanes carry this process's lane drops (so its outputs report them): not counted twice.
+            dropped[queue] = max(dropped.get(queue, 0), n) if queue == "phases" else dropped.get(queue, 0) + n
         return {
             "pending": self._pending(),
             "dropped": dropped,
