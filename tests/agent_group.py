@@ -89,3 +89,21 @@ def learner_with_doomed_worker(run_dir: str, out: str) -> None:
         time.sleep(2.5)
     _note_agent(tel, out, "learner")
     tel.close()
+
+
+def learner_with_panel(run_dir: str, out: str) -> None:
+    """A learner with the panel on and a collector: the agent draws both timelines (on the inherited terminal)."""
+    import multiprocessing as mp
+
+    tel = otel_rl.init(run_dir=run_dir, panel=True, agent="process", system_metrics_interval_s=0)
+    context = mp.get_context("spawn")
+    with tel.run():
+        worker = context.Process(target=collector, args=(tel.worker_spec("collector 0", context), out))
+        worker.start()
+        for i in range(LEARNER_ITERATIONS):
+            with tel.iteration(i):
+                with tel.phase("learning"):
+                    time.sleep(0.01)
+        worker.join(60)
+        time.sleep(1.0)  # a pass with the collector's last cycles
+    tel.close()

@@ -460,3 +460,20 @@ def test_a_segment_is_read_by_one_reader_at_a_time(tmp_path):
     finally:
         second.close()
         segment.close()
+
+
+def test_the_learners_panel_shows_the_collector_its_agent_serves(tmp_path, capfd, monkeypatch):
+    import multiprocessing as mp
+
+    import agent_group
+
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("TTY_COMPATIBLE", "1")  # the agent, which inherits the terminal, draws the full panel
+    monkeypatch.setenv("COLUMNS", "160")
+    learner = mp.get_context("spawn").Process(target=agent_group.learner_with_panel, args=(str(tmp_path / "panel-1"), str(out)))
+    learner.start()
+    learner.join(120)
+    assert learner.exitcode == 0
+    drawn = capfd.readouterr().out
+    assert "Collector" in drawn and "Env Step" in drawn and "Learning" in drawn
