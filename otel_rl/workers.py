@@ -104,8 +104,8 @@ def init_worker(spec: WorkerSpec, **options: Any):
         if tel.enabled and tel.stats().get("agent") != "process":
             _logger.warning("otel-rl: worker %s runs without the learner's agent; the learner will not see its cycles", spec.role)
         return tel
-    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, ""))).strip().lower() not in ("", "off", "thread"):
-        # The relay queue cannot reach an agent process: this worker's agent runs on a thread.
+    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, "process"))).strip().lower() != "off":
+        # The relay sink runs where the outputs are: this worker's agent runs on a thread.
         settings["agent"] = "thread"
     tel = otel_rl.init(**settings)
     if tel.enabled:

@@ -448,8 +448,10 @@ def serve(
                 outputs.flush(deadline_s)
                 reader.set("flush_done", request)
             watch.wait(min(interval_s, CONTROL_POLL_S))
-        if ended is not None:
-            agent.end_run(*ended) if agent.run is not None else agent.record_death(*ended)
+        if ended is not None and agent.run is not None:
+            agent.end_run(*ended)
+        elif ended is not None:
+            agent.record_death(*ended)
     finally:
         watch.close()
         try:

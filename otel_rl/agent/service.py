@@ -25,7 +25,7 @@ import os
 import pickle
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -220,8 +220,6 @@ def _join_trace(config: Any, learner: Any) -> Any:
 
 
 def _with_config(agent_config: Any, config: Any) -> Any:
-    from dataclasses import replace
-
     return agent_config if config is agent_config.config else replace(agent_config, config=config)
 
 
