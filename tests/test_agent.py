@@ -149,9 +149,14 @@ def test_segments_are_private_and_removed(tmp_path):
         assert stat.S_IMODE(path.parent.parent.stat().st_mode) == 0o700
         with tel.run():
             tel.scalars({"Loss/critic": 1.0})
+        assert tel.flush(timeout_s=30)  # the agent serves it
     finally:
         tel.close()
     assert not _segments_of("private-1")
+    deadline = time.monotonic() + 15
+    while path.parent.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not path.parent.exists()  # the agent, idle, removed its directory (and lock) as it ended
 
 
 def test_python_and_c_lanes_write_the_same_records(tmp_path):
@@ -352,8 +357,18 @@ def test_segments_left_by_dead_producers_and_agents_are_removed(tmp_path):
         segment.set("agent_pid", agent_pid)
         segment.close()
         os.utime(directory / name, (time.time() - age_s, time.time() - age_s))
-    assert [p.name for p in shm.remove_stale(directory)] == ["stale.seg"]
-    assert sorted(p.name for p in directory.iterdir()) == ["agent-alive.seg", "producer-alive.seg", "young.seg"]
+    for name, age_s in (("ended-agent", 3600), ("serving-agent", 3600), ("young-agent", 0)):  # agents' directories
+        (directory / name).mkdir()
+        (directory / name / shm.AGENT_LOCK).touch()
+        os.utime(directory / name, (time.time() - age_s, time.time() - age_s))
+    serving = shm.lock_agent(directory / "serving-agent")
+    try:
+        assert [p.name for p in shm.remove_stale(directory)] == ["stale.seg"]
+    finally:
+        os.close(serving)
+    assert sorted(p.name for p in directory.iterdir()) == [
+        "agent-alive.seg", "producer-alive.seg", "serving-agent", "young-agent", "young.seg"
+    ]  # an old agent directory with no segment and no agent is gone
 
 
 def test_close_and_flush_do_not_wait_for_the_agents_next_pass(tmp_path):

@@ -208,6 +208,8 @@ class ProcessHost:
             _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
         relay_logs(segment)
         segment.close()
+        if short:  # the agent it started never served: its directory goes too
+            shm.remove_if_empty(self.directory)
 
     def _take_over(self, deadline: Deadline) -> None:
         from otel_rl.agent.core import attach, serve

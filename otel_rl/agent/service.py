@@ -110,6 +110,8 @@ class AgentService:
                         if all(s.done.is_set() for s in self._served.values()):
                             break
                 time.sleep(SCAN_S)
+            if self.linger_s is not None:  # started by a producer: it leaves no directory behind
+                shm.remove_if_empty(self.directory)
         finally:
             os.close(lock)
         return 0

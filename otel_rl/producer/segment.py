@@ -165,6 +165,20 @@ def agent_running(directory: Path) -> bool:
     return False
 
 
+def remove_if_empty(directory: Path) -> None:
+    """Remove an agent's directory (and its lock) that holds no segment; quietly keep it otherwise.
+
+    A producer arriving meanwhile makes the directory again (its first try
+    finds it gone) and starts a new agent.
+    """
+    try:
+        if not any(directory.glob("*.seg")):
+            (directory / AGENT_LOCK).unlink(missing_ok=True)
+            directory.rmdir()
+    except OSError:
+        pass
+
+
 def lock_agent(directory: Path, wait_s: float = 1.0) -> int | None:
     """Become the agent of ``directory``: the lock's descriptor, or None when another agent holds it.
 
@@ -234,12 +248,11 @@ def remove_stale(directory: Path) -> list[Path]:
             removed.append(path)
         except (OSError, struct.error):
             continue
-    for agent in directory.glob("*/" + AGENT_LOCK):  # an agent's directory whose agent ended and producers left
+    for agent in directory.iterdir():  # an agent's directory whose agent ended and producers left
         try:
-            if time.time() - agent.stat().st_mtime < STALE_AFTER_S or any(agent.parent.glob("*.seg")) or agent_running(agent.parent):
+            if not agent.is_dir() or time.time() - agent.stat().st_mtime < STALE_AFTER_S or agent_running(agent):
                 continue
-            agent.unlink()
-            agent.parent.rmdir()
+            remove_if_empty(agent)
         except OSError:
             continue
     return removed

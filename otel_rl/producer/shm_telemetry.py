@@ -290,8 +290,11 @@ class ProducerTelemetry(Telemetry):
             try:
                 if self._agent_name is None:  # this process's own agent, which its workers share
                     self._agent_name = f"run-{os.getpid()}-{os.urandom(3).hex()}"
-                directory = shm.agent_dir(self._agent_name)
-                segment = shm.Segment(host.segment_path(config, directory), pickle.dumps(agent_config), config.lane_capacity)
+                payload = pickle.dumps(agent_config)
+                try:
+                    segment = shm.Segment(host.segment_path(config, shm.agent_dir(self._agent_name)), payload, config.lane_capacity)
+                except FileNotFoundError:  # its idle agent removed the directory just now: a new one is started
+                    segment = shm.Segment(host.segment_path(config, shm.agent_dir(self._agent_name)), payload, config.lane_capacity)
             except (OSError, AttributeError) as exc:  # AttributeError: no os.posix_fallocate on this platform
                 _logger.warning("otel-rl: no shared memory for the agent (%s); it runs on a thread", exc)
                 mode = "thread"
