@@ -492,3 +492,33 @@ def test_the_learners_panel_shows_the_collector_its_agent_serves(tmp_path, capfd
     assert learner.exitcode == 0
     drawn = capfd.readouterr().out
     assert "Collector" in drawn and "Env Step" in drawn and "Learning" in drawn
+
+
+def test_a_shared_agent_killed_mid_run_is_replaced_once_for_all_its_producers(tmp_path):
+    name = f"test-{os.getpid()}-{os.urandom(3).hex()}"
+    tels = [otel_rl.init(run_dir=tmp_path / f"shared-{i}", jsonl=True, agent=name, system_metrics_interval_s=0) for i in range(2)]
+    runs = [tel.run() for tel in tels]
+    for run in runs:
+        run.__enter__()
+    for step in range(20):
+        for tel in tels:
+            tel.scalars({"Loss/critic": float(step)}, step=step)
+    assert all(tel.flush(timeout_s=30) for tel in tels)  # written out by the first agent
+    (first,) = {tel.stats()["agent_pid"] for tel in tels}  # one agent serves both
+    os.kill(first, signal.SIGKILL)
+    for step in range(20, 40):
+        for tel in tels:
+            tel.scalars({"Loss/critic": float(step)}, step=step)
+    deadline = time.monotonic() + 20
+    while {tel.stats()["agent_pid"] for tel in tels} & {first, None} and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (second,) = {tel.stats()["agent_pid"] for tel in tels}  # both watchers started one; one took the directory
+    assert second != first
+    for run in runs:
+        run.__exit__(None, None, None)
+    for tel in tels:
+        tel.close()
+    for i in range(2):
+        found = records(tmp_path / f"shared-{i}")
+        assert [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]] == list(range(40))
+        assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]
