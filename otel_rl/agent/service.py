@@ -101,6 +101,8 @@ class AgentService:
             while True:
                 self._scan()
                 with self._lock:
+                    # A producer served to the end is forgotten once its segment is gone (an agent may serve for days).
+                    self._served = {p: s for p, s in self._served.items() if not s.done.is_set() or p.exists()}
                     busy = any(not s.done.is_set() for s in self._served.values())
                 if busy:
                     idle_since = time.monotonic()
