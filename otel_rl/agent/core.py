@@ -23,6 +23,7 @@ import os
 import pickle
 import select
 import signal
+import struct
 import sys
 import threading
 import time
@@ -236,24 +237,32 @@ def _decode_message(kind: int, payload: bytes, reader: shm.SegmentReader) -> tup
     return kind, _restore(marshal.loads(payload))
 
 
+_ENTRY = struct.Struct("<IB3xd")
+""":data:`segment.SCALAR_ENTRY`, for the entries that are not all floats."""
+_INT64 = struct.Struct("<q")
+
+
 def _unpack_scalars(payload: bytes, reader: shm.SegmentReader) -> tuple:
     time_ns, step, iteration, env_steps, count, _ = shm.SCALARS_HEADER.unpack_from(payload)
-    entries = np.frombuffer(payload, shm.SCALAR_ENTRY, count, shm.SCALARS_HEADER.size)
+    start = shm.SCALARS_HEADER.size
     names = reader.names
-    if count and int(entries["key"].max()) >= len(names):  # interned after this pass read the table
+    entries = np.frombuffer(payload, shm.SCALAR_ENTRY, count, start)
+    keys = entries["key"].tolist()
+    if keys and max(keys) >= len(names):  # interned after this pass read the table
         names = reader.update_names()
-    as_int = entries["value"].view("<i8").tolist()
-    values: dict[str, Any] = {}
-    for (key, tag, value), integer in zip(entries[["key", "tag", "value"]].tolist(), as_int):
-        name = names[key]
-        if tag == shm.VALUE_FLOAT:
-            values[name] = value
-        elif tag == shm.VALUE_INT:
-            values[name] = integer
-        elif tag == shm.VALUE_BOOL:
-            values[name] = bool(integer)
-        else:
-            values[name] = None
+    tags = payload[start + 4 : start + count * _ENTRY.size : _ENTRY.size]  # one byte per entry
+    if tags.count(shm.VALUE_FLOAT) == count:  # the common case, in C: every value a float
+        values: dict[str, Any] = dict(zip(map(names.__getitem__, keys), entries["value"].tolist()))
+    else:
+        values = {}
+        for index, (key, tag, value) in enumerate(_ENTRY.iter_unpack(payload[start : start + count * _ENTRY.size])):
+            if tag == shm.VALUE_FLOAT:
+                values[names[key]] = value
+            elif tag == shm.VALUE_NONE:
+                values[names[key]] = None
+            else:  # the same 8 bytes as a signed integer
+                integer = _INT64.unpack_from(payload, start + index * _ENTRY.size + 8)[0]
+                values[names[key]] = bool(integer) if tag == shm.VALUE_BOOL else integer
     axes = [None if v == shm.NO_STEPS else v for v in (step, iteration, env_steps)]
     return (time_ns, values, *axes, 0)
 
