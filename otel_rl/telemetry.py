@@ -217,7 +217,13 @@ class Telemetry:
         self._previous = self._previous_run() if config.resume and config.role == "learner" else None
         if self._previous is not None and self._previous.trace_id and not parent:
             self.trace_id = self._previous.trace_id  # the resumed run's spans join the first part's trace
+        # Plain data before anything holds the configuration (an agent process reads a copy of it); a NaN
+        # replaced there is reported once the recorder exists.
+        replaced: list[tuple[str, Any]] = []
+        config.meta = redact(json_safe(config.meta, lambda path, value: replaced.append((path, value)), "meta"))
         self._recorder = self._new_recorder()
+        for path, value in replaced:
+            self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
         self._base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
         self._service_name = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
@@ -243,7 +249,6 @@ class Telemetry:
         from otel_rl.otel.sink import OpenTelemetrySink
         from otel_rl.exporters.summary import SummarySink
 
-        config.meta = redact(json_safe(config.meta, self._nonfinite, "meta"))
         self._aggregates = Aggregates(self._clock.now_ns(), self._base_attributes, self.trace_id)
         self._otel = OpenTelemetrySink(
             self._resource(),

@@ -522,3 +522,26 @@ def test_a_shared_agent_killed_mid_run_is_replaced_once_for_all_its_producers(tm
         found = records(tmp_path / f"shared-{i}")
         assert [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]] == list(range(40))
         assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]
+
+
+class _Scheme(enum.Enum):
+    """A class of the test module: an agent process cannot import it."""
+
+    GAE = "gae"
+
+
+def test_a_configuration_with_the_users_own_classes_still_reaches_an_agent_or_stays_here(tmp_path, caplog):
+    # meta is made plain data before it travels: the agent process serves it, the NaN reported once.
+    tel = otel_rl.init(run_dir=tmp_path / "meta-1", jsonl=True, agent="process", system_metrics_interval_s=0,
+                       meta={"scheme": _Scheme.GAE, "clip": float("nan"), "path": Path("/data")})  # fmt: skip
+    assert tel.flush(timeout_s=30) and tel.stats()["agent"] == "process" and tel.stats()["agent_pid"]
+    tel.close()
+    found = records(tmp_path / "meta-1")
+    assert [r["attributes"]["key"] for r in found if r["kind"] == "event" and r["name"] == "nonfinite"] == ["meta.clip"]
+    # Elsewhere in the configuration such an object keeps the outputs in this process, said once.
+    tel = otel_rl.init(run_dir=tmp_path / "meta-2", jsonl=True, agent="process", system_metrics_interval_s=0,
+                       resource_attributes={"rl.scheme": _Scheme.GAE})  # fmt: skip
+    assert tel.stats()["agent"] == "thread"
+    tel.close()
+    assert any("_Scheme" in r.getMessage() and "runs on a thread" in r.getMessage() for r in caplog.records)
+    assert records(tmp_path / "meta-2")[0]["status"] == "pending"

@@ -7,6 +7,7 @@ Both speak to the agent through the segment's header only: ``state``
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
@@ -33,13 +34,29 @@ def segment_path(config: Any, directory: Path) -> Path:
     return directory / f"{name}-{os.getpid()}-{os.urandom(4).hex()}.seg"
 
 
-def picklable(config: Any) -> bool:
-    """Whether the configuration can travel to an agent process."""
+_PLAIN_MODULES = ("builtins", "pathlib", "collections", "copyreg", "datetime")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only what any agent process can import: otel-rl's own classes and a few standard ones."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "otel_rl" or module.startswith("otel_rl.") or module in _PLAIN_MODULES:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def travels(config: Any) -> str | None:
+    """None when the configuration can travel to an agent process; else what keeps it here.
+
+    Pickling is not enough: a class of the training script (``__main__``) or
+    of a path only it put on ``sys.path`` would not load in the agent.
+    """
     try:
-        pickle.dumps(config)
-    except Exception:
-        return False
-    return True
+        _PlainUnpickler(io.BytesIO(pickle.dumps(config))).load()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _wait(condition, deadline: Deadline) -> bool:

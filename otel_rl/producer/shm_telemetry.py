@@ -277,10 +277,11 @@ class ProducerTelemetry(Telemetry):
         mode, self._agent_name = config.agent, None
         if mode not in ("thread", "process"):  # the name of an agent that serves every producer that names it
             mode, self._agent_name = "process", config.agent
-        if mode == "process" and (self._extra_sinks or not host.picklable(config)):
+        kept = "extra sinks" if self._extra_sinks else host.travels(config) if mode == "process" else None
+        if mode == "process" and kept:
             _logger.warning(
-                "otel-rl: the configuration holds objects that cannot leave this process (exporters, sinks); "
-                "the agent runs on a thread",
+                "otel-rl: the configuration holds objects that cannot leave this process (%s); the agent runs on a thread",
+                kept,
                 extra=once("agent-thread"),
             )
             mode = "thread"
