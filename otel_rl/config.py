@@ -22,7 +22,8 @@ from otel_rl.values import clean_text
 
 
 AGENT_MODES = ("off", "thread", "process")
-_AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""An agent's name: also its directory's (``.`` and ``..`` excepted)."""
 AGENT_CHOICES = "off, thread, process or the name of a shared agent (1 to 64 of A-Z a-z 0-9 _ . -)"
 
 
@@ -31,7 +32,7 @@ def _agent_mode(raw: str) -> str:
     mode = raw.strip()
     if mode.lower() in (*AGENT_MODES, "inprocess"):
         return "thread" if mode.lower() == "inprocess" else mode.lower()
-    if not _AGENT_NAME.fullmatch(mode) or mode in (".", ".."):
+    if not AGENT_NAME.fullmatch(mode) or mode in (".", ".."):
         raise ValueError(raw)
     return mode
 

@@ -28,10 +28,10 @@ POLL_S = 0.005
 
 def segment_path(config: Any, directory: Path) -> Path:
     """A fresh segment file for this process in the agent's ``directory``, named after the run and role."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.run_id}-{config.role}-{config.rank}")[:80]
+    role = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.role}-{config.rank}")[:40]
     for stale in shm.remove_stale(shm.segment_dir()):
         _logger.info("otel-rl: removed %s, left by a producer and agent that both died", stale.name)
-    return directory / f"{name}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+    return directory / f"{shm.run_prefix(config.run_id)}{role}-{os.getpid()}-{os.urandom(4).hex()}.seg"
 
 
 _PLAIN_MODULES = ("builtins", "pathlib", "collections", "copyreg", "datetime")

@@ -162,7 +162,7 @@ class AgentService:
                     sinks.append(RelaySink(config.role, LocalRelay(learner), None))
                 config = _join_trace(config, learner.config)
             outputs = build_outputs(
-                _with_config(agent_config, config), reader.get("clock_offset_ns"), sinks, agent_config.pid, takeover
+                replace(agent_config, config=config), reader.get("clock_offset_ns"), sinks, agent_config.pid, takeover
             )
             served.outputs = outputs
             served.built.set()
@@ -221,10 +221,6 @@ def _join_trace(config: Any, learner: Any) -> Any:
     joined.trace_enabled = True
     joined.trace_output_dir = learner.trace_output_dir or learner.run_dir
     return joined
-
-
-def _with_config(agent_config: Any, config: Any) -> Any:
-    return agent_config if config is agent_config.config else replace(agent_config, config=config)
 
 
 def main(directory: str, linger_s: float | None) -> int:

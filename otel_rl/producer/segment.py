@@ -34,11 +34,13 @@ import re
 import struct
 import threading
 import time
+from glob import escape as glob_escape
 from pathlib import Path
 
 import numpy as np
 
 from otel_rl.background import pid_alive
+from otel_rl.config import AGENT_NAME
 
 try:
     from otel_rl.producer._hotpath import put_frame, put_scalars
@@ -138,12 +140,11 @@ def segment_dir() -> Path:
 
 AGENT_LOCK = "agent.lock"
 """In an agent's directory: the file its agent holds an exclusive ``flock`` on while it serves."""
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 def agent_dir(name: str) -> Path:
     """The directory of the agent called ``name`` (created 0700): its producers' segments and its lock."""
-    if not _NAME.fullmatch(name) or name in (".", ".."):
+    if not AGENT_NAME.fullmatch(name) or name in (".", ".."):
         raise ValueError(f"an agent name is 1 to 64 of A-Z a-z 0-9 _ . -, got {name[:80]!r}")
     path = segment_dir() / name
     path.mkdir(mode=0o700, exist_ok=True)
@@ -197,27 +198,37 @@ def lock_agent(directory: Path, wait_s: float = 1.0) -> int | None:
             time.sleep(0.01)
 
 
+def run_prefix(run_id: str) -> str:
+    """How the names of a run's segment files begin."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:80] + "-"
+
+
+def _peek(path: Path) -> dict[str, int] | None:
+    """The header fields of a segment file (None when it is not one, or not yet)."""
+    with open(path, "rb") as f:
+        header = f.read(HEADER_BYTES)
+    if header[: len(MAGIC)] != MAGIC:
+        return None
+    return {name: struct.unpack_from("<q", header, offset)[0] for name, offset in _FIELDS.items()}
+
+
 def wait_for_agents(run_id: str, timeout_s: float) -> bool:
     """Wait while an agent still finishes the outputs of ``run_id`` for a producer that died; True when none does.
 
     A run resumed right after a SIGKILL would otherwise write its folder while
     the dead producer's agent is still writing its end there.
     """
-    prefix = re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:80]
+    prefix = run_prefix(run_id)
     deadline = time.monotonic() + timeout_s
     while True:
         busy = False
-        for path in segment_dir().glob("*/*.seg"):
-            if not path.name.startswith(prefix + "-"):
-                continue
+        for path in segment_dir().glob(f"*/{glob_escape(prefix)}*.seg"):
             try:
-                with open(path, "rb") as f:
-                    header = f.read(HEADER_BYTES)
-                field = lambda name: struct.unpack_from("<q", header, _FIELDS[name])[0]  # noqa: E731
-                if header[: len(MAGIC)] == MAGIC and field("agent_state") != AGENT_DONE:
-                    busy = busy or (not pid_alive(field("pid")) and pid_alive(field("agent_pid")))
+                header = _peek(path)
             except (OSError, struct.error):
                 continue
+            if header is not None and header["agent_state"] != AGENT_DONE:
+                busy = busy or (not pid_alive(header["pid"]) and pid_alive(header["agent_pid"]))
         if not busy:
             return True
         if time.monotonic() >= deadline:
@@ -239,10 +250,8 @@ def remove_stale(directory: Path) -> list[Path]:
         try:
             if time.time() - path.stat().st_mtime < STALE_AFTER_S:
                 continue  # being created, or young: never raced
-            with open(path, "rb") as f:
-                header = f.read(len(MAGIC) + 48)
-            pid, agent_pid = struct.unpack_from("<q", header, _FIELDS["pid"])[0], struct.unpack_from("<q", header, _FIELDS["agent_pid"])[0]
-            if header[: len(MAGIC)] == MAGIC and (pid_alive(pid) or pid_alive(agent_pid)):
+            header = _peek(path)
+            if header is not None and (pid_alive(header["pid"]) or pid_alive(header["agent_pid"])):
                 continue
             path.unlink()
             removed.append(path)

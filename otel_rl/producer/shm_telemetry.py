@@ -36,6 +36,7 @@ from otel_rl.producer.recorder import (
 )
 from otel_rl.schema import PhaseSpec
 from otel_rl.telemetry import Telemetry
+from otel_rl.values import INT64_MAX, INT64_MIN
 
 _logger = logger(__name__)
 _RECORD = struct.Struct("<qqqqihBBii")
@@ -127,7 +128,7 @@ def _plain(item: Any) -> Any:
 
 
 def _int64(value: Any, fallback: int) -> int:
-    return value if type(value) is int and -(2**63) <= value < 2**63 else fallback
+    return value if type(value) is int and INT64_MIN <= value <= INT64_MAX else fallback
 
 
 def _low64(value: Any) -> int:
