@@ -7,7 +7,7 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=[
-        Extension("otel_rl.producer._hotpath", ["otel_rl/producer/_hotpath.c"], optional=True),
-        Extension("otel_rl.perfetto._slices", ["otel_rl/perfetto/_slices.c"], optional=True),
+        Extension("otel_rl.training._hotpath", ["otel_rl/training/_hotpath.c"], optional=True),
+        Extension("otel_rl.outputs.perfetto._slices", ["otel_rl/outputs/perfetto/_slices.c"], optional=True),
     ]
 )

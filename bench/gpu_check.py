@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import otel_rl
-from otel_rl.analysis import protobuf_engine, trace_files
+from otel_rl.readers.analysis import protobuf_engine, trace_files
 
 DURATIONS_US = (20, 200, 1000, 5000)
 

@@ -181,7 +181,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
     if agent == "off":
         from rich.console import Console
 
-        from otel_rl.panel import PanelSink
+        from otel_rl.outputs.panel import PanelSink
 
         tel.add_sink(PanelSink(tel.config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140)))  # noqa: SIM115
     tel.run().__enter__()

@@ -282,7 +282,7 @@ def timelines() -> dashboard.Dashboard:
 
 
 GPU_METRICS = ("gpu_utilization_ratio", "gpu_memory_usage_bytes", "gpu_power_watts", "gpu_temperature_celsius")
-"""Produced only where NVML finds a GPU (see otel_rl.system_metrics)."""
+"""Produced only where NVML finds a GPU (see otel_rl.core.system_metrics)."""
 
 
 def system() -> dashboard.Dashboard:

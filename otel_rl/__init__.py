@@ -45,7 +45,7 @@ def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -
     if not config.enabled:
         return NoOpTelemetry(config)
     if config.agent != "off":
-        from otel_rl.producer.shm_telemetry import ProducerTelemetry
+        from otel_rl.training.segment_recorder import ProducerTelemetry
 
         return ProducerTelemetry(config)
     return Telemetry(config)

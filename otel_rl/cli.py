@@ -63,17 +63,17 @@ def main(argv: list[str] | None = None) -> int:
         return _agent(args)
     token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
     if args.command == "serve":
-        from otel_rl.server import serve_forever
+        from otel_rl.readers.server import serve_forever
 
         if args.require_token and not token:
             parser.error("--require-token needs MOTRIX_METRICS_TOKEN in the environment")
         if token and args.insecure:
-            logging.getLogger("otel_rl.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
+            logging.getLogger("otel_rl.readers.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
             token = None
         serve_forever(args.db, args.host, args.port, token, args.lost_after)
         return 0
     if args.command == "backfill":
-        from otel_rl.motrix.backfill import backfill as run_backfill
+        from otel_rl.outputs.motrix.backfill import backfill as run_backfill
 
         if not args.url:
             parser.error("--url (or MOTRIX_METRICS_URL) is required")
@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _agent(args) -> int:
-    from otel_rl.producer import segment
+    from otel_rl.shm import segment
     from otel_rl.agent.service import AgentService
 
     try:
@@ -110,9 +110,9 @@ def _agent(args) -> int:
 def _analyze(args) -> int:
     import json
 
-    from otel_rl.analysis import read_trace
-    from otel_rl.analysis.report import analyze_model, render_text
-    from otel_rl.analysis.sql_engine import TraceProcessorUnavailable
+    from otel_rl.readers.analysis import read_trace
+    from otel_rl.readers.analysis.report import analyze_model, render_text
+    from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
 
     try:
         model, engine = read_trace(args.path, args.engine, args.trace_processor)
@@ -123,7 +123,7 @@ def _analyze(args) -> int:
     report["engine"] = engine
     print(json.dumps(report, indent=2) if args.json else render_text(report))
     if args.plot:
-        from otel_rl.analysis.plot import plot
+        from otel_rl.readers.analysis.plot import plot
 
         plot(model, report, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)

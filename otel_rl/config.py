@@ -123,7 +123,7 @@ class TelemetryConfig:
     """Write TensorBoard event files to ``run_dir/tensorboard`` (``OTEL_RL_TENSORBOARD``)."""
 
     wandb: bool = False
-    """Log the run to Weights & Biases (``OTEL_RL_WANDB``; see :mod:`otel_rl.exporters.wandb`)."""
+    """Log the run to Weights & Biases (``OTEL_RL_WANDB``; see :mod:`otel_rl.outputs.wandb`)."""
 
     resume: bool = False
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""

@@ -8,7 +8,7 @@ pipeline thread: :func:`summarize` computes the statistics that join the
 live records as ``<key>/<stat>`` scalars (:data:`otel_rl.schema.DISTRIBUTION_STATS`)
 and the :class:`Histogram` the experiment trackers draw; the OpenTelemetry
 histogram ``rl.distribution`` bins the same values on fixed bounds
-(:mod:`otel_rl.otel.aggregation`).
+(:mod:`otel_rl.outputs.otel.aggregation`).
 """
 
 from __future__ import annotations

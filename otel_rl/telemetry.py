@@ -18,18 +18,18 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_rl import run_metadata, schema
-from otel_rl.motrix import protocol
+from otel_rl.outputs.motrix import protocol
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
 from otel_rl.distributions import to_host_array
 from otel_rl.drops import Drops
-from otel_rl.agent.pipeline import Clock, Pipeline, RecordSink
-from otel_rl.producer.recorder import FLOW, Iteration, Phase, Recorder
-from otel_rl.agent.records import RunRecord
+from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
+from otel_rl.training.recorder import FLOW, Iteration, Phase, Recorder
+from otel_rl.core.records import RunRecord
 from otel_rl.resume import StepCheck
 from otel_rl.run_metadata import redact
-from otel_rl.otel.spans import new_span_id, new_trace_id
+from otel_rl.outputs.otel.spans import new_span_id, new_trace_id
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
 
 _logger = logger(__name__)
@@ -139,7 +139,7 @@ _live: weakref.WeakSet = weakref.WeakSet()
 def _after_fork_in_child() -> None:
     """A forked child inherits Telemetry objects whose threads did not come along: switch them off.
 
-    The child starts its own telemetry instead (:func:`otel_rl.workers.init_worker`).
+    The child starts its own telemetry instead (:func:`otel_rl.worker_processes.init_worker`).
     """
     for telemetry in list(_live):
         telemetry._closed = True
@@ -245,9 +245,9 @@ class Telemetry:
 
     def _build(self, config: TelemetryConfig, extra_sinks: list[RecordSink]) -> None:
         """Create the sinks, the pipeline and the sampler; :meth:`_abort` undoes a partial build."""
-        from otel_rl.otel.aggregation import Aggregates, AggregatorSink
-        from otel_rl.otel.sink import OpenTelemetrySink
-        from otel_rl.exporters.summary import SummarySink
+        from otel_rl.outputs.otel.aggregation import Aggregates, AggregatorSink
+        from otel_rl.outputs.otel.sink import OpenTelemetrySink
+        from otel_rl.outputs.summary import SummarySink
 
         self._aggregates = Aggregates(self._clock.now_ns(), self._base_attributes, self.trace_id)
         self._otel = OpenTelemetrySink(
@@ -273,15 +273,15 @@ class Telemetry:
         if self._motrix is not None:
             self._built.append(self._motrix)
         if config.trace_enabled:
-            from otel_rl.perfetto.trace import TRACE_FILE, PerfettoTraceSink
-            from otel_rl.workers import fragment_name
+            from otel_rl.outputs.perfetto.trace import TRACE_FILE, PerfettoTraceSink
+            from otel_rl.worker_processes import fragment_name
 
             # The learner's rank 0 writes the trace; workers and the ranks an agent joins to it write fragments it merges.
             learner = config.role == "learner" and (config.rank == 0 or config.outputs_on_every_rank)
             directory = config.trace_output_dir or config.run_dir
             path = directory / (TRACE_FILE if learner else fragment_name(config.role, config.rank))
             if self._previous is not None:
-                from otel_rl.perfetto.trace import merge_fragments
+                from otel_rl.outputs.perfetto.trace import merge_fragments
                 from otel_rl.resume import trace_part
 
                 last = trace_part(directory, TRACE_FILE, self._previous.resumes) if self._previous.resumes else path
@@ -303,15 +303,15 @@ class Telemetry:
                 )
             )
         if config.tensorboard:
-            from otel_rl.exporters.tensorboard import TENSORBOARD_DIR, tensorboard_sink
+            from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
 
             self._built.append(tensorboard_sink(config.run_dir / TENSORBOARD_DIR, self._drops, config.perf_interval_s))
         if config.wandb:
-            from otel_rl.exporters.wandb import wandb_sink
+            from otel_rl.outputs.wandb import wandb_sink
 
             self._built.append(wandb_sink(config, self._drops))
         if config.panel:
-            from otel_rl.panel import PanelSink
+            from otel_rl.outputs.panel import PanelSink
 
             self._built.append(PanelSink(config.run_id, num_envs=lambda: self._num_envs))
         self._built.extend(extra_sinks)
@@ -327,7 +327,7 @@ class Telemetry:
         )
         self._pipeline.start()
         if config.system_metrics_interval_s:
-            from otel_rl.system_metrics import SystemSampler
+            from otel_rl.core.system_metrics import SystemSampler
 
             self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, self._producer_pid)
             if self._otel.meter_provider is not None:
@@ -349,10 +349,10 @@ class Telemetry:
 
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
-        from otel_rl.producer.segment import wait_for_agents
-        from otel_rl.motrix.jsonl import JSONL_FILE
+        from otel_rl.shm.segment import wait_for_agents
+        from otel_rl.outputs.motrix.jsonl import JSONL_FILE
         from otel_rl.resume import previous_run
-        from otel_rl.exporters.summary import CONFIG_FILE
+        from otel_rl.outputs.summary import CONFIG_FILE
 
         if not wait_for_agents(self.config.run_id, self.config.shutdown_timeout_s):  # type: ignore[arg-type]
             _logger.warning("otel-rl: the agent of the run's previous process is still writing its outputs; resuming anyway")
@@ -363,8 +363,8 @@ class Telemetry:
         config = self.config
         if not config.motrix_url and not config.jsonl:
             return None
-        from otel_rl.motrix.jsonl import JSONL_FILE, JsonlWriter
-        from otel_rl.motrix.exporter import MotrixSink
+        from otel_rl.outputs.motrix.jsonl import JSONL_FILE, JsonlWriter
+        from otel_rl.outputs.motrix.exporter import MotrixSink
 
         sink = MotrixSink(
             config.run_id,
@@ -380,7 +380,7 @@ class Telemetry:
         if config.jsonl:
             sink.outputs.append(JsonlWriter(config.run_dir / JSONL_FILE, self._drops))
         if config.motrix_url:
-            from otel_rl.motrix.http_sender import HttpSender
+            from otel_rl.outputs.motrix.http_sender import HttpSender
 
             sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
         self._built.remove(sink)
@@ -417,7 +417,7 @@ class Telemetry:
 
         ``cuda=True`` (or a ``torch.cuda.Stream`` as ``stream``) also times the
         phase on the GPU with CUDA events, without synchronizing (see
-        :mod:`otel_rl.producer.cuda_timing`); without CUDA it is timed on the host and
+        :mod:`otel_rl.training.cuda_timing`); without CUDA it is timed on the host and
         its spans say so.
 
         Raises:
@@ -470,7 +470,7 @@ class Telemetry:
         if phase is not None:
             return phase
         host = self.phase(name, timeline)
-        from otel_rl.producer.cuda_timing import CudaPhase, CudaTimer, cuda_unavailable_reason
+        from otel_rl.training.cuda_timing import CudaPhase, CudaTimer, cuda_unavailable_reason
 
         reason = cuda_unavailable_reason()
         if reason is not None:
@@ -726,11 +726,11 @@ class Telemetry:
         return reduced
 
     def add_sink(self, sink: RecordSink) -> None:
-        """Add a record sink (see :class:`otel_rl.agent.pipeline.RecordSink`) to the running pipeline."""
+        """Add a record sink (see :class:`otel_rl.core.pipeline.RecordSink`) to the running pipeline."""
         self._pipeline.add_sink(sink)  # type: ignore[union-attr]
 
     def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
-        """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.workers`).
+        """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.worker_processes`).
 
         ``context`` is the multiprocessing context the worker is started with
         (its queue must come from the same one). ``relay`` replaces that queue
@@ -740,7 +740,7 @@ class Telemetry:
         """
         import multiprocessing
 
-        from otel_rl.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
+        from otel_rl.worker_processes import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
         # A worker records into this process's agent, unless a relay is given (a Ray actor may be on another machine).
         agent = self._workers_agent() if relay is None else None
@@ -767,7 +767,7 @@ class Telemetry:
 
     def watch_worker(self, process: Any, role: str) -> None:
         """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""
-        from otel_rl.workers import WorkerMonitor
+        from otel_rl.worker_processes import WorkerMonitor
 
         with self._phases_lock:
             if self._monitor is None:
@@ -987,7 +987,7 @@ class NoOpTelemetry:
 
     def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
         """A spec that makes the worker's telemetry disabled too."""
-        from otel_rl.workers import WorkerSpec
+        from otel_rl.worker_processes import WorkerSpec
 
         return WorkerSpec(role=role, run_id="", traceparent="", relay=None, options={"enabled": False})
 

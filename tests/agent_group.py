@@ -26,7 +26,7 @@ def _note_agent(tel, out: str, role: str) -> None:
 
 
 def collector(spec, out: str, kill_after: int | None = None) -> None:
-    from otel_rl.workers import init_worker
+    from otel_rl.worker_processes import init_worker
 
     tel = init_worker(spec, system_metrics_interval_s=0)
     if kill_after is None:

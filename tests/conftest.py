@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from otel_rl.agent.pipeline import RecordSink
+from otel_rl.core.pipeline import RecordSink
 
 _OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE")
 

@@ -33,7 +33,7 @@ def rank_data(rank: int) -> dict:
 
 
 def reduce_types(rank: int, world: int, extra) -> dict:
-    from otel_rl.stats import ReduceType, StatsTracker
+    from otel_rl.stats_tracker import ReduceType, StatsTracker
 
     calls = []
     original = dist.all_reduce
@@ -69,7 +69,7 @@ def reduce_types(rank: int, world: int, extra) -> dict:
 
 
 def disagreement(rank: int, world: int, extra) -> dict:
-    from otel_rl.stats import ReduceType, StatsTracker
+    from otel_rl.stats_tracker import ReduceType, StatsTracker
 
     tracker = StatsTracker()
     tracker.denominator(valid=torch.ones(3, dtype=torch.bool))
@@ -99,8 +99,8 @@ def telemetry(rank: int, world: int, extra) -> dict:
 
 def areal_parity(rank: int, world: int, extra) -> dict:
     """Per-micro-batch masks before their stats, a per-key group, and the group's device, on every rank."""
-    from otel_rl import stats
-    from otel_rl.stats import StatsTracker, reduce_device
+    from otel_rl import stats_tracker as stats
+    from otel_rl.stats_tracker import StatsTracker, reduce_device
 
     tracker = StatsTracker("actor/")
     data = rank_data(rank)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from otel_rl.analysis import protobuf_engine, trace_files
+from otel_rl.readers.analysis import protobuf_engine, trace_files
 
 
 def phases_by_process(run_dir: Path) -> dict[str, set[str]]:

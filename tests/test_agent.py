@@ -18,12 +18,12 @@ import pytest
 import requests
 
 import otel_rl
-from otel_rl.producer import segment as shm
-from otel_rl.producer.shm_telemetry import PyShmLane, SegmentRecorder
-from otel_rl.analysis import protobuf_engine, trace_files
-from otel_rl.producer.recorder import IMPLEMENTATIONS
+from otel_rl.shm import segment as shm
+from otel_rl.training.segment_recorder import PyShmLane, SegmentRecorder
+from otel_rl.readers.analysis import protobuf_engine, trace_files
+from otel_rl.training.recorder import IMPLEMENTATIONS
 from otel_rl.schema import phase_spec
-from otel_rl.server import IngestServer
+from otel_rl.readers.server import IngestServer
 
 TARGET = Path(__file__).parent / "agent_target.py"
 KILLED_AFTER = 60  # iterations the target finishes before it is killed
@@ -296,7 +296,7 @@ def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, caplog)
     assert configured["when"] == "2026-01-02"
     # The agent's warnings are logged in this process, under the loggers that raised them, by close().
     logged = {(r.name, r.getMessage()) for r in caplog.records}
-    assert ("otel_rl.agent.pipeline", "otel-rl: scalars()/distribution() key <_Algo.SAC: 'sac'> (_Algo) is not a string; its value is dropped") in logged
+    assert ("otel_rl.core.pipeline", "otel-rl: scalars()/distribution() key <_Algo.SAC: 'sac'> (_Algo) is not a string; its value is dropped") in logged
     assert ("otel_rl.values", "otel-rl: scalars(): 'Loss/path' is PosixPath, not a number; dropped") in logged
     assert any("'Loss/bytes' is bytes, not a number" in message for _, message in logged)
 

@@ -6,9 +6,9 @@ import random
 from bisect import bisect_left
 
 from otel_rl import schema
-from otel_rl.otel import aggregation
-from otel_rl.otel.aggregation import Aggregates
-from otel_rl.agent.records import PhaseRecord
+from otel_rl.outputs.otel import aggregation
+from otel_rl.outputs.otel.aggregation import Aggregates
+from otel_rl.core.records import PhaseRecord
 
 
 def phase(name: str, duration_ns: int, end_ns: int, span_id: int = 0, children=None) -> PhaseRecord:

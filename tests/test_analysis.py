@@ -12,9 +12,9 @@ import time
 import pytest
 
 import otel_rl
-from otel_rl.analysis import analyze, read_trace
-from otel_rl.analysis.report import analyze_model
-from otel_rl.analysis.sql_engine import TraceProcessorUnavailable
+from otel_rl.readers.analysis import analyze, read_trace
+from otel_rl.readers.analysis.report import analyze_model
+from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
 
 from synthetic_trace import write_trace
 

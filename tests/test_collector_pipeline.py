@@ -192,7 +192,7 @@ def test_every_panel_reads_metrics_the_pipeline_produced_and_gets_data(pipeline)
 
 
 def test_gpu_panels_read_the_names_system_metrics_export():
-    from otel_rl import system_metrics
+    from otel_rl.core import system_metrics
 
     source = Path(system_metrics.__file__).read_text()
     exported = {"gpu_utilization_ratio": "gpu.utilization", "gpu_memory_usage_bytes": "gpu.memory.usage", "gpu_power_watts": "gpu.power", "gpu_temperature_celsius": "gpu.temperature"}

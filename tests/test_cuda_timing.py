@@ -10,7 +10,7 @@ import logging
 import pytest
 
 import otel_rl
-from otel_rl.producer.cuda_timing import Anchor, EventPool, PendingPair, PendingPairs, cuda_unavailable_reason, drift_ns
+from otel_rl.training.cuda_timing import Anchor, EventPool, PendingPair, PendingPairs, cuda_unavailable_reason, drift_ns
 from otel_rl.schema import phase_spec
 
 from otlp_receivers import HttpReceiver

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from otel_rl.analysis import protobuf_engine, trace_files
+from otel_rl.readers.analysis import protobuf_engine, trace_files
 from otel_rl.schema import check_schema_version
 
 from otlp_receivers import HttpReceiver

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from otel_rl.stats import ReduceType, StatsError, StatsTracker, merge_worker_stats, publishable
+from otel_rl.stats_tracker import ReduceType, StatsError, StatsTracker, merge_worker_stats, publishable
 
 from dist_workers import rank_data
 from otlp_receivers import HttpReceiver

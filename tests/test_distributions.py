@@ -13,7 +13,7 @@ import torch
 import otel_rl
 from otel_rl import schema
 from otel_rl.distributions import MAX_VALUES, summarize, to_host_array
-from otel_rl.producer.recorder import DISTRIBUTION_BYTES, Recorder
+from otel_rl.training.recorder import DISTRIBUTION_BYTES, Recorder
 
 from otlp_receivers import HttpReceiver
 

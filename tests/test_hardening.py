@@ -27,11 +27,11 @@ import pytest
 import torch
 
 import otel_rl
-from otel_rl.motrix.backfill import backfill
+from otel_rl.outputs.motrix.backfill import backfill
 from otel_rl.drops import Drops
-from otel_rl.motrix.http_sender import HttpSender
-from otel_rl.motrix.jsonl import JsonlWriter
-from otel_rl.server import IngestServer
+from otel_rl.outputs.motrix.http_sender import HttpSender
+from otel_rl.outputs.motrix.jsonl import JsonlWriter
+from otel_rl.readers.server import IngestServer
 from otel_rl.telemetry import NoOpTelemetry, failure_reason
 
 from fault_servers import ScriptedIngest, SilentServer, TrickleServer
@@ -437,7 +437,7 @@ def test_a_full_disk_that_frees_up_leaves_whole_records_once(small_disk, caplog)
 
 
 def test_background_workers_survive_a_failing_round_and_log_its_traceback(tmp_path, caplog):
-    from otel_rl.system_metrics import SystemSampler
+    from otel_rl.core.system_metrics import SystemSampler
 
     calls = []
 
@@ -459,7 +459,7 @@ def test_background_workers_survive_a_failing_round_and_log_its_traceback(tmp_pa
 
 
 def test_a_failing_sink_does_not_stop_the_pipeline_or_the_other_sinks(tmp_path, caplog, capture):
-    from otel_rl.agent.pipeline import RecordSink
+    from otel_rl.core.pipeline import RecordSink
 
     class Broken(RecordSink):
         def on_scalars(self, record):
@@ -608,7 +608,7 @@ class StandInStream:
 
 
 class StandInCuda:
-    """A :class:`otel_rl.producer.cuda_timing.DeviceApi` on the CPU: work 'runs' 2 ms after it is queued."""
+    """A :class:`otel_rl.training.cuda_timing.DeviceApi` on the CPU: work 'runs' 2 ms after it is queued."""
 
     def __init__(self) -> None:
         self.synchronized_on: set[str] = set()
@@ -625,9 +625,9 @@ class StandInCuda:
 
 
 def test_cuda_timing_calibrates_on_its_own_thread_and_places_device_intervals():
-    from otel_rl.producer.cuda_timing import CudaPhase, CudaTimer
-    from otel_rl.agent.pipeline import Clock
-    from otel_rl.producer.recorder import Recorder
+    from otel_rl.training.cuda_timing import CudaPhase, CudaTimer
+    from otel_rl.core.pipeline import Clock
+    from otel_rl.training.recorder import Recorder
     from otel_rl.schema import phase_spec
 
     recorder = Recorder()
@@ -655,9 +655,9 @@ def test_cuda_timing_calibrates_on_its_own_thread_and_places_device_intervals():
 
 
 def test_a_failing_device_query_does_not_stop_the_resolver(caplog):
-    from otel_rl.producer.cuda_timing import CudaPhase, CudaTimer
-    from otel_rl.agent.pipeline import Clock
-    from otel_rl.producer.recorder import Recorder
+    from otel_rl.training.cuda_timing import CudaPhase, CudaTimer
+    from otel_rl.core.pipeline import Clock
+    from otel_rl.training.recorder import Recorder
     from otel_rl.schema import phase_spec
 
     class Flaky(StandInEvent):
@@ -691,7 +691,7 @@ def test_a_failing_device_query_does_not_stop_the_resolver(caplog):
 
 
 def crashing_worker(spec) -> None:
-    from otel_rl.workers import init_worker
+    from otel_rl.worker_processes import init_worker
 
     tel = init_worker(spec, system_metrics_interval_s=0)
     for tick in range(20):
@@ -706,8 +706,8 @@ def crashing_worker(spec) -> None:
 def test_a_crashed_workers_trace_is_merged_and_marked(tmp_path):
     import multiprocessing as mp
 
-    from otel_rl.analysis import protobuf_engine, trace_files
-    from otel_rl.perfetto.trace import CRASH_MARK
+    from otel_rl.readers.analysis import protobuf_engine, trace_files
+    from otel_rl.outputs.perfetto.trace import CRASH_MARK
 
     tel = otel_rl.init(run_dir=tmp_path, trace_enabled=True, system_metrics_interval_s=0)
     context = mp.get_context("spawn")

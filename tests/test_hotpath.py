@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from otel_rl.producer import recorder as recorder_module
+from otel_rl.training import recorder as recorder_module
 from otel_rl._logging import DEDUP
-from otel_rl.producer.recorder import IMPLEMENTATIONS, ITERATION_END, ITERATION_START, Recorder
+from otel_rl.training.recorder import IMPLEMENTATIONS, ITERATION_END, ITERATION_START, Recorder
 from otel_rl.schema import phase_spec
 
 IMPLS = sorted(IMPLEMENTATIONS)
@@ -29,7 +29,7 @@ def test_pure_python_can_be_forced(monkeypatch):
 
 
 def test_c_clock_is_perf_counter():
-    from otel_rl.producer import _hotpath
+    from otel_rl.training import _hotpath
 
     before = time.perf_counter_ns()
     mid = _hotpath.monotonic_ns()

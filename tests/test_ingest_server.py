@@ -17,8 +17,8 @@ import pytest
 import requests
 
 import otel_rl
-from otel_rl.motrix.backfill import backfill
-from otel_rl.server import IngestServer
+from otel_rl.outputs.motrix.backfill import backfill
+from otel_rl.readers.server import IngestServer
 
 from motrix_golden import golden_records
 
@@ -348,7 +348,7 @@ def test_runs_are_paged(server):
 
 def test_lost_runs_are_logged_once_per_sweep(server, caplog):
     records = golden_records()
-    with caplog.at_level(logging.WARNING, logger="otel_rl.server"):
+    with caplog.at_level(logging.WARNING, logger="otel_rl.readers.server"):
         post(server.url, _batch(*[{**records["run_running"], "run_id": f"quiet-{i}", "seq": i, "ts": time.time()} for i in range(30)]))
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and not any("marked lost" in r.getMessage() for r in caplog.records):

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 import otel_rl
-from otel_rl.motrix import protocol
-from otel_rl.motrix.delivery import retry_after_s
+from otel_rl.outputs.motrix import protocol
+from otel_rl.outputs.motrix.delivery import retry_after_s
 from otel_rl.drops import Drops
-from otel_rl.motrix.record_queue import RecordQueue
+from otel_rl.outputs.motrix.record_queue import RecordQueue
 
 from fault_servers import ScriptedIngest, SilentServer, refused_url
 from motrix_golden import golden_records

@@ -8,7 +8,7 @@ import time
 import pytest
 
 import otel_rl
-from otel_rl.otel import otlp
+from otel_rl.outputs.otel import otlp
 
 from otlp_receivers import GrpcReceiver, HttpReceiver
 

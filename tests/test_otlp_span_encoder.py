@@ -9,8 +9,8 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceState
 
-from otel_rl.otel.span_encoder import encode_request
-from otel_rl.otel.spans import span_context
+from otel_rl.outputs.otel.span_encoder import encode_request
+from otel_rl.outputs.otel.spans import span_context
 
 
 def _spans():

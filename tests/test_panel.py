@@ -7,9 +7,9 @@ import io
 from rich.console import Console
 
 from otel_rl import schema
-from otel_rl.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
-from otel_rl.agent.pipeline import CycleTotals, PassTotals
-from otel_rl.agent.records import IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.outputs.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
+from otel_rl.core.pipeline import CycleTotals, PassTotals
+from otel_rl.core.records import IterationRecord, PhaseRecord, ScalarsRecord
 
 NOW = 1_000_000_000_000
 
@@ -112,7 +112,7 @@ def test_wide_terminal_has_three_timing_columns():
 
 
 def test_not_a_terminal_prints_plain_lines(monkeypatch):
-    import otel_rl.panel as panel
+    import otel_rl.outputs.panel as panel
 
     monkeypatch.setattr(panel, "PLAIN_EVERY_S", 0.05)
     out = io.StringIO()

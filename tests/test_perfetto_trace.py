@@ -16,10 +16,10 @@ import pytest
 
 import otel_rl
 from otel_rl import schema
-from otel_rl.analysis import analyze, protobuf_engine, trace_files
-from otel_rl.perfetto import trace as perfetto
-from otel_rl.perfetto.trace import PerfettoTraceSink, TraceEncoder
-from otel_rl.agent.records import IterationRecord, PhaseRecord
+from otel_rl.readers.analysis import analyze, protobuf_engine, trace_files
+from otel_rl.outputs.perfetto import trace as perfetto
+from otel_rl.outputs.perfetto.trace import PerfettoTraceSink, TraceEncoder
+from otel_rl.core.records import IterationRecord, PhaseRecord
 
 from synthetic_trace import write_trace
 

@@ -14,8 +14,8 @@ import requests
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import otel_rl
-from otel_rl.analysis import analyze
-from otel_rl.server import IngestServer
+from otel_rl.readers.analysis import analyze
+from otel_rl.readers.server import IngestServer
 
 from otlp_receivers import HttpReceiver
 from wandb_reader import history, run_dirs, summary

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from otel_rl import stats
-from otel_rl.stats import ReduceType, StatsError, StatsTracker
+from otel_rl import stats_tracker as stats
+from otel_rl.stats_tracker import ReduceType, StatsError, StatsTracker
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import time
 import psutil
 
 import otel_rl
-from otel_rl.system_metrics import Nvml, SystemSampler
+from otel_rl.core.system_metrics import Nvml, SystemSampler
 
 
 def test_sample_is_plausible():

@@ -38,14 +38,14 @@ def test_worker_spans_are_children_of_the_run_span(method, monkeypatch, tmp_path
     for resource, span in cycles:
         role = {a.key: a.value.string_value for a in resource.attributes}["rl.role"]
         assert role == "collector 0" and span.parent_span_id == run.span_id and span.trace_id == run.trace_id
-    from otel_rl.analysis import protobuf_engine, trace_files
+    from otel_rl.readers.analysis import protobuf_engine, trace_files
 
     processes = {s.process for s in protobuf_engine.read(trace_files(tmp_path)).slices}
     assert processes == {"collector 0"}  # the learner recorded no phases; the worker's fragment was merged
 
 
 def test_a_crashed_worker_becomes_a_worker_crashed_event():
-    from otel_rl.agent.pipeline import RecordSink
+    from otel_rl.core.pipeline import RecordSink
 
     class Capture(RecordSink):
         def __init__(self):

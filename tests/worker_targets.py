@@ -7,7 +7,7 @@ import time
 
 
 def collector(spec) -> None:
-    from otel_rl.workers import init_worker
+    from otel_rl.worker_processes import init_worker
 
     tel = init_worker(spec, system_metrics_interval_s=0)
     for tick in range(5):

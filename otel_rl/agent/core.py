@@ -36,9 +36,9 @@ import numpy as np
 from otel_rl import schema
 from otel_rl._logging import logger, once
 from otel_rl.background import pid_alive
-from otel_rl.producer import segment as shm
-from otel_rl.producer.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane
-from otel_rl.agent.records import RunRecord
+from otel_rl.shm import segment as shm
+from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane
+from otel_rl.core.records import RunRecord
 
 _logger = logger(__name__)
 
@@ -182,7 +182,7 @@ class Agent:
             self.outputs._otel.cuda_fallback[(timeline, name)] = reason
 
     def _decode(self, records: Any, names: list[str]) -> list[tuple]:
-        """Lane records as the raw tuples :class:`otel_rl.agent.pipeline.Pipeline` reads."""
+        """Lane records as the raw tuples :class:`otel_rl.core.pipeline.Pipeline` reads."""
         out = []
         phases = self._phases
         for start, end, a, b, name, depth, kind, flags, exc, _ in records.tolist():

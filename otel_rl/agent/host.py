@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl._logging import logger
-from otel_rl.producer import segment as shm
+from otel_rl.shm import segment as shm
 from otel_rl.background import Deadline
 
 _logger = logger(__name__)

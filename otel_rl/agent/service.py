@@ -31,7 +31,7 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.producer import segment as shm
+from otel_rl.shm import segment as shm
 from otel_rl.agent.core import LogForwarder, attach, serve
 from otel_rl.background import pid_alive
 
@@ -148,7 +148,7 @@ class AgentService:
 
     def _serve(self, served: Served) -> None:
         from otel_rl.agent.host import build_outputs
-        from otel_rl.workers import RelaySink
+        from otel_rl.worker_processes import RelaySink
 
         reader, agent_config = served.reader, served.agent_config
         LogForwarder.serving(reader, agent_config.pid)

@@ -56,7 +56,7 @@ def run_demo(args: argparse.Namespace) -> int:
     server = None
     options = {}
     if args.serve:
-        from otel_rl.server import IngestServer
+        from otel_rl.readers.server import IngestServer
 
         server = IngestServer(run_dir / "ingest.sqlite3").start()
         options["motrix_url"] = server.url
@@ -240,7 +240,7 @@ def _checkpoint(tel, agent, run_dir: Path, env_steps: int) -> None:
 
 
 def _report(run_dir: Path, summary: dict) -> None:
-    from otel_rl.analysis import analyze, render_text
+    from otel_rl.readers.analysis import analyze, render_text
 
     print()
     print(f"run folder: {run_dir}")

@@ -45,7 +45,7 @@ def run_collector(
     """Process entry point: runs until ``stop`` is set."""
     import torch
 
-    from otel_rl.workers import init_worker
+    from otel_rl.worker_processes import init_worker
 
     torch.set_num_threads(1)
     tel = init_worker(spec)

@@ -11,7 +11,7 @@ instantiates it: the driver and every EnvRunner actor. Then:
   under canonical keys: ``otel_rl.schema.LIBRARY_TAGS["rllib"]``) at the
   env steps sampled so far;
 - each EnvRunner actor (a process Ray scheduled, on this machine or another)
-  starts its own telemetry in the run's trace (:func:`otel_rl.workers.init_worker`):
+  starts its own telemetry in the run's trace (:func:`otel_rl.worker_processes.init_worker`):
   each ``sample()`` call is a ``collector`` iteration with ``policy_inference``
   (the RLModule's forward pass) and ``env_step`` phases; its spans are
   children of the run span in OTLP, its Perfetto fragment becomes its own
@@ -35,7 +35,7 @@ from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from otel_rl import schema
 from otel_rl.integrations._wrapping import timed, wrap
-from otel_rl.workers import RELAY_CAPACITY, WorkerSpec, init_worker
+from otel_rl.worker_processes import RELAY_CAPACITY, WorkerSpec, init_worker
 
 _DRIVERS: dict[str, Any] = {}
 """The driver's telemetry by run id, for callbacks instantiated in the driver's own process."""

@@ -1,0 +1,82 @@
+"""``Perf/*`` timings for outputs that show phase time as scalars (live metrics, TensorBoard).
+
+:class:`PerfWindows` adds up what each pipeline pass measured per timeline
+(:class:`otel_rl.core.pipeline.PassTotals`) and, at most once per
+``interval_s``, turns the window into ``Perf/*`` values: the mean per cycle
+(per occurrence for timelines without cycles), in each key's unit, aligned on
+the learner's latest iteration and env steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+from otel_rl import schema
+from otel_rl.core.pipeline import CycleTotals, PassTotals
+
+
+class _Window:
+    """Phase durations of one timeline since the last Perf record."""
+
+    __slots__ = ("cycles", "wall_ns", "phase_ns", "phase_count")
+
+    def __init__(self) -> None:
+        self.cycles = 0
+        self.wall_ns = 0
+        self.phase_ns: dict[str, int] = {}
+        self.phase_count: dict[str, int] = {}
+
+    def add(self, totals: CycleTotals) -> None:
+        self.cycles += totals.cycles
+        self.wall_ns += totals.wall_ns
+        phase_ns, phase_count = self.phase_ns, self.phase_count
+        for part in (totals.top, totals.nested, totals.loose):
+            for name, ns in part.items():
+                phase_ns[name] = phase_ns.get(name, 0) + ns
+        for name, n in totals.counts.items():
+            phase_count[name] = phase_count.get(name, 0) + n
+
+    def values(self, timeline: str) -> dict[str, float]:
+        """Mean per cycle (per occurrence for timelines without cycles), in each key's unit."""
+        out: dict[str, float] = {}
+        if self.cycles and timeline == schema.LEARNER:
+            out["Perf/iteration_time"] = self.wall_ns / self.cycles / 1e9
+        for name, total_ns in self.phase_ns.items():
+            per = self.cycles or self.phase_count.get(name, 0)
+            if per:
+                out[schema.phase_key(timeline, name)] = total_ns / per / 1e6 * schema.phase_key_scale(timeline, name)
+        return out
+
+
+
+class PerfWindows:
+    """Phase time per timeline since the last :meth:`take`; not thread-safe (the pipeline thread owns it)."""
+
+    def __init__(self, interval_s: float = 1.0) -> None:
+        self.interval_s = interval_s
+        self._windows: dict[str, _Window] = {}
+        self._last = time.monotonic()
+        self.axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
+        """The learner's latest ``env_steps`` and ``iteration``."""
+
+    def add(self, totals: PassTotals) -> None:
+        learner = totals.timelines.get(schema.LEARNER)
+        if learner is not None and learner.index is not None:
+            self.axes = {"env_steps": learner.env_steps, "iteration": learner.index}
+        for timeline, cycles in totals.timelines.items():
+            window = self._windows.get(timeline)
+            if window is None:
+                window = self._windows[timeline] = _Window()
+            window.add(cycles)
+
+    def due(self) -> bool:
+        return time.monotonic() - self._last >= self.interval_s
+
+    def take(self) -> dict[str, float]:
+        """The window's ``Perf/*`` values (empty when nothing was measured), and a new window."""
+        self._last = time.monotonic()
+        values: dict[str, float] = {}
+        for timeline, window in self._windows.items():
+            values.update(window.values(timeline))
+        self._windows = {}
+        return values

@@ -1,0 +1,583 @@
+"""The pipeline thread: raw recorder buffers in, assembled records out to sinks.
+
+It wakes every ``interval_s`` (or when flushed), drains every lane, rebuilds
+phase nesting and iterations, and calls each sink. Sinks run on this thread
+and must not block: a sink that does IO hands records to its own bounded queue
+and worker. An exception in a sink is logged once and never reaches training.
+New drops of any bounded queue become ``records_dropped`` events
+(:mod:`otel_rl.drops`). At shutdown every sink is shut down at once, each on
+its own helper thread, so a hung network exporter cannot starve the files of
+their final records.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from time import perf_counter_ns
+
+from otel_rl import distributions, schema
+from otel_rl._logging import logger, once
+from otel_rl.background import Deadline, Worker
+from otel_rl.drops import Drops
+from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
+from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.resume import StepCheck
+from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, scalar_number, shorten
+
+_logger = logger(__name__)
+_PLAIN_NUMBERS = frozenset((float, int))
+
+
+def _plain_finite(values: Iterable[object]) -> bool:
+    """Every value an int or a finite float, checked by C loops (no Python loop per value)."""
+    if not set(map(type, values)) <= _PLAIN_NUMBERS:
+        return False
+    try:
+        total = sum(values)  # inf or nan if any value is, or if the floats overflow (then the slow path decides)
+    except OverflowError:  # an int too large for a float
+        return False
+    return type(total) is int or math.isfinite(total)
+
+
+def _in_range(value: int | None, fallback: int | None) -> int | None:
+    """``value`` if it is in the signed 64-bit range the protocol carries, else ``fallback`` (one warning)."""
+    if value is None or INT64_MIN <= value <= INT64_MAX:
+        return value
+    as_step(value, "a step or iteration index")  # warns
+    return fallback
+
+
+def _axes(step: int | None, iteration: int | None, env_steps: int | None) -> tuple[int | None, int | None, int | None]:
+    """A record's step axes, each kept only if in the signed 64-bit range (Python ints are checked here, off the training thread)."""
+    for axis in (step, iteration, env_steps):
+        if axis is not None and not INT64_MIN <= axis <= INT64_MAX:
+            return _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
+    return step, iteration, env_steps
+
+
+class Clock:
+    """Converts ``perf_counter_ns()`` readings to epoch nanoseconds.
+
+    Calibrated once: the offset is taken from the tightest of a few
+    (monotonic, wall, monotonic) samples, so all records share one timebase
+    and wall-clock steps during the run do not reorder them.
+    """
+
+    def __init__(self, samples: int = 7) -> None:
+        best: tuple[int, int] = (2**63, 0)
+        for _ in range(samples):
+            before = perf_counter_ns()
+            wall = time.time_ns()
+            after = perf_counter_ns()
+            width = after - before
+            if width < best[0]:
+                best = (width, wall - (before + after) // 2)
+        self.offset_ns = best[1]
+
+    def to_epoch_ns(self, monotonic_ns: int) -> int:
+        return monotonic_ns + self.offset_ns
+
+    def now_ns(self) -> int:
+        return perf_counter_ns() + self.offset_ns
+
+
+class RecordSink:
+    """Receiver of assembled records, called on the pipeline thread.
+
+    Every method has a no-op default. Implementations must return quickly.
+    """
+
+    def on_run(self, run: RunRecord) -> None:
+        """Run started (``run.end_ns is None``) or ended."""
+
+    def on_iteration(self, iteration: IterationRecord) -> None:
+        """A completed cycle and its phases."""
+
+    def on_phase(self, phase: PhaseRecord) -> None:
+        """A top-level phase recorded outside any iteration of its thread."""
+
+    def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        """Where a CUDA-timed phase ran on the GPU."""
+
+    def on_remote_cycle(self, cycle) -> None:
+        """A cycle of a worker process (:class:`otel_rl.worker_processes.RemoteCycle`)."""
+
+    def on_cycles(self, totals: PassTotals) -> None:
+        """What one pass added per timeline: cycles (local and relayed) and loose phases.
+
+        Windowed readers (the panel, ``Perf/*`` records) add these instead of
+        walking every iteration themselves. Called once per pass that had any.
+        """
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        """One ``scalars()`` call, values already made finite or None."""
+
+    def on_distribution(self, record: DistributionRecord) -> None:
+        """One ``distribution()`` call, summarised; its statistics also arrive through :meth:`on_scalars`."""
+
+    def on_event(self, event: EventRecord) -> None:
+        """A named event."""
+
+    def on_drain(self, now_ns: int) -> None:
+        """End of one pipeline pass: a chance to emit windowed aggregates."""
+
+    def flush(self, timeout_s: float) -> bool:
+        """Push out everything received so far, within ``timeout_s``."""
+        return True
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Flush and release resources within ``timeout_s``. Called once."""
+
+
+@dataclass(slots=True)
+class CycleTotals:
+    """Time of one timeline within one pipeline pass, in nanoseconds.
+
+    ``top`` and ``nested`` hold phase time per phase name within cycles
+    (top-level phases, and phases nested in them); ``loose`` and ``counts``
+    the time and occurrences of phases outside any cycle (a timeline without
+    cycles is averaged per occurrence). ``index`` and ``env_steps`` are those
+    of the pass's last local iteration.
+    """
+
+    cycles: int = 0
+    wall_ns: int = 0
+    top: dict[str, int] = field(default_factory=dict)
+    nested: dict[str, int] = field(default_factory=dict)
+    loose: dict[str, int] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    index: int | None = None
+    env_steps: int | None = None
+
+    def add_cycle(self, wall_ns: int, top: dict[str, int], nested: dict[str, int]) -> None:
+        self.cycles += 1
+        self.wall_ns += wall_ns
+        for totals, values in ((self.top, top), (self.nested, nested)):
+            for name, ns in values.items():
+                totals[name] = totals.get(name, 0) + ns
+
+    def add_loose(self, phase: PhaseRecord) -> None:
+        loose, counts = self.loose, self.counts
+        for part in phase.walk():
+            name = part.spec.name
+            loose[name] = loose.get(name, 0) + part.end_ns - part.start_ns
+            counts[name] = counts.get(name, 0) + 1
+
+
+@dataclass(slots=True)
+class PassTotals:
+    """Per timeline, what one pipeline pass added (see :meth:`RecordSink.on_cycles`); ``time_ns`` is the pass's end."""
+
+    time_ns: int
+    timelines: dict[str, CycleTotals]
+
+
+@dataclass
+class _LaneState:
+    """Assembly state of one lane between pipeline passes."""
+
+    children_by_depth: dict[int, list[PhaseRecord]] = field(default_factory=dict)
+    flows_by_depth: dict[int, list[tuple[int, bool]]] = field(default_factory=dict)
+    correlations_by_depth: dict[int, int] = field(default_factory=dict)
+    open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord], int | None]] = field(default_factory=dict)
+
+
+MAX_SCALAR_KEYS = 10_000
+"""Distinct scalar keys per run; values of further new keys are dropped and counted (queue ``scalar_keys``)."""
+
+
+class Pipeline(Worker):
+    """Drains a :class:`Recorder` into sinks on a daemon thread.
+
+    Args:
+        drops: the shared drop counters; new drops are reported as ``records_dropped`` events.
+        mirror_drops: called before each report, to copy counters kept elsewhere into ``drops``.
+        step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
+    """
+
+    def __init__(
+        self,
+        recorder: Recorder,
+        sinks: Sequence[RecordSink],
+        clock: Clock,
+        seq: Iterator[int],
+        interval_s: float = 0.1,
+        drops: Drops | None = None,
+        mirror_drops: Callable[[], object] | None = None,
+        step_check: StepCheck | None = None,
+    ) -> None:
+        super().__init__("otel-rl-pipeline", interval_s)
+        self.step_check = step_check or StepCheck()
+        self._recorder = recorder
+        self._seq = seq
+        self.sinks = list(sinks)
+        self._handlers: dict[str, list] = {}
+        self._index_handlers()
+        self._clock = clock
+        self._drops = drops if drops is not None else Drops()
+        self._mirror_drops = mirror_drops
+        self._lane_states: dict[int, _LaneState] = {}
+        self._lock = threading.Lock()
+        self._failed_sinks: set[str] = set()
+        self.seen_nonfinite: set[str] = set()
+        self._accepted_keys: dict[str, str] = {}
+        self._pass_totals: dict[str, CycleTotals] = {}
+        self._canonical_keys: set[str] = set()  # accepted as they are (the scalars fast path)
+        self._final = False
+
+    _METHODS = (
+        "on_run",
+        "on_iteration",
+        "on_phase",
+        "on_device_interval",
+        "on_remote_cycle",
+        "on_cycles",
+        "on_scalars",
+        "on_distribution",
+        "on_event",
+        "on_drain",
+    )
+
+    def _index_handlers(self) -> None:
+        # Bound methods per record kind, skipping sinks that keep the no-op default.
+        self._handlers = {
+            method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
+            for method in self._METHODS
+        }
+        self._want_totals = bool(self._handlers["on_cycles"])  # per-pass totals are only summed for a reader
+
+    def add_sink(self, sink: RecordSink) -> None:
+        """Add a sink while running; it sees records from the next pass on."""
+        with self._lock:
+            self.sinks.append(sink)
+            self._index_handlers()
+
+    def run_once(self) -> None:
+        self.drain()
+
+    def drain(self, timeout_s: float = -1) -> bool:
+        """One pass over all buffers; False if the lock was not had in time."""
+        if not self._lock.acquire(timeout=timeout_s):
+            return False
+        try:
+            self._drain_locked()
+        except Exception:  # never let a bug here kill the thread
+            _logger.exception("otel-rl: pipeline pass failed")
+        finally:
+            self._lock.release()
+        return True
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = Deadline(timeout_s)
+        if not self.drain(timeout_s):
+            return False
+        ok = True
+        for sink in self.sinks:
+            ok = bool(self._call(sink, "flush", deadline.left())) and ok
+        return ok
+
+    def stop(self, timeout_s: float) -> None:
+        """Stop the thread without a final pass (a construction that failed)."""
+        Worker.shutdown(self, timeout_s)
+
+    def shutdown(self, deadline: Deadline | float) -> None:  # type: ignore[override]
+        """Final drain, then shut every sink down at once, all within ``deadline``."""
+        if not isinstance(deadline, Deadline):
+            deadline = Deadline(deadline)
+        self.close(deadline)
+        self.join(deadline.left(cap_s=1.0))
+        self._final = True
+        self.drain(deadline.left())
+        helpers = []
+        for sink in self.sinks:
+            helper = threading.Thread(
+                target=self._shutdown_sink, args=(sink, deadline), name=f"otel-rl-stop-{type(sink).__name__}", daemon=True
+            )
+            helper.start()
+            helpers.append((sink, helper))
+        for sink, helper in helpers:
+            helper.join(deadline.left())
+            if helper.is_alive():
+                _logger.warning("otel-rl: %s did not finish within the shutdown deadline", type(sink).__name__)
+
+    # -- assembly -------------------------------------------------------
+
+    def _drain_locked(self) -> None:
+        events = self._recorder.events
+        ends: list[RunRecord] = []
+        for _ in range(len(events)):
+            item = events.popleft()
+            if isinstance(item, RunRecord):
+                if item.end_ns is None:
+                    self._fanout("on_run", item)
+                else:
+                    ends.append(item)
+            else:
+                time_ns, name, attributes, seq = item
+                self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes, seq))
+        for lane in self._recorder.snapshot_lanes():
+            self._drain_lane(lane)
+        remote = self._recorder.remote
+        for _ in range(len(remote)):
+            cycle = remote.popleft()
+            if self._want_totals:
+                self._totals(cycle.timeline).add_cycle(cycle.wall_ns, cycle.top, cycle.nested)
+            self._fanout("on_remote_cycle", cycle)
+        intervals = self._recorder.device_intervals
+        for _ in range(len(intervals)):
+            self._fanout("on_device_interval", intervals.popleft())
+        scalars = self._recorder.scalars
+        for _ in range(len(scalars)):
+            self._emit_scalars(self._scalars_record(scalars.popleft()))
+        for raw in self._recorder.take_distributions():
+            self._distribution(raw)
+        now_ns = self._clock.now_ns()
+        if self._pass_totals:
+            totals, self._pass_totals = PassTotals(now_ns, self._pass_totals), {}
+            self._fanout("on_cycles", totals)
+        self._report_drops(now_ns)
+        for run in ends:
+            self._fanout("on_run", run)
+        self._fanout("on_drain", now_ns)
+
+    def _report_drops(self, now_ns: int) -> None:
+        if self._mirror_drops is not None:
+            self._mirror_drops()
+        for queue, kinds in self._drops.take_report(force=self._final).items():
+            attributes = {"queue": queue, "total": sum(kinds.values()), **kinds}
+            self._fanout("on_event", EventRecord(now_ns, "records_dropped", attributes, next(self._seq)))
+
+    def _totals(self, timeline: str) -> CycleTotals:
+        totals = self._pass_totals.get(timeline)
+        if totals is None:
+            totals = self._pass_totals[timeline] = CycleTotals()
+        return totals
+
+    def _scalars_record(self, raw: tuple) -> ScalarsRecord:
+        time_ns, values, step, iteration, env_steps, seq = raw
+        step, iteration, env_steps = _axes(step, iteration, env_steps)
+        if values.keys() <= self._canonical_keys and _plain_finite(values.values()):
+            # The common case: keys exported as they are, finite plain numbers.
+            # The dict is the call's own snapshot, so it is used as is.
+            return ScalarsRecord(self._clock.to_epoch_ns(time_ns), values, step, iteration, env_steps, seq)
+        clean: dict[str, float | int | None] = {}
+        for raw_key, value in values.items():
+            key = self._key(raw_key)
+            if not key:
+                continue
+            cleaned, is_number = scalar_number(key, value)
+            if not is_number:
+                continue
+            clean[key] = cleaned
+            if cleaned is None:
+                self._report_nonfinite(key, time_ns, clean_text(repr(value), MAX_REPR))
+        return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
+
+    def _key(self, raw_key: object) -> str:
+        """The exported key of ``raw_key`` (remembered), "" when it is not exported (see :meth:`_accept_key`)."""
+        key = self._accepted_keys.get(raw_key) if type(raw_key) is str else None
+        return self._accept_key(raw_key) if key is None else key
+
+    def _report_nonfinite(self, key: str, time_ns: int, value: str) -> None:
+        """One ``nonfinite`` event per key (``time_ns`` on the monotonic clock)."""
+        if key not in self.seen_nonfinite:
+            self.seen_nonfinite.add(key)
+            attributes = {"key": key, "value": value}
+            self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), "nonfinite", attributes, next(self._seq)))
+
+    def _distribution(self, raw: tuple) -> None:
+        """Summarise one ``distribution()`` call: a :class:`DistributionRecord`, and its statistics as scalars."""
+        monotonic_ns, raw_key, array, step, iteration, env_steps, seq = raw
+        key = self._key(raw_key)
+        if not key:
+            return
+        key = shorten(key, NAME_LIMIT - 5)  # room for the longest statistic suffix, "/mean"
+        summary = distributions.summarize(array)
+        step, iteration, env_steps = _axes(step, iteration, env_steps)
+        if summary.nonfinite:
+            self._report_nonfinite(key, monotonic_ns, f"{summary.nonfinite} of {array.size} values")
+        time_ns = self._clock.to_epoch_ns(monotonic_ns)
+        record = DistributionRecord(time_ns, key, summary.values, summary.stats, summary.histogram, step, iteration, env_steps)
+        self._fanout("on_distribution", record)
+        names = schema.distribution_keys(key)
+        stats = {names[stat]: value for stat, value in summary.stats.items()}
+        self._emit_scalars(ScalarsRecord(time_ns, stats, step, iteration, env_steps, seq))
+
+    def _emit_scalars(self, record: ScalarsRecord) -> None:
+        regression = self.step_check.check(record.values, record.step if record.step is not None else record.env_steps)
+        if regression is not None:
+            self._fanout("on_event", EventRecord(record.time_ns, "step_regression", regression, next(self._seq)))
+        self._fanout("on_scalars", record)
+
+    def _accept_key(self, raw_key: object) -> str:
+        """The key as exported ("" for a key that is not exported).
+
+        Canonical keys as they are; other strings namespaced under ``custom/``
+        with one warning; keys longer than the protocol allows shortened (a
+        hash keeps them distinct). Not exported: keys that are not strings
+        (``1`` and ``"1"`` would otherwise collide), internal weighting counts
+        of :mod:`otel_rl.stats_tracker` (``key__count``), and new keys past
+        :data:`MAX_SCALAR_KEYS` (counted as drops).
+        """
+        if not isinstance(raw_key, str):
+            _logger.warning(
+                "otel-rl: scalars()/distribution() key %s (%s) is not a string; its value is dropped",
+                clean_text(repr(raw_key), MAX_REPR),
+                type(raw_key).__name__,
+                extra=once(f"key-type:{type(raw_key).__name__}"),
+            )
+            return ""
+        if type(raw_key) is not str:  # a str subclass (StrEnum, numpy.str_): its text
+            raw_key = str.__str__(raw_key)
+            known = self._accepted_keys.get(raw_key)
+            if known is not None:
+                return known
+        if len(self._accepted_keys) >= MAX_SCALAR_KEYS:
+            self._drops.add("scalar_keys", "scalars")
+            _logger.warning(
+                "otel-rl: more than %d distinct scalar keys; values of new keys are dropped and counted",
+                MAX_SCALAR_KEYS,
+            )
+            return ""
+        if raw_key.endswith("__count"):
+            _logger.warning("otel-rl: %r is a stats weighting count; such keys are not exported", raw_key)
+            self._accepted_keys[raw_key] = ""
+            return ""
+        try:
+            key = schema.metric_spec(raw_key).key
+        except schema.SchemaError as exc:
+            key = shorten(clean_text("custom/" + (re.sub(r"[^A-Za-z0-9_.\-]", "_", raw_key) or "unnamed")))
+            # An over-long key is named shortened, not in full, in the warning.
+            _logger.warning("otel-rl: %s; exporting it as %r", clean_text(str(exc), MAX_REPR), key, extra=once(f"key:{raw_key}"))
+        key = shorten(clean_text(key))
+        self._accepted_keys[raw_key] = key
+        if key == raw_key:
+            self._canonical_keys.add(key)
+        return key
+
+    def _drain_lane(self, lane: PyLane) -> None:
+        records = lane.drain()
+        if not records:
+            return
+        state = self._lane_states.get(id(lane))
+        if state is None:
+            state = self._lane_states[id(lane)] = _LaneState()
+        offset = self._clock.offset_ns
+        children_by_depth = state.children_by_depth
+        open_iterations = state.open_iterations
+        thread_id, thread_name = lane.thread_id, lane.thread_name
+        for raw in records:
+            head = raw[0]
+            if head is ITERATION_START:
+                _, start, timeline, index, env_steps, cpu = raw
+                if not INT64_MIN <= index <= INT64_MAX or (env_steps is not None and not INT64_MIN <= env_steps <= INT64_MAX):
+                    index, env_steps = _in_range(index, -1), _in_range(env_steps, None)
+                open_iterations[timeline] = (start + offset, index, env_steps, [], cpu)
+            elif head is ITERATION_END:
+                _, end, timeline, index, env_steps, cpu = raw
+                opened = open_iterations.pop(timeline, None)
+                if opened is None:  # its start was dropped with an overflow
+                    continue
+                start_ns, index, env_steps, phases, start_cpu = opened
+                children_by_depth.clear()
+                accounted = 0
+                for phase in phases:
+                    accounted += phase.end_ns - phase.start_ns
+                self._emit_iteration(
+                    IterationRecord(
+                        timeline,
+                        index,
+                        env_steps,
+                        start_ns,
+                        end + offset,
+                        thread_id,
+                        thread_name,
+                        phases,
+                        accounted,
+                        None if cpu is None or start_cpu is None else cpu - start_cpu,
+                    )
+                )
+            elif head is CORRELATE:
+                _, correlation, open_phases = raw
+                if open_phases:
+                    state.correlations_by_depth[open_phases - 1] = correlation
+            elif head is FLOW:
+                _, _, flow_id, terminating, open_phases = raw
+                if open_phases:
+                    state.flows_by_depth.setdefault(open_phases - 1, []).append((flow_id, terminating))
+                else:
+                    _logger.warning("otel-rl: flow() called outside any phase; ignored")
+            else:
+                start, end, depth, exc_type = raw[1], raw[2], raw[3], raw[4]
+                phase = PhaseRecord(
+                    head.spec,
+                    start + offset,
+                    end + offset,
+                    depth,
+                    thread_id,
+                    thread_name,
+                    exc_type if exc_type is None or type(exc_type) is str else exc_type.__name__,
+                    children_by_depth.pop(depth + 1, None) if children_by_depth else None,
+                )
+                if state.flows_by_depth:
+                    phase.flows = state.flows_by_depth.pop(depth, None)
+                if state.correlations_by_depth:
+                    phase.correlation = state.correlations_by_depth.pop(depth, 0)
+                if depth:
+                    children_by_depth.setdefault(depth, []).append(phase)
+                    continue
+                # A top-level phase belongs to the open iteration of its own
+                # timeline; otherwise it is a loose phase (a collector without cycles, say).
+                opened = open_iterations.get(head.spec.timeline)
+                if opened is not None and phase.start_ns >= opened[0]:
+                    phase.iteration, phase.env_steps = opened[1], opened[2]
+                    opened[3].append(phase)
+                else:
+                    if self._want_totals:
+                        self._totals(head.spec.timeline).add_loose(phase)
+                    self._fanout("on_phase", phase)
+
+    def _emit_iteration(self, iteration: IterationRecord) -> None:
+        if iteration.accounted_ns > iteration.wall_ns:
+            _logger.warning(
+                "otel-rl: contract warning: %s iteration %d accounts %.3f ms of phases in %.3f ms of wall time "
+                "(top-level phases overlap or run on other threads)",
+                iteration.timeline,
+                iteration.index,
+                iteration.accounted_ns / 1e6,
+                iteration.wall_ns / 1e6,
+                extra=once(f"contract:{iteration.timeline}"),
+            )
+        if self._want_totals:
+            totals = self._totals(iteration.timeline)
+            totals.add_cycle(iteration.wall_ns, *iteration.totals_ns())
+            totals.index, totals.env_steps = iteration.index, iteration.env_steps
+        self._fanout("on_iteration", iteration)
+
+    def _fanout(self, method: str, record: object) -> None:
+        for handler in self._handlers[method]:
+            try:
+                handler(record)
+            except Exception:
+                self._report(handler.__self__, method)
+
+    def _shutdown_sink(self, sink: RecordSink, deadline: Deadline) -> None:
+        self._call(sink, "shutdown", deadline.left())
+
+    def _call(self, sink: RecordSink, method: str, *args: object) -> object:
+        try:
+            return getattr(sink, method)(*args)
+        except Exception:
+            self._report(sink, method)
+            return None
+
+    def _report(self, sink: RecordSink, method: str) -> None:
+        key = f"{type(sink).__name__}.{method}"
+        if key not in self._failed_sinks:
+            self._failed_sinks.add(key)
+            _logger.exception("otel-rl: sink %s failed (further failures of it are not logged)", key)

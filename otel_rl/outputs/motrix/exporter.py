@@ -1,0 +1,166 @@
+"""The ``motrix.metrics/v1`` exporter: run lifecycle, scalars, events and phase timings as protocol records.
+
+Sits on the pipeline beside the OpenTelemetry sink. Each record gets its seq
+when it is made (scalars and events on the training thread, at the call) and
+the same record goes to every output: ``metrics.jsonl`` and the ingest
+service, each with its own thread and bounded queue. A record is encoded to
+JSON once, here, for every output; one that cannot be encoded is dropped
+alone (counted, one warning naming the field). Phase timings leave as
+``Perf/*`` scalars, one record per ``perf_interval_s`` at most (averaged over
+the window when iterations are faster), aligned on ``axes.env_steps``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+from otel_rl._logging import logger, once
+from otel_rl.background import Deadline
+from otel_rl.drops import Drops
+from otel_rl.outputs.motrix.record_queue import Item
+from otel_rl.core.perf_windows import PerfWindows
+from otel_rl.core.pipeline import PassTotals, RecordSink
+from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record
+from otel_rl.core.records import EventRecord, RunRecord, ScalarsRecord
+
+_logger = logger(__name__)
+
+_RUN_METADATA = ("family", "total_steps", "num_envs", "config")
+_PROVENANCE = ("versions", "git", "command", "host")
+
+
+class MotrixSink(RecordSink):
+    """Turns pipeline records into protocol records for every output.
+
+    Args:
+        outputs: workers with ``submit(kind, line)``, ``flush(timeout_s)``,
+            ``close(deadline)`` and ``join(timeout_s)`` (:class:`JsonlWriter`, :class:`HttpSender`).
+        seq: the writer's sequence counter (shared with the training thread).
+        drops: where records that cannot be encoded are counted (queue ``encode``).
+        project, group, meta: sent on every run record (``meta`` already JSON-safe).
+        perf_interval_s: at most one ``Perf/*`` record per this many seconds.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        writer: str,
+        seq: itertools.count,
+        drops: Drops,
+        outputs: list | None = None,
+        project: str | None = None,
+        group: str | None = None,
+        meta: dict[str, Any] | None = None,
+        perf_interval_s: float = 1.0,
+    ) -> None:
+        self.run_id = run_id
+        self.writer = writer
+        self._seq = seq
+        self._drops = drops
+        self.outputs = outputs if outputs is not None else []
+        self._run_fields = {"project": project, "group": group, "meta": meta or {}}
+        self._perf = PerfWindows(perf_interval_s)
+        self._closed = False
+
+    # -- records built here ---------------------------------------------
+
+    def make(self, kind: str, ts: float | None = None, seq: int | None = None, **fields: Any) -> dict[str, Any]:
+        return record(
+            self.run_id,
+            self.writer,
+            next(self._seq) if seq is None else seq,
+            time.time() if ts is None else ts,
+            kind,
+            **fields,
+        )
+
+    def encode(self, rec: dict[str, Any]) -> Item | None:
+        """``(kind, line)`` of a record, or None (counted, warned once) when it cannot be encoded."""
+        try:
+            return rec["kind"], encode_record(rec)
+        except ProtocolError as exc:
+            self._drops.add("encode", rec["kind"])
+            _logger.warning(
+                "otel-rl: a %s record cannot be encoded (%s at %s); dropped it alone",
+                rec["kind"],
+                exc.message,
+                exc.field,
+                extra=once(f"encode:{exc.field}"),
+            )
+            return None
+
+    def heartbeat(self) -> Item:
+        return "heartbeat", encode_record(self.make("heartbeat"))
+
+    def pending(self, ts: float | None = None) -> None:
+        """The run exists but has not started training (sent from :func:`otel_rl.init`, at ``ts``: default now)."""
+        self._emit(self.make("run", ts=ts, status="pending", **self._run_fields))
+
+    def _emit(self, rec: dict[str, Any]) -> None:
+        item = self.encode(rec)
+        if item is not None:
+            for output in self.outputs:
+                output.submit(*item)
+
+    # -- pipeline records -----------------------------------------------
+
+    def on_run(self, run: RunRecord) -> None:
+        fields: dict[str, Any] = dict(self._run_fields)
+        if run.end_ns is None:
+            for key in _RUN_METADATA:
+                if key in run.attributes:
+                    fields[key] = run.attributes[key]
+            provenance = run.attributes.get("provenance", {})
+            for key in _PROVENANCE:
+                if provenance.get(key) is not None:
+                    fields[key] = provenance[key]
+            ts = run.start_ns / 1e9
+        else:
+            self._emit_perf()
+            ts = run.end_ns / 1e9
+            if run.reason is not None:
+                fields["reason"] = run.reason
+            if run.status == "failed":
+                fields["error_logs"] = list(run.attributes.get("error_logs", []))
+        self._emit(self.make("run", ts=ts, seq=run.seq, status=run.status, **fields))
+
+    def on_scalars(self, rec: ScalarsRecord) -> None:
+        axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
+        step = rec.step if rec.step is not None else rec.env_steps
+        self._emit(self.make("scalars", ts=rec.time_ns / 1e9, seq=rec.seq, step=step, axes=axes, values=rec.values))
+
+    def on_event(self, event: EventRecord) -> None:
+        self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))
+
+    def on_cycles(self, totals: PassTotals) -> None:
+        self._perf.add(totals)
+
+    def on_drain(self, now_ns: int) -> None:
+        if self._perf.due():
+            self._emit_perf()
+
+    def _emit_perf(self) -> None:
+        values = self._perf.take()
+        if values:
+            axes = dict(self._perf.axes)
+            self._emit(self.make("scalars", step=axes["env_steps"], axes=axes, values=values))
+
+    # -- lifecycle ------------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = Deadline(timeout_s)
+        return all([o.flush(deadline.left()) for o in self.outputs])
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Hand the final records to the outputs and wait for them, all within ``timeout_s``."""
+        if self._closed:
+            return
+        self._closed = True
+        deadline = Deadline(timeout_s)
+        self._emit_perf()
+        for output in self.outputs:
+            output.close(deadline)
+        for output in self.outputs:
+            output.join(deadline.left())

@@ -1,0 +1,127 @@
+"""``metrics.jsonl``: every protocol record, one JSON object per line, written off the training thread.
+
+A background worker writes the pending records every ``interval_s`` (2 s by
+default), so a slow, stalled or failing disk only ever holds up that thread.
+Lines are written with ``os.write`` on an append-only descriptor, so the
+writer knows how many bytes reached the file: after a failed write (a full
+disk, say) the file is cut back to the end of the last whole record and the
+records that did not make it stay queued (bounded, oldest scalars dropped
+first) for the next round. A disk that frees up again leaves no duplicate and
+no torn line; if even the cut fails, the next write starts on a new line so
+only one line is torn, and readers skip it. The first error of each kind is
+logged once. The file can later backfill the ingest service record for
+record (``otel-rl backfill``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from otel_rl._logging import logger, once
+from otel_rl.background import Worker
+from otel_rl.drops import Drops
+from otel_rl.outputs.motrix.record_queue import Item, RecordQueue
+
+_logger = logger(__name__)
+
+JSONL_FILE = "metrics.jsonl"
+
+
+class JsonlWriter(Worker):
+    """Appends records to ``path`` from its own thread.
+
+    Args:
+        path: the JSONL file (its folder is created on first write).
+        drops: where dropped records are counted (queue ``jsonl``).
+        capacity: records kept while the disk is behind (default 100,000).
+        interval_s: write period.
+    """
+
+    def __init__(self, path: Path, drops: Drops, capacity: int = 100_000, interval_s: float = 2.0) -> None:
+        super().__init__("otel-rl-jsonl", interval_s)
+        self.path = Path(path)
+        self.queue = RecordQueue(capacity, "jsonl", drops)
+        self._fd: int | None = None
+        self._size = 0  # bytes of whole records in the file
+        self._torn = False  # the file may end in a partial line we could not cut off
+        self.written = 0
+        self.start()
+
+    def submit(self, kind: str, line: str) -> None:
+        self.queue.put(kind, line)  # time-driven: the worker writes every interval
+
+    def has_work(self) -> bool:
+        return len(self.queue) > 0
+
+    def run_once(self) -> None:
+        items = self.queue.take()
+        if items:
+            self._write(items)
+
+    def finish(self) -> None:
+        self._close()
+
+    def _write(self, items: list[Item]) -> None:
+        lines = [line.encode("utf-8") + b"\n" for _, line in items]
+        written, prefix = 0, b""
+        try:
+            if self._fd is None:
+                self._open()
+            prefix = b"\n" if self._torn else b""
+            data = prefix + b"".join(lines)
+            view = memoryview(data)
+            while written < len(data):
+                written += os.write(self._fd, view[written:])  # type: ignore[arg-type]
+        except OSError as exc:
+            _logger.warning("otel-rl: cannot write %s (%s); will retry", self.path, exc, extra=once(f"jsonl:{exc.errno}"))
+            done = self._recover(prefix, lines, written) if self._fd is not None else 0
+            self.queue.put_back(items[done:])
+            self.written += done
+            return
+        self._size += len(data)
+        self._torn = False
+        self.written += len(items)
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        self._torn = False
+        if self._size:
+            # A file left by an earlier process may end mid-line (it was killed while writing).
+            with open(self.path, "rb") as existing:
+                existing.seek(self._size - 1)
+                self._torn = existing.read(1) != b"\n"
+
+    def _recover(self, prefix: bytes, lines: list[bytes], written: int) -> int:
+        """After a write that stopped after ``written`` bytes, cut the file back to its last whole record.
+
+        Returns how many of ``lines`` are in the file.
+        """
+        if written < len(prefix):
+            return 0
+        boundary, done = len(prefix), 0
+        for line in lines:
+            if boundary + len(line) > written:
+                break
+            boundary += len(line)
+            done += 1
+        if written > boundary:
+            try:
+                os.ftruncate(self._fd, self._size + boundary)  # type: ignore[arg-type]
+            except OSError:
+                # The partial line stays: reopen next time, which starts a new line.
+                self._close()
+                return done
+        self._size += boundary
+        self._torn = False
+        return done
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None

@@ -1,0 +1,425 @@
+"""Metric aggregates kept by otel-rl itself, and how they join each metric export.
+
+One ``Histogram.record`` through the SDK costs about 10 us of CPU under the
+GIL; at thousands of phases per second that would steal the training loop's
+time. :class:`AggregatorSink` instead collects each phase's duration on the
+pipeline thread (a list append) and bins them into explicit buckets once per
+pipeline pass, in bulk (``bisect`` mapped over the batch, counted by
+``collections.Counter``, summed by ``sum``: C loops, not Python ones). The aggregates are read by
+the metric export (:class:`MergingMetricExporter`: the SDK has no hook for
+externally produced metrics, so they are added at the exporter boundary) and
+by the run summary. All points are cumulative.
+"""
+
+from __future__ import annotations
+
+import threading
+from bisect import bisect_left
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from functools import partial
+from typing import Any
+
+from opentelemetry.sdk.metrics import Exemplar
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Gauge,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricExporter,
+    MetricExportResult,
+    MetricsData,
+    NumberDataPoint,
+    ResourceMetrics,
+    ScopeMetrics,
+    Sum,
+)
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+from otel_rl import schema
+from otel_rl.core.pipeline import RecordSink
+from otel_rl._logging import logger
+from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+
+MAX_EVENT_NAMES = 200
+"""Distinct event names counted by ``rl.events``; further names are not counted."""
+_logger = logger(__name__)
+
+MAX_GAUGE_KEYS = 2000
+"""Distinct scalar keys exported as gauges; more are dropped with one warning."""
+
+
+FOLD_EVERY = 65_536
+"""Durations held unbinned per series at most (memory bound between pipeline passes)."""
+
+
+class Bins:
+    """Explicit-bucket histogram of one series, in milliseconds.
+
+    Values are appended to ``pending`` and binned by :meth:`fold`; readers fold first.
+    """
+
+    __slots__ = ("attributes", "counts", "total", "count", "minimum", "maximum", "exemplars", "pending")
+
+    def __init__(self, attributes: dict[str, Any], buckets: int) -> None:
+        self.attributes = attributes
+        self.counts = [0] * buckets
+        self.total = 0.0
+        self.count = 0
+        self.minimum = float("inf")
+        self.maximum = float("-inf")
+        self.exemplars: dict[int, Exemplar] = {}
+        self.pending: list[float] = []
+
+    def fold(self, bounds: tuple[float, ...]) -> None:
+        """Bin the pending values."""
+        values = self.pending
+        if not values:
+            return
+        self.pending = []
+        counts = self.counts
+        for bucket, n in Counter(map(partial(bisect_left, bounds), values)).items():
+            counts[bucket] += n
+        self.total += sum(values)
+        self.count += len(values)
+        self.minimum = min(self.minimum, min(values))
+        self.maximum = max(self.maximum, max(values))
+
+    def quantile(self, q: float, bounds: tuple[float, ...]) -> float:
+        """Estimate of quantile ``q`` by linear interpolation inside its bucket."""
+        if not self.count:
+            return 0.0
+        rank = q * self.count
+        seen = 0
+        for index, n in enumerate(self.counts):
+            if n and seen + n >= rank:
+                low = bounds[index - 1] if index > 0 else 0.0
+                high = bounds[index] if index < len(bounds) else self.maximum
+                low, high = max(low, self.minimum), min(high, self.maximum)
+                return low + (high - low) * ((rank - seen) / n)
+            seen += n
+        return self.maximum
+
+
+class Aggregates:
+    """Cumulative histograms, gauges and counters; written by the pipeline thread, read by exporters.
+
+    Args:
+        start_time_ns: start of every cumulative series (telemetry start).
+        base_attributes: attributes added to every data point (rank, world size).
+        trace_id: trace of the exemplars' spans.
+        bounds_ms: explicit histogram bucket bounds in milliseconds.
+    """
+
+    def __init__(
+        self,
+        start_time_ns: int,
+        base_attributes: Mapping[str, Any],
+        trace_id: int,
+        bounds_ms: tuple[float, ...] = schema.PHASE_BUCKETS_MS,
+    ) -> None:
+        self._start_ns = start_time_ns
+        self._base = dict(base_attributes)
+        self._trace_id = trace_id
+        self.bounds = bounds_ms
+        self._lock = threading.Lock()
+        self._phases: dict[tuple[str, str, str], tuple[schema.PhaseSpec, Bins]] = {}
+        # clock -> id(spec) -> bins: the per-phase lookup, by identity (specs are cached per phase)
+        self._by_spec: dict[str, dict[int, Bins]] = {"host": {}}
+        self._spec_refs: list[schema.PhaseSpec] = []  # keeps ids in _by_spec valid
+        self._iterations: dict[str, Bins] = {}
+        self._accounted_ms: dict[str, float] = {}
+        self._gauges: dict[str, float | int] = {}
+        self._gauge_times: dict[str, int] = {}
+        self._env_steps: dict[str, int] = {}
+        self._dropped: dict[str, int] = {}
+        self._run_info: dict[str, str] | None = None
+        self._events: dict[str, int] = {}
+        self._distributions: dict[str, Bins] = {}
+
+    def _phase_bins(self, spec: schema.PhaseSpec, clock: str = "host") -> Bins:
+        by_id = self._by_spec.setdefault(clock, {})
+        entry = by_id.get(id(spec))
+        if entry is not None:
+            return entry
+        key = (spec.timeline, spec.name, clock)
+        entry = self._phases.get(key)
+        if entry is None:
+            attributes = {
+                **self._base,
+                schema.ATTR_TIMELINE: spec.timeline,
+                schema.ATTR_PHASE: spec.name,
+                schema.ATTR_CLOCK: clock,
+            }
+            entry = self._phases[key] = (spec, Bins(attributes, len(self.bounds) + 1))
+        # The name key merges specs that describe the same series (a CUDA phase's host fallback, say).
+        by_id[id(spec)] = entry[1]
+        self._spec_refs.append(spec)
+        return entry[1]
+
+    def _add(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
+        bins.pending.append(value_ms)
+        if span_id:
+            bucket = bisect_left(self.bounds, value_ms)
+            bins.exemplars[bucket] = Exemplar({}, value_ms, time_ns, span_id, self._trace_id)
+        if len(bins.pending) >= FOLD_EVERY:
+            bins.fold(self.bounds)
+
+    def fold(self) -> None:
+        """Bin every pending value (once per pipeline pass; readers call it too)."""
+        with self._lock:
+            self._fold()
+
+    def _fold(self) -> None:
+        bounds = self.bounds
+        for _, bins in self._phases.values():
+            bins.fold(bounds)
+        for bins in self._iterations.values():
+            bins.fold(bounds)
+
+    def record_phases(self, phases: Iterable[PhaseRecord]) -> None:
+        """Bin top-level phases and their nested phases; a span id becomes the bucket's exemplar."""
+        with self._lock:
+            self._record_phases(phases)
+
+    def _record_phases(self, phases: Iterable[PhaseRecord]) -> None:
+        host = self._by_spec["host"]
+        for top in phases:
+            for phase in top.walk() if top.children else (top,):
+                bins = host.get(id(phase.spec)) or self._phase_bins(phase.spec)
+                value_ms = (phase.end_ns - phase.start_ns) / 1e6
+                if phase.span_id or len(bins.pending) >= FOLD_EVERY:
+                    self._add(bins, value_ms, phase.end_ns, phase.span_id)
+                else:
+                    bins.pending.append(value_ms)
+
+    def record_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        """A GPU interval: the same histogram, with ``rl.clock=gpu``."""
+        with self._lock:
+            self._add(
+                self._phase_bins(interval.spec, "gpu"), interval.duration_ns / 1e6, interval.end_ns, interval.span_id
+            )
+
+    def record_iteration(self, iteration: IterationRecord) -> None:
+        timeline = iteration.timeline
+        with self._lock:
+            bins = self._iterations.get(timeline)
+            if bins is None:
+                bins = self._iterations[timeline] = Bins(
+                    {**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1
+                )
+            self._add(bins, iteration.wall_ns / 1e6, iteration.end_ns, 0)
+            self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
+            if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
+                self._env_steps[timeline] = iteration.env_steps
+            self._record_phases(iteration.phases)
+
+    def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int) -> None:
+        """Latest value per scalar key; None (non-finite) keeps the last value."""
+        with self._lock:
+            gauges = self._gauges
+            if values.keys() <= gauges.keys() and None not in values.values():
+                # The steady state: known keys, finite values; two C-level updates.
+                gauges.update(values)
+                self._gauge_times.update(dict.fromkeys(values, time_ns))
+                return
+            for key, value in values.items():
+                if value is None:
+                    continue
+                if key not in gauges and len(gauges) >= MAX_GAUGE_KEYS:
+                    _logger.warning("otel-rl: more than %d scalar keys; extra keys are not exported as gauges", MAX_GAUGE_KEYS)
+                    continue
+                gauges[key] = value
+                self._gauge_times[key] = time_ns
+
+    def record_distribution(self, key: str, values: Any) -> None:
+        """Bin the finite values of one ``distribution()`` call (a numpy array) on :data:`schema.DISTRIBUTION_BOUNDS`."""
+        import numpy as np
+
+        if not values.size:
+            return
+        bounds = schema.DISTRIBUTION_BOUNDS
+        # searchsorted(side="left") puts a value equal to a bound in that bound's bucket, as bisect_left does.
+        counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+        with self._lock:
+            bins = self._distributions.get(key)
+            if bins is None:
+                if len(self._distributions) >= MAX_GAUGE_KEYS:
+                    return
+                bins = self._distributions[key] = Bins({**self._base, schema.ATTR_KEY: key}, len(bounds) + 1)
+            bins.counts = [a + int(b) for a, b in zip(bins.counts, counts)]
+            bins.total += float(values.sum())
+            bins.count += int(values.size)
+            bins.minimum = min(bins.minimum, float(values.min()))
+            bins.maximum = max(bins.maximum, float(values.max()))
+
+    def count_event(self, name: str) -> None:
+        with self._lock:
+            if name in self._events or len(self._events) < MAX_EVENT_NAMES:
+                self._events[name] = self._events.get(name, 0) + 1
+
+    def set_run_info(self, labels: Mapping[str, str]) -> None:
+        """Labels of the ``rl.run.info`` gauge (value 1), exported from now on."""
+        with self._lock:
+            self._run_info = dict(labels)
+
+    def set_dropped(self, counts: Mapping[str, int]) -> None:
+        with self._lock:
+            self._dropped.update(counts)
+
+    # -- readers --------------------------------------------------------
+
+    def totals(self) -> tuple[dict[tuple[str, str], float], dict[str, tuple[int, float]]]:
+        """Cumulative host milliseconds per (timeline, phase), and (cycles, wall ms) per timeline."""
+        with self._lock:
+            self._fold()
+            phases = {(k[0], k[1]): b.total for k, (_, b) in self._phases.items() if k[2] == "host"}
+            cycles = {t: (b.count, b.total) for t, b in self._iterations.items()}
+        return phases, cycles
+
+    def env_steps(self) -> int | None:
+        """The latest env-steps count of the learner's iterations (of any timeline's without a learner)."""
+        with self._lock:
+            steps = self._env_steps.get(schema.LEARNER)
+            if steps is None and self._env_steps:
+                steps = max(self._env_steps.values())
+        return steps
+
+    def phase_summary(self) -> dict[str, dict[str, Any]]:
+        """Per timeline: iteration stats, accounted and Other shares, per-phase count/mean/p50/p95 (ms).
+
+        Percentiles are estimated from the histogram buckets.
+        """
+        out: dict[str, dict[str, Any]] = {}
+        with self._lock:
+            self._fold()
+            for (_, _, clock), (spec, bins) in self._phases.items():
+                entry = out.setdefault(spec.timeline, {"phases": {}})
+                entry["phases"][spec.name if clock == "host" else f"{spec.name}@{clock}"] = self._stats(bins)
+            for timeline, bins in self._iterations.items():
+                entry = out.setdefault(timeline, {"phases": {}})
+                entry["iterations"] = self._stats(bins)
+                accounted = self._accounted_ms.get(timeline, 0.0)
+                entry["accounted_share"] = accounted / bins.total if bins.total else 0.0
+                entry["other_share"] = max(bins.total - accounted, 0.0) / bins.total if bins.total else 0.0
+        return out
+
+    def _stats(self, bins: Bins) -> dict[str, Any]:
+        return {
+            "count": bins.count,
+            "mean_ms": bins.total / bins.count if bins.count else 0.0,
+            "p50_ms": bins.quantile(0.5, self.bounds),
+            "p95_ms": bins.quantile(0.95, self.bounds),
+            "max_ms": bins.maximum if bins.count else 0.0,
+        }
+
+    def collect(self, now_ns: int) -> list[Metric]:
+        """Data points of every aggregate; exemplars are handed out once."""
+        metrics: list[Metric] = []
+        with self._lock:
+            self._fold()
+            for name, series, bounds, unit, description in (
+                (schema.METRIC_PHASE_DURATION, [b for _, b in self._phases.values()], self.bounds, "ms", "Wall time of one phase"),
+                (schema.METRIC_ITERATION_DURATION, list(self._iterations.values()), self.bounds, "ms", "Wall time of one iteration"),
+                (schema.METRIC_DISTRIBUTION, list(self._distributions.values()), schema.DISTRIBUTION_BOUNDS, "", "Values passed to distribution(), by key"),
+            ):
+                if series:
+                    points = [self._histogram_point(bins, now_ns, bounds) for bins in series]
+                    metrics.append(Metric(name, description, unit, Histogram(points, AggregationTemporality.CUMULATIVE)))
+            for key, value in self._gauges.items():
+                time_ns = self._gauge_times[key]
+                spec = schema.metric_spec(key)
+                point = NumberDataPoint({**self._base, "rl.key": key}, self._start_ns, time_ns, value)
+                metrics.append(Metric(schema.otel_gauge_name(key), spec.description, spec.unit, Gauge([point])))
+            if self._run_info is not None:
+                point = NumberDataPoint({**self._base, **self._run_info}, self._start_ns, now_ns, 1)
+                metrics.append(Metric(schema.METRIC_RUN_INFO, "The run's commit and configuration as labels", "", Gauge([point])))
+            for name, values, attribute, unit, description in (
+                (schema.METRIC_ENV_STEPS, self._env_steps, schema.ATTR_TIMELINE, "{step}", "Environment steps taken"),
+                (schema.METRIC_DROPPED, self._dropped, schema.ATTR_QUEUE, "{record}", "Telemetry records dropped or sampled out"),
+                (schema.METRIC_EVENTS, self._events, schema.ATTR_EVENT, "{event}", "Events recorded, by name"),
+            ):
+                if values:
+                    points = [
+                        NumberDataPoint({**self._base, attribute: k}, self._start_ns, now_ns, v) for k, v in values.items()
+                    ]
+                    metrics.append(Metric(name, description, unit, Sum(points, AggregationTemporality.CUMULATIVE, True)))
+        return metrics
+
+    def _histogram_point(self, bins: Bins, now_ns: int, bounds: tuple[float, ...]) -> HistogramDataPoint:
+        exemplars, bins.exemplars = list(bins.exemplars.values()), {}
+        return HistogramDataPoint(
+            attributes=bins.attributes,
+            start_time_unix_nano=self._start_ns,
+            time_unix_nano=now_ns,
+            count=bins.count,
+            sum=bins.total,
+            bucket_counts=list(bins.counts),
+            explicit_bounds=list(bounds),
+            min=bins.minimum,
+            max=bins.maximum,
+            exemplars=exemplars,
+        )
+
+
+class AggregatorSink(RecordSink):
+    """Feeds :class:`Aggregates` from the pipeline. Runs after span sinks, so exemplars find span ids."""
+
+    def __init__(self, aggregates: Aggregates, dropped: Callable[[], Mapping[str, int]]) -> None:
+        self.aggregates = aggregates
+        self._dropped = dropped
+
+    def on_iteration(self, iteration: IterationRecord) -> None:
+        self.aggregates.record_iteration(iteration)
+
+    def on_phase(self, phase: PhaseRecord) -> None:
+        self.aggregates.record_phases((phase,))
+
+    def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        self.aggregates.record_device_interval(interval)
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        self.aggregates.set_gauges(record.values, record.time_ns)
+
+    def on_distribution(self, record: DistributionRecord) -> None:
+        self.aggregates.record_distribution(record.key, record.values)
+
+    def on_event(self, event: EventRecord) -> None:
+        self.aggregates.count_event(event.name)
+
+    def on_drain(self, now_ns: int) -> None:
+        self.aggregates.fold()
+        self.aggregates.set_dropped(self._dropped())
+
+
+class MergingMetricExporter(MetricExporter):
+    """Wraps a metric exporter and adds :class:`Aggregates` to every export."""
+
+    def __init__(self, inner: MetricExporter, aggregates: Aggregates, scope: InstrumentationScope, clock) -> None:
+        super().__init__(
+            preferred_temporality=inner._preferred_temporality,  # the reader reads these from its exporter
+            preferred_aggregation=inner._preferred_aggregation,
+        )
+        self._inner = inner
+        self._aggregates = aggregates
+        self._scope = scope
+        self._clock = clock
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        ours = self._aggregates.collect(self._clock.now_ns())
+        if ours and metrics_data.resource_metrics:
+            first = metrics_data.resource_metrics[0]
+            merged = ResourceMetrics(
+                first.resource,
+                [*first.scope_metrics, ScopeMetrics(self._scope, ours, "")],
+                first.schema_url,
+            )
+            metrics_data = MetricsData([merged, *metrics_data.resource_metrics[1:]])
+        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self._inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)

@@ -1,0 +1,313 @@
+"""The OpenTelemetry sink: spans, metrics and log records behind the SDK's processors.
+
+Built from the environment (:mod:`otel_rl.outputs.otel.otlp`). Each signal with at least
+one exporter gets the SDK's batching machinery: ``BatchSpanProcessor``,
+``PeriodicExportingMetricReader`` and ``BatchLogRecordProcessor``, each with
+its own thread and bounded queue. A signal without exporters costs nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import Event
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Status, StatusCode
+
+from otel_rl._logging import logger, once
+from otel_rl import environment_variables as env
+from otel_rl import run_metadata, schema
+from otel_rl.outputs.otel import otlp
+from otel_rl.outputs.otel.aggregation import Aggregates, MergingMetricExporter
+from otel_rl.background import Deadline
+from otel_rl.core.pipeline import Clock, RecordSink
+from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
+from otel_rl.outputs.otel.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
+
+_logger = logger(__name__)
+
+DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
+"""Metric export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is unset (the SDK's 60 s is too coarse for training)."""
+
+MAX_RUN_SPAN_EVENTS = 128
+MAX_CORRELATIONS = 4096
+"""CPU span ids kept for linking the GPU spans of CUDA-timed phases."""
+
+
+def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
+    """Run ``fn`` on a daemon thread and wait at most ``timeout_s``.
+
+    The SDK bounds its own shutdowns loosely (30 s) and ``force_flush`` of the
+    batch span processor ignores its timeout; this keeps otel-rl's deadline.
+    """
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            fn()
+        except Exception as exc:
+            _logger.warning("otel-rl: %s failed (%s)", name, exc, extra=once(f"bounded:{name}"))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"otel-rl-{name}", daemon=True).start()
+    finished = done.wait(max(timeout_s, 0.0))
+    if not finished:
+        _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, timeout_s)
+    return finished
+
+
+class OpenTelemetrySink(RecordSink):
+    """Feeds assembled records to OpenTelemetry span, metric and log pipelines.
+
+    Args:
+        resource: the OpenTelemetry resource of this process.
+        clock: the pipeline's clock (for metric timestamps).
+        trace_id: trace of this process's run.
+        span_budget_per_s: phase spans per second (see :class:`SpanBudget`).
+        aggregates: histograms and gauges merged into every metric export.
+        pending: callable giving queue depths for the ``rl.telemetry.pending`` gauge.
+        span_exporters / metric_exporters / log_exporters: override the
+            exporters built from the environment (tests, custom backends).
+    """
+
+    def __init__(
+        self,
+        resource: Resource,
+        clock: Clock,
+        trace_id: int,
+        span_budget_per_s: float,
+        aggregates: Aggregates,
+        pending: Callable[[], Mapping[str, int]],
+        span_exporters: list | None = None,
+        metric_exporters: list | None = None,
+        log_exporters: list | None = None,
+        metric_export_interval_ms: float | None = None,
+        parent_span_id: int | None = None,
+    ) -> None:
+        from otel_rl import __version__
+
+        self._scope = InstrumentationScope("otel_rl", __version__)
+        self._resource = resource
+        self._clock = clock
+        self.trace_id = trace_id
+        self.budget = SpanBudget(span_budget_per_s)
+        self._builder = SpanBuilder(resource, self._scope, trace_id)
+        self.cuda_fallback = self._builder.cuda_fallback
+        self.aggregates = aggregates
+        # A worker joined from a traceparent hangs its spans under that (remote) run span.
+        self._remote_parent = span_context(trace_id, parent_span_id, remote=True) if parent_span_id else None
+        self._run_context: trace_api.SpanContext | None = None
+        self._run_parent: trace_api.SpanContext | None = None
+        self._run_events: list[Event] = []
+        self._run_attributes: dict[str, Any] = {}
+        self._pending = pending
+        self._cpu_spans: OrderedDict[int, int] = OrderedDict()
+
+        span_exporters = otlp.build_exporters("traces") if span_exporters is None else span_exporters
+        metric_exporters = otlp.build_exporters("metrics") if metric_exporters is None else metric_exporters
+        log_exporters = otlp.build_exporters("logs") if log_exporters is None else log_exporters
+
+        self.tracer_provider = self._tracer_provider(span_exporters)
+        self._span_processors = list(self._processors)
+        self.meter_provider = self._meter_provider(metric_exporters, metric_export_interval_ms)
+        self.logger_provider, self._event_logger = self._logger_provider(log_exporters)
+
+    @property
+    def exporting(self) -> bool:
+        return bool(self._span_processors or self.meter_provider or self.logger_provider)
+
+    # -- construction ---------------------------------------------------
+
+    def _tracer_provider(self, exporters: list):
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        self._processors = [BatchSpanProcessor(e) for e in exporters]
+        if not exporters:
+            return None
+        provider = TracerProvider(resource=self._resource)
+        for processor in self._processors:
+            provider.add_span_processor(processor)
+        return provider
+
+    def _meter_provider(self, exporters: list, interval_ms: float | None):
+        if not exporters:
+            return None
+        from opentelemetry.metrics import Observation
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        if interval_ms is None:
+            interval_ms = env.read(
+                env.OTEL_METRIC_EXPORT_INTERVAL,
+                env.parse_positive_float,
+                DEFAULT_METRIC_EXPORT_INTERVAL_MS,
+                "a positive number of milliseconds",
+            )
+        readers = [
+            PeriodicExportingMetricReader(
+                MergingMetricExporter(e, self.aggregates, self._scope, self._clock),
+                export_interval_millis=interval_ms,
+            )
+            for e in exporters
+        ]
+        provider = MeterProvider(resource=self._resource, metric_readers=readers)
+        meter = provider.get_meter("otel_rl")
+
+        def pending_callback(_options):
+            return [Observation(v, {schema.ATTR_QUEUE: q}) for q, v in self._pending().items()]
+
+        # Also guarantees every collection has at least one SDK metric, so the
+        # reader always exports and our aggregates always ride along.
+        meter.create_observable_gauge(
+            "rl.telemetry.pending", [pending_callback], unit="{record}", description="Records waiting in otel-rl queues"
+        )
+        return provider
+
+    def _logger_provider(self, exporters: list):
+        if not exporters:
+            return None, None
+        from opentelemetry.sdk._logs import LoggerProvider
+        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+
+        provider = LoggerProvider(resource=self._resource)
+        for exporter in exporters:
+            provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+        return provider, provider.get_logger("otel_rl")
+
+    # -- records --------------------------------------------------------
+
+    def on_run(self, run: RunRecord) -> None:
+        if run.end_ns is None:
+            self._run_context = span_context(self.trace_id, run.attributes["span_id"])
+            parent_span_id = run.attributes.get("parent_span_id")
+            self._run_parent = span_context(self.trace_id, parent_span_id, remote=True) if parent_span_id else None
+            config, provenance = run.attributes.get("config"), run.attributes.get("provenance", {})
+            self._run_attributes = run_metadata.span_attributes(config, provenance)
+            self.aggregates.set_run_info(run_metadata.info_labels(config, provenance))
+            return
+        if self._run_context is None or not self._span_processors:
+            return
+        status = Status(StatusCode.ERROR, run.reason) if run.status in ("failed", "killed") else Status(StatusCode.OK)
+        attributes: dict[str, Any] = {**self._run_attributes, schema.ATTR_STATUS: run.status}
+        if run.reason:
+            attributes["rl.run.reason"] = run.reason
+        span = self._builder.span(
+            schema.SPAN_RUN,
+            self._run_context,
+            self._run_parent,
+            run.start_ns,
+            run.end_ns,
+            attributes,
+            events=self._run_events,
+            status=status,
+        )
+        self._end_spans([span])
+        self._run_context = None
+
+    def on_iteration(self, iteration: IterationRecord) -> None:
+        if self._span_processors and self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
+            self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))
+            self._remember_correlations(iteration.phases)
+
+    def on_phase(self, phase: PhaseRecord) -> None:
+        if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):
+            self._end_spans(self._builder.phase_spans(phase, self._run_context or self._remote_parent))
+            self._remember_correlations([phase])
+
+    def _remember_correlations(self, phases: list[PhaseRecord]) -> None:
+        for top in phases:
+            for phase in top.walk():
+                if phase.correlation:
+                    self._cpu_spans[phase.correlation] = phase.span_id
+                    if len(self._cpu_spans) > MAX_CORRELATIONS:
+                        self._cpu_spans.popitem(last=False)
+
+    def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
+        """A GPU interval becomes its own span, linked to the CPU span of its phase when that was sent."""
+        if not self._span_processors or not self.budget.take(1, time.monotonic()):
+            return
+        links = ()
+        cpu_span = self._cpu_spans.pop(interval.correlation, None)
+        if cpu_span:
+            links = (trace_api.Link(span_context(self.trace_id, cpu_span), {"rl.link": "host phase"}),)
+        context = span_context(self.trace_id, new_span_id())
+        interval.span_id = context.span_id
+        attributes = {
+            schema.ATTR_TIMELINE: interval.spec.timeline,
+            schema.ATTR_PHASE: interval.spec.name,
+            schema.ATTR_CLOCK: "gpu",
+            "rl.gpu.device": interval.device,
+            "rl.gpu.stream": interval.stream,
+        }
+        span = self._builder.span(
+            interval.spec.title, context, self._run_context or self._remote_parent, interval.start_ns, interval.end_ns, attributes, links=links
+        )
+        self._end_spans([span])
+
+    def on_event(self, event: EventRecord) -> None:
+        attributes = {k: _attribute_value(v) for k, v in event.attributes.items()}
+        if len(self._run_events) < MAX_RUN_SPAN_EVENTS:
+            self._run_events.append(Event(event.name, attributes, event.time_ns))
+        if self._event_logger is not None:
+            context = None
+            parent = self._run_context or self._remote_parent
+            if parent is not None:
+                context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent))
+            self._event_logger.emit(
+                timestamp=event.time_ns,
+                context=context,
+                event_name=event.name,
+                body=event.name,
+                attributes=attributes,
+            )
+
+    def _end_spans(self, spans: list) -> None:
+        for processor in self._span_processors:
+            for span in spans:
+                processor.on_end(span)
+
+    # -- lifecycle ------------------------------------------------------
+
+    def flush(self, timeout_s: float) -> bool:
+        """Flush every provider, all within one deadline of ``timeout_s``."""
+        deadline = Deadline(timeout_s)
+        ok = True
+        for name, provider in self._providers():
+            left = deadline.left()
+            ok = run_bounded(lambda p=provider, ms=int(left * 1000): p.force_flush(ms), left, f"{name}-flush") and ok
+        return ok
+
+    def shutdown(self, timeout_s: float) -> None:
+        """Shut every provider down, all within one deadline of ``timeout_s``."""
+        deadline = Deadline(timeout_s)
+        for name, provider in self._providers():
+            left = deadline.left()
+            if name == "metrics":
+                fn = lambda p=provider, ms=left * 1000: p.shutdown(timeout_millis=ms)  # noqa: E731
+            else:
+                fn = provider.shutdown
+            run_bounded(fn, left, f"{name}-shutdown")
+
+    def _providers(self):
+        if self.tracer_provider is not None:
+            yield "traces", self.tracer_provider
+        if self.meter_provider is not None:
+            yield "metrics", self.meter_provider
+        if self.logger_provider is not None:
+            yield "logs", self.logger_provider
+
+
+def _attribute_value(value: Any) -> Any:
+    if isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+        return list(value)
+    return str(value)

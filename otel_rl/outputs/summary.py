@@ -1,0 +1,93 @@
+"""The run folder's JSON files: ``run_config.json`` when the run starts, ``run_summary.json`` at shutdown.
+
+``run_config.json`` holds the run id, its trace id and how many times it was
+resumed, its metadata (family, total steps,
+environments), the resolved configuration (secrets redacted) and its
+provenance (git commit and dirty flag, command line, host, package
+versions). ``run_summary.json`` holds the final status and per-phase timing,
+schema-stamped. Both are written off the training thread, atomically (a
+temporary file renamed into place): a reader sees a whole file or none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from otel_rl import schema
+from otel_rl._logging import logger
+from otel_rl.outputs.otel.aggregation import Aggregates
+from otel_rl.config import TelemetryConfig
+from otel_rl.core.pipeline import RecordSink
+from otel_rl.core.records import RunRecord, ScalarsRecord
+
+_logger = logger(__name__)
+
+SUMMARY_FILE = "run_summary.json"
+CONFIG_FILE = "run_config.json"
+
+
+class SummarySink(RecordSink):
+    """Writes ``run_config.json`` when the run starts and ``run_summary.json`` at shutdown."""
+
+    def __init__(self, config: TelemetryConfig, aggregates: Aggregates, trace_id: int, resumes: int = 0) -> None:
+        self._config = config
+        self._trace_id = trace_id
+        self._resumes = resumes
+        self._aggregates = aggregates
+        self._status: str | None = None
+        self._reason: str | None = None
+        self._start_ns: int | None = None
+        self._end_ns: int | None = None
+        self._last_scalars: dict[str, Any] = {}
+
+    def on_run(self, run: RunRecord) -> None:
+        if run.end_ns is None:
+            self._start_ns, self._status = run.start_ns, run.status
+            document = {
+                "run_id": self._config.run_id,
+                "algorithm": self._config.algorithm,
+                "trace_id": f"{self._trace_id:032x}",
+                "resumes": self._resumes,
+            }
+            for key in ("family", "total_steps", "num_envs", "config"):
+                document[key] = run.attributes.get(key)
+            document.update(run.attributes.get("provenance", {}))
+            self._write(CONFIG_FILE, document)
+        else:
+            self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        self._last_scalars.update(record.values)
+
+    def summary(self) -> dict[str, Any]:
+        timelines = self._aggregates.phase_summary()
+        return {
+            "metric_schema_version": schema.SCHEMA_VERSION,
+            "run_id": self._config.run_id,
+            "algorithm": self._config.algorithm,
+            "status": self._status,
+            "reason": self._reason,
+            "start_time_unix_nano": self._start_ns,
+            "end_time_unix_nano": self._end_ns,
+            "env_steps": self._aggregates.env_steps(),
+            "timelines": timelines,
+            "last_scalars": self._last_scalars,
+        }
+
+    def shutdown(self, timeout_s: float) -> None:
+        self._write(SUMMARY_FILE, self.summary())
+
+    def _write(self, name: str, document: dict[str, Any]) -> None:
+        run_dir = self._config.run_dir
+        if run_dir is None:
+            return
+        path = run_dir / name
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(document, indent=2, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError as exc:
+            _logger.warning("otel-rl: could not write %s: %s", path, exc)

@@ -1,0 +1,174 @@
+"""TensorBoard event files in the run folder, from the same records as every other output.
+
+``tensorboard=True`` (or ``OTEL_RL_TENSORBOARD=1``) writes ``run_dir/tensorboard/``
+with the ``tensorboard`` package's own event-file writer: every scalar at its
+step (the call's ``step``, else the env-step count, as in ``metrics.jsonl``),
+``Perf/*`` phase timings per window, events as text (``events/<name>``), and
+the run's configuration through the HParams plugin (flattened, secrets
+already redacted; the session ends with the run's status), so TensorBoard's
+HParams table compares runs.
+
+Distributions are TensorBoard histograms. The pipeline thread only queues
+what it received (:mod:`otel_rl.outputs.tracker`: bounded, drops counted
+as ``tensorboard``); protobufs are built and written by this output's own
+thread. A failing writer is warned about once; training never waits for it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from otel_rl import run_metadata
+from otel_rl.drops import Drops
+from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
+
+TENSORBOARD_DIR = "tensorboard"
+MAX_METRICS = 20
+"""Scalar tags listed as metrics in the HParams table (training keys first)."""
+_STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_FAILURE"}  # TensorBoard has no aborted status
+
+
+def tensorboard_sink(log_dir: Path, drops: Drops, perf_interval_s: float = 1.0) -> TrackerSink:
+    """The TensorBoard output: a :class:`TrackerSink` feeding a :class:`TensorBoardWriter`.
+
+    Raises:
+        ImportError: the ``tensorboard`` package is not installed (``pip install 'otel-rl[tensorboard]'``).
+    """
+    try:
+        import tensorboard  # noqa: F401 - checked here, on init(), rather than failing later on a thread
+    except ImportError as exc:
+        raise ImportError("tensorboard=True needs the tensorboard package: pip install 'otel-rl[tensorboard]'") from exc
+    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s)
+
+
+class TensorBoardWriter(TrackerWriter):
+    """Builds TensorBoard events and writes them with ``tensorboard``'s ``EventFileWriter`` on its own thread."""
+
+    def __init__(self, log_dir: Path, drops: Drops) -> None:
+        super().__init__("tensorboard", drops)
+        self.log_dir = log_dir
+        self._writer: Any = None
+        self._tags_seen: set[str] = set()
+        self._config: dict[str, Any] | None = None
+
+    def write(self, items: list[tuple]) -> None:
+        events = []
+        for item in items:
+            try:
+                events += self._events(item)
+            except Exception:  # one bad item costs itself
+                self.skipped(item)
+        writer = self._open()
+        for event in events:
+            writer.add_event(event)
+        writer.flush()
+
+    def finish(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # a failing disk: nothing left to save
+                pass
+
+    def _open(self):
+        if self._writer is None:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self._writer = EventFileWriter(str(self.log_dir), flush_secs=5)
+        return self._writer
+
+    # -- events --------------------------------------------------------------
+
+    def _events(self, item: tuple) -> list:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import HistogramProto, Summary
+
+        kind, time_ns = item[0], item[1]
+        wall = time_ns / 1e9
+        if kind == "scalars":
+            _, _, step, values = item
+            self._tags_seen.update(values)
+            summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items() if v is not None])
+            return [Event(wall_time=wall, step=step or 0, summary=summary)]
+        if kind == "distribution":
+            _, _, step, key, h = item
+            histo = HistogramProto(
+                min=h.minimum, max=h.maximum, num=h.count, sum=h.total, sum_squares=h.sum_squares,
+                bucket_limit=h.edges[1:], bucket=h.counts,
+            )  # fmt: skip
+            return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[Summary.Value(tag=key, histo=histo)]))]
+        if kind == "event":
+            _, _, step, name, attributes = item
+            text = f"**{name}** `{json.dumps(attributes, sort_keys=True)}`" if attributes else f"**{name}**"
+            return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[_text_value(f"events/{name}", text)]))]
+        if kind == "start":
+            self._config = item[2].get("config") or {}
+            return [Event(wall_time=wall, summary=_hparams_start(self._config, wall))]
+        return [  # "end": the session's status, and the experiment with the metrics seen
+            Event(wall_time=wall, summary=_hparams_experiment(self._config or {}, sorted(self._tags_seen))),
+            Event(wall_time=wall, summary=_hparams_end(item[2], wall)),
+        ]
+
+
+def _text_value(tag: str, text: str):
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.plugins.text import metadata
+
+    tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")], tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
+    return Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(display_name=tag, description=""), tensor=tensor)
+
+
+def _hparams(config: dict[str, Any]) -> dict[str, Any]:
+    """The configuration flattened into values the HParams plugin takes (numbers, strings, booleans)."""
+    out: dict[str, Any] = {}
+    for key, value in run_metadata.flatten(config).items():
+        out[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
+
+
+def _hparams_summary(tag: str, plugin_data):
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import metadata
+
+    return Summary(value=[Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(plugin_data), tensor=metadata.NULL_TENSOR)])
+
+
+def _hparams_start(config: dict[str, Any], wall: float):
+    from google.protobuf import struct_pb2
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
+
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=wall)
+    for key, value in _hparams(config).items():
+        if isinstance(value, bool):
+            start.hparams[key].CopyFrom(struct_pb2.Value(bool_value=value))
+        elif isinstance(value, (int, float)):
+            start.hparams[key].CopyFrom(struct_pb2.Value(number_value=value))
+        else:
+            start.hparams[key].CopyFrom(struct_pb2.Value(string_value=value))
+    data = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, session_start_info=start)
+    return _hparams_summary(metadata.SESSION_START_INFO_TAG, data)
+
+
+def _hparams_experiment(config: dict[str, Any], tags: list[str]):
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    kinds = {bool: api_pb2.DATA_TYPE_BOOL, str: api_pb2.DATA_TYPE_STRING}
+    infos = [api_pb2.HParamInfo(name=k, type=kinds.get(type(v), api_pb2.DATA_TYPE_FLOAT64)) for k, v in _hparams(config).items()]
+    wanted = [t for t in tags if t.startswith(("Train/", "Loss/", "Episode/", "Perf/total_fps"))] or tags
+    metrics = [api_pb2.MetricInfo(name=api_pb2.MetricName(tag=t)) for t in wanted[:MAX_METRICS]]
+    experiment = api_pb2.Experiment(hparam_infos=infos, metric_infos=metrics)
+    data = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, experiment=experiment)
+    return _hparams_summary(metadata.EXPERIMENT_TAG, data)
+
+
+def _hparams_end(status: str, wall: float):
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    end = plugin_data_pb2.SessionEndInfo(status=getattr(api_pb2, _STATUS.get(status, "STATUS_UNKNOWN")), end_time_secs=wall)
+    data = plugin_data_pb2.HParamsPluginData(version=metadata.PLUGIN_DATA_VERSION, session_end_info=end)
+    return _hparams_summary(metadata.SESSION_END_INFO_TAG, data)

@@ -1,0 +1,150 @@
+"""What the experiment-tracker outputs (TensorBoard, W&B) share: one sink shape, one queue, one thread each.
+
+:class:`TrackerSink` turns the pipeline's records into small tuples for a
+:class:`TrackerWriter`, whose own thread hands them to the tracker's library;
+the pipeline thread only appends. The items, in the order they were recorded:
+
+- ``("start", time_ns, attributes)``: the run began (``attributes`` of the
+  ``running`` record: ``config``, ``provenance``, ``resumed``...).
+- ``("scalars", time_ns, step, values)``: one ``scalars()`` call (values are
+  numbers or None for non-finite), and ``Perf/*`` phase timings per window.
+- ``("distribution", time_ns, step, key, histogram)``: one ``distribution()``
+  call: its :class:`otel_rl.distributions.Histogram`.
+- ``("event", time_ns, step, name, attributes)``: a named event.
+- ``("end", time_ns, status, reason)``: the run ended.
+
+``step`` is the call's ``step``, else the env-step count (as in
+``metrics.jsonl``). The queue is bounded: past :data:`CAPACITY` the oldest
+scalars and distributions make room (counted under the output's name);
+lifecycle and events are kept. A tracker that fails is warned about once
+and stops; what it would have written is counted as dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+
+from otel_rl._logging import logger
+from otel_rl.background import Deadline, Worker
+from otel_rl.drops import Drops
+from otel_rl.core.perf_windows import PerfWindows
+from otel_rl.core.pipeline import PassTotals, RecordSink
+from otel_rl.core.records import DistributionRecord, EventRecord, RunRecord, ScalarsRecord
+
+_logger = logger(__name__)
+
+CAPACITY = 100_000
+_DROPPABLE = ("scalars", "distribution")
+
+
+class TrackerWriter(Worker, ABC):
+    """Hands queued items to a tracker on its own thread; subclasses implement :meth:`write`.
+
+    Args:
+        name: the output's name: its thread is ``otel-rl-<name>``, its drops are counted under it.
+        drops: the shared drop counters.
+    """
+
+    def __init__(self, name: str, drops: Drops, interval_s: float = 1.0) -> None:
+        super().__init__(f"otel-rl-{name}", interval_s)
+        self.output = name
+        self._drops = drops
+        self._queue: deque[tuple] = deque()
+        self._lock = threading.Lock()
+        self.failed = False
+
+    def put(self, item: tuple) -> None:
+        """Queue one item (pipeline thread); past :data:`CAPACITY` the oldest scalars make room."""
+        with self._lock:
+            queue = self._queue
+            if len(queue) >= CAPACITY:
+                for index, old in enumerate(queue):
+                    if old[0] in _DROPPABLE:
+                        del queue[index]
+                        self._drops.add(self.output, old[0])
+                        break
+                else:
+                    self._drops.add(self.output, item[0])
+                    return
+            queue.append(item)
+
+    def has_work(self) -> bool:
+        return bool(self._queue) and not self.failed
+
+    def run_once(self) -> None:
+        with self._lock:
+            items = list(self._queue)
+            self._queue.clear()
+        if not items:
+            return
+        if self.failed:
+            self._drops.add(self.output, "records", len(items))
+            return
+        try:
+            self.write(items)
+        except Exception as exc:
+            self.failed = True
+            self._drops.add(self.output, "records", len(items))
+            _logger.warning("otel-rl: %s output failed (%s: %s); it stops, training goes on", self.output, type(exc).__name__, exc, exc_info=True)
+
+    @abstractmethod
+    def write(self, items: list[tuple]) -> None:
+        """Write ``items`` (see the module docstring); an exception stops this output."""
+
+    def skipped(self, item: tuple) -> None:
+        """Count one item that could not be converted (the rest of the batch goes on), warned once per kind."""
+        self._drops.add(self.output, item[0])
+        _logger.warning("otel-rl: could not write a %s record to %s; skipped", item[0], self.output, exc_info=True)
+
+
+class TrackerSink(RecordSink):
+    """Queues scalars, distributions, events, run records and ``Perf/*`` windows for a :class:`TrackerWriter`."""
+
+    def __init__(self, writer: TrackerWriter, perf_interval_s: float = 1.0) -> None:
+        self.writer = writer
+        self._perf = PerfWindows(perf_interval_s)
+        self._step: int | None = None
+        writer.start()
+
+    def on_run(self, run: RunRecord) -> None:
+        if run.end_ns is None:
+            self.writer.put(("start", run.start_ns, run.attributes))
+        else:
+            self._flush_perf()
+            self.writer.put(("end", run.end_ns, run.status, run.reason))
+
+    def on_scalars(self, record: ScalarsRecord) -> None:
+        step = record.step if record.step is not None else record.env_steps
+        self._step = step if step is not None else self._step
+        self.writer.put(("scalars", record.time_ns, step, record.values))
+
+    def on_distribution(self, record: DistributionRecord) -> None:
+        step = record.step if record.step is not None else record.env_steps
+        self.writer.put(("distribution", record.time_ns, step, record.key, record.histogram))
+
+    def on_event(self, event: EventRecord) -> None:
+        self.writer.put(("event", event.time_ns, self._step, event.name, event.attributes))
+
+    def on_cycles(self, totals: PassTotals) -> None:
+        self._perf.add(totals)
+
+    def on_drain(self, now_ns: int) -> None:
+        if self._perf.due():
+            self._flush_perf()
+
+    def _flush_perf(self) -> None:
+        values = self._perf.take()
+        if values:
+            self.writer.put(("scalars", time.time_ns(), self._perf.axes["env_steps"], values))
+
+    def flush(self, timeout_s: float) -> bool:
+        return self.writer.flush(timeout_s)
+
+    def shutdown(self, timeout_s: float) -> None:
+        deadline = Deadline(timeout_s)
+        self._flush_perf()
+        self.writer.close(deadline)
+        self.writer.join(deadline.left())

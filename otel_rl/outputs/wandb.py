@@ -1,0 +1,188 @@
+"""A Weights & Biases run from the same records as every other output.
+
+``wandb=True`` (or ``OTEL_RL_WANDB=1``; the ``wandb`` extra installs the
+library) makes one W&B run per otel-rl run: its id is the run id (a resumed
+run continues it), its config the run's configuration (secrets already
+redacted), every scalar logged against ``env_steps`` (the call's ``step``,
+else the env-step count, as in ``metrics.jsonl``), ``Perf/*`` phase
+timings per window, distributions as W&B histograms, events in the
+summary (``events/<name>``: count, step and attributes of the last one),
+and the end of the run as W&B's exit code (``finished`` 0, ``failed`` 1,
+``killed`` 143) with ``otel_rl/status`` and ``otel_rl/reason`` in the summary.
+
+Steps: W&B drops a ``log`` call whose ``step`` is lower than the last one.
+Here the x axis is a logged metric (``env_steps``, declared with
+``define_metric``) and W&B's own step only counts calls, so a step that goes
+back (a restarted job) is plotted where it belongs and nothing is dropped;
+otel-rl reports the regression itself (``step_regression`` event).
+
+Project: the run's ``project`` option, else ``WANDB_PROJECT``, else
+``otel-rl``; the group is the run's ``group``.
+
+Mode: ``WANDB_MODE`` when set; else ``online`` when ``WANDB_API_KEY`` is set,
+and ``offline`` otherwise (``wandb sync <run_dir>/wandb/offline-run-*``
+uploads it later): a background output never prompts for a login.
+``wandb.init`` runs on this output's thread, so training never waits for W&B
+to start; everything goes through :mod:`otel_rl.outputs.tracker` (bounded
+queue, failures counted and warned once, within the shutdown deadline).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from otel_rl._logging import logger
+from otel_rl.drops import Drops
+from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
+
+_logger = logger(__name__)
+
+STEP_METRIC = "env_steps"
+EXIT_CODES = {"finished": 0, "failed": 1, "killed": 143}
+_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
+
+
+def wandb_run_id(run_id: str) -> str:
+    """The W&B run id of an otel-rl run: W&B takes letters, digits, ``_ . -`` and at most 128 characters."""
+    return _ID_UNSAFE.sub("-", run_id)[:128]
+
+
+def wandb_mode() -> str:
+    """``WANDB_MODE`` if set, else ``online`` with an API key in the environment, else ``offline``."""
+    mode = os.environ.get("WANDB_MODE", "").strip()
+    if mode:
+        return mode
+    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
+
+
+def wandb_sink(config: Any, drops: Drops) -> TrackerSink:
+    """The W&B output of a run (an :class:`otel_rl.TelemetryConfig`): a :class:`TrackerSink` feeding a :class:`WandbWriter`.
+
+    Raises:
+        ImportError: the ``wandb`` package is not installed (``pip install 'otel-rl[wandb]'``).
+    """
+    try:
+        import wandb  # noqa: F401 - checked here, on init(), rather than failing later on a thread
+    except ImportError as exc:
+        raise ImportError("wandb=True needs the wandb package: pip install 'otel-rl[wandb]'") from exc
+    writer = WandbWriter(config.run_id, config.run_dir, drops, project=config.project, group=config.group, resume=config.resume)
+    return TrackerSink(writer, config.perf_interval_s)
+
+
+class WandbWriter(TrackerWriter):
+    """Logs queued items to one W&B run, started and finished on this output's own thread."""
+
+    def __init__(
+        self,
+        run_id: str,
+        directory: Path | None,
+        drops: Drops,
+        *,
+        project: str | None = None,
+        group: str | None = None,
+        resume: bool = False,
+    ) -> None:
+        super().__init__("wandb", drops)
+        self.run_id = run_id
+        self.directory = directory
+        self.project = project
+        self.group = group
+        self.resume = resume
+        self._run: Any = None
+        self._ended = False
+        self._events: dict[str, dict[str, Any]] = {}
+
+    def write(self, items: list[tuple]) -> None:
+        import wandb
+
+        for item in items:
+            kind = item[0]
+            if kind == "start":
+                self._start(item[2])
+                continue
+            run = self._run or self._start({})
+            try:
+                if kind == "scalars":
+                    _, _, step, values = item
+                    row = {k: v for k, v in values.items() if v is not None}
+                    if row:
+                        run.log(row if step is None else {STEP_METRIC: step, **row})
+                elif kind == "distribution":
+                    _, _, step, key, histogram = item
+                    if histogram is not None:
+                        value = wandb.Histogram(np_histogram=(histogram.counts, histogram.edges))
+                        run.log({key: value} if step is None else {STEP_METRIC: step, key: value})
+                elif kind == "event":
+                    _, _, step, name, attributes = item
+                    seen = self._events.setdefault(name, {"count": 0})
+                    seen.update(count=seen["count"] + 1, step=step, attributes=attributes)
+                    run.summary[f"events/{name}"] = dict(seen)
+                elif kind == "end":
+                    _, _, status, reason = item
+                    self._finish(status, reason)
+            except Exception:  # one bad item costs itself
+                self.skipped(item)
+
+    def _start(self, attributes: dict[str, Any]):
+        """Start the W&B run (or add the configuration to one started by an earlier record)."""
+        import wandb
+
+        config = attributes.get("config") or {}
+        if self._run is not None:
+            self._run.config.update(config, allow_val_change=True)
+            return self._run
+        mode = wandb_mode()
+        if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        settings = wandb.Settings(
+            console="off",  # training's stdout stays as it is
+            silent=True,
+            x_disable_stats=True,  # otel-rl samples the system itself
+            disable_git=True,  # provenance is in the config
+            save_code=False,
+            init_timeout=60,
+        )
+        self._run = wandb.init(
+            id=wandb_run_id(self.run_id),
+            name=self.run_id,
+            project=self.project or os.environ.get("WANDB_PROJECT") or "otel-rl",
+            group=self.group,
+            dir=None if self.directory is None else str(self.directory),
+            config={**config, "otel_rl": _provenance(attributes)},
+            mode=mode,  # type: ignore[arg-type]
+            resume="allow" if self.resume else None,
+            reinit="create_new",  # several Telemetry objects in one process each get their own run
+            settings=settings,
+        )
+        self._run.define_metric(STEP_METRIC)
+        self._run.define_metric("*", step_metric=STEP_METRIC)
+        return self._run
+
+    def _finish(self, status: str, reason: str | None) -> None:
+        run = self._run
+        if run is None or self._ended:
+            return
+        self._ended = True
+        run.summary["otel_rl/status"] = status
+        if reason:
+            run.summary["otel_rl/reason"] = reason
+        run.finish(exit_code=EXIT_CODES.get(status, 1))
+
+    def finish(self) -> None:
+        """The thread's last act: a run still open (no ``tel.run()``, or its end not recorded) is finished."""
+        if self._run is not None and not self._ended:
+            try:
+                self._ended = True
+                self._run.finish(exit_code=0)
+            except Exception:  # W&B failing on the way out: nothing left to save
+                _logger.warning("otel-rl: the W&B run did not finish cleanly", exc_info=True)
+
+
+def _provenance(attributes: dict[str, Any]) -> dict[str, Any]:
+    """What W&B shows next to the configuration: where the run came from."""
+    out = {k: attributes[k] for k in ("family", "total_steps", "num_envs") if attributes.get(k) is not None}
+    out.update(attributes.get("provenance") or {})
+    return out

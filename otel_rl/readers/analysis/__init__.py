@@ -1,0 +1,67 @@
+"""``otel-rl analyze``: read a Perfetto trace and say where the time goes.
+
+Two engines read the trace into the same model: ``python`` (the protobuf
+reader, always available) and ``sql`` (Perfetto's trace processor, when a
+``trace_processor_shell`` binary is configured). :func:`analyze` picks ``sql``
+when it can, else ``python``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from otel_rl.readers.analysis.report import analyze_model, render_text
+from otel_rl.readers.analysis.trace_model import TraceModel
+from otel_rl.environment_variables import OTEL_RL_TRACE_PROCESSOR
+
+__all__ = ["analyze", "trace_files", "read_trace", "render_text"]
+
+_logger = logging.getLogger(__name__)
+
+
+def trace_files(path: Path | str) -> list[Path]:
+    """The trace files of a run folder (every process's, rotated ones included) or a single file."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.perfetto-trace"))
+        if not files:
+            raise FileNotFoundError(f"no *.perfetto-trace file in {path}")
+        return files
+    if not path.exists():
+        raise FileNotFoundError(f"no trace at {path}")
+    return [path]
+
+
+def read_trace(path: Path | str, engine: str = "auto", bin_path: str | None = None) -> tuple[TraceModel, str]:
+    """Read a trace into the model; returns it and the engine used.
+
+    ``auto`` uses the SQL engine when a trace processor binary is configured
+    (``bin_path`` or ``OTEL_RL_TRACE_PROCESSOR``), else the Python engine.
+
+    Raises:
+        ValueError: an unknown engine, or ``sql`` without a binary.
+    """
+    files = trace_files(path)
+    bin_path = bin_path or os.environ.get(OTEL_RL_TRACE_PROCESSOR) or None
+    if engine == "auto":
+        engine = "sql" if bin_path else "python"
+    if engine == "python":
+        from otel_rl.readers.analysis import protobuf_engine
+
+        return protobuf_engine.read(files), "python"
+    if engine == "sql":
+        from otel_rl.readers.analysis import sql_engine
+
+        return sql_engine.read(files, bin_path), "sql"
+    raise ValueError(f"unknown engine {engine!r}; expected auto, python or sql")
+
+
+def analyze(path: Path | str, engine: str = "auto", bin_path: str | None = None) -> dict[str, Any]:
+    """The analysis report of a trace file or run folder (see :mod:`otel_rl.readers.analysis.report`)."""
+    model, used = read_trace(path, engine, bin_path)
+    report = analyze_model(model)
+    report["engine"] = used
+    return report

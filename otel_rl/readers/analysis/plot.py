@@ -1,0 +1,72 @@
+"""``otel-rl analyze --plot FILE.png``: the timeline and the phase shares, drawn with matplotlib."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from otel_rl.readers.analysis.report import phase_name
+from otel_rl.readers.analysis.trace_model import TraceModel
+
+WINDOW_CYCLES = 8
+"""The timeline panel shows the last few learner iterations, where detail is readable."""
+
+
+def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    slices = [s for s in model.slices if s.category in ("learner", "collector", "gpu")]
+    iterations = sorted((s for s in slices if s.name == "learner iteration"), key=lambda s: s.start_ns)
+    if iterations:
+        window = iterations[-WINDOW_CYCLES:]
+        t0, t1 = window[0].start_ns, window[-1].end_ns
+    else:
+        t0 = min((s.start_ns for s in slices), default=0)
+        t1 = max((s.end_ns for s in slices), default=1)
+    shown = [s for s in slices if s.end_ns > t0 and s.start_ns < t1 and not s.name.endswith(" iteration")]
+    tracks = sorted({(s.category, s.track, s.process) for s in shown}, key=lambda t: ("learner", "collector", "gpu").index(t[0]))
+    names = sorted({s.name for s in shown})
+    cmap = plt.get_cmap("tab20")
+    colors = {name: cmap(i % 20) for i, name in enumerate(names)}
+
+    fig, (timeline, shares) = plt.subplots(2, 1, figsize=(13, 3 + 0.6 * len(tracks) + 2), height_ratios=[max(len(tracks), 1), 2])
+    def nested(s) -> bool:
+        return s.parent != -1 and not model.slices[s.parent].name.endswith(" iteration")
+
+    for row, (category, track, process) in enumerate(tracks):
+        # Top-level phases first, nested ones drawn over their lower half.
+        for s in sorted((s for s in shown if s.track == track), key=nested):
+            height, offset = (0.4, 0.0) if nested(s) else (0.8, -0.4)
+            timeline.broken_barh(
+                [((s.start_ns - t0) / 1e6, s.duration_ns / 1e6)], (row + offset, height), color=colors[s.name]
+            )
+    timeline.set_yticks(range(len(tracks)), [f"{p} process · {c}" if p else track for c, track, p in tracks])
+    timeline.set_xlabel("ms")
+    timeline.set_title("timeline (last learner iterations)")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colors[n]) for n in names]
+    timeline.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+
+    rows = []
+    for timeline_name, entry in report["timelines"].items():
+        top = [(n, v) for n, v in entry["phases"].items() if not v["nested"]]
+        rows.append((timeline_name, top, entry.get("other_share", 0.0)))
+    for y, (timeline_name, top, other) in enumerate(rows):
+        left = 0.0
+        for name, stat in top:
+            title = stat["title"]
+            shares.barh(y, 100 * stat["share"], left=left, color=colors.get(title, cmap(hash(phase_name(timeline_name, title)) % 20)))
+            if stat["share"] > 0.06:
+                shares.text(left + 50 * stat["share"], y, title, ha="center", va="center", fontsize=8)
+            left += 100 * stat["share"]
+        if other > 0:
+            shares.barh(y, 100 * other, left=left, color="lightgrey")
+    shares.set_yticks(range(len(rows)), [r[0] for r in rows])
+    shares.set_xlabel("% of cycle")
+    shares.set_xlim(0, 100)
+    shares.set_title(f"phase shares — bottleneck: {report['diagnosis']['bottleneck']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,204 @@
+"""PostgreSQL storage for the ingest server (``otel-rl serve --db postgresql://...``), for teams.
+
+The same tables and rules as :class:`otel_rl.readers.server.storage.SqliteStorage`,
+through psycopg 3: record bodies are ``jsonb``; a batch is inserted with one
+statement over arrays (``unnest``), de-duplicated by ``ON CONFLICT DO
+NOTHING``, in one transaction with its run updates. A lost connection is
+reopened on the next call; while the database is unreachable or read-only,
+ingest raises :class:`StorageUnavailable` and the server answers 503.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from otel_rl.readers.server.storage import MAX_PAGE, RUN_FIELDS, KnownKeys, Row, StorageUnavailable, run_dict, status_order
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    writer TEXT NOT NULL,
+    seq BIGINT NOT NULL,
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    ts DOUBLE PRECISION NOT NULL,
+    body JSONB NOT NULL,
+    PRIMARY KEY (writer, seq)
+);
+CREATE INDEX IF NOT EXISTS records_run ON records (run_id, kind, ts);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    status_ts DOUBLE PRECISION NOT NULL,
+    status_seq BIGINT NOT NULL,
+    project TEXT,
+    grp TEXT,
+    meta TEXT,
+    reason TEXT,
+    created DOUBLE PRECISION NOT NULL,
+    last_seen DOUBLE PRECISION NOT NULL,
+    lost BOOLEAN NOT NULL DEFAULT FALSE
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created, run_id);
+CREATE TABLE IF NOT EXISTS series_keys (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+"""
+
+_INSERT_RECORDS = (
+    "INSERT INTO records (writer, seq, run_id, kind, ts, body)"
+    " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::float8[], %s::jsonb[])"
+    " ON CONFLICT DO NOTHING"
+)
+_TOUCH_RUNS = (
+    "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen)"
+    " SELECT id, 'running', 0, -1, %s, %s FROM unnest(%s::text[]) AS id"
+    " ON CONFLICT (run_id) DO UPDATE SET last_seen = greatest(runs.last_seen, excluded.last_seen), lost = FALSE"
+)
+_SET_STATUS = (
+    "UPDATE runs SET status = %s, status_ts = %s, status_seq = %s, project = coalesce(%s, project),"
+    " grp = coalesce(%s, grp), meta = coalesce(%s, meta), reason = %s"
+    " WHERE run_id = %s AND (status_ts < %s OR (status_ts = %s AND status_seq < %s))"
+)
+
+
+class PostgresStorage:
+    """A :class:`otel_rl.readers.server.storage.Storage` on PostgreSQL, one connection used by one thread at a time."""
+
+    def __init__(self, url: str) -> None:
+        import psycopg
+
+        self._psycopg = psycopg
+        self._url = url
+        self._lock = threading.Lock()
+        self._known = KnownKeys()
+        self._conn = None
+        with self._lock:
+            conn = self._connection()
+            try:
+                with conn.transaction():
+                    conn.execute(_SCHEMA)
+            except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
+                pass  # a read-only database still serves reads; health() says why writes fail
+
+    def _connection(self):
+        """The open connection (autocommit; writes group in explicit transactions), reopened after a failure."""
+        if self._conn is None or self._conn.closed:
+            self._conn = self._psycopg.connect(self._url, connect_timeout=5, autocommit=True)
+        return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+
+    def _unavailable(self, exc: Exception) -> StorageUnavailable:
+        if self._conn is not None and self._conn.broken:
+            self._conn = None
+        return StorageUnavailable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
+
+    def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
+        now = time.time() if now is None else now
+        psycopg = self._psycopg
+        with self._lock:
+            fresh = self._known.new(rows)
+            try:
+                conn = self._connection()
+                with conn.transaction(), conn.cursor() as cursor:
+                    cursor.execute(
+                        _INSERT_RECORDS,
+                        (
+                            [r.writer for r in rows],
+                            [r.seq for r in rows],
+                            [r.run_id for r in rows],
+                            [r.kind for r in rows],
+                            [r.ts for r in rows],
+                            [r.body for r in rows],
+                        ),
+                    )
+                    accepted = cursor.rowcount
+                    cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
+                    for r in rows:
+                        if r.kind == "run":
+                            order = status_order(r, now)
+                            cursor.execute(
+                                _SET_STATUS,
+                                (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
+                            )
+                    if fresh:
+                        cursor.execute(
+                            "INSERT INTO series_keys (run_id, key) SELECT * FROM unnest(%s::text[], %s::text[])"
+                            " ON CONFLICT DO NOTHING",
+                            ([run for run, _ in fresh], [key for _, key in fresh]),
+                        )
+            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
+                    psycopg.errors.DiskFull, psycopg.errors.AdminShutdown) as exc:  # fmt: skip
+                raise self._unavailable(exc) from exc
+            self._known.remember(fresh)
+        return accepted, len(rows) - accepted
+
+    def health(self) -> str | None:
+        with self._lock:
+            try:
+                conn = self._connection()
+                with conn.transaction(force_rollback=True):  # a write that is rolled back: fails when read-only
+                    conn.execute("INSERT INTO series_keys (run_id, key) VALUES ('', '') ON CONFLICT DO NOTHING")
+            except self._psycopg.Error as exc:
+                return self._unavailable(exc).reason
+        return None
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._connection().execute(sql, params).fetchall()
+            except self._psycopg.OperationalError as exc:
+                raise self._unavailable(exc) from exc
+
+    def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
+        now = time.time() if now is None else now
+        rows = self._query(
+            "UPDATE runs SET lost = TRUE WHERE NOT lost AND status IN ('pending', 'running') AND last_seen < %s RETURNING run_id",
+            (now - silent_for_s,),
+        )
+        return [r[0] for r in rows]
+
+    def runs(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
+        columns = ", ".join(RUN_FIELDS)
+        limit = max(1, min(limit, MAX_PAGE))
+        if after is None:
+            rows = self._query(f"SELECT {columns} FROM runs ORDER BY created, run_id LIMIT %s", (limit,))
+        else:
+            rows = self._query(
+                f"SELECT {columns} FROM runs WHERE (created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = %s)"
+                " ORDER BY created, run_id LIMIT %s",
+                (after, limit),
+            )
+        return [run_dict(r) for r in rows]
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self._query(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = %s", (run_id,))
+        return run_dict(rows[0]) if rows else None
+
+    def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+        query = "SELECT body FROM records WHERE run_id = %s" + (" AND kind = %s" if kind else "") + " ORDER BY ts, seq"
+        return [r[0] for r in self._query(query, (run_id, kind) if kind else (run_id,))]
+
+    def series(self, run_id: str, key: str) -> list[dict[str, Any]]:
+        rows = self._query(
+            "SELECT (body->>'step')::bigint, (body->'axes'->>'env_steps')::bigint, (body->'axes'->>'iteration')::bigint,"
+            " (body->'values'->>%s)::float8, ts FROM records"
+            " WHERE run_id = %s AND kind = 'scalars' AND body->'values' ? %s ORDER BY ts, seq",
+            (key, run_id, key),
+        )
+        return [dict(zip(("step", "env_steps", "iteration", "value", "ts"), r, strict=True)) for r in rows]
+
+    def keys(self, run_id: str) -> list[str]:
+        return [r[0] for r in self._query("SELECT key FROM series_keys WHERE run_id = %s ORDER BY key", (run_id,))]
+
+    def count(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            return self._query("SELECT count(*) FROM records")[0][0]
+        return self._query("SELECT count(*) FROM records WHERE run_id = %s", (run_id,))[0][0]

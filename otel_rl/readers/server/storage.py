@@ -1,0 +1,319 @@
+"""Storage of the reference ``motrix.metrics/v1`` ingest server: the interface and its SQLite backend.
+
+Records are de-duplicated on ``(writer, seq)`` and stored as their JSON text,
+one row each (a 40-key scalars record is one insert, not forty); series are
+read out of the stored records. A run's status is the status of its newest
+run record, ordered by ``(ts, seq)`` where ``ts`` is bounded by the time the
+server received the record: a client clock far in the future cannot pin a
+status, and a late backfill of an old ``running`` record never overwrites a
+terminal one. ``lost`` is set by the server when a pending or running run goes
+silent, and cleared by its next record.
+
+Backends: :class:`SqliteStorage` (embedded, the default) and
+:class:`otel_rl.readers.server.postgres.PostgresStorage` (``--db postgresql://...``),
+behind the same :class:`Storage` interface and the same tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any, NamedTuple, Protocol
+
+RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen")
+MAX_PAGE = 1000
+MAX_KNOWN_KEYS = 200_000
+"""(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""
+
+
+class StorageUnavailable(Exception):
+    """The database cannot take writes now (read-only, full, unreachable); ``reason`` says why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class Row(NamedTuple):
+    """One validated record, ready to store (a tuple: cheap to build and to pass between processes)."""
+
+    writer: str
+    seq: int
+    run_id: str
+    kind: str
+    ts: float
+    body: str
+    status: str | None = None
+    project: str | None = None
+    group: str | None = None
+    meta: str | None = None
+    reason: str | None = None
+    keys: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, record: dict[str, Any], body: str) -> Row:
+        kind = record["kind"]
+        if kind == "run":
+            meta = json.dumps(record["meta"]) if "meta" in record else None
+            return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body,
+                       record["status"], record.get("project"), record.get("group"), meta, record.get("reason"))  # fmt: skip
+        keys = tuple(record["values"]) if kind == "scalars" else ()
+        return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body, keys=keys)
+
+
+class Storage(Protocol):
+    """What the server needs from a database. Methods are called from one worker thread at a time."""
+
+    def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
+        """Store rows in one transaction; returns (accepted, duplicates).
+
+        Raises:
+            StorageUnavailable: the database cannot take the writes.
+        """
+        ...
+
+    def health(self) -> str | None:
+        """None when writes work, else the reason they do not."""
+        ...
+
+    def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
+        """Mark pending or running runs silent for ``silent_for_s`` as lost; returns their ids."""
+        ...
+
+    def runs(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
+        """Runs in creation order, at most ``limit``, those after run ``after``."""
+        ...
+
+    def run(self, run_id: str) -> dict[str, Any] | None: ...
+
+    def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]: ...
+
+    def series(self, run_id: str, key: str) -> list[dict[str, Any]]: ...
+
+    def keys(self, run_id: str) -> list[str]: ...
+
+    def count(self, run_id: str | None = None) -> int: ...
+
+    def close(self) -> None: ...
+
+
+def open_storage(location: str | Path) -> Storage:
+    """A ``postgresql://`` URL opens PostgreSQL; anything else is a SQLite file."""
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        from otel_rl.readers.server.postgres import PostgresStorage
+
+        return PostgresStorage(text)
+    return SqliteStorage(text)
+
+
+def run_dict(row: tuple) -> dict[str, Any]:
+    run_id, status, lost, project, group, meta, reason, created, last_seen = row
+    return {
+        "run_id": run_id,
+        "status": "lost" if lost else status,
+        "reported_status": status,
+        "project": project,
+        "group": group,
+        "meta": json.loads(meta) if isinstance(meta, str) and meta else (meta or {}),
+        "reason": reason,
+        "created": created,
+        "last_seen": last_seen,
+    }
+
+
+class KnownKeys:
+    """The (run, key) pairs already stored, so a scalars record inserts only its new keys."""
+
+    def __init__(self) -> None:
+        self._known: set[tuple[str, str]] = set()
+
+    def new(self, rows: list[Row]) -> list[tuple[str, str]]:
+        fresh: set[tuple[str, str]] = set()
+        last: tuple[str, tuple[str, ...]] | None = None
+        for row in rows:
+            if not row.keys or (row.run_id, row.keys) == last:
+                continue  # the same keys as the record before: the common case, one comparison
+            last = (row.run_id, row.keys)
+            fresh.update((row.run_id, key) for key in row.keys)
+        fresh -= self._known
+        if len(self._known) + len(fresh) > MAX_KNOWN_KEYS:
+            self._known.clear()
+        return sorted(fresh)
+
+    def remember(self, pairs: list[tuple[str, str]]) -> None:
+        self._known.update(pairs)
+
+
+_SQLITE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    writer TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    run_id TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    ts REAL NOT NULL,
+    body TEXT NOT NULL,
+    PRIMARY KEY (writer, seq)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS records_run ON records (run_id, kind, ts);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    status TEXT NOT NULL,
+    status_ts REAL NOT NULL,
+    status_seq INTEGER NOT NULL,
+    project TEXT,
+    grp TEXT,
+    meta TEXT,
+    reason TEXT,
+    created REAL NOT NULL,
+    last_seen REAL NOT NULL,
+    lost INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS runs_created ON runs (created, run_id);
+CREATE TABLE IF NOT EXISTS series_keys (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+) WITHOUT ROWID;
+"""
+
+_INSERT_RECORD = "INSERT OR IGNORE INTO records (writer, seq, run_id, kind, ts, body) VALUES (?, ?, ?, ?, ?, ?)"
+_TOUCH_RUN = (
+    "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen) VALUES (?, 'running', 0, -1, ?, ?)"
+    " ON CONFLICT (run_id) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen), lost = 0"
+)
+_SET_STATUS = (
+    "UPDATE runs SET status = ?, status_ts = ?, status_seq = ?, project = coalesce(?, project),"
+    " grp = coalesce(?, grp), meta = coalesce(?, meta), reason = ?"
+    " WHERE run_id = ? AND (status_ts < ? OR (status_ts = ? AND status_seq < ?))"
+)
+
+
+def status_order(row: Row, now: float) -> float:
+    """The time a run record counts at for ordering statuses: its own, but never later than its arrival."""
+    return min(row.ts, now)
+
+
+class SqliteStorage:
+    """One SQLite connection (WAL, prepared statements through the module's cache), used by one thread at a time."""
+
+    def __init__(self, path: Path | str) -> None:
+        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, cached_statements=64)
+        self._lock = threading.Lock()
+        self._known = KnownKeys()
+        with self._lock:
+            try:
+                self._db.execute("PRAGMA journal_mode = WAL")
+                self._db.execute("PRAGMA synchronous = NORMAL")  # durable across a killed server; fsync per checkpoint
+                self._db.execute("PRAGMA wal_autocheckpoint = 16384")  # checkpoint every 64 MB of WAL, not every 4 MB
+                self._db.executescript(_SQLITE_SCHEMA)
+            except sqlite3.OperationalError:
+                pass  # a read-only database still serves reads; health() says why writes fail
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
+        now = time.time() if now is None else now
+        with self._lock:
+            db = self._db
+            try:
+                db.execute("BEGIN IMMEDIATE")
+                before = db.total_changes
+                db.executemany(_INSERT_RECORD, [r[:6] for r in rows])
+                accepted = db.total_changes - before
+                first_status = [r for r in rows if r.kind == "run"]
+                db.executemany(_TOUCH_RUN, [(run_id, now, now) for run_id in dict.fromkeys(r.run_id for r in rows)])
+                for r in first_status:
+                    order = status_order(r, now)
+                    db.execute(
+                        _SET_STATUS,
+                        (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
+                    )
+                fresh = self._known.new(rows)
+                if fresh:
+                    db.executemany("INSERT OR IGNORE INTO series_keys (run_id, key) VALUES (?, ?)", fresh)
+                db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError):
+                    raise StorageUnavailable(str(exc)) from exc
+                raise
+            self._known.remember(fresh)
+        return accepted, len(rows) - accepted
+
+    def health(self) -> str | None:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only or broken file
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                return str(exc)
+        return None
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.OperationalError as exc:
+                raise StorageUnavailable(str(exc)) from exc
+
+    def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
+        now = time.time() if now is None else now
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT run_id FROM runs WHERE lost = 0 AND status IN ('pending', 'running') AND last_seen < ?",
+                    (now - silent_for_s,),
+                ).fetchall()
+                if rows:
+                    self._db.executemany("UPDATE runs SET lost = 1 WHERE run_id = ?", rows)
+            except sqlite3.OperationalError as exc:
+                raise StorageUnavailable(str(exc)) from exc
+        return [r[0] for r in rows]
+
+    def runs(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
+        columns = ", ".join(RUN_FIELDS)
+        limit = max(1, min(limit, MAX_PAGE))
+        if after is None:
+            rows = self._read(f"SELECT {columns} FROM runs ORDER BY created, run_id LIMIT ?", (limit,))
+        else:
+            rows = self._read(
+                f"SELECT {columns} FROM runs WHERE (created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = ?)"
+                " ORDER BY created, run_id LIMIT ?",
+                (after, limit),
+            )
+        return [run_dict(r) for r in rows]
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        rows = self._read(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", (run_id,))
+        return run_dict(rows[0]) if rows else None
+
+    def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+        query = "SELECT body FROM records WHERE run_id = ?" + (" AND kind = ?" if kind else "") + " ORDER BY ts, seq"
+        return [json.loads(r[0]) for r in self._read(query, (run_id, kind) if kind else (run_id,))]
+
+    def series(self, run_id: str, key: str) -> list[dict[str, Any]]:
+        rows = self._read(
+            "SELECT json_extract(r.body, '$.step'), json_extract(r.body, '$.axes.env_steps'),"
+            " json_extract(r.body, '$.axes.iteration'), v.value, r.ts"
+            " FROM records r, json_each(r.body, '$.values') v"
+            " WHERE r.run_id = ? AND r.kind = 'scalars' AND v.key = ? ORDER BY r.ts, r.seq",
+            (run_id, key),
+        )
+        return [dict(zip(("step", "env_steps", "iteration", "value", "ts"), r, strict=True)) for r in rows]
+
+    def keys(self, run_id: str) -> list[str]:
+        return [r[0] for r in self._read("SELECT key FROM series_keys WHERE run_id = ? ORDER BY key", (run_id,))]
+
+    def count(self, run_id: str | None = None) -> int:
+        if run_id is None:
+            return self._read("SELECT count(*) FROM records")[0][0]
+        return self._read("SELECT count(*) FROM records WHERE run_id = ?", (run_id,))[0][0]

@@ -1,0 +1,967 @@
+/*
+ * The training thread's hot path in C: entering and leaving a phase or an iteration.
+ *
+ * A Python context manager pays for two Python-level calls (__enter__ and
+ * __exit__) plus tuples for the stack and the record; that alone is two to
+ * three times the cost of two perf_counter_ns() calls and a list append. Here
+ * nothing is allocated for a phase on the training thread (an iteration mark,
+ * once per cycle, is one tuple): the open-phase stack and the
+ * finished records are fixed arrays inside the lane (a ring that overwrites
+ * its oldest record when full, counting the drop), the lane is found in the
+ * thread state's dict, and record tuples are only built by drain(), on the
+ * pipeline thread.
+ *
+ * Semantics are identical to the pure-Python fallback in recorder.py, which
+ * is used when this module is not built. Timestamps come from
+ * CLOCK_MONOTONIC, the clock behind time.perf_counter_ns() on Linux.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <time.h>
+
+#define MAX_DEPTH 64
+
+static inline long long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---------------------------------------------------------------- Lane */
+
+typedef struct {
+    PyObject *obj;  /* a Phase, or a ready-made record (obj of a generic append) */
+    PyObject *exc;  /* exception type or NULL */
+    long long start, end;
+    int depth;
+} Slot;
+
+/* A record in a shared-memory lane: what a Slot holds, with names as ids of
+ * the segment's string table. 48 bytes; otel_rl/shm/segment.py mirrors the
+ * layout. */
+typedef struct {
+    int64_t start, end;  /* phase start/end; a mark's time and thread CPU time (-1: none) */
+    int64_t a, b;        /* iteration index and env steps (INT64_MIN: none); flow id; correlation */
+    int32_t name;        /* phase id; a mark's timeline id */
+    int16_t depth;       /* phase depth; open phases at a flow or correlation mark */
+    uint8_t kind, flags; /* SHM_*; a flow mark's "terminating" */
+    int32_t exc;         /* exception type's name id, -1: none */
+    int32_t reserved;
+} ShmRecord;
+
+/* Header of a shared-memory lane (64 bytes), followed by `capacity` records.
+ * One writer (the lane's thread) moves `write`; one reader (the agent) moves `read`. */
+typedef struct {
+    uint64_t write, read, dropped, capacity;
+    int64_t thread_id;
+    char thread_name[24];
+} ShmLaneHeader;
+
+enum { SHM_PHASE = 1, SHM_ITERATION_START = 2, SHM_ITERATION_END = 3, SHM_FLOW = 4, SHM_CORRELATE = 5 };
+
+typedef struct {
+    PyObject_HEAD
+    Slot *ring;
+    Py_ssize_t capacity, head, count, dropped;
+    /* Shared-memory mode (a buffer was given): records go to shm_records, not ring. */
+    Py_buffer shm_view;
+    ShmLaneHeader *shm;
+    ShmRecord *shm_records;
+    PyObject *intern;  /* intern(str or exception type) -> id in the segment's string table */
+    PyObject *thread_id;
+    PyObject *thread_name;
+    PyObject *open_iterations; /* dict: timeline -> Iteration */
+    int depth;
+    PyObject *stack_phase[MAX_DEPTH]; /* strong references while open */
+    long long stack_start[MAX_DEPTH];
+} LaneObject;
+
+static void slot_clear(Slot *slot) {
+    Py_CLEAR(slot->obj);
+    Py_CLEAR(slot->exc);
+}
+
+static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"capacity", "thread_id", "thread_name", "buffer", "offset", "intern", NULL};
+    PyObject *thread_id, *thread_name, *buffer = NULL, *intern = NULL;
+    Py_ssize_t capacity, offset = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "nOO|OnO", kwlist, &capacity, &thread_id, &thread_name, &buffer, &offset, &intern))
+        return -1;
+    if (capacity < 1) {
+        PyErr_Format(PyExc_ValueError, "capacity must be positive, got %zd", capacity);
+        return -1;
+    }
+    if (self->ring != NULL || self->shm != NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "lane already initialised");
+        return -1;
+    }
+    if (buffer != NULL && buffer != Py_None) {
+        if (intern == NULL || !PyCallable_Check(intern)) {
+            PyErr_SetString(PyExc_TypeError, "a shared-memory lane needs an intern callable");
+            return -1;
+        }
+        if (PyObject_GetBuffer(buffer, &self->shm_view, PyBUF_WRITABLE) < 0) return -1;
+        size_t needed = (size_t)offset + sizeof(ShmLaneHeader) + (size_t)capacity * sizeof(ShmRecord);
+        if (offset < 0 || offset % 8 || (size_t)self->shm_view.len < needed) {
+            PyBuffer_Release(&self->shm_view);
+            PyErr_Format(PyExc_ValueError, "buffer too small or misaligned for a lane of %zd records at %zd", capacity, offset);
+            return -1;
+        }
+        self->shm = (ShmLaneHeader *)((char *)self->shm_view.buf + offset);
+        self->shm_records = (ShmRecord *)(self->shm + 1);
+        memset(self->shm, 0, sizeof(ShmLaneHeader));
+        self->shm->capacity = (uint64_t)capacity;
+        self->shm->thread_id = PyLong_Check(thread_id) ? PyLong_AsLongLong(thread_id) : 0;
+        if (PyErr_Occurred()) PyErr_Clear();
+        if (PyUnicode_Check(thread_name)) {
+            Py_ssize_t n;
+            const char *name = PyUnicode_AsUTF8AndSize(thread_name, &n);
+            if (name == NULL) PyErr_Clear();
+            else memcpy(self->shm->thread_name, name, (size_t)(n < 23 ? n : 23));
+        }
+        Py_INCREF(intern); Py_XSETREF(self->intern, intern);
+    } else {
+        self->ring = PyMem_Calloc((size_t)capacity, sizeof(Slot));
+        if (self->ring == NULL) { PyErr_NoMemory(); return -1; }
+    }
+    PyObject *open_iterations = PyDict_New();
+    if (open_iterations == NULL) return -1;
+    Py_INCREF(thread_id); Py_XSETREF(self->thread_id, thread_id);
+    Py_INCREF(thread_name); Py_XSETREF(self->thread_name, thread_name);
+    Py_XSETREF(self->open_iterations, open_iterations);
+    self->capacity = capacity;
+    self->head = self->count = self->dropped = 0;
+    self->depth = 0;
+    return 0;
+}
+
+static int Lane_traverse(LaneObject *self, visitproc visit, void *arg) {
+    for (int i = 0; i < self->depth; i++) Py_VISIT(self->stack_phase[i]);
+    if (self->ring != NULL) {
+        for (Py_ssize_t i = 0; i < self->count; i++) {
+            Slot *slot = &self->ring[(self->head + i) % self->capacity];
+            Py_VISIT(slot->obj);
+            Py_VISIT(slot->exc);
+        }
+    }
+    Py_VISIT(self->open_iterations);
+    Py_VISIT(self->intern);
+    return 0;
+}
+
+static int Lane_clear(LaneObject *self) {
+    while (self->depth > 0) {
+        self->depth--;
+        Py_CLEAR(self->stack_phase[self->depth]);
+    }
+    if (self->ring != NULL) {
+        for (Py_ssize_t i = 0; i < self->count; i++) slot_clear(&self->ring[(self->head + i) % self->capacity]);
+        self->count = 0;
+    }
+    Py_CLEAR(self->thread_id);
+    Py_CLEAR(self->thread_name);
+    Py_CLEAR(self->open_iterations);
+    Py_CLEAR(self->intern);
+    return 0;
+}
+
+static void Lane_dealloc(LaneObject *self) {
+    PyObject_GC_UnTrack(self);
+    Lane_clear(self);
+    if (self->shm != NULL) {
+        self->shm = NULL;
+        PyBuffer_Release(&self->shm_view);
+    }
+    PyMem_Free(self->ring);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* The slot for the next record. When the ring is full the oldest record is
+ * evicted and counted: its references move to *evicted, which the caller
+ * releases only after filling the slot, because releasing an object can run
+ * Python code (and so a drain on another thread) while the ring must be whole. */
+static Slot *lane_next_slot(LaneObject *lane, Slot *evicted) {
+    Slot *slot;
+    evicted->obj = evicted->exc = NULL;
+    if (lane->count == lane->capacity) {
+        slot = &lane->ring[lane->head];
+        *evicted = *slot;
+        lane->head = (lane->head + 1) % lane->capacity;
+        lane->dropped++;
+    } else {
+        slot = &lane->ring[(lane->head + lane->count) % lane->capacity];
+        lane->count++;
+    }
+    return slot;
+}
+
+/* The next free record of a shared-memory lane, or NULL (counted as dropped) when
+ * the reader is a whole ring behind: a single producer can only drop what it has
+ * not published, never what the reader may be copying. */
+static ShmRecord *shm_next(LaneObject *lane) {
+    ShmLaneHeader *h = lane->shm;
+    uint64_t w = h->write;  /* only this thread writes it */
+    uint64_t r = __atomic_load_n(&h->read, __ATOMIC_ACQUIRE);
+    if (w - r >= (uint64_t)lane->capacity) {
+        lane->dropped++;
+        __atomic_store_n(&h->dropped, (uint64_t)lane->dropped, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    ShmRecord *rec = &lane->shm_records[w % (uint64_t)lane->capacity];
+    memset(rec, 0, sizeof(ShmRecord));
+    return rec;
+}
+
+/* Publish the record shm_next returned: the reader sees it whole or not at all. */
+static void shm_commit(LaneObject *lane) {
+    __atomic_store_n(&lane->shm->write, lane->shm->write + 1, __ATOMIC_RELEASE);
+}
+
+/* intern(obj) as an id; -1 (and no error) if it fails or obj is None. */
+static int32_t shm_intern(LaneObject *lane, PyObject *obj) {
+    if (obj == NULL || obj == Py_None) return -1;
+    PyObject *r = PyObject_CallOneArg(lane->intern, obj);
+    long id = r == NULL ? -1 : PyLong_AsLong(r);
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) { PyErr_WriteUnraisable(lane->intern); return -1; }
+    return (int32_t)id;
+}
+
+/* A Python int as int64; `fallback` when it is not an int or does not fit. */
+static int64_t as_int64(PyObject *obj, int64_t fallback) {
+    if (obj == NULL || !PyLong_Check(obj)) return fallback;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (v == -1 && PyErr_Occurred()) { PyErr_Clear(); return fallback; }
+    return overflow ? fallback : (int64_t)v;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *spec;
+    PyObject *key;      /* the recorder's lane key in each thread state's dict */
+    PyObject *recorder; /* recorder.lane() creates and binds the lane on first use */
+    PyObject *warn;     /* warn(kind, phase, other) on misuse */
+    int id;             /* the phase's id in a shared-memory segment's string table (-1: none) */
+} PhaseObject;
+
+static PyObject *tag_flow = NULL, *tag_correlate = NULL;
+static PyTypeObject PhaseType;
+
+/* A ready-made raw record (see recorder.py) written to a shared-memory lane. */
+static PyObject *shm_append(LaneObject *self, PyObject *record) {
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
+        PyErr_SetString(PyExc_TypeError, "a raw record is a tuple");
+        return NULL;
+    }
+    PyObject *head = PyTuple_GET_ITEM(record, 0);
+    Py_ssize_t n = PyTuple_GET_SIZE(record);
+    if (head == tag_flow && n == 5) {  /* (FLOW, time, flow_id, terminating, open_phases) */
+        ShmRecord *rec = shm_next(self);
+        if (rec == NULL) Py_RETURN_NONE;
+        rec->kind = SHM_FLOW;
+        rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
+        PyObject *flow = PyTuple_GET_ITEM(record, 2);
+        rec->a = PyLong_Check(flow) ? (int64_t)PyLong_AsUnsignedLongLongMask(flow) : 0;
+        if (PyErr_Occurred()) PyErr_Clear();
+        rec->flags = (uint8_t)PyObject_IsTrue(PyTuple_GET_ITEM(record, 3));
+        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 4), 0);
+        rec->name = rec->exc = -1;
+    } else if (head == tag_correlate && n == 3) {  /* (CORRELATE, correlation, open_phases) */
+        ShmRecord *rec = shm_next(self);
+        if (rec == NULL) Py_RETURN_NONE;
+        rec->kind = SHM_CORRELATE;
+        rec->a = as_int64(PyTuple_GET_ITEM(record, 1), 0);
+        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 2), 0);
+        rec->name = rec->exc = -1;
+    } else if (PyObject_TypeCheck(head, &PhaseType) && n == 5) {  /* (phase, start, end, depth, exc_type) */
+        int32_t exc = shm_intern(self, PyTuple_GET_ITEM(record, 4));
+        ShmRecord *rec = shm_next(self);
+        if (rec == NULL) Py_RETURN_NONE;
+        rec->kind = SHM_PHASE;
+        rec->name = ((PhaseObject *)head)->id;
+        rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
+        rec->end = as_int64(PyTuple_GET_ITEM(record, 2), 0);
+        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 3), 0);
+        rec->exc = exc;
+    } else {
+        PyErr_SetString(PyExc_TypeError, "not a raw record this lane can store");
+        return NULL;
+    }
+    shm_commit(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Lane_append(LaneObject *self, PyObject *record) {
+    if (self->shm != NULL) return shm_append(self, record);
+    if (self->ring == NULL) { PyErr_SetString(PyExc_RuntimeError, "lane not initialised"); return NULL; }
+    Slot evicted;
+    Slot *slot = lane_next_slot(self, &evicted);
+    Py_INCREF(record);
+    slot->obj = record;
+    slot->exc = NULL;
+    slot->depth = -1;  /* marks a ready-made record */
+    slot_clear(&evicted);
+    Py_RETURN_NONE;
+}
+
+/* Every pending record, oldest first, as tuples.
+ *
+ * The pending slots are detached from the ring before any object is
+ * allocated: an allocation can start the cyclic GC, whose finalizers run
+ * Python code, which can hand the GIL to the recording thread; its records
+ * then land in the ring behind the detached ones and wait for the next drain.
+ * Should building a tuple fail, the detached records are counted as dropped. */
+static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
+    if (self->shm != NULL) {
+        PyErr_SetString(PyExc_TypeError, "a shared-memory lane is read by its segment's reader");
+        return NULL;
+    }
+    Py_ssize_t n = self->ring == NULL ? 0 : self->count;
+    if (n == 0) return PyList_New(0);
+    Slot *taken = PyMem_RawMalloc((size_t)n * sizeof(Slot));  /* never runs the GC */
+    if (taken == NULL) return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Slot *slot = &self->ring[(self->head + i) % self->capacity];
+        taken[i] = *slot;  /* the references move with it */
+        slot->obj = NULL;
+        slot->exc = NULL;
+    }
+    self->head = (self->head + n) % self->capacity;
+    self->count -= n;
+    PyObject *out = PyList_New(n);
+    Py_ssize_t built = 0;
+    for (; out != NULL && built < n; built++) {
+        Slot *slot = &taken[built];
+        PyObject *item;
+        if (slot->depth < 0) {
+            item = slot->obj;  /* steal */
+            slot->obj = NULL;
+        } else {
+            PyObject *start = PyLong_FromLongLong(slot->start);
+            PyObject *end = PyLong_FromLongLong(slot->end);
+            PyObject *depth = PyLong_FromLong(slot->depth);  /* small: a cached int */
+            item = (start && end && depth)
+                ? PyTuple_Pack(5, slot->obj, start, end, depth, slot->exc ? slot->exc : Py_None) : NULL;
+            Py_XDECREF(start);
+            Py_XDECREF(end);
+            Py_XDECREF(depth);
+            if (item == NULL) { Py_CLEAR(out); break; }
+            slot_clear(slot);
+        }
+        PyList_SET_ITEM(out, built, item);
+    }
+    if (out == NULL) {
+        self->dropped += n;
+        for (; built < n; built++) slot_clear(&taken[built]);
+    }
+    PyMem_RawFree(taken);
+    return out;
+}
+
+/* Stop writing to shared memory (a forked child: the segment is its parent's); later records are dropped. */
+static PyObject *Lane_detach(LaneObject *self, PyObject *unused) {
+    if (self->shm == NULL) Py_RETURN_NONE;
+    Slot *ring = PyMem_Calloc(1, sizeof(Slot));
+    if (ring == NULL) return PyErr_NoMemory();
+    self->shm = NULL;
+    self->shm_records = NULL;
+    PyBuffer_Release(&self->shm_view);
+    self->ring = ring;
+    self->capacity = 1;
+    self->head = self->count = 0;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t Lane_len(LaneObject *self) {
+    if (self->shm != NULL)
+        return (Py_ssize_t)(self->shm->write - __atomic_load_n(&self->shm->read, __ATOMIC_ACQUIRE));
+    return self->count;
+}
+
+static PyObject *Lane_get_depth(LaneObject *self, void *closure) {
+    return PyLong_FromLong(self->depth);
+}
+
+static PyMethodDef Lane_methods[] = {
+    {"append", (PyCFunction)Lane_append, METH_O, "Append a ready-made raw record, dropping the oldest when full."},
+    {"drain", (PyCFunction)Lane_drain, METH_NOARGS, "Remove and return every pending record, oldest first."},
+    {"detach", (PyCFunction)Lane_detach, METH_NOARGS, "Stop writing to shared memory; later records are dropped."},
+    {NULL}
+};
+
+static PySequenceMethods Lane_as_sequence = {
+    .sq_length = (lenfunc)Lane_len,
+};
+
+static PyMemberDef Lane_members[] = {
+    {"thread_id", T_OBJECT_EX, offsetof(LaneObject, thread_id), READONLY, NULL},
+    {"thread_name", T_OBJECT_EX, offsetof(LaneObject, thread_name), READONLY, NULL},
+    {"open_iterations", T_OBJECT_EX, offsetof(LaneObject, open_iterations), READONLY, NULL},
+    {"capacity", T_PYSSIZET, offsetof(LaneObject, capacity), READONLY, NULL},
+    {"dropped", T_PYSSIZET, offsetof(LaneObject, dropped), READONLY, NULL},
+    {NULL}
+};
+
+static PyGetSetDef Lane_getset[] = {
+    {"depth", (getter)Lane_get_depth, NULL, "Number of open phases on this thread.", NULL},
+    {NULL}
+};
+
+static PyTypeObject LaneType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_rl.training._hotpath.Lane",
+    .tp_basicsize = sizeof(LaneObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Raw records of one thread (a bounded ring) and its open-phase stack.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Lane_init,
+    .tp_dealloc = (destructor)Lane_dealloc,
+    .tp_traverse = (traverseproc)Lane_traverse,
+    .tp_clear = (inquiry)Lane_clear,
+    .tp_methods = Lane_methods,
+    .tp_members = Lane_members,
+    .tp_getset = Lane_getset,
+    .tp_as_sequence = &Lane_as_sequence,
+};
+
+/* The calling thread's lane for `key` (borrowed), or NULL without an error set. */
+static LaneObject *lookup_lane(PyObject *key) {
+    PyObject *dict = PyThreadState_GetDict();
+    if (dict == NULL) return NULL;
+    PyObject *lane = PyDict_GetItemWithError(dict, key);
+    if (lane == NULL || !PyObject_TypeCheck(lane, &LaneType)) return NULL;
+    return (LaneObject *)lane;
+}
+
+static PyObject *current_lane(PyObject *module, PyObject *key) {
+    LaneObject *lane = lookup_lane(key);
+    if (lane == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    Py_INCREF(lane);
+    return (PyObject *)lane;
+}
+
+static PyObject *bind_lane(PyObject *module, PyObject *args) {
+    PyObject *key, *lane;
+    if (!PyArg_ParseTuple(args, "UO!", &key, &LaneType, &lane)) return NULL;
+    PyObject *dict = PyThreadState_GetDict();
+    if (dict == NULL) { PyErr_SetString(PyExc_RuntimeError, "no thread state dict"); return NULL; }
+    if (PyDict_SetItem(dict, key, lane) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* The calling thread's lane for `key` (borrowed), created through recorder.lane() on first use; NULL with an error set. */
+static LaneObject *entering_lane(PyObject *key, PyObject *recorder) {
+    LaneObject *lane = lookup_lane(key);
+    if (lane != NULL || PyErr_Occurred()) return lane;
+    PyObject *created = PyObject_CallMethod(recorder, "lane", NULL);
+    if (created == NULL) return NULL;
+    Py_DECREF(created);  /* the thread state's dict keeps it */
+    lane = lookup_lane(key);
+    if (lane == NULL && !PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "recorder.lane() did not bind a C lane");
+    return lane;
+}
+
+/* warn_fn(kind, obj, other) for a misuse; returns False (what __exit__ returns), NULL on error. */
+static PyObject *misuse(PyObject *warn_fn, const char *kind, PyObject *obj, PyObject *other) {
+    PyObject *r = PyObject_CallFunction(warn_fn, "sOO", kind, obj, other ? other : Py_None);
+    if (r == NULL) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+/* --------------------------------------------------------------- Phase */
+
+
+static int Phase_init(PhaseObject *self, PyObject *args, PyObject *kwds) {
+    static char *kwlist[] = {"spec", "key", "recorder", "warn", "id", NULL};
+    PyObject *spec, *key, *recorder, *warn;
+    int id = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OUOO|i", kwlist, &spec, &key, &recorder, &warn, &id))
+        return -1;
+    self->id = id;
+    Py_INCREF(spec); Py_XSETREF(self->spec, spec);
+    Py_INCREF(key); Py_XSETREF(self->key, key);
+    Py_INCREF(recorder); Py_XSETREF(self->recorder, recorder);
+    Py_INCREF(warn); Py_XSETREF(self->warn, warn);
+    return 0;
+}
+
+static int Phase_traverse(PhaseObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->spec);
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->warn);
+    return 0;
+}
+
+static int Phase_clear(PhaseObject *self) {
+    Py_CLEAR(self->spec);
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->warn);
+    return 0;
+}
+
+static void Phase_dealloc(PhaseObject *self) {
+    PyObject_GC_UnTrack(self);
+    Phase_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *Phase_enter(PhaseObject *self, PyObject *unused) {
+    LaneObject *lane = entering_lane(self->key, self->recorder);
+    if (lane == NULL) return NULL;
+    if (lane->depth >= MAX_DEPTH) {
+        PyObject *r = misuse(self->warn, "too-deep", (PyObject *)self, NULL);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    } else {
+        Py_INCREF(self);
+        lane->stack_phase[lane->depth] = (PyObject *)self;
+        lane->stack_start[lane->depth] = now_ns();
+        lane->depth++;
+    }
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long end = now_ns();
+    PyObject *exc_type = nargs > 0 ? args[0] : Py_None;
+    LaneObject *lane = lookup_lane(self->key);
+    if (lane == NULL || lane->depth == 0) {
+        if (PyErr_Occurred()) return NULL;
+        return misuse(self->warn, "foreign", (PyObject *)self, NULL);
+    }
+    PyObject *innermost = lane->stack_phase[lane->depth - 1];
+    if (innermost != (PyObject *)self) return misuse(self->warn, "order", (PyObject *)self, innermost);
+    lane->depth--;
+    if (lane->shm != NULL) {
+        int32_t exc = exc_type == Py_None ? -1 : shm_intern(lane, exc_type);
+        ShmRecord *rec = shm_next(lane);
+        if (rec != NULL) {
+            rec->kind = SHM_PHASE;
+            rec->name = self->id;
+            rec->start = lane->stack_start[lane->depth];
+            rec->end = end;
+            rec->depth = (int16_t)lane->depth;
+            rec->exc = exc;
+            shm_commit(lane);
+        }
+        lane->stack_phase[lane->depth] = NULL;
+        Py_DECREF(self);  /* the stack's reference */
+        Py_RETURN_FALSE;
+    }
+    Slot evicted;
+    Slot *slot = lane_next_slot(lane, &evicted);
+    slot->obj = (PyObject *)self;  /* the stack's reference moves into the record */
+    lane->stack_phase[lane->depth] = NULL;
+    if (exc_type != Py_None) {
+        Py_INCREF(exc_type);
+        slot->exc = exc_type;
+    } else {
+        slot->exc = NULL;
+    }
+    slot->start = lane->stack_start[lane->depth];
+    slot->end = end;
+    slot->depth = lane->depth;
+    slot_clear(&evicted);
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef Phase_methods[] = {
+    {"__enter__", (PyCFunction)Phase_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Phase_exit, METH_FASTCALL, NULL},
+    {NULL}
+};
+
+static PyMemberDef Phase_members[] = {
+    {"spec", T_OBJECT_EX, offsetof(PhaseObject, spec), READONLY, NULL},
+    {"id", T_INT, offsetof(PhaseObject, id), READONLY, NULL},
+    {NULL}
+};
+
+static PyTypeObject PhaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_rl.training._hotpath.Phase",
+    .tp_basicsize = sizeof(PhaseObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Enter/exit of a phase: timestamps into the calling thread's lane.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Phase_init,
+    .tp_dealloc = (destructor)Phase_dealloc,
+    .tp_traverse = (traverseproc)Phase_traverse,
+    .tp_clear = (inquiry)Phase_clear,
+    .tp_methods = Phase_methods,
+    .tp_members = Phase_members,
+};
+
+
+/* ----------------------------------------------------------- Iteration */
+
+/* The raw-record tags of iteration marks: the very objects recorder.py compares with `is`. */
+static PyObject *tag_start = NULL, *tag_end = NULL;
+
+static inline long long thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);  /* the clock behind time.thread_time_ns() */
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *key, *recorder, *warn;
+    PyObject *timeline, *index, *env_steps;
+    PyObject *on_enter;  /* on_enter(iteration) or None */
+    int thread_time;
+    int active;
+} IterationObject;
+
+static int Iteration_init(IterationObject *self, PyObject *args, PyObject *kwds) {
+    /* Positional only, the per-run arguments first (bound once with functools.partial). */
+    PyObject *key, *recorder, *warn_fn, *on_enter, *timeline, *index, *env_steps;
+    int thread_time;
+    if (kwds != NULL && PyDict_GET_SIZE(kwds)) { PyErr_SetString(PyExc_TypeError, "Iteration takes positional arguments"); return -1; }
+    if (!PyArg_ParseTuple(args, "UOOOpUOO", &key, &recorder, &warn_fn, &on_enter, &thread_time, &timeline, &index, &env_steps))
+        return -1;
+    Py_INCREF(key); Py_XSETREF(self->key, key);
+    Py_INCREF(recorder); Py_XSETREF(self->recorder, recorder);
+    Py_INCREF(warn_fn); Py_XSETREF(self->warn, warn_fn);
+    Py_INCREF(timeline); Py_XSETREF(self->timeline, timeline);
+    Py_INCREF(index); Py_XSETREF(self->index, index);
+    Py_INCREF(env_steps); Py_XSETREF(self->env_steps, env_steps);
+    Py_INCREF(on_enter); Py_XSETREF(self->on_enter, on_enter);
+    self->thread_time = thread_time;
+    self->active = 0;
+    return 0;
+}
+
+static int Iteration_traverse(IterationObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->recorder);
+    Py_VISIT(self->warn);
+    Py_VISIT(self->index);
+    Py_VISIT(self->env_steps);
+    Py_VISIT(self->on_enter);
+    return 0;
+}
+
+static int Iteration_clear(IterationObject *self) {
+    Py_CLEAR(self->key);
+    Py_CLEAR(self->recorder);
+    Py_CLEAR(self->warn);
+    Py_CLEAR(self->timeline);
+    Py_CLEAR(self->index);
+    Py_CLEAR(self->env_steps);
+    Py_CLEAR(self->on_enter);
+    return 0;
+}
+
+static void Iteration_dealloc(IterationObject *self) {
+    PyObject_GC_UnTrack(self);
+    Iteration_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Append (tag, time, timeline, index, env_steps, thread cpu or None) to the lane. */
+static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag, long long time_ns) {
+    if (lane->shm != NULL) {
+        int32_t timeline = shm_intern(lane, self->timeline);
+        ShmRecord *rec = shm_next(lane);
+        if (rec == NULL) return 0;
+        rec->kind = tag == tag_start ? SHM_ITERATION_START : SHM_ITERATION_END;
+        rec->name = timeline;
+        rec->start = time_ns;
+        rec->end = self->thread_time ? thread_cpu_ns() : -1;
+        rec->a = as_int64(self->index, -1);
+        rec->b = self->env_steps == Py_None ? INT64_MIN : as_int64(self->env_steps, INT64_MIN);
+        rec->exc = -1;
+        shm_commit(lane);
+        return 0;
+    }
+    PyObject *cpu = self->thread_time ? PyLong_FromLongLong(thread_cpu_ns()) : Py_NewRef(Py_None);
+    if (cpu == NULL) return -1;
+    PyObject *time_obj = PyLong_FromLongLong(time_ns);
+    if (time_obj == NULL) { Py_DECREF(cpu); return -1; }
+    PyObject *record = PyTuple_Pack(6, tag, time_obj, self->timeline, self->index, self->env_steps, cpu);
+    Py_DECREF(time_obj);
+    Py_DECREF(cpu);
+    if (record == NULL) return -1;
+    Slot evicted;
+    Slot *slot = lane_next_slot(lane, &evicted);
+    slot->obj = record;  /* the new reference moves into the ring */
+    slot->exc = NULL;
+    slot->depth = -1;
+    slot_clear(&evicted);
+    return 0;
+}
+
+static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
+    if (tag_start == NULL) { PyErr_SetString(PyExc_RuntimeError, "record tags not set"); return NULL; }
+    LaneObject *lane = entering_lane(self->key, self->recorder);
+    if (lane == NULL) return NULL;
+    PyObject *open = PyDict_GetItemWithError(lane->open_iterations, self->timeline); /* borrowed */
+    if (open != NULL) {
+        PyObject *r = misuse(self->warn, "twice", (PyObject *)self, open);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+        return Py_NewRef(self);
+    }
+    if (PyErr_Occurred()) return NULL;
+    if (PyDict_SetItem(lane->open_iterations, self->timeline, (PyObject *)self) < 0) return NULL;
+    self->active = 1;
+    if (self->on_enter != Py_None) {
+        PyObject *r = PyObject_CallOneArg(self->on_enter, (PyObject *)self);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
+    if (iteration_mark(self, lane, tag_start, now_ns()) < 0) return NULL;
+    return Py_NewRef(self);
+}
+
+static PyObject *Iteration_exit(IterationObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    long long end = now_ns();
+    if (!self->active) Py_RETURN_FALSE;
+    self->active = 0;
+    LaneObject *lane = lookup_lane(self->key);
+    PyObject *open = lane == NULL ? NULL : PyDict_GetItemWithError(lane->open_iterations, self->timeline);
+    if (open != (PyObject *)self) {
+        if (PyErr_Occurred()) return NULL;
+        return misuse(self->warn, "foreign", (PyObject *)self, NULL);
+    }
+    if (PyDict_DelItem(lane->open_iterations, self->timeline) < 0) return NULL;
+    if (iteration_mark(self, lane, tag_end, end) < 0) return NULL;
+    Py_RETURN_FALSE;
+}
+
+static PyMethodDef Iteration_methods[] = {
+    {"__enter__", (PyCFunction)Iteration_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)(void (*)(void))Iteration_exit, METH_FASTCALL, NULL},
+    {NULL}
+};
+
+static PyMemberDef Iteration_members[] = {
+    {"timeline", T_OBJECT_EX, offsetof(IterationObject, timeline), READONLY, NULL},
+    {"index", T_OBJECT_EX, offsetof(IterationObject, index), READONLY, NULL},
+    {"env_steps", T_OBJECT_EX, offsetof(IterationObject, env_steps), READONLY, NULL},
+    {NULL}
+};
+
+static PyTypeObject IterationType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "otel_rl.training._hotpath.Iteration",
+    .tp_basicsize = sizeof(IterationObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "Enter/exit of one cycle: start and end marks into the calling thread's lane.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Iteration_init,
+    .tp_dealloc = (destructor)Iteration_dealloc,
+    .tp_traverse = (traverseproc)Iteration_traverse,
+    .tp_clear = (inquiry)Iteration_clear,
+    .tp_methods = Iteration_methods,
+    .tp_members = Iteration_members,
+};
+
+static PyObject *set_record_tags(PyObject *module, PyObject *args) {
+    PyObject *start, *end, *flow, *correlate;
+    if (!PyArg_ParseTuple(args, "OOOO", &start, &end, &flow, &correlate)) return NULL;
+    Py_XSETREF(tag_start, Py_NewRef(start));
+    Py_XSETREF(tag_end, Py_NewRef(end));
+    Py_XSETREF(tag_flow, Py_NewRef(flow));
+    Py_XSETREF(tag_correlate, Py_NewRef(correlate));
+    Py_RETURN_NONE;
+}
+
+/* Room for a frame of `size` bytes (header included, a multiple of 8) in a segment's message ring
+ * at `ring` (layout in otel_rl/shm/segment.py): where to write it, or NULL (counted as dropped)
+ * when the ring has less than that free under `limit`. commit_frame publishes it. */
+static char *reserve_frame(char *ring, uint64_t cap, uint64_t size, uint64_t limit, uint64_t *end) {
+    uint64_t *write = (uint64_t *)ring, *read = (uint64_t *)(ring + 8), *dropped = (uint64_t *)(ring + 16);
+    char *data = ring + 64;
+    uint64_t w = *write, r = __atomic_load_n(read, __ATOMIC_ACQUIRE), pos = w % cap;
+    uint64_t skip = pos + size > cap ? cap - pos : 0;
+    uint64_t room = limit < cap ? limit : cap;
+    if (w + skip + size - r > room) {
+        __atomic_store_n(dropped, *dropped + 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    if (skip) {
+        if (skip >= 8) memset(data + pos, 0, 8);  /* a SKIP frame: length 0, kind 0 */
+        w += skip;
+        pos = 0;
+    }
+    *end = w + size;
+    return data + pos;
+}
+
+static void commit_frame(char *ring, uint64_t end) {
+    __atomic_store_n((uint64_t *)ring, end, __ATOMIC_RELEASE);
+}
+
+/* The ring at `offset` of a writable buffer view, or NULL with an error set. */
+static char *ring_of(Py_buffer *view, Py_ssize_t offset, Py_ssize_t capacity) {
+    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view->len < offset + 64 + capacity) {
+        PyErr_SetString(PyExc_ValueError, "not a message ring of this buffer");
+        return NULL;
+    }
+    return (char *)view->buf + offset;
+}
+
+/* put_frame(buffer, ring_offset, capacity, kind, payload, limit) -> bool: one frame into a
+ * message ring of a segment. Nothing here releases the GIL, so the threads of this process
+ * append one at a time without a lock. */
+static PyObject *put_frame(PyObject *module, PyObject *args) {
+    PyObject *buffer;
+    Py_ssize_t offset, capacity, limit;
+    unsigned int kind;
+    Py_buffer payload;
+    if (!PyArg_ParseTuple(args, "OnnIy*n", &buffer, &offset, &capacity, &kind, &payload, &limit)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) { PyBuffer_Release(&payload); return NULL; }
+    PyObject *result = NULL;
+    char *ring = ring_of(&view, offset, capacity);
+    if (ring != NULL && payload.len > 0x7fffffff) PyErr_SetString(PyExc_ValueError, "payload too large");
+    else if (ring != NULL) {
+        uint64_t size = 8 + (uint64_t)payload.len, end;
+        size += (8 - size % 8) % 8;
+        char *at = reserve_frame(ring, (uint64_t)capacity, size, (uint64_t)limit, &end);
+        if (at == NULL) result = Py_NewRef(Py_False);
+        else {
+            uint32_t header[2] = {(uint32_t)payload.len, kind};
+            memcpy(at, header, 8);
+            memcpy(at + 8, payload.buf, (size_t)payload.len);
+            commit_frame(ring, end);
+            result = Py_NewRef(Py_True);
+        }
+    }
+    PyBuffer_Release(&view);
+    PyBuffer_Release(&payload);
+    return result;
+}
+
+/* A packed scalars record (see otel_rl/shm/segment.py: SCALARS_HEADER, SCALAR_ENTRY). */
+typedef struct { int64_t time, step, iteration, env_steps; uint32_t count, reserved; } ScalarsHeader;
+typedef struct { uint32_t key; uint8_t tag, reserved[3]; union { double f; int64_t i; } value; } ScalarEntry;
+enum { VALUE_FLOAT = 0, VALUE_INT = 1, VALUE_NONE = 2, VALUE_BOOL = 3 };
+
+static int optional_int64(PyObject *obj, int64_t *out) {
+    if (obj == Py_None) { *out = INT64_MIN; return 1; }
+    if (!PyLong_CheckExact(obj)) return 0;
+    int overflow;
+    long long v = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (overflow || (v == -1 && PyErr_Occurred()) || v == INT64_MIN) { PyErr_Clear(); return 0; }
+    *out = v;
+    return 1;
+}
+
+/* put_scalars(buffer, ring_offset, capacity, limit, kind, time_ns, values, step, iteration,
+ * env_steps, key_ids, intern) -> True, False (ring full) or None (not plain: encode it another way).
+ * Keys must be exact str (ids from key_ids, else intern(key)), values float, int (64-bit), bool or
+ * None. Every key is looked up before the ring is touched: intern() runs Python code. */
+static PyObject *put_scalars(PyObject *module, PyObject *args) {
+    PyObject *buffer, *values, *step, *iteration, *env_steps, *key_ids, *intern;
+    Py_ssize_t offset, capacity, limit;
+    unsigned int kind;
+    long long time_ns;
+    if (!PyArg_ParseTuple(args, "OnnnILO!OOOO!O", &buffer, &offset, &capacity, &limit, &kind, &time_ns,
+                          &PyDict_Type, &values, &step, &iteration, &env_steps, &PyDict_Type, &key_ids, &intern))
+        return NULL;
+    ScalarsHeader header = {time_ns, 0, 0, 0, 0, 0};
+    if (!optional_int64(step, &header.step) || !optional_int64(iteration, &header.iteration)
+        || !optional_int64(env_steps, &header.env_steps))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyDict_GET_SIZE(values);
+    ScalarEntry *entries = PyMem_Calloc(n ? (size_t)n : 1, sizeof(ScalarEntry));
+    if (entries == NULL) return PyErr_NoMemory();
+    PyObject *key, *value, *result = NULL;
+    Py_ssize_t pos = 0, i = 0;
+    int plain = 1;
+    while (plain && PyDict_Next(values, &pos, &key, &value)) {
+        ScalarEntry *e = &entries[i++];
+        if (!PyUnicode_CheckExact(key)) { plain = 0; break; }
+        if (PyFloat_CheckExact(value)) { e->tag = VALUE_FLOAT; e->value.f = PyFloat_AS_DOUBLE(value); }
+        else if (value == Py_None) e->tag = VALUE_NONE;
+        else if (PyBool_Check(value)) { e->tag = VALUE_BOOL; e->value.i = value == Py_True; }
+        else if (PyLong_CheckExact(value)) {
+            int overflow;
+            long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
+            if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); plain = 0; break; }
+            e->tag = VALUE_INT;
+            e->value.i = v;
+        } else { plain = 0; break; }
+    }
+    if (!plain) { result = Py_NewRef(Py_None); goto done; }
+    /* Key ids (values are checked: nothing above ran Python code; intern() below may). */
+    pos = 0; i = 0;
+    while (PyDict_Next(values, &pos, &key, &value)) {
+        Py_INCREF(key);
+        PyObject *id = PyDict_GetItemWithError(key_ids, key);
+        if (id != NULL) Py_INCREF(id);
+        else if (!PyErr_Occurred()) id = PyObject_CallOneArg(intern, key);
+        Py_DECREF(key);
+        if (id == NULL) goto done;
+        long v = PyLong_AsLong(id);
+        Py_DECREF(id);
+        if (v == -1 && PyErr_Occurred()) goto done;
+        if (v < 0) { result = Py_NewRef(Py_None); goto done; }  /* the string table is full */
+        entries[i++].key = (uint32_t)v;
+        if (i == n) break;
+    }
+    if (i != n) { result = Py_NewRef(Py_None); goto done; }  /* the dict changed under intern() */
+    header.count = (uint32_t)n;
+    Py_buffer view;
+    if (PyObject_GetBuffer(buffer, &view, PyBUF_WRITABLE) < 0) goto done;
+    char *ring = ring_of(&view, offset, capacity);
+    if (ring != NULL) {
+        uint64_t length = sizeof(ScalarsHeader) + (uint64_t)n * sizeof(ScalarEntry), end;
+        char *at = reserve_frame(ring, (uint64_t)capacity, 8 + length, (uint64_t)limit, &end);
+        if (at == NULL) result = Py_NewRef(Py_False);
+        else {
+            uint32_t frame[2] = {(uint32_t)length, kind};
+            memcpy(at, frame, 8);
+            memcpy(at + 8, &header, sizeof(ScalarsHeader));
+            memcpy(at + 8 + sizeof(ScalarsHeader), entries, (size_t)n * sizeof(ScalarEntry));
+            commit_frame(ring, end);
+            result = Py_NewRef(Py_True);
+        }
+    }
+    PyBuffer_Release(&view);
+done:
+    PyMem_Free(entries);
+    return result;
+}
+
+static PyObject *monotonic_ns(PyObject *module, PyObject *unused) {
+    return PyLong_FromLongLong(now_ns());
+}
+
+static PyMethodDef module_methods[] = {
+    {"monotonic_ns", monotonic_ns, METH_NOARGS, "The clock this module stamps phases with."},
+    {"put_frame", put_frame, METH_VARARGS, "Append one frame to a segment's message ring; False when it is full."},
+    {"put_scalars", put_scalars, METH_VARARGS, "Append a packed scalars record; False when the ring is full, None when not plain."},
+    {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
+    {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
+    {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end, flow and correlation records."},
+    {NULL}
+};
+
+static struct PyModuleDef hotpath_module = {
+    PyModuleDef_HEAD_INIT, "otel_rl.training._hotpath", "C hot path of the phase recorder.", -1, module_methods,
+};
+
+PyMODINIT_FUNC PyInit__hotpath(void) {
+    if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PhaseType) < 0 || PyType_Ready(&IterationType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&hotpath_module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LaneType);
+    if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) { Py_DECREF(&LaneType); Py_DECREF(m); return NULL; }
+    Py_INCREF(&PhaseType);
+    if (PyModule_AddObject(m, "Phase", (PyObject *)&PhaseType) < 0) { Py_DECREF(&PhaseType); Py_DECREF(m); return NULL; }
+    Py_INCREF(&IterationType);
+    if (PyModule_AddObject(m, "Iteration", (PyObject *)&IterationType) < 0) { Py_DECREF(&IterationType); Py_DECREF(m); return NULL; }
+    return m;
+}
