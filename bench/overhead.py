@@ -181,7 +181,10 @@ def build_arm(arm: str, peers: dict, tmp: Path):
     if agent == "off":
         from rich.console import Console
 
-        from otel_rl.outputs.panel import PanelSink
+        try:
+            from otel_rl.outputs.panel import PanelSink
+        except ImportError:  # a --compare checkout from before otel_rl/outputs
+            from otel_rl.panel import PanelSink
 
         tel.add_sink(PanelSink(tel.config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140)))  # noqa: SIM115
     tel.run().__enter__()
@@ -333,7 +336,7 @@ def calibrate(kind: str, target_s: float) -> int:
 
 def run_child(spec: dict, compare: str | None = None) -> dict:
     env = None
-    if spec["arm"].endswith(COMPARE_SUFFIX):
+    if COMPARE_SUFFIX in spec["arm"]:  # "otel-rl@compare", "otel-rl@compare: agent"...
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [compare, os.environ.get("PYTHONPATH")]))}
     out = subprocess.run(
         [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, timeout=300, env=env
@@ -395,7 +398,7 @@ def main() -> None:
     ]  # fmt: skip
     if args.arms:
         arms = [arm.strip() for arm in args.arms.split(",")]
-    if args.compare:
+    if args.compare and not any(COMPARE_SUFFIX in arm for arm in arms):
         arms.insert(3, "otel-rl" + COMPARE_SUFFIX)
     lengths = {"200us": 200e-6, "2ms": 2e-3, "20ms": 20e-3}
     workloads = [("numpy", "200us"), ("python", "200us"), ("numpy", "2ms"), ("python", "2ms"), ("numpy", "20ms"), ("python", "20ms")]
@@ -455,8 +458,8 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
             lines += [
                 f"## {kind} workload, {name} iterations, scalars every {every}",
                 "",
-                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | background CPU | agent CPU | peak RSS (MiB) | delivered |",
-                "|---|---|---|---|---|---|---|---|",
+                "| arm | slowdown vs off | phase p50 / p99 (us) | scalars() p50 / p99 (us) | background CPU | agent CPU | agent CPU per 1,000 it/s | peak RSS (MiB) | delivered |",
+                "|---|---|---|---|---|---|---|---|---|",
             ]
             for arm in arms:
                 runs = results[(kind, name, every, arm)]
@@ -472,7 +475,8 @@ def render(results, demo, workloads, scalars_every, arms, rounds) -> str:
                     delivered += f" (of {last['produced']['scalars']} scalars calls, {last['produced']['phases']} phases)"
                 lines.append(
                     f"| {arm} | {100 * (base / rate - 1):+.2f}% | {percentile(phase, 0.5):.2f} / {percentile(phase, 0.99):.2f} "
-                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {100 * background:.1f}% | {100 * agent_cpu:.0f}% | {rss:.0f} | {delivered} |"
+                    f"| {percentile(calls, 0.5):.1f} / {percentile(calls, 0.99):.1f} | {100 * background:.1f}% | {100 * agent_cpu:.0f}% "
+                    f"| {100 * agent_cpu / (rate / 1000):.1f}% | {rss:.0f} | {delivered} |"
                 )
             lines.append("")
     if demo["off"]:

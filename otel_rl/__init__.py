@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.config import TelemetryConfig
 from otel_rl.schema import SchemaError
 from otel_rl.telemetry import NoOpTelemetry, Telemetry
+from otel_rl.version import __version__
 
-__version__ = "0.1.0"
-__all__ = ["init", "Telemetry", "NoOpTelemetry", "TelemetryConfig", "SchemaError", "__version__"]
+__all__ = ["init", "Telemetry", "NoOpTelemetry", "TrainingTelemetry", "TelemetryConfig", "SchemaError", "__version__"]
 
 
 def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -> Telemetry | NoOpTelemetry:
@@ -44,8 +45,4 @@ def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -
     config = TelemetryConfig.from_options(run_dir, service_name, **options)
     if not config.enabled:
         return NoOpTelemetry(config)
-    if config.agent != "off":
-        from otel_rl.training.segment_recorder import ProducerTelemetry
-
-        return ProducerTelemetry(config)
     return Telemetry(config)

@@ -12,6 +12,8 @@ Every module logs through ``logger(__name__)``: a standard :class:`logging.Logge
   then one line says that further ones are suppressed (50,000 bad keys give
   about 20 lines, not 50,000);
 * ``extra=EVERY_TIME`` opts a record out (a worker crash is worth every line);
+* ``extra=RELAYED`` marks a warning an agent process logged and forwarded: it
+  passes unless this process already logged the same text itself;
 * debug and info records always pass.
 
 otel-rl never adds handlers: where the lines go is the application's choice.
@@ -27,7 +29,10 @@ MAX_VARIANTS = 20
 """Distinct warnings logged per message template before the rest are suppressed."""
 
 _ONCE = "otel_rl_once"
+_RELAYED = "otel_rl_relayed"
 _UNSET = object()
+MAX_TEXTS = 10_000
+"""Texts of passed warnings remembered, for relayed duplicates."""
 
 
 def once(key: str) -> dict[str, Any]:
@@ -38,6 +43,9 @@ def once(key: str) -> dict[str, Any]:
 EVERY_TIME: dict[str, Any] = {_ONCE: None}
 """``extra=`` for a warning that is logged every time."""
 
+RELAYED: dict[str, Any] = {_RELAYED: True}
+"""``extra=`` for a warning forwarded from an agent process (its text is the message)."""
+
 
 class DuplicateFilter(logging.Filter):
     """Passes each distinct warning once (see the module docstring); thread-safe."""
@@ -47,10 +55,20 @@ class DuplicateFilter(logging.Filter):
         self._lock = threading.Lock()
         self._seen: set[object] = set()
         self._variants: dict[tuple[str, object], int] = {}
+        self._texts: set[str] = set()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno < logging.WARNING:
             return True
+        if getattr(record, _RELAYED, False):
+            return record.getMessage() not in self._texts
+        if not self._passes(record):
+            return False
+        if len(self._texts) < MAX_TEXTS:
+            self._texts.add(record.getMessage())
+        return True
+
+    def _passes(self, record: logging.LogRecord) -> bool:
         key = getattr(record, _ONCE, _UNSET)
         if key is None:
             return True
@@ -81,6 +99,7 @@ class DuplicateFilter(logging.Filter):
         with self._lock:
             self._seen.clear()
             self._variants.clear()
+            self._texts.clear()
 
 
 DEDUP = DuplicateFilter()

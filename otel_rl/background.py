@@ -49,6 +49,15 @@ class Deadline:
         """Bring the deadline to at most ``timeout_s`` from now."""
         self._at = min(self._at, time.monotonic() + max(timeout_s, 0.0))
 
+    def join(self, thread: threading.Thread) -> bool:
+        """Wait for ``thread`` until this deadline, in short steps (it may move earlier meanwhile); True if it ended."""
+        while thread.is_alive():
+            left = self.left()
+            if left <= 0:
+                return False
+            thread.join(min(left, 0.1))
+        return True
+
 
 class Worker:
     """Base of otel-rl's background loops (see the module docstring).
@@ -206,3 +215,15 @@ def pid_alive(pid: int | None) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pid_running(pid: int | None) -> bool:
+    """Whether a process with this pid exists and has not exited (a zombie waiting to be collected does not count)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:  # no /proc here, or it exited just now
+        return pid_alive(pid)
+    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")

@@ -89,15 +89,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _agent(args) -> int:
-    from otel_rl.shm import segment
+    from otel_rl.agent import directory as agents
     from otel_rl.agent.service import AgentService
 
     try:
-        directory = segment.agent_dir(args.name)
+        directory = agents.agent_dir(args.name)
     except (ValueError, OSError) as exc:
         print(f"otel-rl agent: {exc}", file=sys.stderr)
         return 2
-    if segment.agent_running(directory):
+    if agents.agent_running(directory):
         print(f"otel-rl agent: an agent named {args.name!r} is already running", file=sys.stderr)
         return 1
     print(f"otel-rl agent: serving OTEL_RL_AGENT={args.name} (Ctrl-C to stop)", file=sys.stderr)

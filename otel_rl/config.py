@@ -21,17 +21,17 @@ from otel_rl import environment_variables as env
 from otel_rl.values import clean_text
 
 
-AGENT_MODES = ("off", "thread", "process")
+AGENT_MODES = ("thread", "process")
 AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """An agent's name: also its directory's (``.`` and ``..`` excepted)."""
-AGENT_CHOICES = "off, thread, process or the name of a shared agent (1 to 64 of A-Z a-z 0-9 _ . -)"
+AGENT_CHOICES = "process, thread (or off) or the name of a shared agent (1 to 64 of A-Z a-z 0-9 _ . -)"
 
 
 def _agent_mode(raw: str) -> str:
     """A mode (case-insensitive; ``inprocess`` is ``thread``) or an agent's name (kept as written)."""
     mode = raw.strip()
-    if mode.lower() in (*AGENT_MODES, "inprocess"):
-        return "thread" if mode.lower() == "inprocess" else mode.lower()
+    if mode.lower() in (*AGENT_MODES, "inprocess", "off"):  # the older names of the in-process host
+        return "thread" if mode.lower() in ("inprocess", "off") else mode.lower()
     if not AGENT_NAME.fullmatch(mode) or mode in (".", ".."):
         raise ValueError(raw)
     return mode

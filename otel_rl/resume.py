@@ -117,6 +117,7 @@ class StepCheck:
 
     def __init__(self, last_steps: dict[str, int] | None = None) -> None:
         self._last = dict(last_steps or {})
+        self._highest = max(self._last.values(), default=None)
         self._reported: set[str] = set()
 
     def check(self, values: dict[str, Any], step: int | None) -> dict[str, Any] | None:
@@ -124,6 +125,10 @@ class StepCheck:
         if step is None:
             return None
         last = self._last
+        if self._highest is None or step >= self._highest:  # the steady state: no key's last step is above it
+            self._highest = step
+            last.update(dict.fromkeys(values, step))
+            return None
         back = [k for k in values if last.get(k, step) > step]
         previous = max((last[k] for k in back), default=None)
         last.update(dict.fromkeys(values, step))

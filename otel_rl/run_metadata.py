@@ -64,7 +64,7 @@ def flatten(document: Any, prefix: str = "") -> dict[str, Any]:
 
 def package_versions() -> dict[str, str]:
     """Versions worth knowing when reading a run: Python, otel-rl, and the ML stack if loaded."""
-    from otel_rl import __version__
+    from otel_rl.version import __version__
 
     versions = {"python": platform.python_version(), "otel_rl": __version__}
     for name in ("torch", "numpy", "gymnasium", "stable_baselines3", "torchrl", "ray"):

@@ -18,18 +18,18 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_rl import run_metadata, schema
-from otel_rl.outputs.motrix import protocol
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
-from otel_rl.distributions import to_host_array
-from otel_rl.drops import Drops
-from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
-from otel_rl.training.recorder import FLOW, Iteration, Phase, Recorder
+from otel_rl.hosts import Host, start_host
+from otel_rl.core.identity import RunIdentity, service_name
+from otel_rl.core.pipeline import Clock, RecordSink
 from otel_rl.core.records import RunRecord
-from otel_rl.resume import StepCheck
-from otel_rl.run_metadata import redact
+from otel_rl.distributions import to_host_array
+from otel_rl.outputs.motrix import protocol
 from otel_rl.outputs.otel.spans import new_span_id, new_trace_id
+from otel_rl.run_metadata import redact
+from otel_rl.training.recorder import FLOW, Iteration, Phase
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
 
 _logger = logger(__name__)
@@ -169,24 +169,11 @@ class Telemetry:
 
     enabled = True
 
-    def __init__(
-        self,
-        config: TelemetryConfig,
-        sinks: list[RecordSink] | None = None,
-        *,
-        trace: tuple[int, int | None] | None = None,
-        producer_pid: int | None = None,
-        started_ns: int | None = None,
-        takeover: int = 0,
-    ) -> None:
-        """``trace`` (trace id, parent span id), ``producer_pid``, ``started_ns`` (the producer's
-        :func:`otel_rl.init`) and ``takeover`` (agents that served the producer before) are set by
-        an agent building a producer's outputs."""
+    def __init__(self, config: TelemetryConfig, sinks: list[RecordSink] | None = None) -> None:
+        """``sinks``: extra record sinks (they keep the outputs in this process: ``agent="thread"``)."""
         self.config = config
         self._clock = Clock()
-        self._producer_pid = producer_pid
-        self._started_ns = self._clock.now_ns() if started_ns is None else started_ns
-        self._takeover = takeover
+        started_ns = self._clock.now_ns()
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -196,23 +183,16 @@ class Telemetry:
         self._strict_keys: set[str] = set()
         self._run_open = False
         self._cuda_timer = None
-        self._num_envs: int | None = None
         self._window_mark: tuple[dict, dict] = ({}, {})
         self._relays: list = []
         self._monitor = None
-        self._seq = protocol.seq_counter()
-        self._writer = protocol.writer_id()
-        self._drops = Drops()
         self._nonfinite_paths: set[str] = set()
         self._sigterm = _SigtermGuard(self)
         self._deadline: Deadline | None = None
         self._hurried = False
-        self._pipeline: Pipeline | None = None
-        self._system = None
-        self._built: list[RecordSink] = []
         self._run_span_id: int | None = None
 
-        parent = trace or parse_traceparent(os.environ.get("TRACEPARENT", ""))
+        parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
         self._previous = self._previous_run() if config.resume and config.role == "learner" else None
         if self._previous is not None and self._previous.trace_id and not parent:
@@ -221,17 +201,16 @@ class Telemetry:
         # replaced there is reported once the recorder exists.
         replaced: list[tuple[str, Any]] = []
         config.meta = redact(json_safe(config.meta, lambda path, value: replaced.append((path, value)), "meta"))
-        self._recorder = self._new_recorder()
+        self._service_name = service_name(config)
+        identity = RunIdentity(
+            config, self.trace_id, self._parent_span_id, os.getpid(), started_ns, self._clock.offset_ns, self._previous,
+            self._service_name,
+        )  # fmt: skip
+        self._host: Host = start_host(identity, list(sinks or []))
+        self._recorder = self._host.recorder
         for path, value in replaced:
             self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
-        self._base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
-        self._service_name = config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
-        try:
-            self._build(config, sinks or [])
-        except BaseException:
-            self._abort()
-            raise
         # The exit hook holds a weak reference: it must not keep a forgotten
         # Telemetry alive, and it is bounded by the shutdown timeout.
         ref = weakref.ref(self)
@@ -240,167 +219,16 @@ class Telemetry:
         atexit.register(self._atexit)
         _live.add(self)
 
-    def _new_recorder(self) -> Recorder:
-        return Recorder(self.config.lane_capacity, self.config.scalars_capacity)
-
-    def _build(self, config: TelemetryConfig, extra_sinks: list[RecordSink]) -> None:
-        """Create the sinks, the pipeline and the sampler; :meth:`_abort` undoes a partial build."""
-        from otel_rl.outputs.otel.aggregation import Aggregates, AggregatorSink
-        from otel_rl.outputs.otel.sink import OpenTelemetrySink
-        from otel_rl.outputs.summary import SummarySink
-
-        self._aggregates = Aggregates(self._clock.now_ns(), self._base_attributes, self.trace_id)
-        self._otel = OpenTelemetrySink(
-            self._resource(),
-            self._clock,
-            self.trace_id,
-            config.span_budget_per_s,
-            self._aggregates,
-            pending=self._pending,
-            span_exporters=config.span_exporters,
-            metric_exporters=config.metric_exporters,
-            log_exporters=config.log_exporters,
-            metric_export_interval_ms=config.metric_export_interval_ms,
-            parent_span_id=self._parent_span_id,
-        )
-        # Order matters: the span sink assigns span ids that the aggregator
-        # keeps as exemplars.
-        self._built += [self._otel, AggregatorSink(self._aggregates, self._dropped)]
-        if config.run_dir is not None:
-            resumes = 0 if self._previous is None else self._previous.resumes + 1
-            self._built.append(SummarySink(config, self._aggregates, self.trace_id, resumes))
-        self._motrix = self._motrix_sink()
-        if self._motrix is not None:
-            self._built.append(self._motrix)
-        if config.trace_enabled:
-            from otel_rl.outputs.perfetto.trace import TRACE_FILE, PerfettoTraceSink
-            from otel_rl.worker_processes import fragment_name
-
-            # The learner's rank 0 writes the trace; workers and the ranks an agent joins to it write fragments it merges.
-            learner = config.role == "learner" and (config.rank == 0 or config.outputs_on_every_rank)
-            directory = config.trace_output_dir or config.run_dir
-            path = directory / (TRACE_FILE if learner else fragment_name(config.role, config.rank))
-            if self._previous is not None:
-                from otel_rl.outputs.perfetto.trace import merge_fragments
-                from otel_rl.resume import trace_part
-
-                last = trace_part(directory, TRACE_FILE, self._previous.resumes) if self._previous.resumes else path
-                if last.exists():
-                    merge_fragments(last)  # what the previous part's workers left, before new ones reuse the names
-                path = trace_part(directory, TRACE_FILE, self._previous.resumes + 1)
-            if self._takeover:  # the previous agent's part stays as it was written
-                path = path.with_name(path.name.replace(".", f".agent-{self._takeover}.", 1))
-            self._built.append(
-                PerfettoTraceSink(
-                    path,
-                    config.role if config.rank == 0 else f"{config.role} rank {config.rank}",
-                    self._drops,
-                    merge_fragments=learner,
-                    thread_time=config.trace_thread_time,
-                    cuda_events=config.trace_cuda_events,
-                    max_bytes=config.trace_max_bytes,
-                    pid=self._producer_pid,
-                )
-            )
-        if config.tensorboard:
-            from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
-
-            self._built.append(tensorboard_sink(config.run_dir / TENSORBOARD_DIR, self._drops, config.perf_interval_s))
-        if config.wandb:
-            from otel_rl.outputs.wandb import wandb_sink
-
-            self._built.append(wandb_sink(config, self._drops))
-        if config.panel:
-            from otel_rl.outputs.panel import PanelSink
-
-            self._built.append(PanelSink(config.run_id, num_envs=lambda: self._num_envs))
-        self._built.extend(extra_sinks)
-        self._pipeline = Pipeline(
-            self._recorder,
-            self._built,
-            self._clock,
-            self._seq,
-            config.pipeline_interval_s,
-            drops=self._drops,
-            mirror_drops=self._dropped,
-            step_check=StepCheck(None if self._previous is None else self._previous.last_steps),
-        )
-        self._pipeline.start()
-        if config.system_metrics_interval_s:
-            from otel_rl.core.system_metrics import SystemSampler
-
-            self._system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, self._producer_pid)
-            if self._otel.meter_provider is not None:
-                self._system.register_gauges(self._otel.meter_provider.get_meter("otel_rl.system"))
-
-    def _abort(self) -> None:
-        """Stop whatever a failed construction started (quietly: nothing was recorded yet)."""
-        self._closed = True
-        deadline = Deadline(2.0)
-        if self._system is not None:
-            self._system.shutdown(deadline.left())
-        if self._pipeline is not None:
-            self._pipeline.stop(deadline.left())
-        for sink in self._built:
-            try:
-                sink.shutdown(deadline.left())
-            except Exception:
-                _logger.warning("otel-rl: %s did not stop cleanly", type(sink).__name__, exc_info=True)
-
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
-        from otel_rl.shm.segment import wait_for_agents
+        from otel_rl.agent.directory import wait_for_agents
         from otel_rl.outputs.motrix.jsonl import JSONL_FILE
-        from otel_rl.resume import previous_run
         from otel_rl.outputs.summary import CONFIG_FILE
+        from otel_rl.resume import previous_run
 
         if not wait_for_agents(self.config.run_id, self.config.shutdown_timeout_s):  # type: ignore[arg-type]
             _logger.warning("otel-rl: the agent of the run's previous process is still writing its outputs; resuming anyway")
         return previous_run(self.config.run_dir, self.config.run_id, CONFIG_FILE, JSONL_FILE)  # type: ignore[arg-type]
-
-    def _motrix_sink(self):
-        """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
-        config = self.config
-        if not config.motrix_url and not config.jsonl:
-            return None
-        from otel_rl.outputs.motrix.jsonl import JSONL_FILE, JsonlWriter
-        from otel_rl.outputs.motrix.exporter import MotrixSink
-
-        sink = MotrixSink(
-            config.run_id,
-            self._writer,
-            self._seq,
-            self._drops,
-            project=config.project,
-            group=config.group,
-            meta=config.meta,
-            perf_interval_s=config.perf_interval_s,
-        )
-        self._built.append(sink)  # stopped by _abort if an output fails to start
-        if config.jsonl:
-            sink.outputs.append(JsonlWriter(config.run_dir / JSONL_FILE, self._drops))
-        if config.motrix_url:
-            from otel_rl.outputs.motrix.http_sender import HttpSender
-
-            sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self._drops))
-        self._built.remove(sink)
-        if not self._takeover:  # an agent taking over continues a run whose pending record is out
-            sink.pending(self._started_ns / 1e9)
-        return sink
-
-    def _resource(self):
-        from opentelemetry.sdk.resources import Resource
-
-        attributes: dict[str, Any] = {
-            schema.ATTR_RUN_ID: self.config.run_id,
-            "rl.role": self.config.role,
-            **self._base_attributes,
-            **self.config.resource_attributes,
-        }
-        if self.config.algorithm:
-            attributes[schema.ATTR_ALGORITHM] = self.config.algorithm
-        attributes["service.name"] = self._service_name
-        return Resource.create(attributes)
 
     @property
     def run_id(self) -> str:
@@ -475,10 +303,7 @@ class Telemetry:
         reason = cuda_unavailable_reason()
         if reason is not None:
             _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
-            if self._otel is not None:
-                self._otel.cuda_fallback[(timeline, name)] = reason
-            else:  # the outputs run in an agent
-                self._recorder.add_cuda_fallback(timeline, name, reason)
+            self._recorder.add_cuda_fallback(timeline, name, reason)
             phase = host
         else:
             with self._phases_lock:
@@ -525,9 +350,7 @@ class Telemetry:
                 if key not in self._strict_keys:
                     schema.metric_spec(key, strict=True)
                     self._strict_keys.add(key)
-        self._recorder.add_scalars(
-            (perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps, next(self._seq))
-        )
+        self._recorder.add_scalars((perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps))
 
     def distribution(self, key: str, values: Any, step: int | None = None) -> None:
         """Record the distribution of ``values`` (actions, advantages, gradient norms...) at ``step``.
@@ -549,7 +372,7 @@ class Telemetry:
         array = to_host_array(values, key)
         if array is None:
             return
-        record = (perf_counter_ns(), key, array, step, self._last_iteration, self._last_env_steps, next(self._seq))
+        record = (perf_counter_ns(), key, array, step, self._last_iteration, self._last_env_steps)
         self._recorder.add_distribution(record, array.nbytes)
 
     def _system_scalars(self, values: dict[str, float]) -> None:
@@ -568,7 +391,7 @@ class Telemetry:
             return
         name = self._event_name(name)
         safe = json_safe(attributes, self._nonfinite, f"event:{name}") if attributes else {}
-        self._recorder.add_event((perf_counter_ns(), name, safe, next(self._seq)))
+        self._recorder.add_event((perf_counter_ns(), name, safe))
 
     def _event_name(self, name: Any) -> str:
         if type(name) is str and 0 < len(name) <= 256:
@@ -588,7 +411,7 @@ class Telemetry:
         if path in self._nonfinite_paths or len(self._nonfinite_paths) > 10_000:
             return
         self._nonfinite_paths.add(path)
-        self._recorder.add_event((perf_counter_ns(), "nonfinite", {"key": path, "value": repr(value)}, next(self._seq)))
+        self._recorder.add_event((perf_counter_ns(), "nonfinite", {"key": path, "value": repr(value)}))
 
     @contextmanager
     def run(
@@ -623,13 +446,13 @@ class Telemetry:
             yield self
             return
         self._run_open = True
-        self._num_envs = _count("num_envs", num_envs)
+        num_envs = _count("num_envs", num_envs)
         span_id = new_span_id()
         start_ns = self._clock.now_ns()
         metadata = {
             "family": None if family is None else clean_text(str(json_safe(family)), NAME_LIMIT),
             "total_steps": _count("total_steps", total_steps),
-            "num_envs": self._num_envs,
+            "num_envs": num_envs,
             "config": redact(_config_document(config, self._nonfinite)),
             "provenance": run_metadata.collect(),
         }
@@ -642,7 +465,6 @@ class Telemetry:
                     "parent_span_id": self._parent_span_id,
                     **{k: v for k, v in metadata.items() if v is not None},
                 },
-                seq=next(self._seq),
             )
         )
         self._run_span_id = span_id
@@ -653,7 +475,6 @@ class Telemetry:
                     perf_counter_ns(),
                     "resumed",
                     {"previous_status": previous.status, "last_step": previous.last_step, "resumes": previous.resumes + 1},
-                    next(self._seq),
                 )
             )
         if handle_sigterm:
@@ -679,7 +500,7 @@ class Telemetry:
             except OSError:
                 attributes["error_logs"] = []
         self._recorder.add_control(
-            RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes, seq=next(self._seq))
+            RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes)
         )
 
     def window_timings(self) -> dict[str, float]:
@@ -704,7 +525,7 @@ class Telemetry:
         return out
 
     def _totals(self) -> tuple[dict[tuple[str, str], float], dict[str, tuple[int, float]]]:
-        return self._aggregates.totals()
+        return self._host.counts().get("totals", ({}, {}))
 
     def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
         """The job's view of a log window: timings averaged and throughput summed across ranks.
@@ -726,8 +547,13 @@ class Telemetry:
         return reduced
 
     def add_sink(self, sink: RecordSink) -> None:
-        """Add a record sink (see :class:`otel_rl.core.pipeline.RecordSink`) to the running pipeline."""
-        self._pipeline.add_sink(sink)  # type: ignore[union-attr]
+        """Add a record sink (see :class:`otel_rl.core.pipeline.RecordSink`) to the running pipeline.
+
+        It needs the outputs in this process (``agent="thread"``, or sinks passed to
+        ``init()``): with an agent process it warns and adds nothing.
+        """
+        if not self._host.add_sink(sink):
+            _logger.warning("otel-rl: add_sink() needs the outputs in this process (agent='thread'); %r not added", sink)
 
     def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
         """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.worker_processes`).
@@ -743,7 +569,7 @@ class Telemetry:
         from otel_rl.worker_processes import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
         # A worker records into this process's agent, unless a relay is given (a Ray actor may be on another machine).
-        agent = self._workers_agent() if relay is None else None
+        agent = self._host.workers_agent if relay is None else None
         if agent is None:
             if relay is None:
                 relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
@@ -760,10 +586,6 @@ class Telemetry:
             options=options,
             service_name=self._service_name,
         )
-
-    def _workers_agent(self) -> str | None:
-        """The agent this process's workers record into (None: they relay their cycles to this process)."""
-        return None
 
     def watch_worker(self, process: Any, role: str) -> None:
         """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""
@@ -785,7 +607,7 @@ class Telemetry:
         """Drain the buffers and push everything to the exporters; True if all finished in time."""
         if self._closed:
             return True
-        return self._pipeline.flush(timeout_s)  # type: ignore[union-attr]
+        return self._host.flush(Deadline(timeout_s))
 
     def close(self, timeout_s: float | None = None) -> None:
         """Drain, export and stop every thread, all within one deadline of ``timeout_s`` (default from the config).
@@ -804,14 +626,14 @@ class Telemetry:
             deadline.shorten(HURRY_S)
         try:
             # Producers of records first (a crashed worker's event, the last relayed cycles), all at once.
-            feeders = [w for w in (self._system, self._monitor, *self._relays) if w is not None]
+            feeders = [w for w in (self._monitor, *self._relays) if w is not None]
             for worker in feeders:
                 worker.close(deadline)
             for worker in feeders:
                 worker.join(deadline.left())
             if self._cuda_timer is not None:
                 self._cuda_timer.shutdown(deadline.left(cap_s=1.0))
-            self._stop_outputs(deadline)
+            self._host.stop(deadline, self._at_exit)
         finally:
             self._sigterm.restore()
 
@@ -819,15 +641,12 @@ class Telemetry:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere
         self.close()
 
-    def _stop_outputs(self, deadline: Deadline) -> None:
-        """The last step of :meth:`close`: the final pipeline pass and every sink."""
-        self._pipeline.shutdown(deadline)  # type: ignore[union-attr]
-
     def _hurry(self) -> None:
         """A second SIGTERM: shorten what is left of the shutdown deadline."""
         self._hurried = True
         if self._deadline is not None:
             self._deadline.shorten(HURRY_S)
+            self._host.hurry(self._deadline)
 
     def __enter__(self) -> Telemetry:
         return self
@@ -837,47 +656,36 @@ class Telemetry:
 
     # -- health ---------------------------------------------------------
 
-    def _pending(self) -> dict[str, int]:
-        return {
-            "phases": self._recorder.phases_pending,
-            "scalars": len(self._recorder.scalars),
-            "events": len(self._recorder.events),
-        }
-
-    def _dropped(self) -> dict[str, int]:
-        """Records dropped per queue (also mirrors the recorder's own counters into the shared drops)."""
-        recorder = self._recorder
-        drops = self._drops
-        drops.set("phases", "phases", recorder.phases_dropped)
-        drops.set("scalars", "scalars", recorder.scalars_dropped)
-        drops.set("events", "events", recorder.events_dropped)
-        drops.set("distributions", "distributions", recorder.distributions_dropped)
-        drops.set("device_intervals", "intervals", recorder.device_intervals_dropped)
-        drops.set("relay", "cycles", recorder.remote_dropped)
-        if self._cuda_timer is not None:
-            drops.set("cuda_pending", "pairs", self._cuda_timer.pending.dropped)
-        totals = drops.totals()
-        if self._otel is not None:  # None when the outputs run in an agent
-            totals["span_budget"] = self._otel.budget.sampled_out
-        return totals
-
     def stats(self) -> dict[str, Any]:
-        """Counters of the telemetry itself: pending, dropped (per queue), spans sampled out."""
+        """Counters of the telemetry itself: pending and dropped records per queue, spans sampled out, the agent.
+
+        With an agent process, what its outputs count is as of its last pass
+        (:meth:`flush` first for an exact figure).
+        """
+        counts = self._host.counts()
+        dropped = self._recorder.dropped()
+        if self._cuda_timer is not None:
+            dropped["cuda_pending"] = self._cuda_timer.pending.dropped
+        for queue, n in counts.get("dropped", {}).items():
+            # The outputs mirror this recorder's counters (so that they report them): not counted twice.
+            dropped[queue] = max(dropped.get(queue, 0), n) if queue in dropped else n
         return {
-            "pending": self._pending(),
-            "dropped": self._dropped(),
-            "spans_sampled_out": self._otel.budget.sampled_out,
+            "pending": self._host.pending(),
+            "dropped": dropped,
+            "spans_sampled_out": counts.get("spans_sampled_out", 0),
+            "agent": self._host.mode,
+            "agent_pid": self._host.agent_pid(),
         }
 
     @property
     def tracer_provider(self):
-        """The SDK tracer provider (None when no span exporter is configured), for the user's own spans."""
-        return self._otel.tracer_provider
+        """The SDK tracer provider for the user's own spans (None when no span exporter is configured)."""
+        return self._host.tracer_provider()
 
     @property
     def meter_provider(self):
-        """The SDK meter provider (None when no metric exporter is configured), for the user's own instruments."""
-        return self._otel.meter_provider
+        """The SDK meter provider for the user's own instruments (None when no metric exporter is configured)."""
+        return self._host.meter_provider()
 
 
 def _step(step: Any) -> int | None:

@@ -21,31 +21,17 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from otel_rl._logging import EVERY_TIME, logger
 from otel_rl.background import Worker
-from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import IterationRecord
+from otel_rl.outputs.relay import RelaySink
 
 _logger = logger(__name__)
 
 RELAY_CAPACITY = 10_000
-
-
-@dataclass(frozen=True)
-class RemoteCycle:
-    """One cycle of a worker, as relayed to the learner (durations in ns)."""
-
-    role: str
-    timeline: str
-    end_ns: int
-    wall_ns: int
-    top: dict[str, int]
-    nested: dict[str, int]
 
 
 @dataclass
@@ -63,12 +49,6 @@ class WorkerSpec:
     """The learner's ``service.name``: one run, one service, in every process."""
     agent: str | None = None
     """The learner's agent: the worker records into it, which relays its cycles to the learner (``relay`` is None)."""
-
-
-def fragment_name(role: str, rank: int = 0) -> str:
-    """The trace fragment of a worker (or of a rank other than 0) that the learner merges."""
-    name = role if rank == 0 else f"{role}-rank{rank}"
-    return "trace-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + ".perfetto-trace"
 
 
 def init_worker(spec: WorkerSpec, **options: Any):
@@ -104,33 +84,11 @@ def init_worker(spec: WorkerSpec, **options: Any):
         if tel.enabled and tel.stats().get("agent") != "process":
             _logger.warning("otel-rl: worker %s runs without the learner's agent; the learner will not see its cycles", spec.role)
         return tel
-    if str(settings.get("agent", os.environ.get(OTEL_RL_AGENT, "process"))).strip().lower() != "off":
-        # The relay sink runs where the outputs are: this worker's agent runs on a thread.
-        settings["agent"] = "thread"
+    settings["agent"] = "thread"  # the relay sink runs where the outputs are: on a thread of this worker
     tel = otel_rl.init(**settings)
     if tel.enabled:
-        tel.add_sink(RelaySink(spec.role, spec.relay, tel._drops))
+        tel.add_sink(RelaySink(spec.role, spec.relay, tel._host.outputs.drops))
     return tel
-
-
-class RelaySink(RecordSink):
-    """In the worker: sends each cycle's phase durations to the learner, never blocking (drops counted as ``relay``)."""
-
-    def __init__(self, role: str, relay: Any, drops: Any = None) -> None:
-        self._role = role
-        self._relay = relay
-        self._drops = drops
-        self.dropped = 0
-
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        top, nested = iteration.totals_ns()
-        cycle = RemoteCycle(self._role, iteration.timeline, iteration.end_ns, iteration.wall_ns, top, nested)
-        try:
-            self._relay.put_nowait(cycle)
-        except (queue.Full, ValueError, OSError):
-            self.dropped += 1
-            if self._drops is not None:
-                self._drops.add("relay", "cycles")
 
 
 class RelayReceiver(Worker):

@@ -48,7 +48,7 @@ def main() -> None:
                 if i == KILL_AT and end == "sigterm_sigkill":
                     os.kill(os.getpid(), signal.SIGTERM)
                 if i == 29 and end in ("kill_agent", "restart_agent"):
-                    while end == "restart_agent" and tel._segment.get("agent_state") == 0:
+                    while end == "restart_agent" and tel._host.segment.get("agent_state") == 0:
                         time.sleep(0.05)  # the first agent has started reading (and writing outputs)
                     if end == "restart_agent":
                         time.sleep(2.5)  # and has written what it read (JSONL is written every 2 s)

@@ -18,6 +18,7 @@ import pytest
 import requests
 
 import otel_rl
+from otel_rl.agent import directory as agents
 from otel_rl.shm import segment as shm
 from otel_rl.training.segment_recorder import PyShmLane, SegmentRecorder
 from otel_rl.readers.analysis import protobuf_engine, trace_files
@@ -53,7 +54,7 @@ def wait_for_terminal(run_dir: Path, timeout_s: float = 30.0) -> list[dict]:
 
 
 def _segments_of(run_id: str) -> list[Path]:
-    return list(shm.segment_dir().glob(f"*/{run_id}-*.seg"))
+    return list(agents.segment_dir().glob(f"*/{run_id}-*.seg"))
 
 
 def learning_slices(run_dir: Path) -> int:
@@ -102,8 +103,8 @@ def test_a_killed_agent_costs_no_training_and_its_work_is_finished_at_close(tmp_
     found = records(run_dir)
     assert [r["status"] for r in found if r["kind"] == "run"][-1] == "finished"
     steps = [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
-    # What the dead agent had not read yet was still in the rings: the last 70 iterations all arrive.
-    assert steps[-70:] == [10 * (i + 1) for i in range(30, 100)]
+    # The dead agent committed only what its files held: every step arrives, once.
+    assert steps == [10 * (i + 1) for i in range(100)]
     assert not _segments_of(run_dir.name)
 
 
@@ -117,6 +118,8 @@ def test_a_new_agent_takes_over_while_training_runs(tmp_path):
     stats = json.loads(out.stdout.strip().splitlines()[-1])
     assert stats["dropped"]["scalars"] > 0  # the ring filled while no agent read it: counted, never blocking
     found = records(run_dir)
+    reported = [r["attributes"] for r in found if r["kind"] == "event" and r["name"] == "records_dropped"]
+    assert sum(r["total"] for r in reported if r["queue"] == "scalars") >= stats["dropped"]["scalars"]  # the agent reports them
     assert [r["status"] for r in found if r["kind"] == "run"][-1] == "finished"
     assert [r["status"] for r in found if r["kind"] == "run"].count("pending") == 1  # the run continued, not restarted
     steps = [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
@@ -202,7 +205,11 @@ def test_a_full_lane_drops_new_records_and_counts_them(implementation):
     assert len(first) == 8
     with learning:
         pass
-    assert len(reader.take_lane(0, 100)) == 1  # room again once the reader has moved on
+    assert len(reader.take_lane(0, 100)) == 0  # taken is not committed: the slots are still the reader's
+    reader.commit()
+    with learning:
+        pass
+    assert len(reader.take_lane(0, 100)) == 1  # room again once the reader has committed
 
 
 def test_window_timings_come_from_the_agent(tmp_path):
@@ -222,52 +229,53 @@ def test_window_timings_come_from_the_agent(tmp_path):
 
 
 @pytest.mark.parametrize("implementation", sorted(IMPLEMENTATIONS))
-def test_a_forked_child_writes_nothing_into_its_parents_segment(implementation, monkeypatch):
+def test_a_forked_child_writes_nothing_into_its_parents_segment(implementation, monkeypatch, tmp_path):
     if implementation == "python":
         monkeypatch.setenv("OTEL_RL_PURE_PYTHON", "1")
-    tel = otel_rl.init(agent="thread", system_metrics_interval_s=0)
-    try:
-        learning = tel.phase("learning")
-        with learning:
-            pass
-        lane = tel._recorder.lane()
-        written = lane._write.value if implementation == "python" else None
-        pid = os.fork()
-        if pid == 0:  # the child records as if nothing happened
-            for _ in range(1000):
-                with learning:
-                    pass
-            tel.scalars({"Loss/critic": 1.0})
-            with tel.run():
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, agent="process", system_metrics_interval_s=0)
+    learning = tel.phase("learning")
+    with learning:
+        pass
+    pid = os.fork()
+    if pid == 0:  # the child records as if nothing happened
+        for _ in range(1000):
+            with learning:
                 pass
-            os._exit(0)
-        assert os.waitpid(pid, 0)[1] == 0
-        assert tel.flush(10.0)
-        phases = tel._host.outputs._aggregates.totals()[0]
-        assert tel._host.outputs.stats()["pending"]["scalars"] == 0
-        summary = tel._host.outputs._aggregates.phase_summary()
-        assert summary["learner"]["phases"]["learning"]["count"] == 1 and phases
-        if written is not None:
-            assert lane._write.value == written
-        assert shm.SegmentReader(tel._segment.buffer).run() is None  # no run record of the child's
-    finally:
-        tel.close()
+        tel.scalars({"Loss/critic": 1.0})
+        with tel.run():
+            pass
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert tel.flush(30.0)
+    assert tel.stats()["pending"] == {"phases": 0, "messages": 0}
+    tel.close()
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == 1
+    found = records(tmp_path)
+    assert not [r for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert [r["status"] for r in found if r["kind"] == "run"] == ["pending"]  # nothing of the child's run
 
 
-def test_message_rings_wrap_fill_and_agree_between_c_and_python(monkeypatch):
+def test_message_rings_wrap_fill_and_agree_between_c_and_python():
+    from otel_rl.training import _hotpath
+
     frames = [(shm.SCALARS, bytes([i]) * (100 + 37 * i)) for i in range(40)]
     taken = {}
     for writer in ("c", "python"):
-        if writer == "python":
-            monkeypatch.setattr(shm, "put_frame", None)
         segment = shm.Segment(None, b"", 64, control_bytes=4096, data_bytes=4096)
         reader = shm.SegmentReader(segment.buffer)
         got, accepted = [], []
-        for frame in frames:
-            if segment.put(*frame):
-                accepted.append(frame)
+        for kind, payload in frames:
+            ring, limit = segment.ring_for(kind)
+            if writer == "c":
+                put = _hotpath.put_frame(segment.buffer, ring.offset, ring.capacity, kind, payload, limit)
+            else:
+                put = segment.put(kind, payload)
+            if put:
+                accepted.append((kind, payload))
             else:
                 got += reader.data.take(1 << 20)  # the reader catches up; the refused frame is dropped, not retried
+                reader.data.commit()
         got += reader.data.take(1 << 20)
         assert got == accepted  # whole, in order, across the ring's end
         assert reader.data.dropped.value == len(frames) - len(accepted) > 0
@@ -341,33 +349,36 @@ def test_scalars_reach_every_host_alike(tmp_path):
     assert seen["off"][0][0][0]["Loss/steps"] == 7 and seen["off"][0][0][0]["Loss/nan"] is None
 
 
-def test_segments_left_by_dead_producers_and_agents_are_removed(tmp_path):
+def test_segments_left_by_dead_producers_and_agents_are_removed_or_finished(tmp_path):
     directory = tmp_path / "segments"
     directory.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)
-    for name, pid, agent_pid, age_s in (
-        ("stale.seg", dead_pid, dead_pid, 3600),  # both gone, old: removed
-        ("producer-alive.seg", os.getpid(), dead_pid, 3600),
-        ("agent-alive.seg", dead_pid, os.getpid(), 3600),
-        ("young.seg", dead_pid, dead_pid, 0),  # maybe being created by another process
+    (directory / "orphans").mkdir()
+    for name, pid, agent_pid, state in (
+        ("done.seg", dead_pid, dead_pid, shm.AGENT_DONE),  # both gone, served to the end: removed
+        ("orphans/unwritten.seg", dead_pid, dead_pid, shm.AGENT_ATTACHED),  # both gone mid-run: a new agent finishes it
+        ("producer-alive.seg", os.getpid(), dead_pid, shm.AGENT_NONE),
+        ("agent-alive.seg", dead_pid, os.getpid(), shm.AGENT_ATTACHED),
     ):
         segment = shm.Segment(directory / name, b"", 8, control_bytes=4096, data_bytes=4096)
         segment.set("pid", pid)
         segment.set("agent_pid", agent_pid)
+        segment.set("agent_state", state)
         segment.close()
-        os.utime(directory / name, (time.time() - age_s, time.time() - age_s))
+    (directory / "young.seg").write_bytes(b"\0" * 64)  # not a segment yet: maybe being created by another process
     for name, age_s in (("ended-agent", 3600), ("serving-agent", 3600), ("young-agent", 0)):  # agents' directories
         (directory / name).mkdir()
-        (directory / name / shm.AGENT_LOCK).touch()
+        (directory / name / agents.AGENT_LOCK).touch()
         os.utime(directory / name, (time.time() - age_s, time.time() - age_s))
-    serving = shm.lock_agent(directory / "serving-agent")
+    serving = agents.lock_agent(directory / "serving-agent")
     try:
-        assert [p.name for p in shm.remove_stale(directory)] == ["stale.seg"]
+        removed, orphaned = agents.tidy(directory)
     finally:
         os.close(serving)
+    assert [p.name for p in removed] == ["done.seg"] and orphaned == {directory / "orphans"}
     assert sorted(p.name for p in directory.iterdir()) == [
-        "agent-alive.seg", "producer-alive.seg", "serving-agent", "young-agent", "young.seg"
+        "agent-alive.seg", "orphans", "producer-alive.seg", "serving-agent", "young-agent", "young.seg"
     ]  # an old agent directory with no segment and no agent is gone
 
 
@@ -543,5 +554,5 @@ def test_a_configuration_with_the_users_own_classes_still_reaches_an_agent_or_st
                        resource_attributes={"rl.scheme": _Scheme.GAE})  # fmt: skip
     assert tel.stats()["agent"] == "thread"
     tel.close()
-    assert any("_Scheme" in r.getMessage() and "runs on a thread" in r.getMessage() for r in caplog.records)
+    assert any("_Scheme" in r.getMessage() and "run on a thread" in r.getMessage() for r in caplog.records)
     assert records(tmp_path / "meta-2")[0]["status"] == "pending"

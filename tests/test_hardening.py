@@ -503,7 +503,8 @@ def test_a_burst_of_unique_keys_is_one_drop_report_not_thousands_of_lines(tmp_pa
 
 
 def test_every_bounded_queue_reports_its_drops_under_its_name(tmp_path):
-    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, lane_capacity=8, scalars_capacity=4, system_metrics_interval_s=0)
+    # The in-memory queues (scalars_capacity applies to them; an agent's are its segment's rings, see test_agent).
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, lane_capacity=8, scalars_capacity=4, system_metrics_interval_s=0, agent="thread")
     with tel.run():
         for i in range(200):
             with tel.phase("learning"):
@@ -648,10 +649,10 @@ def test_cuda_timing_calibrates_on_its_own_thread_and_places_device_intervals():
     timer.shutdown(1)
     intervals = list(recorder.device_intervals)
     assert api.synchronized_on == {"otel-rl-cuda"} and len(intervals) == 5
-    for interval, (host_start, host_end) in zip(intervals, host_windows):
+    for (_, _, _, start_ns, end_ns, _), (host_start, host_end) in zip(intervals, host_windows):
         # The stand-in device runs everything 2 ms after the host queued it.
-        assert host_start + 1_500_000 <= interval.start_ns <= host_end + 2_500_000
-        assert 0 < interval.end_ns - interval.start_ns < 50_000_000
+        assert host_start + 1_500_000 <= start_ns <= host_end + 2_500_000
+        assert 0 < end_ns - start_ns < 50_000_000
 
 
 def test_a_failing_device_query_does_not_stop_the_resolver(caplog):

@@ -1,8 +1,8 @@
-"""The agent: the outputs of one or more producers, assembled outside their training threads.
+"""The agent: a training process's outputs, run in a process of their own.
 
-- :mod:`otel_rl.core.pipeline`: raw records to assembled ones (:mod:`otel_rl.core.records`), fanned out to the sinks.
-- :mod:`otel_rl.core.perf_windows`: the ``Perf/*`` timing windows the live outputs share.
-- :mod:`otel_rl.agent.core`: reading a producer's segment (:mod:`otel_rl.shm.segment`) into its outputs; watching the producer.
+- :mod:`otel_rl.agent.launch`: the training process's side: its segment, the agent process it starts and watches.
+- :mod:`otel_rl.agent.directory`: the agents' private directories, their locks, what crashes leave.
+- :mod:`otel_rl.agent.segment_source`: a producer's segment as the pipeline's record source.
+- :mod:`otel_rl.agent.serve`: the loop serving one producer: passes, commits, its requests, its death.
 - :mod:`otel_rl.agent.service`: the agent process, serving every segment of its directory (a run's learner, workers and ranks).
-- :mod:`otel_rl.agent.host`: how a producer runs its agent: a process (started unless one serves) or a thread.
 """

@@ -1,9 +1,12 @@
 """The agent process: serves every producer whose segment is in its directory.
 
-One agent per directory (an exclusive ``flock`` on its lock file). It scans
-the directory every :data:`SCAN_S` and serves each new segment on a thread of
-its own (:func:`otel_rl.agent.core.serve`), with outputs built from that
-producer's configuration. Producers of one run see each other here:
+One agent per directory (an exclusive ``flock`` on its lock file). It looks
+for new segments every :data:`SCAN_S` (a ``stat`` of the directory: it is
+listed only when its modification time moved) and serves each new one with a
+:class:`~otel_rl.agent.serve.SegmentServer`, with outputs built from that
+producer's :class:`~otel_rl.core.identity.RunIdentity`. The agent runs at a
+lower scheduling priority than training (``nice`` +:data:`NICENESS`): under CPU
+pressure training wins, and the segment's bounded lanes absorb the burst. Producers of one run see each other here:
 
 * a worker (a role other than ``learner``) relays its cycles straight into the
   learner's outputs, so the learner's panel and live metrics show the
@@ -31,14 +34,20 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
+from otel_rl.agent import directory as agents
+from otel_rl.agent.serve import LogForwarder, SegmentServer, serve_segment
+from otel_rl.background import Worker, pid_alive
+from otel_rl.core.identity import RunIdentity
 from otel_rl.shm import segment as shm
-from otel_rl.agent.core import LogForwarder, attach, serve
-from otel_rl.background import pid_alive
 
 _logger = logger(__name__)
 
 SCAN_S = 0.05
-"""How often the directory is scanned for new segments."""
+"""How often the directory's modification time is checked for new segments."""
+RESCAN_S = 1.0
+"""How often the directory is listed anyway (its time has a coarse clock: a segment made in the tick of a listing)."""
+NICENESS = 5
+"""How much lower than training the agent process runs (``os.nice``)."""
 GROUP_WAIT_S = 3.0
 """How long a worker or a rank other than 0 waits for its learner's outputs before it is served alone."""
 WORKERS_WAIT_S = 5.0
@@ -51,14 +60,14 @@ class Served:
 
     path: Path
     reader: shm.SegmentReader
-    agent_config: Any
-    outputs: Any = None
+    identity: RunIdentity
+    server: SegmentServer | None = None
     built: threading.Event = field(default_factory=threading.Event)
     done: threading.Event = field(default_factory=threading.Event)
 
     @property
     def config(self) -> Any:
-        return self.agent_config.config
+        return self.identity.config
 
     @property
     def is_learner(self) -> bool:
@@ -66,7 +75,7 @@ class Served:
 
     def ending(self) -> bool:
         """Its producer closed or died: its outputs are about to close."""
-        return self.reader.get("state") == shm.CLOSING or not pid_alive(self.agent_config.pid)
+        return self.reader.get("state") == shm.CLOSING or not pid_alive(self.identity.pid)
 
 
 class LocalRelay:
@@ -76,50 +85,67 @@ class LocalRelay:
         self._learner = learner
 
     def put_nowait(self, cycle: Any) -> None:
-        self._learner.outputs._recorder.add_remote(cycle)
+        self._learner.server.outputs.inbox.add_remote(cycle)  # type: ignore[union-attr]
 
 
-class AgentService:
+class AgentService(Worker):
     """Serves the segments of ``directory`` until none is left for ``linger_s`` (or forever)."""
 
     def __init__(self, directory: Path, linger_s: float | None) -> None:
+        super().__init__("otel-rl-agent-service", SCAN_S)
         self.directory = directory
         self.linger_s = linger_s
         self._served: dict[Path, Served] = {}
         self._lock = threading.Lock()
         self._logs = LogForwarder.install()
+        self._listed_ns = -1
+        self._listed_at = 0.0
+        self._idle_since = time.monotonic()
+        self.ended = threading.Event()
 
     def run(self) -> int:
         """0 when it served until idle; 0 too when another agent already serves the directory."""
-        lock = shm.lock_agent(self.directory)
+        lock = agents.lock_agent(self.directory)
         if lock is None:
             return 0
         try:
+            os.nice(NICENESS)
+        except OSError:
+            pass
+        try:
             os.ftruncate(lock, 0)
             os.write(lock, str(os.getpid()).encode())
-            idle_since = time.monotonic()
-            while True:
-                self._scan()
-                with self._lock:
-                    # A producer served to the end is forgotten once its segment is gone (an agent may serve for days).
-                    self._served = {p: s for p, s in self._served.items() if not s.done.is_set() or p.exists()}
-                    busy = any(not s.done.is_set() for s in self._served.values())
-                if busy:
-                    idle_since = time.monotonic()
-                elif self.linger_s is not None and time.monotonic() - idle_since >= self.linger_s:
-                    self._scan()  # a producer that came in the last moment is served before the lock goes
-                    with self._lock:
-                        if all(s.done.is_set() for s in self._served.values()):
-                            break
-                time.sleep(SCAN_S)
+            self.start()
+            self.ended.wait()
             if self.linger_s is not None:  # started by a producer: it leaves no directory behind
-                shm.remove_if_empty(self.directory)
+                agents.remove_if_empty(self.directory)
         finally:
             os.close(lock)
         return 0
 
-    def _scan(self) -> None:
+    def run_once(self) -> None:
+        if self.ended.is_set():
+            return
+        self._scan()
+        with self._lock:
+            # A producer served to the end is forgotten once its segment is gone (an agent may serve for days).
+            self._served = {p: s for p, s in self._served.items() if not s.done.is_set() or p.exists()}
+            busy = any(not s.done.is_set() for s in self._served.values())
+        if busy:
+            self._idle_since = time.monotonic()
+        elif self.linger_s is not None and time.monotonic() - self._idle_since >= self.linger_s:
+            self._scan(force=True)  # a producer that came in the last moment is served before the lock goes
+            with self._lock:
+                if all(s.done.is_set() for s in self._served.values()):
+                    self.ended.set()
+                    self.close(0)
+
+    def _scan(self, force: bool = False) -> None:
         try:
+            listed_ns = os.stat(self.directory).st_mtime_ns
+            if listed_ns == self._listed_ns and not force and time.monotonic() - self._listed_at < RESCAN_S:
+                return  # no segment came or went
+            self._listed_ns, self._listed_at = listed_ns, time.monotonic()
             paths = sorted(self.directory.glob("*.seg"), key=_created)
         except OSError:
             return
@@ -130,44 +156,42 @@ class AgentService:
                 continue
             try:
                 reader = shm.SegmentReader(path)
-            except (OSError, ValueError):  # removed meanwhile, or still being created
+            except (OSError, ValueError):  # removed meanwhile, or still being created: listed again next time
+                self._listed_ns = -1
                 continue
             if reader.get("agent_state") == shm.AGENT_DONE or not reader.claim():  # done, or another reads it
                 reader.close()
                 continue
             try:
-                agent_config = pickle.loads(reader.config())
+                identity = pickle.loads(reader.config())
             except Exception as exc:  # a configuration this process cannot import, say
                 _logger.warning("otel-rl: agent: cannot read the configuration of %s (%s); not served", path.name, exc)
+                if not pid_alive(reader.get("pid")):  # no agent will ever read it: its memory goes
+                    path.unlink(missing_ok=True)
                 reader.close()
                 continue
-            served = Served(path, reader, agent_config)
+            served = Served(path, reader, identity)
             with self._lock:
                 self._served[path] = served
-            threading.Thread(target=self._serve, args=(served,), name=f"otel-rl-agent-{agent_config.pid}", daemon=True).start()
+            threading.Thread(target=self._serve, args=(served,), name=f"otel-rl-agent-{identity.pid}", daemon=True).start()
 
     def _serve(self, served: Served) -> None:
-        from otel_rl.agent.host import build_outputs
-        from otel_rl.worker_processes import RelaySink
+        from otel_rl.outputs.relay import RelaySink
 
-        reader, agent_config = served.reader, served.agent_config
-        LogForwarder.serving(reader, agent_config.pid)
-        self._logs.add(reader, agent_config.pid)
+        reader, identity = served.reader, served.identity
+        LogForwarder.serving(reader, identity.pid)
+        self._logs.add(reader, identity.pid)
         try:
-            takeover = attach(reader)
-            config, sinks = agent_config.config, []
+            config, sinks = identity.config, []
             learner = None if served.is_learner else self._learner_of(served)
-            if learner is not None and learner.outputs is not None:
+            if learner is not None and learner.server is not None:
                 if config.role != schema.LEARNER:  # a worker: its cycles go to the learner's panel and live metrics
                     sinks.append(RelaySink(config.role, LocalRelay(learner), None))
                 config = _join_trace(config, learner.config)
-            outputs = build_outputs(
-                replace(agent_config, config=config), reader.get("clock_offset_ns"), sinks, agent_config.pid, takeover
-            )
-            served.outputs = outputs
-            served.built.set()
             before_close = (lambda: self._wait_for_workers(served)) if served.is_learner else None
-            serve(reader, outputs, agent_config.pid, config.pipeline_interval_s, config.shutdown_timeout_s, takeover > 0, before_close)
+            served.server = serve_segment(reader, replace(identity, config=config), sinks, before_close)
+            served.built.set()
+            served.server.done.wait()
         except Exception:
             _logger.exception("otel-rl: agent: serving %s failed", served.path.name)
         finally:
@@ -178,6 +202,7 @@ class AgentService:
             if done:
                 served.path.unlink(missing_ok=True)
             served.done.set()
+            self.wake()
 
     def _learner_of(self, served: Served) -> Served | None:
         """The learner (rank 0) of ``served``'s run, once its outputs are built; None if it does not come."""
@@ -187,7 +212,7 @@ class AgentService:
                 found = [s for s in self._served.values() if s.is_learner and s.config.run_id == served.config.run_id]
             if found:
                 found[0].built.wait(max(0.0, deadline - time.monotonic()))
-                return found[0] if found[0].outputs is not None and not found[0].done.is_set() else None
+                return found[0] if found[0].server is not None and not found[0].done.is_set() else None
             if time.monotonic() >= deadline:
                 return None
             time.sleep(SCAN_S)

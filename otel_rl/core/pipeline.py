@@ -1,13 +1,16 @@
-"""The pipeline thread: raw recorder buffers in, assembled records out to sinks.
+"""The pipeline: raw records from its sources in, assembled records out to sinks.
 
-It wakes every ``interval_s`` (or when flushed), drains every lane, rebuilds
-phase nesting and iterations, and calls each sink. Sinks run on this thread
-and must not block: a sink that does IO hands records to its own bounded queue
-and worker. An exception in a sink is logged once and never reaches training.
-New drops of any bounded queue become ``records_dropped`` events
-(:mod:`otel_rl.drops`). At shutdown every sink is shut down at once, each on
-its own helper thread, so a hung network exporter cannot starve the files of
-their final records.
+Each pass (:meth:`Pipeline.drain`, run by one loop: :class:`PipelineLoop` in
+the training process, the agent's server in an agent) takes what every
+:class:`RecordSource` holds into one :class:`Batch`, rebuilds phase nesting and
+iterations, numbers the records (the ``motrix.metrics/v1`` sequence number is
+assigned here and nowhere else) and calls each sink. Sinks run on the loop's
+thread and must not block: a sink that does IO hands records to its own
+bounded queue and worker. An exception in a sink is logged once and never
+reaches training. New drops of any bounded queue become ``records_dropped``
+events (:mod:`otel_rl.drops`). At shutdown every sink is shut down at once,
+each on its own helper thread, so a hung network exporter cannot starve the
+files of their final records.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 from time import perf_counter_ns
 
 from otel_rl import distributions, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
-from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START, PyLane, Recorder
+from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
 from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
 from otel_rl.resume import StepCheck
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, scalar_number, shorten
@@ -105,7 +109,7 @@ class RecordSink:
         """Where a CUDA-timed phase ran on the GPU."""
 
     def on_remote_cycle(self, cycle) -> None:
-        """A cycle of a worker process (:class:`otel_rl.worker_processes.RemoteCycle`)."""
+        """A cycle of a worker process (:class:`otel_rl.core.records.RemoteCycle`)."""
 
     def on_cycles(self, totals: PassTotals) -> None:
         """What one pass added per timeline: cycles (local and relayed) and loose phases.
@@ -123,6 +127,9 @@ class RecordSink:
     def on_event(self, event: EventRecord) -> None:
         """A named event."""
 
+    def on_cuda_fallback(self, fallback: tuple[str, str, str]) -> None:
+        """``(timeline, name, reason)``: a CUDA phase timed on the host, and why."""
+
     def on_drain(self, now_ns: int) -> None:
         """End of one pipeline pass: a chance to emit windowed aggregates."""
 
@@ -132,6 +139,44 @@ class RecordSink:
 
     def shutdown(self, timeout_s: float) -> None:
         """Flush and release resources within ``timeout_s``. Called once."""
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one pass takes from the record sources, each list in its source's order.
+
+    Raw shapes (times on the producer's ``perf_counter_ns()`` clock):
+
+    * ``control``: :class:`RunRecord` (start or end) and events ``(time_ns, name, attributes)``;
+    * ``lanes``: ``(lane key, thread id, thread name, raw lane records)`` (see
+      :class:`otel_rl.training.recorder.PyLane` for the record shapes);
+    * ``scalars``: ``(time_ns, values, step, iteration, env_steps)``;
+    * ``distributions``: ``(time_ns, key, array, step, iteration, env_steps)``;
+    * ``remote``: relayed worker cycles; ``intervals``: where CUDA-timed phases ran,
+      ``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns);
+      ``cuda_fallbacks``: ``(timeline, name, reason)``.
+    """
+
+    control: list = field(default_factory=list)
+    lanes: list = field(default_factory=list)
+    scalars: list = field(default_factory=list)
+    distributions: list = field(default_factory=list)
+    remote: list = field(default_factory=list)
+    intervals: list = field(default_factory=list)
+    cuda_fallbacks: list = field(default_factory=list)
+
+
+class RecordSource(Protocol):
+    """Where a pipeline's raw records come from: in-memory lanes and queues, or a shared-memory segment."""
+
+    def take(self, batch: Batch) -> None:
+        """Move every record pending since the last call into ``batch``."""
+
+    def dropped(self) -> dict[str, int]:
+        """Records the source dropped so far, per queue (cumulative)."""
+
+    def pending(self) -> dict[str, int]:
+        """Records waiting to be taken, per queue."""
 
 
 @dataclass(slots=True)
@@ -191,37 +236,33 @@ MAX_SCALAR_KEYS = 10_000
 """Distinct scalar keys per run; values of further new keys are dropped and counted (queue ``scalar_keys``)."""
 
 
-class Pipeline(Worker):
-    """Drains a :class:`Recorder` into sinks on a daemon thread.
+class Pipeline:
+    """Assembles the records of ``sources`` for ``sinks``, one :meth:`drain` at a time.
 
     Args:
+        seq: the writer's sequence counter (see :func:`otel_rl.outputs.motrix.protocol.seq_counter`).
         drops: the shared drop counters; new drops are reported as ``records_dropped`` events.
-        mirror_drops: called before each report, to copy counters kept elsewhere into ``drops``.
         step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
     """
 
     def __init__(
         self,
-        recorder: Recorder,
+        sources: Sequence[RecordSource],
         sinks: Sequence[RecordSink],
         clock: Clock,
         seq: Iterator[int],
-        interval_s: float = 0.1,
         drops: Drops | None = None,
-        mirror_drops: Callable[[], object] | None = None,
         step_check: StepCheck | None = None,
     ) -> None:
-        super().__init__("otel-rl-pipeline", interval_s)
         self.step_check = step_check or StepCheck()
-        self._recorder = recorder
+        self.sources = list(sources)
         self._seq = seq
         self.sinks = list(sinks)
         self._handlers: dict[str, list] = {}
         self._index_handlers()
         self._clock = clock
         self._drops = drops if drops is not None else Drops()
-        self._mirror_drops = mirror_drops
-        self._lane_states: dict[int, _LaneState] = {}
+        self._lane_states: dict[Any, _LaneState] = {}
         self._lock = threading.Lock()
         self._failed_sinks: set[str] = set()
         self.seen_nonfinite: set[str] = set()
@@ -240,6 +281,7 @@ class Pipeline(Worker):
         "on_scalars",
         "on_distribution",
         "on_event",
+        "on_cuda_fallback",
         "on_drain",
     )
 
@@ -257,22 +299,20 @@ class Pipeline(Worker):
             self.sinks.append(sink)
             self._index_handlers()
 
-    def run_once(self) -> None:
-        self.drain()
-
     def drain(self, timeout_s: float = -1) -> bool:
-        """One pass over all buffers; False if the lock was not had in time."""
+        """One pass over all sources; False if the lock was not had in time."""
         if not self._lock.acquire(timeout=timeout_s):
             return False
         try:
             self._drain_locked()
-        except Exception:  # never let a bug here kill the thread
+        except Exception:  # never let a bug here kill the loop
             _logger.exception("otel-rl: pipeline pass failed")
         finally:
             self._lock.release()
         return True
 
     def flush(self, timeout_s: float) -> bool:
+        """A pass, then every sink's flush, within ``timeout_s``."""
         deadline = Deadline(timeout_s)
         if not self.drain(timeout_s):
             return False
@@ -281,16 +321,8 @@ class Pipeline(Worker):
             ok = bool(self._call(sink, "flush", deadline.left())) and ok
         return ok
 
-    def stop(self, timeout_s: float) -> None:
-        """Stop the thread without a final pass (a construction that failed)."""
-        Worker.shutdown(self, timeout_s)
-
-    def shutdown(self, deadline: Deadline | float) -> None:  # type: ignore[override]
-        """Final drain, then shut every sink down at once, all within ``deadline``."""
-        if not isinstance(deadline, Deadline):
-            deadline = Deadline(deadline)
-        self.close(deadline)
-        self.join(deadline.left(cap_s=1.0))
+    def shutdown(self, deadline: Deadline) -> None:
+        """Final pass, then shut every sink down at once, all within ``deadline``."""
         self._final = True
         self.drain(deadline.left())
         helpers = []
@@ -301,40 +333,51 @@ class Pipeline(Worker):
             helper.start()
             helpers.append((sink, helper))
         for sink, helper in helpers:
-            helper.join(deadline.left())
-            if helper.is_alive():
+            if not deadline.join(helper):
                 _logger.warning("otel-rl: %s did not finish within the shutdown deadline", type(sink).__name__)
+
+    def dropped(self) -> dict[str, int]:
+        """Drops per queue: the sources' (mirrored into the shared counters) and the outputs' own."""
+        counts: dict[str, int] = {}
+        for source in self.sources:
+            for queue, count in source.dropped().items():
+                counts[queue] = counts.get(queue, 0) + count
+        for queue, count in counts.items():
+            self._drops.set(queue, _DROP_KINDS.get(queue, queue), count)
+        return self._drops.totals()
+
 
     # -- assembly -------------------------------------------------------
 
     def _drain_locked(self) -> None:
-        events = self._recorder.events
+        batch = Batch()
+        for source in self.sources:
+            source.take(batch)
+        to_epoch_ns = self._clock.to_epoch_ns
         ends: list[RunRecord] = []
-        for _ in range(len(events)):
-            item = events.popleft()
+        for item in batch.control:
             if isinstance(item, RunRecord):
                 if item.end_ns is None:
+                    item.seq = next(self._seq)
                     self._fanout("on_run", item)
                 else:
-                    ends.append(item)
+                    ends.append(item)  # after the records written before it
             else:
-                time_ns, name, attributes, seq = item
-                self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes, seq))
-        for lane in self._recorder.snapshot_lanes():
-            self._drain_lane(lane)
-        remote = self._recorder.remote
-        for _ in range(len(remote)):
-            cycle = remote.popleft()
+                time_ns, name, attributes = item
+                self._fanout("on_event", EventRecord(to_epoch_ns(time_ns), name, attributes, next(self._seq)))
+        for fallback in batch.cuda_fallbacks:
+            self._fanout("on_cuda_fallback", fallback)
+        for lane in batch.lanes:
+            self._drain_lane(*lane)
+        for cycle in batch.remote:
             if self._want_totals:
                 self._totals(cycle.timeline).add_cycle(cycle.wall_ns, cycle.top, cycle.nested)
             self._fanout("on_remote_cycle", cycle)
-        intervals = self._recorder.device_intervals
-        for _ in range(len(intervals)):
-            self._fanout("on_device_interval", intervals.popleft())
-        scalars = self._recorder.scalars
-        for _ in range(len(scalars)):
-            self._emit_scalars(self._scalars_record(scalars.popleft()))
-        for raw in self._recorder.take_distributions():
+        for raw in batch.intervals:
+            self._fanout("on_device_interval", DeviceIntervalRecord(*raw))
+        for raw in batch.scalars:
+            self._emit_scalars(self._scalars_record(raw))
+        for raw in batch.distributions:
             self._distribution(raw)
         now_ns = self._clock.now_ns()
         if self._pass_totals:
@@ -342,12 +385,12 @@ class Pipeline(Worker):
             self._fanout("on_cycles", totals)
         self._report_drops(now_ns)
         for run in ends:
+            run.seq = next(self._seq)
             self._fanout("on_run", run)
         self._fanout("on_drain", now_ns)
 
     def _report_drops(self, now_ns: int) -> None:
-        if self._mirror_drops is not None:
-            self._mirror_drops()
+        self.dropped()  # the sources' counters, mirrored
         for queue, kinds in self._drops.take_report(force=self._final).items():
             attributes = {"queue": queue, "total": sum(kinds.values()), **kinds}
             self._fanout("on_event", EventRecord(now_ns, "records_dropped", attributes, next(self._seq)))
@@ -359,12 +402,12 @@ class Pipeline(Worker):
         return totals
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
-        time_ns, values, step, iteration, env_steps, seq = raw
+        time_ns, values, step, iteration, env_steps = raw
         step, iteration, env_steps = _axes(step, iteration, env_steps)
         if values.keys() <= self._canonical_keys and _plain_finite(values.values()):
             # The common case: keys exported as they are, finite plain numbers.
             # The dict is the call's own snapshot, so it is used as is.
-            return ScalarsRecord(self._clock.to_epoch_ns(time_ns), values, step, iteration, env_steps, seq)
+            return ScalarsRecord(self._clock.to_epoch_ns(time_ns), values, step, iteration, env_steps, next(self._seq))
         clean: dict[str, float | int | None] = {}
         for raw_key, value in values.items():
             key = self._key(raw_key)
@@ -376,7 +419,7 @@ class Pipeline(Worker):
             clean[key] = cleaned
             if cleaned is None:
                 self._report_nonfinite(key, time_ns, clean_text(repr(value), MAX_REPR))
-        return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, seq)
+        return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, next(self._seq))
 
     def _key(self, raw_key: object) -> str:
         """The exported key of ``raw_key`` (remembered), "" when it is not exported (see :meth:`_accept_key`)."""
@@ -392,7 +435,7 @@ class Pipeline(Worker):
 
     def _distribution(self, raw: tuple) -> None:
         """Summarise one ``distribution()`` call: a :class:`DistributionRecord`, and its statistics as scalars."""
-        monotonic_ns, raw_key, array, step, iteration, env_steps, seq = raw
+        monotonic_ns, raw_key, array, step, iteration, env_steps = raw
         key = self._key(raw_key)
         if not key:
             return
@@ -406,13 +449,13 @@ class Pipeline(Worker):
         self._fanout("on_distribution", record)
         names = schema.distribution_keys(key)
         stats = {names[stat]: value for stat, value in summary.stats.items()}
-        self._emit_scalars(ScalarsRecord(time_ns, stats, step, iteration, env_steps, seq))
+        self._emit_scalars(ScalarsRecord(time_ns, stats, step, iteration, env_steps, next(self._seq)))
 
     def _emit_scalars(self, record: ScalarsRecord) -> None:
+        self._fanout("on_scalars", record)
         regression = self.step_check.check(record.values, record.step if record.step is not None else record.env_steps)
         if regression is not None:
             self._fanout("on_event", EventRecord(record.time_ns, "step_regression", regression, next(self._seq)))
-        self._fanout("on_scalars", record)
 
     def _accept_key(self, raw_key: object) -> str:
         """The key as exported ("" for a key that is not exported).
@@ -460,17 +503,13 @@ class Pipeline(Worker):
             self._canonical_keys.add(key)
         return key
 
-    def _drain_lane(self, lane: PyLane) -> None:
-        records = lane.drain()
-        if not records:
-            return
-        state = self._lane_states.get(id(lane))
+    def _drain_lane(self, key: Any, thread_id: int, thread_name: str, records: list[tuple]) -> None:
+        state = self._lane_states.get(key)
         if state is None:
-            state = self._lane_states[id(lane)] = _LaneState()
+            state = self._lane_states[key] = _LaneState()
         offset = self._clock.offset_ns
         children_by_depth = state.children_by_depth
         open_iterations = state.open_iterations
-        thread_id, thread_name = lane.thread_id, lane.thread_name
         for raw in records:
             head = raw[0]
             if head is ITERATION_START:
@@ -581,3 +620,28 @@ class Pipeline(Worker):
         if key not in self._failed_sinks:
             self._failed_sinks.add(key)
             _logger.exception("otel-rl: sink %s failed (further failures of it are not logged)", key)
+
+
+_DROP_KINDS = {"phases": "phases", "device_intervals": "intervals", "relay": "cycles"}
+"""What a source's drop counter counts, per queue (the queue's own name otherwise)."""
+
+
+class PipelineLoop(Worker):
+    """Drives a :class:`Pipeline` every ``interval_s`` on a daemon thread (the training process's host)."""
+
+    def __init__(self, pipeline: Pipeline, interval_s: float) -> None:
+        super().__init__("otel-rl-pipeline", interval_s)
+        self.pipeline = pipeline
+        self.start()
+
+    def run_once(self) -> None:
+        self.pipeline.drain()
+
+    def flush(self, timeout_s: float) -> bool:  # type: ignore[override]
+        return self.pipeline.flush(timeout_s)
+
+    def shutdown(self, deadline: Deadline) -> None:  # type: ignore[override]
+        """Stop the loop, then the pipeline's final pass and its sinks, all within ``deadline``."""
+        self.close(deadline)
+        self.join(deadline.left(cap_s=1.0))
+        self.pipeline.shutdown(deadline)

@@ -166,3 +166,15 @@ class RunRecord:
     reason: str | None = None
     attributes: dict[str, Any] = field(default_factory=dict)
     seq: int = 0
+
+
+@dataclass(frozen=True)
+class RemoteCycle:
+    """One cycle of a worker, as relayed to the learner (durations in ns)."""
+
+    role: str
+    timeline: str
+    end_ns: int
+    wall_ns: int
+    top: dict[str, int]
+    nested: dict[str, int]

@@ -24,7 +24,7 @@ from rich.table import Table
 from otel_rl import schema
 from otel_rl.background import Worker
 from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.core.records import ScalarsRecord
+from otel_rl.core.records import RunRecord, ScalarsRecord
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
@@ -103,6 +103,10 @@ class SlidingWindow:
         return records, sums, counts
 
 
+SAMPLE_NS = 10_000_000
+"""Records of the same keys closer than this are left out of the panel's means (at most 100 a second)."""
+
+
 class PanelState:
     """2-second windows of recent records, kept as bucketed sums (see :class:`SlidingWindow`)."""
 
@@ -113,6 +117,7 @@ class PanelState:
         self.collector = SlidingWindow(window, parts=3)
         self.scalars = SlidingWindow(window, parts=1)
         self.latest: dict[str, Any] = {}
+        self._sampled: tuple[Any, int] = ((), 0)  # the keys and time of the last record added to the window
 
     def add_pass(self, totals: PassTotals) -> None:
         """The cycles of one pipeline pass, local and relayed from workers; nanoseconds are kept, rendering converts."""
@@ -122,8 +127,14 @@ class PanelState:
                 target.add(totals.time_ns, {"wall": cycles.wall_ns}, cycles.top, cycles.nested, records=cycles.cycles)
 
     def add_scalars(self, record: ScalarsRecord) -> None:
-        self.scalars.add(record.time_ns, record.values)
-        self.latest.update(record.values)
+        """Latest values always; into the means, records of the same keys at most every :data:`SAMPLE_NS`."""
+        values = record.values
+        self.latest.update(values)
+        keys, at_ns = self._sampled
+        if record.time_ns - at_ns < SAMPLE_NS and values.keys() == keys:
+            return  # a loop that logs every iteration: a sample of its records makes the same 2-second means
+        self._sampled = (values.keys(), record.time_ns)
+        self.scalars.add(record.time_ns, values)
 
     def timing(self, timeline: str) -> dict[str, Any]:
         """Window means per cycle: cycle wall, top-level and nested phase ms, and n."""
@@ -279,11 +290,17 @@ class PanelView:
 class PanelSink(RecordSink):
     """Feeds the panel from the pipeline; a :class:`PanelPainter` redraws it on its own thread."""
 
-    def __init__(self, run_id: str, console: Console | None = None, num_envs: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(self, run_id: str, console: Console | None = None) -> None:
         self.state = PanelState()
-        self.view = PanelView(self.state, run_id, num_envs)
+        self.num_envs: int | None = None
+        self.view = PanelView(self.state, run_id, lambda: self.num_envs)
         self.console = console or Console()
         self._painter = PanelPainter(self.view, self.console)
+
+    def on_run(self, run: RunRecord) -> None:
+        if run.end_ns is None:
+            num_envs = run.attributes.get("num_envs")
+            self.num_envs = num_envs if isinstance(num_envs, int) else None
 
     def on_cycles(self, totals: PassTotals) -> None:
         self.state.add_pass(totals)

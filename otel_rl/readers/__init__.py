@@ -1,0 +1,1 @@
+"""What reads the outputs: ``otel-rl analyze`` (:mod:`otel_rl.readers.analysis`) and the ingest server (:mod:`otel_rl.readers.server`)."""

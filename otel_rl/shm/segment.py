@@ -34,18 +34,11 @@ import re
 import struct
 import threading
 import time
-from glob import escape as glob_escape
 from pathlib import Path
 
 import numpy as np
 
-from otel_rl.background import pid_alive
-from otel_rl.config import AGENT_NAME
 
-try:
-    from otel_rl.training._hotpath import put_frame, put_scalars
-except ImportError:  # not built: the pure-Python writer
-    put_frame = put_scalars = None
 
 MAGIC = b"OTELRL\x00\x01"
 HEADER_BYTES = 4096
@@ -54,7 +47,6 @@ CONFIG_BYTES = 1 << 20
 SLOT_BYTES = 64 << 10
 LOG_BYTES = 256 << 10
 RING_HEADER_BYTES = 64
-LANE_HEADER_BYTES = 64
 MAX_LANES = 8
 """Recording threads per process with a lane; the records of further threads are dropped (one warning)."""
 MAX_LANE_CAPACITY = 65_536
@@ -75,8 +67,28 @@ RECORD = np.dtype(
         ("reserved", "<i4"),
     ]
 )
-"""A lane record (``ShmRecord`` in ``_hotpath.c``)."""
-assert RECORD.itemsize == 48
+"""A lane record: ``ShmRecord`` in ``_hotpath.c`` (``_hotpath.SHM_RECORD`` gives its offsets; a test compares them)."""
+_STRUCT_CODES = {"i8": "q", "i4": "i", "i2": "h", "u1": "B"}
+RECORD_STRUCT = tuple(_STRUCT_CODES[RECORD.fields[name][0].str[1:]] for name in RECORD.names)
+"""The ``struct`` codes of :data:`RECORD`'s fields, in order (the pure-Python lane packs with them)."""
+
+LANE_HEADER = np.dtype(
+    [
+        ("write", "<u8"),
+        ("read", "<u8"),
+        ("dropped", "<u8"),
+        ("capacity", "<u8"),
+        ("thread_id", "<i8"),
+        ("thread_name", "S24"),
+    ]
+)
+"""A lane's header (``ShmLaneHeader`` in ``_hotpath.c``), followed by its ring of :data:`RECORD`."""
+LANE_HEADER_BYTES = LANE_HEADER.itemsize
+_LANE_WRITE, _LANE_READ, _LANE_DROPPED, _LANE_CAPACITY, _LANE_THREAD = (
+    LANE_HEADER.fields[name][1] for name in ("write", "read", "dropped", "capacity", "thread_id")
+)
+_LANE_IDENTITY = struct.Struct("<q24s")
+"""The thread id and name of a lane's header."""
 
 # Lane record kinds.
 PHASE, ITERATION_START, ITERATION_END, FLOW, CORRELATE = 1, 2, 3, 4, 5
@@ -95,14 +107,19 @@ PICKLED = 0x100
 """Set in a frame's kind when its payload is a pickle; otherwise it is ``marshal`` (plain values only, faster)."""
 
 SCALARS_HEADER = struct.Struct("<qqqqII")
-"""A packed scalars record (``SCALARS_PACKED``, written by ``_hotpath.put_scalars``): time, step,
-iteration, env steps (:data:`NO_STEPS`: none), the number of entries; then the entries."""
+"""A packed scalars record (``SCALARS_PACKED``, written by ``_hotpath.put_scalars``; ``ScalarsHeader``
+there): time, step, iteration, env steps (:data:`NO_STEPS`: none), the number of entries; then the entries."""
 SCALAR_ENTRY = np.dtype([("key", "<u4"), ("tag", "u1"), ("reserved", "u1", (3,)), ("value", "<f8")])
-"""One value of a packed scalars record: its key's id in the string table, its type, its 8 bytes."""
+"""One value of a packed scalars record (``ScalarEntry``): its key's id in the string table, its type, its 8 bytes."""
+SCALAR_ENTRY_STRUCT = "IB3xd"
+"""One :data:`SCALAR_ENTRY` as ``struct`` codes (the reader unpacks a record's entries in one call)."""
 VALUE_FLOAT, VALUE_INT, VALUE_NONE, VALUE_BOOL = 0, 1, 2, 3
 
 # Producer states.
 RUNNING, CLOSING = 0, 1
+NO_DEADLINE = 0
+"""``deadline_ns`` before the producer sets one: its close or flush deadline on ``time.monotonic_ns()``,
+one clock for every process of the machine, so the agent honours the producer's deadline."""
 # Agent states.
 AGENT_NONE, AGENT_ATTACHED, AGENT_DONE = 0, 1, 2
 
@@ -123,148 +140,32 @@ _FIELDS = {
     "control_bytes": 112,
     "data_bytes": 120,
     "agents": 128,
+    "deadline_ns": 136,
+    # What the producer's rings refused, per record kind (counted by the producer, reported by the agent).
+    "dropped_scalars": 144,
+    "dropped_events": 152,
+    "dropped_distributions": 160,
+    "dropped_device_intervals": 168,
+    "dropped_relay": 176,
+    # The files' lengths when the agent last committed (what a replacement cuts them back to before it re-reads).
+    "committed_jsonl_bytes": 184,
+    "committed_trace_bytes": 192,
+    "commits": 200,
 }
+DROP_FIELDS = {"scalars": "dropped_scalars", "events": "dropped_events", "distributions": "dropped_distributions",
+               "device_intervals": "dropped_device_intervals", "relay": "dropped_relay"}  # fmt: skip
+"""Queue name -> the header field counting what the producer's rings refused."""
 _RING_WRITE, _RING_READ, _RING_DROPPED, _RING_CAPACITY = 0, 8, 16, 24
 _FRAME = struct.Struct("<II")
 
 
-def segment_dir() -> Path:
-    """The user's private directory of segments (created 0700)."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-    path = base / f"otel-rl-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    if path.stat().st_uid != os.getuid() or path.stat().st_mode & 0o077:
-        raise PermissionError(f"{path} is not private to this user")
-    return path
-
-
-AGENT_LOCK = "agent.lock"
-"""In an agent's directory: the file its agent holds an exclusive ``flock`` on while it serves."""
-
-
-def agent_dir(name: str) -> Path:
-    """The directory of the agent called ``name`` (created 0700): its producers' segments and its lock."""
-    if not AGENT_NAME.fullmatch(name) or name in (".", ".."):
-        raise ValueError(f"an agent name is 1 to 64 of A-Z a-z 0-9 _ . -, got {name[:80]!r}")
-    path = segment_dir() / name
-    path.mkdir(mode=0o700, exist_ok=True)
-    return path
-
-
-def agent_running(directory: Path) -> bool:
-    """Whether an agent serves ``directory`` (holds its lock)."""
-    try:
-        fd = os.open(directory / AGENT_LOCK, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # granted only while no agent holds it exclusively
-    except OSError:
-        return True
-    finally:
-        os.close(fd)  # releases the probe's shared lock
-    return False
-
-
-def remove_if_empty(directory: Path) -> None:
-    """Remove an agent's directory (and its lock) that holds no segment; quietly keep it otherwise.
-
-    A producer arriving meanwhile makes the directory again (its first try
-    finds it gone) and starts a new agent.
-    """
-    try:
-        if not any(directory.glob("*.seg")):
-            (directory / AGENT_LOCK).unlink(missing_ok=True)
-            directory.rmdir()
-    except OSError:
-        pass
-
-
-def lock_agent(directory: Path, wait_s: float = 1.0) -> int | None:
-    """Become the agent of ``directory``: the lock's descriptor, or None when another agent holds it.
-
-    Retried for ``wait_s``: a producer's :func:`agent_running` probe holds a shared lock for microseconds.
-    """
-    fd = os.open(directory / AGENT_LOCK, os.O_RDWR | os.O_CREAT, 0o600)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except OSError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(0.01)
-
-
-def run_prefix(run_id: str) -> str:
-    """How the names of a run's segment files begin."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:80] + "-"
-
-
-def _peek(path: Path) -> dict[str, int] | None:
+def peek_header(path: Path) -> dict[str, int] | None:
     """The header fields of a segment file (None when it is not one, or not yet)."""
     with open(path, "rb") as f:
         header = f.read(HEADER_BYTES)
     if header[: len(MAGIC)] != MAGIC:
         return None
     return {name: struct.unpack_from("<q", header, offset)[0] for name, offset in _FIELDS.items()}
-
-
-def wait_for_agents(run_id: str, timeout_s: float) -> bool:
-    """Wait while an agent still finishes the outputs of ``run_id`` for a producer that died; True when none does.
-
-    A run resumed right after a SIGKILL would otherwise write its folder while
-    the dead producer's agent is still writing its end there.
-    """
-    prefix = run_prefix(run_id)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        busy = False
-        for path in segment_dir().glob(f"*/{glob_escape(prefix)}*.seg"):
-            try:
-                header = _peek(path)
-            except (OSError, struct.error):
-                continue
-            if header is not None and header["agent_state"] != AGENT_DONE:
-                busy = busy or (not pid_alive(header["pid"]) and pid_alive(header["agent_pid"]))
-        if not busy:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-
-
-STALE_AFTER_S = 60.0
-"""A segment this old whose producer and agent are both gone is removed by the next producer that starts."""
-
-
-def remove_stale(directory: Path) -> list[Path]:
-    """Remove segments left by a producer and an agent that both died (each reserved tens of MiB); returns them.
-
-    ``directory`` and the agents' directories in it are searched.
-    """
-    removed = []
-    for path in [*directory.glob("*.seg"), *directory.glob("*/*.seg")]:
-        try:
-            if time.time() - path.stat().st_mtime < STALE_AFTER_S:
-                continue  # being created, or young: never raced
-            header = _peek(path)
-            if header is not None and (pid_alive(header["pid"]) or pid_alive(header["agent_pid"])):
-                continue
-            path.unlink()
-            removed.append(path)
-        except (OSError, struct.error):
-            continue
-    for agent in directory.iterdir():  # an agent's directory whose agent ended and producers left
-        try:
-            if not agent.is_dir() or time.time() - agent.stat().st_mtime < STALE_AFTER_S or agent_running(agent):
-                continue
-            remove_if_empty(agent)
-        except OSError:
-            continue
-    return removed
 
 
 def _u64(buffer: mmap.mmap, offset: int) -> ctypes.c_uint64:
@@ -335,11 +236,13 @@ class _Ring:
         self.write = _u64(buffer, offset + _RING_WRITE)
         self.read = _u64(buffer, offset + _RING_READ)
         self.dropped = _u64(buffer, offset + _RING_DROPPED)
+        self.taken: int | None = None
+        """The reader's position past the frames it took and has not committed yet."""
 
     def put(self, kind: int, payload: bytes, limit: int) -> bool:
         """Append one frame (caller holds the writer's lock); False when it would pass ``limit`` bytes in use.
 
-        ``otel_rl.training._hotpath.put_frame`` is the same in C (and needs no lock: it holds the GIL throughout).
+        ``_hotpath.put_frame`` is the same in C (and needs no lock: it holds the GIL throughout).
         """
         size = _FRAME.size + len(payload)
         size += -size % 8
@@ -361,9 +264,12 @@ class _Ring:
         return True
 
     def take(self, budget: int) -> list[tuple[int, bytes]]:
-        """Frames written since the last call (about ``budget`` bytes at most), oldest first."""
+        """Frames written since the last call (about ``budget`` bytes at most), oldest first, as copies.
+
+        The writer may reuse their bytes only once :meth:`commit` publishes the new position.
+        """
         frames = []
-        read, write = self.read.value, self.write.value
+        read, write = (self.read.value if self.taken is None else self.taken), self.write.value
         taken = 0
         while read < write and taken < budget:
             position = read % self.capacity
@@ -380,8 +286,13 @@ class _Ring:
             size += -size % 8
             read += size
             taken += size
-        self.read.value = read  # the writer may reuse the bytes now
+        self.taken = read
         return frames
+
+    def commit(self) -> None:
+        """Publish the position past everything taken: the writer may reuse those bytes now."""
+        if self.taken is not None:
+            self.read.value = self.taken
 
     def pending(self) -> int:
         return self.write.value - self.read.value
@@ -440,7 +351,8 @@ class Segment:
         self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
         self._lock = threading.Lock()
         self._final_totals: bytes | None = None
-        self._names: dict[str, int] = {}
+        self.interned: dict[str, int] = {}
+        """Names already in the string table, by id (what the C scalars writer looks keys up in)."""
         self._exceptions: dict[type, int] = {}
 
     # -- the string table ------------------------------------------------
@@ -453,11 +365,11 @@ class Segment:
                 found = self._exceptions[item] = self.intern(item.__name__)
             return found
         text = str(item)
-        found = self._names.get(text)
+        found = self.interned.get(text)
         if found is not None:
             return found
         with self._lock:
-            found = self._names.get(text)
+            found = self.interned.get(text)
             if found is not None:
                 return found
             encoded = text.encode("utf-8", "replace")[:4096]
@@ -471,7 +383,7 @@ class Segment:
             header["names_end"].value = end + 2 + len(encoded)
             found = header["names_count"].value
             header["names_count"].value = found + 1  # published after the entry
-            self._names[text] = found
+            self.interned[text] = found
             return found
 
     # -- lanes and messages ----------------------------------------------
@@ -485,8 +397,8 @@ class Segment:
             self.header["lane_count"].value = count + 1  # the lane initialises its header before its first record
             return self.layout.lane(count)
 
-    def put(self, kind: int, payload: bytes) -> bool:
-        """One message (``kind``, with :data:`PICKLED` when it is); False (counted in the ring) when its ring is full.
+    def ring_for(self, kind: int) -> tuple[_Ring, int]:
+        """The ring a message of ``kind`` goes to, and the bytes in use it may fill.
 
         Events (and the other control records) may fill three quarters of the
         control ring; the rest is kept for run records, so a lifecycle change
@@ -494,23 +406,16 @@ class Segment:
         """
         base = kind & ~PICKLED
         ring = self.control if base in CONTROL_KINDS else self.data
-        limit = ring.capacity if base == RUN else ring.capacity * 3 // 4
-        if put_frame is not None:
-            return put_frame(self.buffer, ring.offset, ring.capacity, kind, payload, limit)
+        return ring, ring.capacity if base == RUN else ring.capacity * 3 // 4
+
+    def put(self, kind: int, payload: bytes) -> bool:
+        """One message (``kind``, with :data:`PICKLED` when it is); False (counted in the ring) when its ring is full.
+
+        The pure-Python writer (``_hotpath.put_frame`` writes the same frame in C).
+        """
+        ring, limit = self.ring_for(kind)
         with self._lock:
             return ring.put(kind, payload, limit)
-
-    def put_scalars(self, record: tuple) -> bool | None:
-        """A ``scalars()`` record packed in C (key ids, 8-byte values): False when the ring is full,
-        None when it is not plain (keys not all ``str``, values not all numbers) or C is not built."""
-        if put_scalars is None:
-            return None
-        time_ns, values, step, iteration, env_steps, _ = record
-        ring = self.data
-        return put_scalars(
-            self.buffer, ring.offset, ring.capacity, ring.capacity, SCALARS_PACKED, time_ns, values, step, iteration,
-            env_steps, self._names, self.intern,
-        )  # fmt: skip
 
     def set(self, field: str, value: int) -> None:
         self.header[field].value = value
@@ -565,9 +470,10 @@ class SegmentReader:
         self.data = _Ring(buffer, layout.data, layout.data_bytes)
         self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
         self.names: list[str] = []
-        self._names_at = 0
+        self.interned_at = 0
         self._claim: int | None = None
         self._lanes: list[tuple[ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint64, int, np.ndarray]] = []
+        self._lanes_taken: list[int] = []
 
     def get(self, field: str) -> int:
         return self.header[field].value
@@ -587,16 +493,20 @@ class SegmentReader:
         """The open run's start record as the producer published it, or None."""
         return _read_slot(self.buffer, self.layout.run) or None
 
+    def run_started(self) -> bool:
+        """Whether the producer ever started a run (its slot was written, by the start or the end)."""
+        return _read_slot(self.buffer, self.layout.run) is not None
+
     def update_names(self) -> list[str]:
         """Read the string table's new entries; returns the whole table."""
         count = self.get("names_count")
-        offset = self._names_at
+        offset = self.interned_at
         while len(self.names) < count:
             start = self.layout.names + offset
             (length,) = struct.unpack_from("<H", self.buffer, start)
             self.names.append(bytes(self.buffer[start + 2 : start + 2 + length]).decode("utf-8", "replace"))
             offset += 2 + length
-        self._names_at = offset
+        self.interned_at = offset
         return self.names
 
     def lanes(self) -> list[tuple[int, str, int]]:
@@ -606,25 +516,42 @@ class SegmentReader:
         while len(self._lanes) < count:
             offset = self.layout.lane(len(self._lanes))
             records = np.frombuffer(self.buffer, RECORD, capacity, offset + LANE_HEADER_BYTES)
+            read = _u64(self.buffer, offset + _LANE_READ)
             self._lanes.append(
-                (_u64(self.buffer, offset), _u64(self.buffer, offset + 8), _u64(self.buffer, offset + 16), offset, records)
+                (_u64(self.buffer, offset + _LANE_WRITE), read, _u64(self.buffer, offset + _LANE_DROPPED), offset, records)
             )
+            self._lanes_taken.append(read.value)
         out = []
         for _, _, dropped, offset, _ in self._lanes:
-            thread_id, name = struct.unpack_from("<q24s", self.buffer, offset + 32)
+            thread_id, name = _LANE_IDENTITY.unpack_from(self.buffer, offset + _LANE_THREAD)
             out.append((thread_id, name.split(b"\0", 1)[0].decode("utf-8", "replace"), dropped.value))
         return out
 
     def take_lane(self, index: int, budget: int) -> np.ndarray:
-        """Records of lane ``index`` written since the last call (at most ``budget``), as a copy."""
-        write, read, _, _, records = self._lanes[index]
-        end, start = write.value, read.value
-        end = min(end, start + budget)
+        """Records of lane ``index`` written since the last call (at most ``budget``), as a copy.
+
+        The writer may reuse their slots only once :meth:`commit` publishes the new position.
+        """
+        write, _, _, _, records = self._lanes[index]
+        start = self._lanes_taken[index]
+        end = min(write.value, start + budget)
         if end <= start:
             return records[:0].copy()
-        out = records[np.arange(start, end, dtype=np.uint64) % np.uint64(len(records))]  # a copy, wrapped
-        read.value = end  # the writer may reuse those records now
+        capacity = len(records)
+        first, last = start % capacity, end % capacity
+        out = records[first:last].copy() if first < last else np.concatenate((records[first:], records[:last]))
+        self._lanes_taken[index] = end
         return out
+
+    def commit(self) -> None:
+        """Publish what was taken from every lane and ring: the outputs have written it (see the agent's server).
+
+        A reader that dies before committing leaves those records to the next one, which reads them again.
+        """
+        for (_, read, _, _, _), taken in zip(self._lanes, self._lanes_taken):
+            read.value = taken
+        self.control.commit()
+        self.data.commit()
 
     def claim(self) -> bool:
         """Become the one reader of this segment's file: True, or False when another holds it.

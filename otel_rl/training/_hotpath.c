@@ -18,6 +18,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -39,8 +40,9 @@ typedef struct {
 } Slot;
 
 /* A record in a shared-memory lane: what a Slot holds, with names as ids of
- * the segment's string table. 48 bytes; otel_rl/shm/segment.py mirrors the
- * layout. */
+ * the segment's string table. 48 bytes; otel_rl/shm/segment.py's RECORD is the
+ * same layout, and the module's `layouts` (offsets and sizes, from the compiler)
+ * lets a test check them against each other. */
 typedef struct {
     int64_t start, end;  /* phase start/end; a mark's time and thread CPU time (-1: none) */
     int64_t a, b;        /* iteration index and env steps (INT64_MIN: none); flow id; correlation */
@@ -953,10 +955,32 @@ static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT, "otel_rl.training._hotpath", "C hot path of the phase recorder.", -1, module_methods,
 };
 
+#define FIELD(type, name) #name, (Py_ssize_t)offsetof(type, name)
+
+/* {struct name: {field: offset, ..., "itemsize": size}} of the records shared with Python. */
+static PyObject *record_layouts(void) {
+    return Py_BuildValue(
+        "{s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n},"
+        "s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n},"
+        "s:{s:n,s:n,s:n,s:n,s:n},"
+        "s:{s:n,s:n,s:n,s:n,s:n,s:n}}",
+        "ShmRecord", FIELD(ShmRecord, start), FIELD(ShmRecord, end), FIELD(ShmRecord, a), FIELD(ShmRecord, b),
+        FIELD(ShmRecord, name), FIELD(ShmRecord, depth), FIELD(ShmRecord, kind), FIELD(ShmRecord, flags),
+        FIELD(ShmRecord, exc), FIELD(ShmRecord, reserved), "itemsize", (Py_ssize_t)sizeof(ShmRecord),
+        "ShmLaneHeader", FIELD(ShmLaneHeader, write), FIELD(ShmLaneHeader, read), FIELD(ShmLaneHeader, dropped),
+        FIELD(ShmLaneHeader, capacity), FIELD(ShmLaneHeader, thread_id), FIELD(ShmLaneHeader, thread_name),
+        "itemsize", (Py_ssize_t)sizeof(ShmLaneHeader),
+        "ScalarEntry", FIELD(ScalarEntry, key), FIELD(ScalarEntry, tag), FIELD(ScalarEntry, reserved),
+        FIELD(ScalarEntry, value), "itemsize", (Py_ssize_t)sizeof(ScalarEntry),
+        "ScalarsHeader", FIELD(ScalarsHeader, time), FIELD(ScalarsHeader, step), FIELD(ScalarsHeader, iteration),
+        FIELD(ScalarsHeader, env_steps), FIELD(ScalarsHeader, count), "itemsize", (Py_ssize_t)sizeof(ScalarsHeader));
+}
+
 PyMODINIT_FUNC PyInit__hotpath(void) {
     if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PhaseType) < 0 || PyType_Ready(&IterationType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
+    if (PyModule_AddObject(m, "layouts", record_layouts()) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) { Py_DECREF(&LaneType); Py_DECREF(m); return NULL; }
     Py_INCREF(&PhaseType);

@@ -35,7 +35,6 @@ from typing import Any, Protocol
 
 from otel_rl.background import Worker
 from otel_rl.training.recorder import CORRELATE, Phase, Recorder
-from otel_rl.core.records import DeviceIntervalRecord
 from otel_rl.schema import PhaseSpec
 
 
@@ -271,9 +270,8 @@ class CudaTimer(Worker):
             start_ns = anchor.place(anchor.event.elapsed_time(pair.start))
             end_ns = anchor.place(anchor.event.elapsed_time(pair.end))
             self.pool.release(pair.start, pair.end)
-            self._recorder.add_device_interval(
-                DeviceIntervalRecord(pair.spec, pair.device, pair.stream, start_ns, end_ns, pair.correlation)
-            )
+            # Raw, like every record of this side: (spec, device, stream, start_ns, end_ns, correlation).
+            self._recorder.add_device_interval((pair.spec, pair.device, pair.stream, start_ns, end_ns, pair.correlation))
 
 
 class CudaPhase:

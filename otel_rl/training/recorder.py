@@ -2,7 +2,7 @@
 
 Nothing here builds an OpenTelemetry object, serializes, or does IO. Entering
 and leaving a phase costs two ``perf_counter_ns()`` calls and a deque append;
-everything else happens on the pipeline thread (:mod:`otel_rl.core.pipeline`).
+everything else happens off the training thread (:mod:`otel_rl.core.pipeline`).
 
 Each thread that records gets its own lane (:class:`PyLane` or its C twin): a bounded deque of raw
 records plus the stack of open phases. One writer per lane means the lane
@@ -182,6 +182,7 @@ class Recorder:
         self.distributions_dropped = 0
         self._distribution_bytes = 0
         self._distributions_lock = threading.Lock()
+        self.cuda_fallbacks: deque[tuple[str, str, str]] = deque(maxlen=1024)
 
     def lane(self) -> PyLane:
         """The calling thread's lane, created on first use."""
@@ -270,6 +271,41 @@ class Recorder:
     def add_control(self, record: tuple) -> None:
         """Queue a lifecycle record; never dropped (there are only a handful per run)."""
         self.events.append(record)
+
+    def add_cuda_fallback(self, timeline: str, name: str, reason: str) -> None:
+        """A CUDA phase timed on the host: its spans say why."""
+        self.cuda_fallbacks.append((timeline, name, reason))
+
+    # -- the pipeline's record source (otel_rl.core.pipeline.RecordSource) ---
+
+    def take(self, batch) -> None:
+        """Move every pending record into ``batch`` (an :class:`otel_rl.core.pipeline.Batch`)."""
+        for queue, into in (
+            (self.events, batch.control),
+            (self.cuda_fallbacks, batch.cuda_fallbacks),
+            (self.remote, batch.remote),
+            (self.device_intervals, batch.intervals),
+            (self.scalars, batch.scalars),
+        ):
+            into.extend([queue.popleft() for _ in range(len(queue))])  # popleft: safe against the recording threads
+        for lane in self.snapshot_lanes():
+            records = lane.drain()
+            if records:
+                batch.lanes.append((lane, lane.thread_id, lane.thread_name, records))
+        batch.distributions.extend(self.take_distributions())
+
+    def dropped(self) -> dict[str, int]:
+        return {
+            "phases": self.phases_dropped,
+            "scalars": self.scalars_dropped,
+            "events": self.events_dropped,
+            "distributions": self.distributions_dropped,
+            "device_intervals": self.device_intervals_dropped,
+            "relay": self.remote_dropped,
+        }
+
+    def pending(self) -> dict[str, int]:
+        return {"phases": self.phases_pending, "scalars": len(self.scalars), "events": len(self.events)}
 
     @property
     def phases_dropped(self) -> int:

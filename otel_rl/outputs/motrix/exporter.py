@@ -118,13 +118,14 @@ class MotrixSink(RecordSink):
                     fields[key] = provenance[key]
             ts = run.start_ns / 1e9
         else:
-            self._emit_perf()
+            # The last Perf/* window goes out first, in the end record's place in the sequence (seqs stay increasing).
+            seq = run.seq if self._emit_perf(run.seq) else None
             ts = run.end_ns / 1e9
             if run.reason is not None:
                 fields["reason"] = run.reason
             if run.status == "failed":
                 fields["error_logs"] = list(run.attributes.get("error_logs", []))
-        self._emit(self.make("run", ts=ts, seq=run.seq, status=run.status, **fields))
+        self._emit(self.make("run", ts=ts, seq=run.seq if run.end_ns is None or seq is None else None, status=run.status, **fields))
 
     def on_scalars(self, rec: ScalarsRecord) -> None:
         axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
@@ -141,11 +142,13 @@ class MotrixSink(RecordSink):
         if self._perf.due():
             self._emit_perf()
 
-    def _emit_perf(self) -> None:
+    def _emit_perf(self, seq: int | None = None) -> bool:
+        """The pending ``Perf/*`` window as a scalars record (``seq``: default the next); False when it was empty."""
         values = self._perf.take()
         if values:
             axes = dict(self._perf.axes)
-            self._emit(self.make("scalars", step=axes["env_steps"], axes=axes, values=values))
+            self._emit(self.make("scalars", seq=seq, step=axes["env_steps"], axes=axes, values=values))
+        return bool(values)
 
     # -- lifecycle ------------------------------------------------------
 

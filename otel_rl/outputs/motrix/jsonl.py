@@ -54,6 +54,16 @@ class JsonlWriter(Worker):
     def has_work(self) -> bool:
         return len(self.queue) > 0
 
+    @property
+    def size(self) -> int:
+        """Bytes of whole records in the file (before the first write: what an earlier process left)."""
+        if self._fd is not None:
+            return self._size
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
     def run_once(self) -> None:
         items = self.queue.take()
         if items:

@@ -20,6 +20,8 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import orjson
+
 PROTOCOL = "motrix.metrics/v1"
 INGEST_PATH = "/api/v1/ingest"
 REASON_LIMIT_BYTES = 2048
@@ -64,6 +66,10 @@ def encode_record(rec: Mapping[str, Any]) -> str:
         ProtocolError: naming the first field that cannot be encoded (records
             made by otel-rl are JSON-safe by construction: this is the last line of defence).
     """
+    try:
+        return orjson.dumps(rec).decode()
+    except TypeError:  # an int past 64 bits, a key that is not a string...: the standard encoder says what
+        pass
     try:
         return json.dumps(rec, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:

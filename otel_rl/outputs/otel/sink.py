@@ -91,7 +91,7 @@ class OpenTelemetrySink(RecordSink):
         metric_export_interval_ms: float | None = None,
         parent_span_id: int | None = None,
     ) -> None:
-        from otel_rl import __version__
+        from otel_rl.version import __version__
 
         self._scope = InstrumentationScope("otel_rl", __version__)
         self._resource = resource
@@ -183,6 +183,10 @@ class OpenTelemetrySink(RecordSink):
         return provider, provider.get_logger("otel_rl")
 
     # -- records --------------------------------------------------------
+
+    def on_cuda_fallback(self, fallback: tuple[str, str, str]) -> None:
+        timeline, name, reason = fallback
+        self.cuda_fallback[(timeline, name)] = reason
 
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import re
 import shutil
 from collections import deque
 from pathlib import Path
@@ -506,6 +507,11 @@ class PerfettoTraceSink(RecordSink):
         self._flush_loose()
         return self._writer.flush(timeout_s)
 
+    @property
+    def size(self) -> int:
+        """Bytes written to the trace file so far."""
+        return self._writer.size
+
     def shutdown(self, timeout_s: float) -> None:
         self._flush_loose()
         self._writer.shutdown(timeout_s)
@@ -529,6 +535,8 @@ class TraceWriter(Worker):
         self._writing = writing
         self.queue: deque = deque()  # encoded packets (bytes) and rotation marks
         self._file = None
+        self.size = 0
+        """Bytes in the file being written."""
         self.start()
 
     def has_work(self) -> bool:
@@ -556,8 +564,10 @@ class TraceWriter(Worker):
             if self._file is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
                 self._file = open(self._writing, "wb")  # noqa: SIM115 - kept open while streaming
+                self.size = 0
             self._file.write(data)
             self._file.flush()
+            self.size += len(data)
         except OSError as exc:
             _logger.warning("otel-rl: cannot write %s (%s); trace records are lost", self.path, exc, extra=once(f"write:{self.path}"))
             self._close_file()
@@ -655,3 +665,9 @@ def _crash_mark(pid: int, time_ns: int, name: str = "") -> bytes:
     mark.track_event.track_uuid = uuid
     mark.track_event.name = name or CRASH_MARK
     return _trace_entry(descriptor.SerializeToString()) + _trace_entry(mark.SerializeToString())
+
+
+def fragment_name(role: str, rank: int = 0) -> str:
+    """The trace fragment of a worker (or of a rank other than 0) that the learner merges."""
+    name = role if rank == 0 else f"{role}-rank{rank}"
+    return "trace-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + ".perfetto-trace"

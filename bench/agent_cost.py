@@ -1,0 +1,96 @@
+"""What the agent spends per training iteration, measured in one process without the machine's noise.
+
+    python bench/agent_cost.py                 # 20,000 iterations: 4 phases and 40 scalars each
+    python bench/agent_cost.py --profile       # the same under cProfile, the top functions printed
+
+The training side records into a shared-memory segment (``SegmentRecorder``,
+as in a training process); the agent's side reads it back with the code an
+agent process runs (``SegmentSource`` feeding the outputs built by
+``otel_rl.outputs.factory``: ``metrics.jsonl``, the Perfetto trace, the
+summary, the panel, the OpenTelemetry aggregates), pass after pass, each pass
+flushing the files and committing as the agent does. Both sides are timed
+with ``time.process_time`` in the same run, so the figure is a ratio: agent
+CPU per iteration against the training thread's own recording cost. Expressed
+per 1,000 iterations per second it is the share of a core an agent needs at
+that rate (its writer threads, a few percent more, are not in it: the
+``agent CPU`` column of ``bench/overhead.py`` counts the whole process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import tempfile
+import time
+from pathlib import Path
+from time import perf_counter_ns
+
+from rich.console import Console
+
+from otel_rl.agent.segment_source import SegmentSource
+from otel_rl.background import Deadline
+from otel_rl.config import TelemetryConfig
+from otel_rl.core.identity import RunIdentity
+from otel_rl.core.pipeline import Clock
+from otel_rl.outputs.factory import Outputs
+from otel_rl.outputs.panel import PanelSink
+from otel_rl.schema import phase_spec
+from otel_rl.shm import segment as shm
+from otel_rl.training.segment_recorder import SegmentRecorder
+
+KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
+PHASES = ("collector_wait", "inference", "replay_sample", "learning")
+PASS_ITERATIONS = 500  # about what one 100 ms pass reads at 5,000 iterations per second
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iterations", type=int, default=20_000)
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-agent-cost-")) / "run"
+    config = TelemetryConfig.from_options(run_dir, None, jsonl=True, trace_enabled=True, panel=False, system_metrics_interval_s=0)
+    clock = Clock()
+    identity = RunIdentity(config, 0x1234, None, os.getpid(), clock.now_ns(), clock.offset_ns)
+    segment = shm.Segment(None, b"", 65_536, data_bytes=64 << 20)
+    recorder = SegmentRecorder(segment, 65_536)
+    phases = [recorder.new_phase(phase_spec("learner", name)) for name in PHASES]
+    iteration = recorder.iteration_factory(None, False)
+    source = SegmentSource(shm.SegmentReader(segment.buffer))
+    panel = PanelSink(config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140))  # noqa: SIM115
+    outputs = Outputs(identity, [source], [panel], flush_driven=True)
+    profile = cProfile.Profile()
+    training_s = agent_s = 0.0
+    for start in range(0, args.iterations, PASS_ITERATIONS):
+        began = time.process_time()
+        for i in range(start, start + PASS_ITERATIONS):
+            with iteration("learner", i, i):
+                for phase in phases:
+                    with phase:
+                        pass
+            recorder.add_scalars((perf_counter_ns(), {key: float(i) for key in KEYS}, None, i, i))
+        training_s += time.process_time() - began
+        began = time.process_time()
+        if args.profile:
+            profile.enable()
+        outputs.pipeline.drain()  # type: ignore[union-attr]
+        outputs.flush_files(5.0)
+        source.commit()
+        if args.profile:
+            profile.disable()
+        agent_s += time.process_time() - began
+    outputs.close(Deadline(10.0))
+    n = args.iterations - args.iterations % PASS_ITERATIONS
+    per_iteration_us = agent_s / n * 1e6
+    print(f"iterations: {n} (4 phases and 40 scalars each), every local output on")
+    print(f"training thread, recording: {training_s / n * 1e6:.1f} us per iteration")
+    print(f"agent, assembling and writing: {per_iteration_us:.1f} us per iteration "
+          f"({agent_s / training_s:.1f}x the recording) = {per_iteration_us / 10:.2f}% of a core per 1,000 iterations/s")  # fmt: skip
+    if args.profile:
+        pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
+if __name__ == "__main__":
+    main()

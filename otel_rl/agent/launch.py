@@ -1,0 +1,306 @@
+"""The training process's side of its agent: the segment it records into, and the agent process serving it.
+
+:func:`start_agent` creates the producer's segment in its agent's directory
+(:mod:`otel_rl.agent.directory`), with the :class:`~otel_rl.core.identity.RunIdentity`
+the agent builds the outputs from, and starts the agent unless one serves
+that directory already. ``init()`` does not wait for it: the segment holds
+every record until it attaches, and outlives this process.
+
+The agent (``python -m otel_rl.agent --dir DIRECTORY``) runs in a session of
+its own (a Ctrl-C meant for training does not stop it first), inherits the
+terminal (the panel) and the environment (OTLP settings), and removes the
+segment once its records are written. A watcher starts a new agent, once, if
+the one serving this producer dies while training runs; it resumes from what
+the dead one had committed. :meth:`AgentHost.stop` hands the segment over
+with this process's deadline and waits for the agent within it; with no agent
+left (it never came up, or died), this process serves the segment itself with
+the agent's code, so the work is finished however the agent fared.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from otel_rl._logging import logger, once
+from otel_rl.agent import directory as agents
+from otel_rl.background import Deadline, Worker
+from otel_rl.core.identity import RunIdentity
+from otel_rl.outputs.factory import resource
+from otel_rl.core.pipeline import RecordSink
+from otel_rl.shm import segment as shm
+from otel_rl.training.segment_recorder import SegmentRecorder
+
+_logger = logger(__name__)
+
+OWN_AGENT_LINGER_S = 1.0
+"""How long the agent started for this process waits, once idle, for late workers before it ends."""
+NAMED_AGENT_LINGER_S = 10.0
+"""How long an agent started by name waits, once idle: the other ranks of a job start within seconds."""
+POLL_S = 0.005
+
+
+def segment_path(config: Any, directory: Path) -> Path:
+    """A fresh segment file for this process in the agent's ``directory``, named after the run and role."""
+    role = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{config.role}-{config.rank}")[:40]
+    return directory / f"{agents.run_prefix(config.run_id)}{role}-{os.getpid()}-{os.urandom(4).hex()}.seg"
+
+
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+_AGENT_MAIN = f"import sys; sys.path.insert(0, {_PACKAGE_ROOT!r}); from otel_rl.agent.__main__ import main; sys.exit(main())"
+"""The agent's entry point, importing the otel-rl this process runs (a folder named ``otel_rl`` in the
+working directory, which ``python -m`` would put first, cannot shadow it); the working directory stays
+this process's, where a relative ``run_dir`` points."""
+
+
+def spawn(directory: Path, linger_s: float | None) -> subprocess.Popen:
+    """An agent process serving ``directory`` (``linger_s`` once idle; None: until interrupted)."""
+    command = [sys.executable, "-c", _AGENT_MAIN, "--dir", str(directory)]
+    if linger_s is not None:
+        command += ["--linger", str(linger_s)]
+    # A session of its own: a Ctrl-C meant for training does not stop it before it wrote what training recorded.
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+
+
+def recover_orphans() -> None:
+    """What producers and agents that both died left: finished by new agents, or removed (see :func:`directory.tidy`)."""
+    removed, orphaned = agents.tidy(agents.segment_dir())
+    for path in removed:
+        _logger.info("otel-rl: removed %s, left by a producer and agent that both died", path.name)
+    for directory in orphaned:
+        _logger.warning("otel-rl: a training process and its agent both died leaving records in %s; a new agent finishes them", directory)
+        try:
+            spawn(directory, OWN_AGENT_LINGER_S)
+        except OSError as exc:
+            _logger.warning("otel-rl: no agent for %s (%s)", directory, exc)
+
+
+_PLAIN_MODULES = ("builtins", "pathlib", "collections", "copyreg", "datetime")
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Loads only what any agent process can import: otel-rl's own classes and a few standard ones."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "otel_rl" or module.startswith("otel_rl.") or module in _PLAIN_MODULES:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name}")
+
+
+def travels(identity: RunIdentity) -> str | None:
+    """None when the identity can travel to an agent process; else what keeps it here.
+
+    Pickling is not enough: a class of the training script (``__main__``) or
+    of a path only it put on ``sys.path`` would not load in the agent.
+    """
+    try:
+        _PlainUnpickler(io.BytesIO(pickle.dumps(identity))).load()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def start_agent(identity: RunIdentity) -> AgentHost | None:
+    """The host of an agent process for this producer; None (one warning) where none can run here."""
+    config = identity.config
+    kept = travels(identity)
+    if kept:
+        _logger.warning(
+            "otel-rl: the configuration holds objects that cannot leave this process (%s); the outputs run on a thread",
+            kept,
+            extra=once("agent-thread"),
+        )
+        return None
+    name = config.agent if config.agent != "process" else f"run-{os.getpid()}-{os.urandom(3).hex()}"
+    linger_s = NAMED_AGENT_LINGER_S if config.agent != "process" else OWN_AGENT_LINGER_S
+    try:
+        recover_orphans()
+        directory = agents.agent_dir(name)
+        # The agent starts before the segment exists: a producer killed at any moment after creating it is served.
+        process = None if agents.agent_running(directory) else spawn(directory, linger_s)
+    except OSError as exc:  # no shared memory, or no process can be started here
+        _logger.warning("otel-rl: the agent process could not start (%s); the outputs run on a thread", exc)
+        return None
+    try:
+        payload = pickle.dumps(identity)
+        try:
+            segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, config.lane_capacity)
+        except FileNotFoundError:  # its idle agent removed the directory just now: the watcher starts a new one
+            segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, config.lane_capacity)
+    except (OSError, AttributeError) as exc:  # AttributeError: no os.posix_fallocate on this platform
+        _logger.warning("otel-rl: no shared memory for the agent (%s); the outputs run on a thread", exc)
+        return None  # the agent started for it ends idle
+    return AgentHost(identity, segment, name, linger_s, process)
+
+
+class AgentHost:
+    """The :class:`~otel_rl.hosts.Host` of a producer whose outputs run in an agent process."""
+
+    mode = "process"
+
+    def __init__(
+        self, identity: RunIdentity, segment: shm.Segment, name: str, linger_s: float, process: subprocess.Popen | None
+    ) -> None:
+        from otel_rl.outputs.otel.user_providers import UserProviders
+
+        self.identity = identity
+        self.segment = segment
+        self.recorder = SegmentRecorder(segment, segment.lane_capacity)
+        self.workers_agent = name
+        self.directory = Path(segment.path).parent  # type: ignore[arg-type]
+        self.linger_s = linger_s
+        self.process = process
+        self._user_providers = UserProviders(lambda: resource(identity.config, identity.service_name))
+        self._watcher = AgentWatch(self)
+
+    def alive(self) -> bool:
+        return (self.process is not None and self.process.poll() is None) or agents.agent_running(self.directory)
+
+    def _done(self) -> bool:
+        return self.segment.get("agent_state") == shm.AGENT_DONE
+
+    def _set_deadline(self, deadline: Deadline) -> None:
+        self.segment.set("deadline_ns", max(int(deadline.at * 1e9), 1))
+
+    # -- the Host protocol ------------------------------------------------
+
+    def flush(self, deadline: Deadline) -> bool:
+        from otel_rl.agent.serve import relay_logs
+
+        segment = self.segment
+        self._set_deadline(deadline)
+        request = segment.get("flush_request") + 1
+        segment.set("flush_request", request)
+        flushed = _wait(lambda: segment.get("flush_done") >= request or not self.alive(), deadline) and self.alive()
+        relay_logs(segment)
+        return flushed
+
+    def stop(self, deadline: Deadline, at_exit: bool = False) -> None:
+        """Hand the segment over to the agent, with ``deadline``; back when it closed every output, or at the deadline.
+
+        With no agent left, this process serves the segment itself (at
+        interpreter exit, when no thread pool can start here, a new agent
+        process does, and goes on after this process if the deadline passes).
+        """
+        from otel_rl.agent.serve import relay_logs
+
+        self._watcher.shutdown(deadline.left(cap_s=1.0))
+        segment = self.segment
+        self._set_deadline(deadline)
+        segment.set("state", shm.CLOSING)
+        _wait(lambda: self._done() or not self.alive(), deadline)
+        if not self._done() and not self.alive():
+            _logger.warning("otel-rl: the agent process ended early; finishing its work %s", "in a new one" if at_exit else "here")
+            if at_exit:
+                self._restart()
+                _wait(lambda: self._done() or not self.alive(), deadline)
+            else:
+                self._serve_here(deadline)
+        if not self._done():
+            _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
+        relay_logs(segment)
+        self._user_providers.shutdown(deadline)
+        segment.close()
+
+    def hurry(self, deadline: Deadline) -> None:
+        if self.segment.control is not None:
+            self._set_deadline(deadline)
+
+    def _restart(self) -> bool:
+        try:
+            self.process = spawn(self.directory, self.linger_s)
+            return True
+        except OSError as exc:
+            _logger.warning("otel-rl: no new agent (%s); close() will finish the work", exc)
+            return False
+
+    def _serve_here(self, deadline: Deadline) -> None:
+        from otel_rl.agent.serve import serve_segment
+
+        reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
+        if not reader.claim():  # an agent took it after all (one started by another producer): it finishes the work
+            reader.close()
+            _wait(self._done, deadline)
+            return
+        try:
+            server = serve_segment(reader, self.identity)
+            server.done.wait(deadline.left())
+        except Exception:
+            _logger.exception("otel-rl: the agent's work could not be finished")
+        finally:
+            if self._done():
+                reader.close()
+                Path(self.segment.path).unlink(missing_ok=True)  # type: ignore[arg-type]
+                agents.remove_if_empty(self.directory)
+
+    def counts(self) -> dict[str, Any]:
+        """What the agent published after its last pass (it trails this process by one pass)."""
+        payload = self.segment.totals()
+        return pickle.loads(payload) if payload else {}
+
+    def pending(self) -> dict[str, int]:
+        segment = self.segment
+        messages = segment.control.pending() + segment.data.pending() if segment.control is not None else 0
+        return {"phases": self.recorder.phases_pending, "messages": messages}
+
+    def agent_pid(self) -> int | None:
+        """The pid of the agent serving this process (None before one attached)."""
+        return (self.segment.get("agent_pid") or None) if self.segment.control is not None else None
+
+    def add_sink(self, sink: RecordSink) -> bool:
+        return False
+
+    def tracer_provider(self) -> Any:
+        return self._user_providers.tracer_provider()
+
+    def meter_provider(self) -> Any:
+        return self._user_providers.meter_provider()
+
+    def abort(self) -> None:
+        self.stop(Deadline(2.0))
+
+
+class AgentWatch(Worker):
+    """Once a second: relays the agent's warnings, and starts a new agent (once) if the one serving this producer died."""
+
+    def __init__(self, host: AgentHost) -> None:
+        super().__init__("otel-rl-agent-watch", 1.0)
+        self._host = host
+        self.restarts = 0
+        self.start()
+
+    def run_once(self) -> None:
+        from otel_rl.agent.serve import relay_logs
+
+        host = self._host
+        if self.stopping or host.segment.control is None:
+            return
+        relay_logs(host.segment)
+        state = host.segment.get("agent_state")
+        if state == shm.AGENT_DONE or host.alive() or self.restarts > 1:
+            return
+        if state == shm.AGENT_ATTACHED:  # the agent serving this process died
+            if self.restarts:
+                self.restarts += 1  # the second one died too: close() finishes the work
+                return
+            _logger.warning(
+                "otel-rl: the agent process ended (exit code %s) while training runs; starting a new one",
+                None if host.process is None else host.process.returncode,
+            )
+            self.restarts += 1
+        host._restart()  # else the agent ended before it saw this segment (it was idle): a new one serves it
+
+
+def _wait(condition, deadline: Deadline) -> bool:
+    while not condition():
+        if deadline.left() <= 0:
+            return False
+        time.sleep(POLL_S)
+    return True

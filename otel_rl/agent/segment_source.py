@@ -1,0 +1,278 @@
+"""A producer's shared-memory segment as a pipeline's record source.
+
+Lane records and messages are decoded straight into the pass's
+:class:`otel_rl.core.pipeline.Batch`, in the producer's order: run starts and
+events first, then phases, scalars and the rest, run ends last. What is
+taken stays the producer's to keep until :meth:`SegmentSource.commit`: the
+agent commits only once its outputs have written it, so an agent that dies
+leaves nothing read-but-unwritten behind.
+"""
+
+from __future__ import annotations
+
+import functools
+import marshal
+import pickle
+import struct
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+
+from otel_rl import schema
+from otel_rl._logging import logger, once
+from otel_rl.core.pipeline import Batch
+from otel_rl.core.records import RunRecord
+from otel_rl.shm import segment as shm
+from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
+
+_logger = logger(__name__)
+
+RECORDS_PER_PASS = 65_536
+"""Lane records taken per lane and pass at most."""
+MESSAGE_BYTES_PER_PASS = 64 << 20
+
+
+class _Replayed:
+    """Stands for a producer's phase in a raw lane record: the pipeline reads only ``spec``."""
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+
+
+class SegmentSource:
+    """Reads one producer's segment for the pipeline (see the module docstring)."""
+
+    def __init__(self, reader: shm.SegmentReader, takeover: bool = False) -> None:
+        """``takeover``: another agent read this segment before; the open run is learned from the segment."""
+        self.reader = reader
+        self._phases: dict[int, _Replayed | None] = {}
+        self._lane_dropped: list[int] = []
+        self._decode_dropped = 0
+        self._key_names: dict[tuple, tuple] = {}
+        self._extra: list[RunRecord | tuple] = []
+        self.run: RunRecord | None = None
+        """The open run (its start record), None before it starts and after it ends."""
+        self.moved = 0
+        """Records the last :meth:`take` moved."""
+        self.last_ns = 0
+        """The producer's latest timestamp read (``perf_counter_ns()``)."""
+        published = reader.run() if takeover else None
+        if published:
+            self.run = pickle.loads(published)
+
+    # -- the record source --------------------------------------------------
+
+    def take(self, batch: Batch) -> None:
+        """Move what the producer wrote since the last call into ``batch``; :attr:`moved` counts it."""
+        reader = self.reader
+        moved = 0
+        names = reader.update_names()
+        for index, (thread_id, thread_name, dropped) in enumerate(reader.lanes()):
+            if index == len(self._lane_dropped):
+                self._lane_dropped.append(0)
+            self._lane_dropped[index] = dropped
+            records = reader.take_lane(index, RECORDS_PER_PASS)
+            moved += len(records)
+            if len(records):
+                batch.lanes.append(((id(self), index), thread_id, thread_name, self._decode(records, names)))
+        ends = []
+        for ring in (reader.control, reader.data):
+            frames = ring.take(MESSAGE_BYTES_PER_PASS)
+            moved += len(frames)
+            for kind, payload in frames:
+                decoded = self._decode_message(kind, payload)
+                if decoded is None:
+                    continue
+                if decoded[0] == shm.RUN and decoded[1].end_ns is not None:
+                    ends.append(decoded[1])  # after the data written before it
+                else:
+                    self._route(batch, *decoded)
+        for record in ends:
+            self._route(batch, shm.RUN, record)
+        batch.control.extend(self._extra)
+        self._extra.clear()
+        self.moved = moved
+
+    def commit(self) -> None:
+        """The outputs wrote everything taken so far: the producer may reuse its room."""
+        self.reader.commit()
+
+    def dropped(self) -> dict[str, int]:
+        """The producer's drops (its lanes' and rings') and the records this agent could not read."""
+        out = {"phases": sum(self._lane_dropped), "agent_decode": self._decode_dropped}
+        if self.reader.control is not None:
+            out.update({queue: self.reader.get(field) for queue, field in shm.DROP_FIELDS.items()})
+        return out
+
+    def pending(self) -> dict[str, int]:
+        reader = self.reader
+        if reader.control is None:
+            return {}
+        return {"messages": reader.control.pending() + reader.data.pending()}
+
+    # -- a producer that died ------------------------------------------------
+
+    def end_run(self, status: str, reason: str, to_epoch_ns, pending_since_ns: int | None = None) -> None:
+        """End the open run as the producer could not (it died): after everything it wrote.
+
+        ``pending_since_ns``: the producer died before it started its run; the run it announced ends.
+        """
+        start_ns = self.run.start_ns if self.run is not None else pending_since_ns
+        if start_ns is None:
+            return
+        end_ns = to_epoch_ns(self.last_ns) if self.last_ns else to_epoch_ns(perf_counter_ns())
+        self._extra.append(RunRecord(status, start_ns, max(end_ns, start_ns), reason, {"detected_by": "agent"}))
+        self.run = None
+
+    def record_death(self, status: str, reason: str, pid: int) -> None:
+        """A producer without an open run (a worker) died: a ``process_died`` event closes its timeline."""
+        attributes = {"status": status, "reason": reason, "pid": pid, "detected_by": "agent"}
+        self._extra.append((max(self.last_ns, perf_counter_ns()), schema.EVENT_PROCESS_DIED, attributes))
+
+    # -- decoding ----------------------------------------------------------
+
+    def _decode_message(self, kind: int, payload: bytes) -> tuple[int, Any] | None:
+        """A message's record; None (one warning per kind, counted) when it cannot be read here."""
+        try:
+            if kind == shm.SCALARS_PACKED:
+                return shm.SCALARS, _unpack_scalars(payload, self.reader, self._key_names)
+            if kind & shm.PICKLED:
+                return kind & ~shm.PICKLED, pickle.loads(payload)
+            return kind, _restore(marshal.loads(payload))
+        except Exception as exc:  # a pickled class this process cannot import, say
+            self._decode_dropped += 1
+            _logger.warning(
+                "otel-rl: agent: a record of kind %d could not be read (%s); dropped",
+                kind & ~shm.PICKLED,
+                exc,
+                extra=once(f"agent-decode:{kind}"),
+            )
+            return None
+
+    def _route(self, batch: Batch, kind: int, record: Any) -> None:
+        if kind == shm.SCALARS:
+            batch.scalars.append(record)
+            self.last_ns = max(self.last_ns, record[0])
+        elif kind == shm.EVENT:
+            batch.control.append(record)
+            self.last_ns = max(self.last_ns, record[0])
+        elif kind == shm.RUN:
+            self.run = record if record.end_ns is None else None
+            batch.control.append(record)
+        elif kind == shm.DISTRIBUTION:
+            batch.distributions.append(record)
+        elif kind == shm.DEVICE_INTERVAL:
+            batch.intervals.append(record)
+        elif kind == shm.REMOTE_CYCLE:
+            batch.remote.append(record)
+        elif kind == shm.CUDA_FALLBACK:
+            batch.cuda_fallbacks.append(record)
+
+    def _decode(self, records: np.ndarray, names: list[str]) -> list[tuple]:
+        """Lane records as the raw tuples the pipeline reads."""
+        out = []
+        phases = self._phases
+        last_ns = self.last_ns
+        for start, end, a, b, name, depth, kind, flags, exc, _ in records.tolist():
+            if kind == shm.PHASE:
+                phase = phases.get(name)
+                if phase is None and name not in phases:
+                    phase = phases[name] = _phase(name, names)
+                if phase is None:
+                    continue
+                out.append((phase, start, end, depth, names[exc] if 0 <= exc < len(names) else None))
+                last_ns = max(last_ns, end)
+            elif kind == shm.ITERATION_START or kind == shm.ITERATION_END:
+                timeline = names[name] if 0 <= name < len(names) else schema.LEARNER
+                tag = ITERATION_START if kind == shm.ITERATION_START else ITERATION_END
+                out.append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end))
+                last_ns = max(last_ns, start)
+            elif kind == shm.FLOW:
+                out.append((FLOW, start, a % 2**64, bool(flags), depth))
+            elif kind == shm.CORRELATE:
+                out.append((CORRELATE, a, depth))
+        self.last_ns = last_ns
+        return out
+
+
+def _phase(name_id: int, names: list[str]) -> _Replayed | None:
+    if not 0 <= name_id < len(names) or "\t" not in names[name_id]:
+        _logger.warning("otel-rl: agent: a phase record names no phase (id %d); skipped", name_id)
+        return None
+    timeline, name = names[name_id].split("\t", 1)
+    return _Replayed(schema.phase_spec(timeline, name))
+
+
+@functools.lru_cache(maxsize=256)
+def _entries(count: int) -> struct.Struct:
+    """``count`` :data:`segment.SCALAR_ENTRY` entries as one ``struct``: (key, tag, value) per entry."""
+    return struct.Struct("<" + shm.SCALAR_ENTRY_STRUCT * count)
+
+
+def _unpack_scalars(payload: bytes, reader: shm.SegmentReader, key_names: dict) -> tuple:
+    """A packed scalars record (:data:`segment.SCALARS_HEADER`, then its entries) as a raw tuple.
+
+    ``key_names``: the names of key-id tuples seen before (a loop logs the same keys every call).
+    """
+    time_ns, step, iteration, env_steps, count, _ = shm.SCALARS_HEADER.unpack_from(payload)
+    fields = _entries(count).unpack_from(payload, shm.SCALARS_HEADER.size)
+    keys, tags, numbers = fields[0::3], fields[1::3], fields[2::3]
+    names = key_names.get(keys)
+    if names is None:
+        table = reader.names if max(keys, default=-1) < len(reader.names) else reader.update_names()
+        names = tuple(map(table.__getitem__, keys))
+        if len(key_names) < 1024:
+            key_names[keys] = names
+    if not any(tags):  # the common case, in C: every value a float (VALUE_FLOAT is 0)
+        values: dict[str, Any] = dict(zip(names, numbers))
+    else:
+        values = {}
+        for index, (name, tag, number) in enumerate(zip(names, tags, numbers)):
+            if tag == shm.VALUE_FLOAT:
+                values[name] = number
+            elif tag == shm.VALUE_NONE:
+                values[name] = None
+            else:  # the same 8 bytes as a signed integer
+                integer = _INT64.unpack_from(payload, shm.SCALARS_HEADER.size + index * shm.SCALAR_ENTRY.itemsize + 8)[0]
+                values[name] = bool(integer) if tag == shm.VALUE_BOOL else integer
+    axes = [None if v == shm.NO_STEPS else v for v in (step, iteration, env_steps)]
+    return (time_ns, values, *axes)
+
+
+_INT64 = struct.Struct("<q")
+
+
+_STAND_INS: dict[str, type] = {}
+
+
+def _restore(item: Any) -> Any:
+    """Stand-ins of odd keys and values (see :data:`segment.FOREIGN`) as objects with their type's name and repr.
+
+    The pipeline's checks then word their warnings as they would for the original.
+    """
+    kind = type(item)
+    if kind is dict:
+        return {_restore(k): _restore(v) for k, v in item.items()} if any(type(k) is tuple or type(v) is tuple for k, v in item.items()) else item
+    if kind is tuple:
+        if len(item) == 3 and item[0] == shm.FOREIGN:
+            stand_in = _STAND_INS.get(item[1])
+            if stand_in is None:
+                stand_in = _STAND_INS[item[1]] = type(item[1], (_StandIn,), {})
+            return stand_in(item[2])
+        return tuple(_restore(v) for v in item)
+    return item
+
+
+class _StandIn:
+    __slots__ = ("_repr",)
+
+    def __init__(self, text: str) -> None:
+        self._repr = text
+
+    def __repr__(self) -> str:
+        return self._repr
+
+    __str__ = __repr__
