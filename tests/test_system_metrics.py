@@ -44,3 +44,16 @@ def test_off_when_interval_is_zero(tmp_path):
     tel.close()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert not any(k.startswith("sys/") for r in records if r["kind"] == "scalars" for k in r["values"])
+
+
+def test_a_sampler_of_a_process_already_gone_samples_the_host():
+    # An agent samples its producer, which may die before the agent starts serving it.
+    import subprocess
+    import sys
+
+    dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout)
+    samples: list[dict] = []
+    sampler = SystemSampler(samples.append, 0.05, dead)
+    time.sleep(0.3)
+    sampler.shutdown(1.0)
+    assert samples and all("sys/cpu_percent" in s and "sys/process_rss_bytes" not in s for s in samples)

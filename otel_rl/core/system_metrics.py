@@ -51,15 +51,20 @@ class Nvml:
         return out
 
 
-def sample_host(process: psutil.Process) -> dict[str, float]:
-    """One sample of the process and the host (CPU percentages since the previous sample)."""
+def sample_host(process: psutil.Process | None) -> dict[str, float]:
+    """One sample of the process (None, or gone: the host only) and the host (CPU percentages since the previous sample)."""
     memory = psutil.virtual_memory()
-    with process.oneshot():
-        values = {
-            "sys/process_cpu_percent": process.cpu_percent(None),
-            "sys/process_rss_bytes": float(process.memory_info().rss),
-            "sys/process_threads": float(process.num_threads()),
-        }
+    values: dict[str, float] = {}
+    if process is not None:
+        try:
+            with process.oneshot():
+                values = {
+                    "sys/process_cpu_percent": process.cpu_percent(None),
+                    "sys/process_rss_bytes": float(process.memory_info().rss),
+                    "sys/process_threads": float(process.num_threads()),
+                }
+        except psutil.Error:  # it ended (an agent samples its producer, which may die first)
+            values = {}
     values["sys/cpu_percent"] = psutil.cpu_percent(None)
     values["sys/memory_percent"] = memory.percent
     values["sys/memory_used_bytes"] = float(memory.total - memory.available)
@@ -80,8 +85,11 @@ class SystemSampler(Worker):
         """``pid``: the process whose CPU and memory are sampled (default: this one)."""
         super().__init__("otel-rl-system", interval_s)
         self._record = record
-        self._process = psutil.Process(pid)
-        self._process.cpu_percent(None)  # the first reading only starts the measurement
+        try:
+            self._process: psutil.Process | None = psutil.Process(pid)
+            self._process.cpu_percent(None)  # the first reading only starts the measurement
+        except psutil.Error:  # the producer an agent serves is already gone: the host is still sampled
+            self._process = None
         psutil.cpu_percent(None)
         self._nvml = Nvml()
         self.latest: dict[str, float] = {}
