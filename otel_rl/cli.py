@@ -77,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
 
         if not args.url:
             parser.error("--url (or MOTRIX_METRICS_URL) is required")
-        totals = run_backfill(args.run_dir, args.url, token)
+        try:
+            totals = run_backfill(args.run_dir, args.url, token)
+        except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
+            print(f"otel-rl backfill: {exc}", file=sys.stderr)
+            return 1
         print(
             f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there, "
             f"{totals['rejected']} refused by the service"

@@ -57,6 +57,7 @@ class ScriptedIngest:
                 if 200 <= status < 300 and body is not None:
                     with outer.lock:
                         outer.accepted.extend(body["records"])
+                    error = {"accepted": len(body["records"]), "duplicates": 0}  # the service's answer
                 payload = json.dumps(error).encode()
                 self.send_response(status)
                 for key, value in headers.items():
@@ -76,6 +77,37 @@ class ScriptedIngest:
     def kinds(self) -> list[str]:
         with self.lock:
             return [r["kind"] for r in self.accepted]
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+class HtmlPage:
+    """Answers every request 200 with an HTML page (a proxy's login page, a wrong URL)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                outer.requests += 1
+                page = b"<html><body><form>Sign in to continue</form></body></html>"
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8")
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            def log_message(self, *args):
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
 
     def stop(self) -> None:
         self._server.shutdown()

@@ -7,7 +7,8 @@ A 400 never costs its batch: the record it names (``$.records[N]...``) is
 set aside and the rest sent again; an answer that names none is split in
 halves until the offending records stand alone. A 413 is split the same
 way. A 200 may list ``rejected`` records (per-record outcomes); the others
-were stored. Shared by the live sender and ``otel-rl backfill``.
+were stored. A 2xx whose body is not an ingest answer (an HTML page from a
+proxy or a wrong URL) stores nothing: the request counts as refused. Shared by the live sender and ``otel-rl backfill``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from otel_rl.outputs.motrix.http_post import Poster, PostError
 from otel_rl.outputs.motrix.record_queue import Item
-from otel_rl.outputs.motrix.protocol import batch_body
+from otel_rl.outputs.motrix.protocol import PROTOCOL, batch_body
 
 RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
 RETRY_AFTER_CAP_S = 60.0
@@ -76,6 +77,11 @@ def send(poster: Poster, items: list[Item], timeout_s: float) -> Outcome:
             outcome.error = str(exc)
             return outcome
         status = answer.status
+        if 200 <= status < 300 and not _is_answer(answer.body):
+            # A proxy's login page, a wrong URL: nothing says the records were stored.
+            outcome.refused = [item for rest in (part, *parts) for item in rest]
+            outcome.refused_reason = f"HTTP {status} that is not a {PROTOCOL} answer ({_content(answer)})"
+            return outcome
         if 200 <= status < 300:
             _stored(outcome, part, answer.body)
         elif status in (400, 413):
@@ -99,6 +105,20 @@ def send(poster: Poster, items: list[Item], timeout_s: float) -> Outcome:
             outcome.refused_reason = f"HTTP {status}: {_error_text(answer.body)}"
             return outcome
     return outcome
+
+
+def _is_answer(body: bytes) -> bool:
+    """Whether a 2xx body is an ingest answer: a JSON object counting the ``accepted`` records."""
+    try:
+        answer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(answer, dict) and isinstance(answer.get("accepted"), int) and not isinstance(answer["accepted"], bool)
+
+
+def _content(answer) -> str:
+    kind = answer.headers.get("content-type", "no content type")
+    return f"{kind[:60]}, {len(answer.body)} bytes"
 
 
 def _stored(outcome: Outcome, part: list[Item], body: bytes) -> None:
