@@ -19,11 +19,12 @@ from typing import Any
 
 from otel_rl.api import TrainingTelemetry
 from otel_rl.config import TelemetryConfig
+from otel_rl.run_folder import RunFolderInUse
 from otel_rl.schema import SchemaError
 from otel_rl.telemetry import NoOpTelemetry, Telemetry
 from otel_rl.version import __version__
 
-__all__ = ["init", "Telemetry", "NoOpTelemetry", "TrainingTelemetry", "TelemetryConfig", "SchemaError", "__version__"]
+__all__ = ["init", "Telemetry", "NoOpTelemetry", "TrainingTelemetry", "TelemetryConfig", "SchemaError", "RunFolderInUse", "__version__"]
 
 
 def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -> Telemetry | NoOpTelemetry:
@@ -41,6 +42,7 @@ def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -
     Raises:
         TypeError: an unknown option.
         ValueError: an option with an invalid value.
+        RunFolderInUse: another live process writes ``run_dir``.
     """
     config = TelemetryConfig.from_options(run_dir, service_name, **options)
     if not config.enabled:

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import run_metadata, schema
+from otel_rl import run_folder, run_metadata, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
@@ -192,6 +192,24 @@ class Telemetry:
         self._hurried = False
         self._run_span_id: int | None = None
 
+        # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
+        owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
+        self._run_folder = run_folder.claim(config.run_dir) if owner else None  # type: ignore[arg-type]
+        try:
+            self._start(config, sinks, started_ns)
+        except BaseException:
+            run_folder.release(self._run_folder)
+            raise
+        # The exit hook holds a weak reference: it must not keep a forgotten
+        # Telemetry alive, and it is bounded by the shutdown timeout.
+        ref = weakref.ref(self)
+        self._at_exit = False
+        self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()
+        atexit.register(self._atexit)
+        _live.add(self)
+
+    def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None, started_ns: int) -> None:
+        """The trace, the run being resumed, the configuration made plain data, the host and its recorder."""
         parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
         self._previous = self._previous_run() if config.resume and config.role == "learner" else None
@@ -211,13 +229,6 @@ class Telemetry:
         for path, value in replaced:
             self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
-        # The exit hook holds a weak reference: it must not keep a forgotten
-        # Telemetry alive, and it is bounded by the shutdown timeout.
-        ref = weakref.ref(self)
-        self._at_exit = False
-        self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()
-        atexit.register(self._atexit)
-        _live.add(self)
 
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
@@ -441,8 +452,9 @@ class Telemetry:
         ``KeyboardInterrupt`` and SIGTERM as killed, any other exception as
         failed with its ``Type: message`` as the reason.
         """
-        if self._run_open:
-            _logger.warning("otel-rl: run() entered while a run is open; the inner one is not recorded")
+        if self._run_open or self._closed:
+            why = "after close()" if self._closed else "while a run is open"
+            _logger.warning("otel-rl: run() entered %s; it is not recorded", why, extra=once(f"run:{why}"))
             yield self
             return
         self._run_open = True
@@ -636,6 +648,7 @@ class Telemetry:
             self._host.stop(deadline, self._at_exit)
         finally:
             self._sigterm.restore()
+            run_folder.release(self._run_folder)
 
     def _close_at_exit(self) -> None:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere
