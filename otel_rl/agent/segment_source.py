@@ -188,7 +188,7 @@ class SegmentSource:
             elif kind == shm.ITERATION_START or kind == shm.ITERATION_END:
                 timeline = names[name] if 0 <= name < len(names) else schema.LEARNER
                 tag = ITERATION_START if kind == shm.ITERATION_START else ITERATION_END
-                out.append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end))
+                out.append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end, depth))
                 last_ns = max(last_ns, start)
             elif kind == shm.FLOW:
                 out.append((FLOW, start, a % 2**64, bool(flags), depth))

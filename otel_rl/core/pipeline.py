@@ -38,9 +38,12 @@ _PLAIN_NUMBERS = frozenset((float, int))
 
 
 def _plain_finite(values: Iterable[object]) -> bool:
-    """Every value an int or a finite float, checked by C loops (no Python loop per value)."""
-    if not set(map(type, values)) <= _PLAIN_NUMBERS:
+    """Every value an int of the signed 64-bit range or a finite float, checked by C loops (no Python loop per value)."""
+    types = set(map(type, values))
+    if not types <= _PLAIN_NUMBERS:
         return False
+    if int in types and not INT64_MIN <= min(values) <= max(values) <= INT64_MAX:
+        return False  # an int past 64 bits goes out as a float (the slow path), as in documents
     try:
         total = sum(values)  # inf or nan if any value is, or if the floats overflow (then the slow path decides)
     except OverflowError:  # an int too large for a float
@@ -229,7 +232,7 @@ class _LaneState:
     children_by_depth: dict[int, list[PhaseRecord]] = field(default_factory=dict)
     flows_by_depth: dict[int, list[tuple[int, bool]]] = field(default_factory=dict)
     correlations_by_depth: dict[int, int] = field(default_factory=dict)
-    open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord], int | None]] = field(default_factory=dict)
+    open_iterations: dict[str, tuple[int, int, int | None, list[PhaseRecord], int | None, int]] = field(default_factory=dict)
 
 
 MAX_SCALAR_KEYS = 10_000
@@ -513,16 +516,16 @@ class Pipeline:
         for raw in records:
             head = raw[0]
             if head is ITERATION_START:
-                _, start, timeline, index, env_steps, cpu = raw
+                _, start, timeline, index, env_steps, cpu, base_depth = raw
                 if not INT64_MIN <= index <= INT64_MAX or (env_steps is not None and not INT64_MIN <= env_steps <= INT64_MAX):
                     index, env_steps = _in_range(index, -1), _in_range(env_steps, None)
-                open_iterations[timeline] = (start + offset, index, env_steps, [], cpu)
+                open_iterations[timeline] = (start + offset, index, env_steps, [], cpu, base_depth)
             elif head is ITERATION_END:
-                _, end, timeline, index, env_steps, cpu = raw
+                _, end, timeline, index, env_steps, cpu, _ = raw
                 opened = open_iterations.pop(timeline, None)
                 if opened is None:  # its start was dropped with an overflow
                     continue
-                start_ns, index, env_steps, phases, start_cpu = opened
+                start_ns, index, env_steps, phases, start_cpu, _ = opened
                 children_by_depth.clear()
                 accounted = 0
                 for phase in phases:
@@ -567,13 +570,14 @@ class Pipeline:
                     phase.flows = state.flows_by_depth.pop(depth, None)
                 if state.correlations_by_depth:
                     phase.correlation = state.correlations_by_depth.pop(depth, 0)
-                if depth:
+                # A top-level phase (at the depth its iteration started at: a phase left open
+                # before it costs only itself) belongs to the open iteration of its own timeline;
+                # otherwise it is a loose phase (a collector without cycles, say).
+                opened = open_iterations.get(head.spec.timeline)
+                if depth > (opened[5] if opened is not None else 0):
                     children_by_depth.setdefault(depth, []).append(phase)
                     continue
-                # A top-level phase belongs to the open iteration of its own
-                # timeline; otherwise it is a loose phase (a collector without cycles, say).
-                opened = open_iterations.get(head.spec.timeline)
-                if opened is not None and phase.start_ns >= opened[0]:
+                if opened is not None and depth == opened[5] and phase.start_ns >= opened[0]:
                     phase.iteration, phase.env_steps = opened[1], opened[2]
                     opened[3].append(phase)
                 else:
@@ -622,7 +626,7 @@ class Pipeline:
             _logger.exception("otel-rl: sink %s failed (further failures of it are not logged)", key)
 
 
-_DROP_KINDS = {"phases": "phases", "device_intervals": "intervals", "relay": "cycles"}
+_DROP_KINDS = {"phases": "phases", "device_intervals": "intervals", "relay": "cycles", "phase_misuse": "phases"}
 """What a source's drop counter counts, per queue (the queue's own name otherwise)."""
 
 

@@ -151,9 +151,11 @@ _FIELDS = {
     "committed_jsonl_bytes": 184,
     "committed_trace_bytes": 192,
     "commits": 200,
+    "dropped_phase_misuse": 208,
 }
 DROP_FIELDS = {"scalars": "dropped_scalars", "events": "dropped_events", "distributions": "dropped_distributions",
-               "device_intervals": "dropped_device_intervals", "relay": "dropped_relay"}  # fmt: skip
+               "device_intervals": "dropped_device_intervals", "relay": "dropped_relay",
+               "phase_misuse": "dropped_phase_misuse"}  # fmt: skip
 """Queue name -> the header field counting what the producer's rings refused."""
 _RING_WRITE, _RING_READ, _RING_DROPPED, _RING_CAPACITY = 0, 8, 16, 24
 _FRAME = struct.Struct("<II")

@@ -538,10 +538,24 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
     LaneObject *lane = lookup_lane(self->key);
     if (lane == NULL || lane->depth == 0) {
         if (PyErr_Occurred()) return NULL;
-        return misuse(self->warn, "foreign", (PyObject *)self, NULL);
+        return misuse(self->warn, lane == NULL ? "foreign" : "not-open", (PyObject *)self, NULL);
     }
-    PyObject *innermost = lane->stack_phase[lane->depth - 1];
-    if (innermost != (PyObject *)self) return misuse(self->warn, "order", (PyObject *)self, innermost);
+    int position = lane->depth - 1;
+    while (position >= 0 && lane->stack_phase[position] != (PyObject *)self) position--;
+    if (position < 0) return misuse(self->warn, "not-open", (PyObject *)self, NULL);
+    if (position < lane->depth - 1) {
+        /* Exited out of order: the phases entered after it were never exited. They are dropped (the
+         * warning names the innermost) and the stack unwinds to this one, so later phases nest right. */
+        PyObject *innermost = Py_NewRef(lane->stack_phase[lane->depth - 1]);
+        while (lane->depth - 1 > position) {
+            lane->depth--;
+            Py_CLEAR(lane->stack_phase[lane->depth]);
+        }
+        PyObject *r = misuse(self->warn, "order", (PyObject *)self, innermost);
+        Py_DECREF(innermost);
+        if (r == NULL) return NULL;
+        Py_DECREF(r);
+    }
     lane->depth--;
     if (lane->shm != NULL) {
         int32_t exc = exc_type == Py_None ? -1 : shm_intern(lane, exc_type);
@@ -681,6 +695,7 @@ static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag
         rec->end = self->thread_time ? thread_cpu_ns() : -1;
         rec->a = as_int64(self->index, -1);
         rec->b = self->env_steps == Py_None ? INT64_MIN : as_int64(self->env_steps, INT64_MIN);
+        rec->depth = (int16_t)lane->depth;  /* phases open at the mark: the iteration's phases sit at this depth */
         rec->exc = -1;
         shm_commit(lane);
         return 0;
@@ -689,9 +704,12 @@ static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag
     if (cpu == NULL) return -1;
     PyObject *time_obj = PyLong_FromLongLong(time_ns);
     if (time_obj == NULL) { Py_DECREF(cpu); return -1; }
-    PyObject *record = PyTuple_Pack(6, tag, time_obj, self->timeline, self->index, self->env_steps, cpu);
+    PyObject *depth = PyLong_FromLong(lane->depth);
+    if (depth == NULL) { Py_DECREF(time_obj); Py_DECREF(cpu); return -1; }
+    PyObject *record = PyTuple_Pack(7, tag, time_obj, self->timeline, self->index, self->env_steps, cpu, depth);
     Py_DECREF(time_obj);
     Py_DECREF(cpu);
+    Py_DECREF(depth);
     if (record == NULL) return -1;
     Slot evicted;
     Slot *slot = lane_next_slot(lane, &evicted);

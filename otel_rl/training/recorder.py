@@ -43,7 +43,9 @@ class PyLane:
 
     * phase: ``(Phase, start_ns, end_ns, depth, exception_type_or_its_name_or_None)``
     * iteration start/end: ``(ITERATION_START or ITERATION_END, time_ns, timeline,
-      index, env_steps, thread_cpu_ns_or_None)``
+      index, env_steps, thread_cpu_ns_or_None, open_phases)``: the phases of an
+      iteration are those at the depth its start found (a phase left open
+      before it costs only itself)
     * flow mark: ``(FLOW, time_ns, flow_id, terminating, open_phases)``
     * CUDA correlation mark: ``(CORRELATE, correlation, open_phases)``
 
@@ -113,12 +115,18 @@ class PyPhase:
         try:
             stack = self._local.lane.stack
             entered, start = stack[-1]
-        except (AttributeError, IndexError):
-            self._warn("foreign", self, None)
+        except (AttributeError, IndexError) as missing:
+            self._warn("foreign" if isinstance(missing, AttributeError) else "not-open", self, None)
             return False
         if entered is not self:
+            position = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] is self), None)
+            if position is None:
+                self._warn("not-open", self, None)
+                return False
+            # Exited out of order: the phases entered after it were never exited; dropped, and the stack unwinds.
+            del stack[position + 1 :]
             self._warn("order", self, entered)
-            return False
+            start = stack[-1][1]
         stack.pop()
         self._local.lane.append((self, start, end, len(stack), exc_type))
         return False
@@ -183,6 +191,8 @@ class Recorder:
         self._distribution_bytes = 0
         self._distributions_lock = threading.Lock()
         self.cuda_fallbacks: deque[tuple[str, str, str]] = deque(maxlen=1024)
+        self.phase_misuse_dropped = 0
+        """Phases lost to misuse (see :meth:`misuse`): each costs only itself."""
 
     def lane(self) -> PyLane:
         """The calling thread's lane, created on first use."""
@@ -218,7 +228,13 @@ class Recorder:
 
     def new_phase(self, spec: PhaseSpec) -> Phase:
         where = self._key if self.implementation == "c" else self.local
-        return self._phase_class(spec, where, self, phase_misuse)
+        return self._phase_class(spec, where, self, self.misuse)
+
+    def misuse(self, kind: str, phase: Phase, other: Phase | None) -> None:
+        """A phase used wrongly (exited out of order, twice, on another thread, nested too deep): warned once; a record lost is counted."""
+        if kind != "not-open":  # an exit of a phase not open loses nothing more
+            self.phase_misuse_dropped += 1
+        phase_misuse(kind, phase, other)
 
     def snapshot_lanes(self) -> list[PyLane]:
         with self._lanes_lock:
@@ -302,6 +318,7 @@ class Recorder:
             "distributions": self.distributions_dropped,
             "device_intervals": self.device_intervals_dropped,
             "relay": self.remote_dropped,
+            "phase_misuse": self.phase_misuse_dropped,
         }
 
     def pending(self) -> dict[str, int]:
@@ -369,9 +386,13 @@ def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
     if kind == "foreign":
         message = "otel-rl: phase %r exited on a thread that did not enter it; its record is dropped"
         _logger.warning(message, name, extra=once(f"exit-foreign:{name}"))
+    elif kind == "not-open":
+        message = "otel-rl: phase %r exited but it is not open on this thread (exited twice, or out of order); ignored"
+        _logger.warning(message, name, extra=once(f"exit-not-open:{name}"))
     elif kind == "order":
-        message = "otel-rl: phase %r exited while phase %r was innermost; its record is dropped"
-        _logger.warning(message, name, other.spec.name if other is not None else "?", extra=once(f"exit-order:{name}"))
+        inner = other.spec.name if other is not None else "?"
+        message = "otel-rl: phase %r exited while phase %r, entered inside it, was still open; %r is dropped, later phases are recorded"
+        _logger.warning(message, name, inner, inner, extra=once(f"exit-order:{name}"))
     else:
         message = "otel-rl: phase %r nested deeper than %d phases; it is not recorded"
         _logger.warning(message, name, MAX_DEPTH, extra=once(f"too-deep:{name}"))
@@ -414,7 +435,7 @@ class PyIteration:
         if self._on_enter is not None:
             self._on_enter(self)
         cpu = thread_time_ns() if self._thread_time else None
-        lane.append((ITERATION_START, perf_counter_ns(), self.timeline, self.index, self.env_steps, cpu))
+        lane.append((ITERATION_START, perf_counter_ns(), self.timeline, self.index, self.env_steps, cpu, len(lane.stack)))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
@@ -428,7 +449,7 @@ class PyIteration:
             return False
         del lane.open_iterations[self.timeline]
         cpu = thread_time_ns() if self._thread_time else None
-        lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps, cpu))
+        lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps, cpu, len(lane.stack)))
         return False
 
 

@@ -82,9 +82,9 @@ class PyShmLane:
         head = record[0]
         intern = self.segment.intern
         if head is ITERATION_START or head is ITERATION_END:
-            _, time_ns, timeline, index, env_steps, cpu = record
+            _, time_ns, timeline, index, env_steps, cpu, open_phases = record
             kind = shm.ITERATION_START if head is ITERATION_START else shm.ITERATION_END
-            fields = (time_ns, -1 if cpu is None else cpu, _int64(index, -1), _int64(env_steps, shm.NO_STEPS), intern(timeline), 0, kind, 0, -1, 0)
+            fields = (time_ns, -1 if cpu is None else cpu, _int64(index, -1), _int64(env_steps, shm.NO_STEPS), intern(timeline), open_phases, kind, 0, -1, 0)
         elif head is FLOW:
             _, time_ns, flow_id, terminating, open_phases = record
             fields = (time_ns, 0, _low64(flow_id), 0, -1, open_phases, shm.FLOW, 1 if terminating else 0, -1, 0)
@@ -141,9 +141,14 @@ class SegmentRecorder(Recorder):
         self.segment = segment
         self._forked = False
 
+    def misuse(self, kind: str, phase: Any, other: Any) -> None:
+        if kind != "not-open":
+            self._count_drop("phase_misuse")
+        phase_misuse(kind, phase, other)
+
     def _count_drop(self, queue: str) -> None:
         """A record its ring refused: counted here and in the header, where the agent reports it."""
-        attribute = "remote_dropped" if queue == "relay" else f"{queue}_dropped"
+        attribute = "remote_dropped" if queue == "relay" else f"{queue}_dropped"  # Recorder's counters
         setattr(self, attribute, getattr(self, attribute) + 1)
         if not self._forked:
             self.segment.set(shm.DROP_FIELDS[queue], getattr(self, attribute))
@@ -177,8 +182,8 @@ class SegmentRecorder(Recorder):
     def new_phase(self, spec: PhaseSpec):
         phase_id = self.segment.intern(phase_name(spec))
         if self.implementation == "c":
-            return self._phase_class(spec, self._key, self, phase_misuse, phase_id)
-        phase = self._phase_class(spec, self.local, self, phase_misuse)
+            return self._phase_class(spec, self._key, self, self.misuse, phase_id)
+        phase = self._phase_class(spec, self.local, self, self.misuse)
         phase.id = phase_id
         return phase
 

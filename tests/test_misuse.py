@@ -1,0 +1,164 @@
+"""Misuse and hostile input cost only themselves: each test makes the mistake, then counts what still arrived."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+
+import otel_rl
+
+from fault_servers import HtmlPage
+
+
+def jsonl(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_integers_past_64_bits_in_scalars_are_written_as_floats(tmp_path, agent):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, agent=agent, system_metrics_interval_s=0)
+    tel.scalars({"Loss/critic": 2**70, "Loss/actor": 3})
+    tel.scalars({"Loss/critic": 2**70, "Loss/actor": 0.5})
+    tel.close()
+    values = [r["values"] for r in jsonl(tmp_path) if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert values == [{"Loss/critic": float(2**70), "Loss/actor": 3}, {"Loss/critic": float(2**70), "Loss/actor": 0.5}]
+    assert all(type(v["Loss/critic"]) is float for v in values)
+
+
+def test_run_after_close_is_a_quiet_no_op(tmp_path, caplog):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, system_metrics_interval_s=0)
+    with tel.run():
+        tel.scalars({"Loss/critic": 1.0})
+    tel.close()
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        with tel.run(total_steps=10):
+            tel.scalars({"Loss/critic": 2.0})
+        with tel.run():
+            pass
+    assert sum("run() entered after close()" in r.getMessage() for r in caplog.records) == 1
+    assert [r["status"] for r in jsonl(tmp_path) if r["kind"] == "run"] == ["pending", "running", "finished"]
+
+
+def test_a_service_answering_200_with_an_html_page_has_delivered_nothing(tmp_path, caplog):
+    page = HtmlPage()
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            tel = otel_rl.init(run_dir=tmp_path / "run", jsonl=True, motrix_url=page.url, agent="thread", system_metrics_interval_s=0)
+            with tel.run():
+                for i in range(50):
+                    tel.scalars({"Loss/critic": float(i)})
+            tel.close()
+        warnings = [r.getMessage() for r in caplog.records if "not a motrix.metrics/v1 answer" in r.getMessage()]
+        assert len(warnings) == 1 and "text/html" in warnings[0]
+        assert tel.stats()["dropped"]["http"] >= 50  # not counted as delivered: the JSONL keeps them for backfill
+        assert len([r for r in jsonl(tmp_path / "run") if r["kind"] == "scalars"]) == 50
+        backfill = subprocess.run(
+            [sys.executable, "-m", "otel_rl.cli", "backfill", str(tmp_path / "run"), "--url", page.url],
+            capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        page.stop()
+    assert backfill.returncode != 0 and "new" not in backfill.stdout
+    assert "not a motrix.metrics/v1 answer" in backfill.stderr and "Traceback" not in backfill.stderr
+
+
+HOLDER = """
+import sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], jsonl=True, trace_enabled=True, resume=sys.argv[2] == "resume", system_metrics_interval_s=0)
+with tel.run():
+    for i in range(200):
+        with tel.iteration(i, env_steps=i), tel.phase("learning"):
+            pass
+        tel.scalars({"Loss/critic": float(i)})
+        if i == 100:
+            print("holding", flush=True)
+            sys.stdin.readline()
+tel.close()
+"""
+
+
+@pytest.mark.parametrize("mode", ["new", "resume"])
+def test_a_second_process_on_a_run_folder_in_use_is_refused_and_costs_the_first_nothing(tmp_path, mode):
+    from otel_rl.readers.analysis import protobuf_engine, trace_files
+
+    run_dir = tmp_path / "shared"
+    if mode == "resume":  # a run to resume, twice at once
+        subprocess.run([sys.executable, "-c", HOLDER, str(run_dir), "new"], input="\n", text=True, check=True, timeout=120)
+    first = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "holding"
+        with pytest.raises(otel_rl.RunFolderInUse, match=f"in use by process {first.pid}"):
+            otel_rl.init(run_dir=run_dir, jsonl=True, trace_enabled=True, resume=mode == "resume")
+        first.stdin.write("\n")
+        first.stdin.flush()
+        assert first.wait(timeout=120) == 0
+    finally:
+        first.kill()
+    runs = 2 if mode == "resume" else 1
+    steps = [r["values"]["Loss/critic"] for r in jsonl(run_dir) if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert steps == [float(i) for i in range(200)] * runs  # each writer's records once, not interleaved with another's
+    assert [r["status"] for r in jsonl(run_dir) if r["kind"] == "run"] == ["pending", "running", "finished"] * runs
+    model = protobuf_engine.read(trace_files(run_dir))
+    assert sum(s.name == "Learning" for s in model.slices) == 200 * runs
+    # Once the first has ended, the folder is free again.
+    otel_rl.init(run_dir=run_dir, resume=True, system_metrics_interval_s=0).close()
+
+
+def _misnest(tel, how: str) -> None:
+    """One phase misused as ``how`` says, before the run's normal iterations."""
+    learning, inference = tel.phase("learning"), tel.phase("inference")
+    if how == "swapped":
+        learning.__enter__()
+        inference.__enter__()
+        learning.__exit__(None, None, None)
+        inference.__exit__(None, None, None)
+    elif how == "abandoned":  # an exception swallowed between __enter__ and __exit__
+        try:
+            learning.__enter__()
+            raise RuntimeError("lost")
+        except RuntimeError:
+            pass
+    elif how == "generator":  # a generator abandoned inside its phase
+        def steps():
+            with tel.phase("replay_sample"):
+                yield 1
+                yield 2
+        stepper = steps()
+        next(stepper)
+        del stepper
+
+
+@pytest.mark.parametrize("implementation", ["c", "python"])
+@pytest.mark.parametrize("agent", ["process", "thread"])
+@pytest.mark.parametrize("how", ["swapped", "abandoned", "generator"])
+def test_a_misnested_or_abandoned_phase_costs_only_itself(tmp_path, monkeypatch, caplog, implementation, agent, how):
+    from otel_rl.readers.analysis import protobuf_engine, trace_files
+
+    if implementation == "python":
+        monkeypatch.setenv("OTEL_RL_PURE_PYTHON", "1")
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, agent=agent, system_metrics_interval_s=0)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        with tel.run():
+            _misnest(tel, how)
+            for i in range(200):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("inference"):
+                        pass
+                    with tel.phase("learning"):
+                        pass
+        assert tel.flush(30.0)
+        misused = tel.stats()["dropped"]["phase_misuse"]
+        tel.close()
+    model = protobuf_engine.read(trace_files(tmp_path))
+    slices = [s.name for s in model.slices]
+    assert slices.count("Learning") == 200 + (how == "swapped") and slices.count("Inference") == 200
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == 200 + (how == "swapped")
+    perf = [r["values"] for r in jsonl(tmp_path) if r["kind"] == "scalars" and "Perf/learning_time" in r["values"]]
+    assert perf and "Perf/learner_inference_ms" in perf[-1]
+    if how == "swapped":  # one warning naming it, counted
+        assert misused == 1 and sum("entered inside it, was still open" in r.getMessage() for r in caplog.records) == 1
