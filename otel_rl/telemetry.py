@@ -30,7 +30,7 @@ from otel_rl.outputs.motrix import protocol
 from otel_rl.outputs.otel.spans import new_span_id, new_trace_id
 from otel_rl.run_metadata import redact
 from otel_rl.training.recorder import FLOW, Iteration, Phase
-from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, json_safe, shorten, snapshot
+from otel_rl.values import INT64_MAX, INT64_MIN, NAME_LIMIT, as_step, clean_text, describe, json_safe, shorten, snapshot
 
 _logger = logger(__name__)
 
@@ -411,7 +411,7 @@ class Telemetry:
         fixed = shorten(clean_text(str(fixed) if fixed != "" else "unnamed"))
         _logger.warning(
             "otel-rl: event name %s is not a string of 1 to 256 characters; recorded as %r",
-            clean_text(repr(name), MAX_REPR),
+            describe(name),
             fixed,
             extra=once(f"event-name:{fixed}"),
         )

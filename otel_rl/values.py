@@ -17,12 +17,15 @@ rely on it. The rules:
 * ``pathlib`` paths to strings, enums to their value when it is a string or
   a number (else their name), dates and times to ISO 8601, ``timedelta`` to
   seconds, sets to sorted lists, dataclasses, namedtuples and
-  ``argparse.Namespace`` to objects; anything else to its ``repr``, capped at
-  :data:`MAX_REPR` characters.
+  ``argparse.Namespace`` to objects; anything else to a description that runs
+  none of its own code (:func:`describe`: a built-in value's repr, else its
+  type's name), so a ``__repr__`` that raises or sleeps costs nothing.
 * strings longer than :data:`MAX_STRING` characters are cut; lone surrogates
   (which UTF-8 cannot carry) are replaced; collections longer than
-  :data:`MAX_ITEMS` are cut; nesting deeper than :data:`MAX_DEPTH` (or a
-  cycle) becomes a string.
+  :data:`MAX_ITEMS` are cut; nesting deeper than :data:`MAX_DEPTH` becomes a
+  string, a container holding itself becomes ``"<cycle>"``, and past
+  :data:`MAX_VALUES` values in one document the rest become ``"<truncated>"``
+  (one warning): the work of one call is bounded.
 * keys of documents are strings: other keys are converted with ``str()``; a
   key that then collides with another gets its type appended.
 
@@ -54,6 +57,8 @@ MAX_STRING = 8192
 MAX_REPR = 256
 MAX_ITEMS = 1000
 MAX_DEPTH = 16
+MAX_VALUES = 100_000
+"""Values made JSON-safe in one document at most (a bound on the work of one call)."""
 NAME_LIMIT = 256
 """Longest scalar key or event name the protocol carries (longer ones are shortened by :func:`shorten`)."""
 
@@ -107,12 +112,13 @@ def _numpy_number(key: Any, value: Any) -> Any:
 
 
 def _warn_shape(key: Any, shape: Any, what: str) -> None:
+    name = describe(key)
     _logger.warning(
-        "otel-rl: scalars(): %r is an array of shape %s that %s",
-        key,
+        "otel-rl: scalars(): %s is an array of shape %s that %s",
+        name,
         tuple(shape),
         what,
-        extra=once(f"shape:{key!r}:{what}"),
+        extra=once(f"shape:{name}:{what}"),
     )
 
 
@@ -201,7 +207,7 @@ def as_step(value: Any, what: str) -> int | None:
     _logger.warning(
         "otel-rl: %s=%s (%s) is not an integer in the signed 64-bit range; ignored",
         what,
-        _capped_repr(value),
+        describe(value),
         type(value).__name__,
         extra=once(f"step:{what}:{type(value).__name__}"),
     )
@@ -239,13 +245,31 @@ def json_safe(value: Any, on_nonfinite: OnNonfinite | None = None, path: str = "
     ``on_nonfinite(path, value)`` is called for each NaN or ±Inf replaced by
     null, with its path (``config.optim.max_grad_norm``).
     """
+    walk = _Walk(on_nonfinite)
     try:
-        return _safe(value, on_nonfinite, path, 0)
+        return _safe(value, walk, path, 0)
     except Exception as exc:  # a hostile __iter__ or __eq__: keep what we can say about it
-        return _capped_repr(value, f"<{type(value).__name__}: {type(exc).__name__}>")
+        return f"<{type(value).__name__}: {type(exc).__name__}>"
 
 
-def _safe(value: Any, report: OnNonfinite | None, path: str, depth: int) -> Any:
+class _Walk:
+    """One :func:`json_safe` call's state: the NaN reporter, the containers open on the path, the values left."""
+
+    __slots__ = ("report", "open", "left")
+
+    def __init__(self, report: OnNonfinite | None) -> None:
+        self.report = report
+        self.open: set[int] = set()
+        self.left = MAX_VALUES
+
+
+def _safe(value: Any, walk: _Walk, path: str, depth: int) -> Any:
+    walk.left -= 1
+    if walk.left < 0:
+        if walk.left == -1:
+            _logger.warning("otel-rl: %s holds more than %d values; the rest are left out", path.split(".")[0] or "a document",
+                            MAX_VALUES, extra=once(f"values:{path.split('.')[0]}"))  # fmt: skip
+        return "<truncated>"
     kind = type(value)
     if kind is str:
         return clean_text(value)
@@ -256,33 +280,33 @@ def _safe(value: Any, report: OnNonfinite | None, path: str, depth: int) -> Any:
     if kind is float:
         if math.isfinite(value):
             return value
-        if report is not None:
-            report(path, value)
+        if walk.report is not None:
+            walk.report(path, value)
         return None
     if depth >= MAX_DEPTH:
-        return _capped_repr(value)
+        return describe(value)
     if isinstance(value, Mapping):
-        return _safe_mapping(value, report, path, depth)
+        return _safe_mapping(value, walk, path, depth)
     if isinstance(value, enum.Enum):
         inner = value.value
-        return _safe(inner, report, path, depth + 1) if isinstance(inner, (str, int, float)) else value.name
+        return _safe(inner, walk, path, depth + 1) if isinstance(inner, (str, int, float)) else value.name
     if isinstance(value, str):
         return clean_text(str.__str__(value))
     if isinstance(value, (bool, int, float)):  # subclasses, numpy bool/int/float
-        return _safe(_plain_number(value), report, path, depth + 1)
+        return _safe(_plain_number(value), walk, path, depth + 1)
     module = kind.__module__
     if module.startswith(("numpy", "torch")):
-        return _safe_array(value, report, path, depth)
+        return _safe_array(value, walk, path, depth)
     if isinstance(value, tuple) and hasattr(value, "_asdict"):  # namedtuple
-        return _safe_mapping(value._asdict(), report, path, depth)
+        return _safe_mapping(value._asdict(), walk, path, depth)
     if isinstance(value, (list, tuple, range)):
-        return _safe_items(value, report, path, depth)
+        return _safe_items(value, walk, path, depth)
     if isinstance(value, (set, frozenset)):
         try:
             items = sorted(value)
         except TypeError:
             items = list(value)
-        return _safe_items(items, report, path, depth)
+        return _safe_items(items, walk, path, depth)
     if isinstance(value, os.PathLike):
         return clean_text(str(os.fspath(value)))
     if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
@@ -290,12 +314,12 @@ def _safe(value: Any, report: OnNonfinite | None, path: str, depth: int) -> Any:
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
     if isinstance(value, (bytes, bytearray)):
-        return _capped_repr(bytes(value))
+        return describe(bytes(value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return _safe_mapping({f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}, report, path, depth)
+        return _safe_mapping({f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}, walk, path, depth)
     if kind.__name__ == "Namespace" and module == "argparse":
-        return _safe_mapping(vars(value), report, path, depth)
-    return _capped_repr(value)
+        return _safe_mapping(vars(value), walk, path, depth)
+    return describe(value)
 
 
 def _plain_number(value: Any) -> Any:
@@ -306,7 +330,17 @@ def _plain_number(value: Any) -> Any:
     return float(value)
 
 
-def _safe_mapping(value: Mapping, report: OnNonfinite | None, path: str, depth: int) -> dict[str, Any]:
+def _safe_mapping(value: Mapping, walk: _Walk, path: str, depth: int) -> dict[str, Any] | str:
+    if id(value) in walk.open:
+        return "<cycle>"
+    walk.open.add(id(value))
+    try:
+        return _mapping_items(value, walk, path, depth)
+    finally:
+        walk.open.discard(id(value))
+
+
+def _mapping_items(value: Mapping, walk: _Walk, path: str, depth: int) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for index, (key, item) in enumerate(value.items()):
         if index >= MAX_ITEMS:
@@ -316,9 +350,9 @@ def _safe_mapping(value: Mapping, report: OnNonfinite | None, path: str, depth: 
         text = _key_text(key)
         if text in out:
             text = f"{text} ({type(key).__name__})"
-            _logger.warning("otel-rl: key %r of %s collides with another once made a string; kept as %r",
-                            key, path or "a mapping", text, extra=once(f"collide:{path}:{text}"))
-        out[text] = _safe(item, report, f"{path}.{text}" if path else text, depth + 1)
+            _logger.warning("otel-rl: key %s of %s collides with another once made a string; kept as %r",
+                            describe(key), path or "a mapping", text, extra=once(f"collide:{path}:{text}"))
+        out[text] = _safe(item, walk, f"{path}.{text}" if path else text, depth + 1)
     return out
 
 
@@ -332,39 +366,77 @@ def _key_text(key: Any) -> str:
         return clean_text(str.__str__(key))
     if isinstance(key, os.PathLike):
         return clean_text(str(os.fspath(key)))
-    if key is None or isinstance(key, (int, float, bool)):
-        return str(key)
-    return _capped_repr(key)
+    return describe(key)
 
 
-def _safe_items(value: Any, report: OnNonfinite | None, path: str, depth: int) -> list[Any]:
+def _safe_items(value: Any, walk: _Walk, path: str, depth: int) -> list[Any] | str:
+    if id(value) in walk.open:
+        return "<cycle>"
+    walk.open.add(id(value))
+    try:
+        return _list_items(value, walk, path, depth)
+    finally:
+        walk.open.discard(id(value))
+
+
+def _list_items(value: Any, walk: _Walk, path: str, depth: int) -> list[Any]:
     out = []
     for index, item in enumerate(value):
         if index >= MAX_ITEMS:
             _logger.warning("otel-rl: %s has more than %d items; the rest are left out", path or "a list", MAX_ITEMS,
                             extra=once(f"items:{path}"))
             break
-        out.append(_safe(item, report, f"{path}[{index}]", depth + 1))
+        out.append(_safe(item, walk, f"{path}[{index}]", depth + 1))
     return out
 
 
-def _safe_array(value: Any, report: OnNonfinite | None, path: str, depth: int) -> Any:
+def _safe_array(value: Any, walk: _Walk, path: str, depth: int) -> Any:
     size = getattr(value, "size", None)
     if callable(size):  # torch: size() is the shape
         size = value.numel() if hasattr(value, "numel") else None
     if size is None or not hasattr(value, "tolist"):
-        return _capped_repr(value)
+        return describe(value)
     if size > MAX_ITEMS:
         shape = tuple(getattr(value, "shape", ()))
         return f"{type(value).__name__}(shape={list(shape)}, dtype={getattr(value, 'dtype', '?')})"
     if hasattr(value, "detach"):
         value = value.detach().cpu()
-    return _safe(value.tolist(), report, path, depth + 1)
+    return _safe(value.tolist(), walk, path, depth + 1)
 
 
-def _capped_repr(value: Any, fallback: str | None = None) -> str:
-    try:
-        text = repr(value)
-    except Exception:
-        text = fallback or f"<{type(value).__name__} object>"
-    return clean_text(text, MAX_REPR)
+_BUILT_IN = frozenset({str, bytes, bytearray, float, bool, complex, type(None)})
+
+
+class StandIn:
+    """A value known only by its description (an odd key or value that crossed from the training process)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
+def describe(value: Any) -> str:
+    """A short text for ``value`` (in a warning, a stand-in, a document) that runs none of its own code.
+
+    Built-in values show their repr (capped at :data:`MAX_REPR` characters);
+    anything else its type's name: a ``__repr__`` that raises, sleeps or walks
+    a huge structure never runs on the caller's thread.
+    """
+    kind = type(value)
+    if kind in _BUILT_IN:
+        return clean_text(repr(value), MAX_REPR)
+    if isinstance(value, StandIn):
+        return value.text
+    if kind is int:
+        return repr(value) if value.bit_length() <= 256 else f"<int of {value.bit_length()} bits>"
+    if kind is tuple and len(value) <= 8:
+        return clean_text("(" + ", ".join(map(describe, value)) + ("," if len(value) == 1 else "") + ")", MAX_REPR)
+    if isinstance(value, enum.Enum):
+        return clean_text(f"{kind.__name__}.{value._name_}", MAX_REPR)
+    return f"<{kind.__qualname__} object>"

@@ -304,7 +304,7 @@ def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, caplog)
     assert configured["when"] == "2026-01-02"
     # The agent's warnings are logged in this process, under the loggers that raised them, by close().
     logged = {(r.name, r.getMessage()) for r in caplog.records}
-    assert ("otel_rl.core.pipeline", "otel-rl: scalars()/distribution() key <_Algo.SAC: 'sac'> (_Algo) is not a string; its value is dropped") in logged
+    assert ("otel_rl.core.pipeline", "otel-rl: scalars()/distribution() key _Algo.SAC (_Algo) is not a string; its value is dropped") in logged
     assert ("otel_rl.values", "otel-rl: scalars(): 'Loss/path' is PosixPath, not a number; dropped") in logged
     assert any("'Loss/bytes' is bytes, not a number" in message for _, message in logged)
 

@@ -162,3 +162,70 @@ def test_a_misnested_or_abandoned_phase_costs_only_itself(tmp_path, monkeypatch,
     assert perf and "Perf/learner_inference_ms" in perf[-1]
     if how == "swapped":  # one warning naming it, counted
         assert misused == 1 and sum("entered inside it, was still open" in r.getMessage() for r in caplog.records) == 1
+
+
+class _Hostile:
+    """A value whose own code must never run on the training thread: its __repr__ raises, or hangs."""
+
+    def __init__(self, hang: bool) -> None:
+        self.hang = hang
+
+    def __repr__(self) -> str:
+        if self.hang:
+            import time
+
+            time.sleep(600)
+        raise RuntimeError("no repr for you")
+
+    __str__ = __repr__
+
+
+def _returns(call, timeout_s: float = 60.0) -> None:
+    """``call()`` finished (a hang would hold the test until ``timeout_s``, then fail it)."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), "the call ran the value's own code and hung"
+    assert not errors, errors
+
+
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_a_values_own_repr_never_runs_on_the_training_thread(tmp_path, agent):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, agent=agent, system_metrics_interval_s=0)
+    config = {"lr": 0.1, "blob": "x" * 2_000_000}
+    config["self"] = config  # a configuration that holds itself
+    with tel.run(config=config):
+        for hang in (False, True):
+            _returns(lambda: tel.scalars({"Loss/critic": 1.0, "Loss/odd": _Hostile(hang), _Hostile(hang): 2.0}))
+            _returns(lambda: tel.event("configured", algo=_Hostile(hang), ok=1))
+        tel.scalars({"Loss/critic": 2.0})
+    tel.close()
+    found = jsonl(tmp_path)
+    running = next(r for r in found if r["kind"] == "run" and r["status"] == "running")
+    assert running["config"]["self"] == "<cycle>" and running["config"]["lr"] == 0.1
+    assert [r["values"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]] == [{"Loss/critic": 1.0}] * 2 + [{"Loss/critic": 2.0}]
+    events = [r["attributes"] for r in found if r["kind"] == "event" and r["name"] == "configured"]
+    assert events == [{"algo": "<_Hostile object>", "ok": 1}] * 2
+
+
+def test_a_huge_configuration_is_bounded_and_said_once(tmp_path, caplog):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, agent="thread", system_metrics_interval_s=0)
+    wide = {f"k{i}": {f"j{j}": j for j in range(900)} for i in range(900)}  # 810,000 values
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        with tel.run(config=wide):
+            pass
+    tel.close()
+    running = next(r for r in jsonl(tmp_path) if r["kind"] == "run" and r["status"] == "running")
+    flat = [v for inner in running["config"].values() if isinstance(inner, dict) for v in inner.values()]
+    assert "<truncated>" in flat and len([v for v in flat if v != "<truncated>"]) < 110_000
+    assert sum("holds more than" in r.getMessage() for r in caplog.records) == 1

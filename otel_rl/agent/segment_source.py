@@ -25,6 +25,7 @@ from otel_rl.core.pipeline import Batch
 from otel_rl.core.records import RunRecord
 from otel_rl.shm import segment as shm
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
+from otel_rl.values import StandIn
 
 _logger = logger(__name__)
 
@@ -260,19 +261,8 @@ def _restore(item: Any) -> Any:
         if len(item) == 3 and item[0] == shm.FOREIGN:
             stand_in = _STAND_INS.get(item[1])
             if stand_in is None:
-                stand_in = _STAND_INS[item[1]] = type(item[1], (_StandIn,), {})
+                stand_in = _STAND_INS[item[1]] = type(item[1], (StandIn,), {})
             return stand_in(item[2])
         return tuple(_restore(v) for v in item)
     return item
 
-
-class _StandIn:
-    __slots__ = ("_repr",)
-
-    def __init__(self, text: str) -> None:
-        self._repr = text
-
-    def __repr__(self) -> str:
-        return self._repr
-
-    __str__ = __repr__

@@ -31,7 +31,7 @@ from otel_rl.drops import Drops
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
 from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
 from otel_rl.resume import StepCheck
-from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, scalar_number, shorten
+from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, describe, scalar_number, shorten
 
 _logger = logger(__name__)
 _PLAIN_NUMBERS = frozenset((float, int))
@@ -421,7 +421,7 @@ class Pipeline:
                 continue
             clean[key] = cleaned
             if cleaned is None:
-                self._report_nonfinite(key, time_ns, clean_text(repr(value), MAX_REPR))
+                self._report_nonfinite(key, time_ns, describe(value))
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, next(self._seq))
 
     def _key(self, raw_key: object) -> str:
@@ -473,7 +473,7 @@ class Pipeline:
         if not isinstance(raw_key, str):
             _logger.warning(
                 "otel-rl: scalars()/distribution() key %s (%s) is not a string; its value is dropped",
-                clean_text(repr(raw_key), MAX_REPR),
+                describe(raw_key),
                 type(raw_key).__name__,
                 extra=once(f"key-type:{type(raw_key).__name__}"),
             )

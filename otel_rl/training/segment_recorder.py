@@ -30,7 +30,7 @@ from otel_rl.training.recorder import (
     phase_misuse,
 )
 from otel_rl.schema import PhaseSpec
-from otel_rl.values import INT64_MAX, INT64_MIN
+from otel_rl.values import INT64_MAX, INT64_MIN, describe
 
 _logger = logger(__name__)
 _RECORD = struct.Struct("<" + "".join(shm.RECORD_STRUCT))
@@ -118,7 +118,7 @@ def _plain(item: Any) -> Any:
         return kind(_plain(v) for v in item)
     if isinstance(item, str):  # a str subclass (StrEnum...): its text, as the pipeline reads it
         return str.__str__(item)
-    return (shm.FOREIGN, kind.__name__, repr(item)[:1000])
+    return (shm.FOREIGN, kind.__name__, describe(item))
 
 
 def _int64(value: Any, fallback: int) -> int:
