@@ -229,3 +229,22 @@ def test_a_huge_configuration_is_bounded_and_said_once(tmp_path, caplog):
     flat = [v for inner in running["config"].values() if isinstance(inner, dict) for v in inner.values()]
     assert "<truncated>" in flat and len([v for v in flat if v != "<truncated>"]) < 110_000
     assert sum("holds more than" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_million_distinct_keys_cost_only_the_keys_over_the_cap_and_every_drop_is_named(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, system_metrics_interval_s=0)
+    with tel.run():
+        for call in range(1000):
+            tel.scalars({f"Sweep/k{call}_{i}": float(i) for i in range(1000)} | {"Loss/critic": float(call)})
+    assert tel.flush(120.0)
+    dropped = tel.stats()["dropped"]
+    tel.close()
+    found = jsonl(tmp_path)
+    reported: dict[str, int] = {}
+    for r in found:
+        if r["kind"] == "event" and r["name"] == "records_dropped":
+            reported[r["attributes"]["queue"]] = reported.get(r["attributes"]["queue"], 0) + r["attributes"]["total"]
+    assert reported.get("scalar_keys", 0) > 0  # the keys past the cap, named
+    assert reported.get("scalars", 0) == dropped["scalars"]  # whole calls a full ring refused, named too
+    kept = [r["values"]["Loss/critic"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert len(kept) == 1000 - dropped["scalars"] and kept == sorted(kept)  # a known key of every call that arrived
