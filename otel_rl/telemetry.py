@@ -405,7 +405,7 @@ class Telemetry:
         self._recorder.add_event((perf_counter_ns(), name, safe))
 
     def _event_name(self, name: Any) -> str:
-        if type(name) is str and 0 < len(name) <= 256:
+        if type(name) is str and 0 < len(name) <= 256 and "\x00" not in name:
             return name
         fixed = name if isinstance(name, str) else json_safe(name)
         fixed = shorten(clean_text(str(fixed) if fixed != "" else "unnamed"))

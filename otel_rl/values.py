@@ -226,9 +226,11 @@ def shorten(name: str, limit: int = NAME_LIMIT) -> str:
 
 
 def clean_text(text: str, limit: int = MAX_STRING) -> str:
-    """``text`` without lone surrogates, cut to ``limit`` characters."""
+    """``text`` without lone surrogates and NUL characters (each replaced by U+FFFD), cut to ``limit`` characters."""
     if len(text) > limit:
         text = text[: limit - 3] + "..."
+    if "\x00" in text:  # no database keeps it in text (PostgreSQL refuses it)
+        text = text.replace("\x00", "\ufffd")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:

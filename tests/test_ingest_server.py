@@ -371,7 +371,10 @@ def test_a_read_only_sqlite_database_answers_503_and_is_unhealthy(tmp_path):
             assert "database" in response.json()["error"]
             health = requests.get(srv.url + "/healthz")
             assert health.status_code == 503 and health.json()["ok"] is False
-            assert requests.get(srv.url + "/api/v1/runs/bad-input").status_code in (200, 503)  # never a 500
+            read = requests.get(srv.url + "/api/v1/runs/bad-input")  # reads keep working while writes cannot
+            assert read.status_code == 200 and read.json()["run"]["run_id"] == "bad-input"
+            points = requests.get(srv.url + "/api/v1/runs/bad-input/scalars", params={"key": "Loss/critic"}).json()["points"]
+            assert len(points) == 1 and requests.get(srv.url + "/api/v1/runs").status_code == 200
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
@@ -531,3 +534,32 @@ def test_decoding_processes_give_the_same_answers(tmp_path):
         large = [_scalars(i, run_id="proc-large") for i in range(10, 20_010)]
         assert post(srv.url, _batch(*large)).json() == {"accepted": 20_000, "duplicates": 0}
         assert srv.storage.count("proc-large") == 20_000
+
+
+def test_a_nul_character_costs_only_its_record_on_either_store(server):
+    event = {"run_id": "bad-input", "writer": "h:1", "seq": 2, "ts": time.time(), "kind": "event",
+             "name": "configured", "attributes": {"path": "a\u0000b"}}  # fmt: skip
+    response = post(server.url, _batch(_scalars(1), event, _scalars(3)))
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["accepted"] == 2 and [r["index"] for r in answer["rejected"]] == [1]
+    assert "NUL" in answer["rejected"][0]["error"]
+    points = requests.get(server.url + "/api/v1/runs/bad-input/scalars", params={"key": "Loss/critic"}).json()["points"]
+    assert len(points) == 2  # the two scalars records around it
+
+
+def test_a_live_run_with_a_nul_in_its_values_streams_everything_to_postgresql(postgres, tmp_path):
+    import otel_rl
+
+    with IngestServer(postgres.database()) as srv:
+        tel = otel_rl.init(run_dir=tmp_path, jsonl=True, motrix_url=srv.url, run_id="nul-run", system_metrics_interval_s=0)
+        with tel.run(config={"note": "x\u0000y"}):
+            tel.event("configured", path="a\u0000b")
+            for i in range(300):
+                tel.scalars({"Loss/critic": float(i)})
+        tel.close(timeout_s=30)
+        points = requests.get(srv.url + "/api/v1/runs/nul-run/scalars", params={"key": "Loss/critic"}).json()["points"]
+        run = requests.get(srv.url + "/api/v1/runs/nul-run").json()
+    assert len(points) == 300 and run["run"]["status"] == "finished"
+    assert any(e["name"] == "configured" for e in run["events"])
+    assert "\u0000" not in (tmp_path / "metrics.jsonl").read_text() and "a\ufffdb" in (tmp_path / "metrics.jsonl").read_text()

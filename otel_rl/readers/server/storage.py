@@ -201,7 +201,9 @@ class SqliteStorage:
     """One SQLite connection (WAL, prepared statements through the module's cache), used by one thread at a time."""
 
     def __init__(self, path: Path | str) -> None:
+        self._path = Path(path)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, cached_statements=64)
+        self._reader: sqlite3.Connection | None = None
         self._lock = threading.Lock()
         self._known = KnownKeys()
         with self._lock:
@@ -216,6 +218,8 @@ class SqliteStorage:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+            if self._reader is not None:
+                self._reader.close()
 
     def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
         now = time.time() if now is None else now
@@ -261,9 +265,20 @@ class SqliteStorage:
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
             try:
-                return self._db.execute(sql, params).fetchall()
+                return (self._reader or self._db).execute(sql, params).fetchall()
             except sqlite3.OperationalError as exc:
-                raise StorageUnavailable(str(exc)) from exc
+                if self._reader is not None:
+                    raise StorageUnavailable(str(exc)) from exc
+                first = exc
+            # A WAL database in a read-only folder cannot make its side files: reads go through a read-only view.
+            try:
+                self._reader = sqlite3.connect(
+                    self._path.resolve().as_uri() + "?mode=ro&immutable=1", uri=True, check_same_thread=False
+                )
+                return self._reader.execute(sql, params).fetchall()
+            except sqlite3.Error:
+                self._reader = None
+                raise StorageUnavailable(str(first)) from first
 
     def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now

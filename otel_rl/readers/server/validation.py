@@ -367,8 +367,11 @@ def decode_batch(body: bytes) -> Decoded:
     _check_envelope(document)
     records: list[tuple[int, dict[str, Any]]] = []
     rejected: list[tuple[int, str, str]] = []
+    nul_possible = b"\\u0000" in body  # JSON escapes a NUL character so: one scan of the body
     for index, record in enumerate(document["records"]):
         try:
+            if nul_possible and _has_text(record, _NUL):
+                raise Invalid(f"$.records[{index}]", NUL_MESSAGE)
             check_record(record, f"$.records[{index}]")
         except Invalid as exc:
             rejected.append((index, exc.shown(), exc.message))
@@ -406,6 +409,8 @@ def _strict_float(text: str) -> float:
 
 _STRICT = json.JSONDecoder(parse_constant=_refuse, parse_float=_strict_float)
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
+_NUL = re.compile("\x00")
+NUL_MESSAGE = "text holds a NUL character (U+0000), which no store keeps in text"
 _WS = re.compile(r"[ \t\n\r]*")
 
 
@@ -441,8 +446,10 @@ def iter_large_batch(body: bytes, chunk_records: int = 2000) -> Iterator[Decoded
             chunk.rejected.append((index, path, f"not valid JSON: {str(exc)[:200] or type(exc).__name__}"))
         else:
             try:
-                if text.find("\\u", pos, end) >= 0 and _has_surrogate(record):
+                if text.find("\\u", pos, end) >= 0 and _has_text(record, _SURROGATE):
                     raise Invalid(path, "text holds a lone surrogate (not valid UTF-8)")
+                if text.find("\\u0000", pos, end) >= 0 and _has_text(record, _NUL):
+                    raise Invalid(path, NUL_MESSAGE)
                 check_record(record, path)
                 chunk.records.append((index, record))
             except Invalid as exc:
@@ -461,13 +468,14 @@ def iter_large_batch(body: bytes, chunk_records: int = 2000) -> Iterator[Decoded
     yield chunk
 
 
-def _has_surrogate(value: Any) -> bool:
+def _has_text(value: Any, pattern: re.Pattern) -> bool:
+    """Whether a string anywhere in ``value`` (keys too) matches ``pattern``."""
     if type(value) is str:
-        return _SURROGATE.search(value) is not None
+        return pattern.search(value) is not None
     if type(value) is dict:
-        return any(_has_surrogate(k) or _has_surrogate(v) for k, v in value.items())
+        return any(_has_text(k, pattern) or _has_text(v, pattern) for k, v in value.items())
     if type(value) is list:
-        return any(_has_surrogate(v) for v in value)
+        return any(_has_text(v, pattern) for v in value)
     return False
 
 
