@@ -444,7 +444,7 @@ def _wait_healthy(url: str) -> None:
 def test_stalled_uploads_cannot_starve_the_server(tmp_path):
     import socket
 
-    with IngestServer(tmp_path / "db.sqlite3", read_timeout_s=2.0, max_uploads=64) as srv:
+    with IngestServer(tmp_path / "db.sqlite3", read_timeout_s=2.0, max_reading=64) as srv:
         port = int(srv.url.rsplit(":", 1)[1])
         stalled = []
         try:
@@ -459,7 +459,7 @@ def test_stalled_uploads_cannot_starve_the_server(tmp_path):
             for sock in stalled[:80]:
                 sock.settimeout(10)
                 answers.append(sock.recv(64).split(b" ")[1])  # the status code of "HTTP/1.1 503 ..."
-            # Past the upload limit: 503 at once; within it: 408 once the body did not come.
+            # Past the bound on bodies arriving at once: 503 at once; within it: 408 once the body did not come.
             assert set(answers) <= {b"503", b"408"} and b"503" in answers
         finally:
             for sock in stalled:
@@ -563,3 +563,37 @@ def test_a_live_run_with_a_nul_in_its_values_streams_everything_to_postgresql(po
     assert len(points) == 300 and run["run"]["status"] == "finished"
     assert any(e["name"] == "configured" for e in run["events"])
     assert "\u0000" not in (tmp_path / "metrics.jsonl").read_text() and "a\ufffdb" in (tmp_path / "metrics.jsonl").read_text()
+
+
+def test_slow_clients_are_closed_and_never_starve_legitimate_uploads(tmp_path):
+    import socket
+
+    with IngestServer(tmp_path / "slow.sqlite3", header_timeout_s=2.0, read_timeout_s=20.0, max_uploads=8) as srv:
+        port = int(srv.url.rsplit(":", 1)[1])
+        tricklers = []
+        for _ in range(300):  # headers that never end
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: x\r\n")
+            tricklers.append(conn)
+        bodies = []
+        for _ in range(100):  # bodies that never arrive: no upload slot is taken meanwhile
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.sendall(b"POST /api/v1/ingest HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{")
+            bodies.append(conn)
+        time.sleep(0.5)
+        stored = [post(srv.url, _batch(_scalars(seq, run_id="legit"))).status_code for seq in range(1, 80)]
+        assert stored == [200] * 79
+        time.sleep(3.0)  # past the header timeout
+        closed = 0
+        for conn in tricklers:
+            conn.settimeout(5.0)
+            try:
+                closed += conn.recv(1) == b""  # the server closed it (a timeout here would mean it did not)
+            except ConnectionResetError:
+                closed += 1
+            conn.close()
+        for conn in bodies:
+            conn.close()
+        assert closed == 300
+        points = requests.get(srv.url + "/api/v1/runs/legit/scalars", params={"key": "Loss/critic"}).json()["points"]
+        assert len(points) == 79

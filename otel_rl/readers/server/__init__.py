@@ -7,8 +7,11 @@ JSON batches:
 * 401 without the configured bearer token (compared in constant time);
 * 413 past the body or decompressed-size limits (gzip bombs), 408 when the
   body does not arrive within ``read_timeout_s``, 503 with ``Retry-After``
-  when ``max_uploads`` uploads are already in progress or the database
-  cannot take writes (read-only, full, unreachable);
+  when ``max_uploads`` uploads are already being decoded and stored (a body
+  still arriving takes no such slot, so slow clients cannot starve the
+  others; at most ``max_reading`` bodies arrive at once) or the database
+  cannot take writes (read-only, full, unreachable); a connection that has
+  not sent a whole request within ``header_timeout_s`` is closed;
 * 400 naming the field (a JSON path) when the body is not a batch at all;
 * otherwise 200 with the number of records ``accepted``, of ``duplicates``
   ignored (``(writer, seq)`` already stored), and, when some records break
@@ -60,6 +63,10 @@ MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 CHUNK_RECORDS = 2000
 READ_TIMEOUT_S = 30.0
 MAX_UPLOADS = 64
+MAX_READING = 1024
+"""Bodies arriving at once (each at most ``max_body_bytes``); past it, 503."""
+HEADER_TIMEOUT_S = 10.0
+"""How long a connection may take to send a whole request's headers, or stay idle between requests."""
 RETRY_AFTER_S = 5
 HEALTH_PROBE_S = 5.0
 
@@ -105,6 +112,7 @@ class _State:
     """What the handlers share (all touched on the event loop only, except ``unhealthy``)."""
 
     uploads: int = 0
+    reading: int = 0
     unhealthy: str | None = None
     stopping: bool = False
 
@@ -145,6 +153,7 @@ def create_app(
     max_decompressed_bytes: int = MAX_DECOMPRESSED_BYTES,
     read_timeout_s: float = READ_TIMEOUT_S,
     max_uploads: int = MAX_UPLOADS,
+    max_reading: int = MAX_READING,
     decode_processes: int = 0,
 ) -> web.Application:
     """The aiohttp application. Serve it with ``auto_decompress=False`` (see :class:`IngestServer`).
@@ -191,19 +200,13 @@ def create_app(
         return result
 
     async def ingest(request: web.Request) -> web.Response:
-        if state.uploads >= max_uploads:
-            response = _unavailable(f"{max_uploads} uploads in progress")
-            response.force_close()  # the body is never read: the connection goes with the answer
-            return response
-        state.uploads += 1
-        try:
-            return await _ingest(request)
-        finally:
-            state.uploads -= 1
-
-    async def _ingest(request: web.Request) -> web.Response:
         if state.unhealthy is not None:
             return _unavailable(f"the database cannot take writes: {state.unhealthy}")
+        if state.reading >= max_reading:
+            response = _unavailable(f"{max_reading} bodies arriving")
+            response.force_close()  # the body is never read: the connection goes with the answer
+            return response
+        state.reading += 1
         try:
             body = await asyncio.wait_for(request.read(), read_timeout_s)
         except web.HTTPRequestEntityTooLarge:
@@ -212,6 +215,17 @@ def create_app(
             response = _error(408, f"the body did not arrive within {read_timeout_s:.0f} s")
             response.force_close()
             return response
+        finally:
+            state.reading -= 1
+        if state.uploads >= max_uploads:  # a slot for decoding and storing, taken once the body is here
+            return _unavailable(f"{max_uploads} uploads in progress")
+        state.uploads += 1
+        try:
+            return await _ingest(request, body)
+        finally:
+            state.uploads -= 1
+
+    async def _ingest(request: web.Request, body: bytes) -> web.Response:
         encoding = request.headers.get("Content-Encoding", "identity").lower()
         if encoding not in ("gzip", "identity"):
             return _error(400, f"unsupported Content-Encoding {encoding!r}", "Content-Encoding")
@@ -365,6 +379,7 @@ class IngestServer:
         db: a SQLite file (created if missing) or a ``postgresql://`` URL.
         host: bind address; loopback by default.
         port: 0 picks a free port (see :attr:`url`).
+        header_timeout_s: how long a connection may take to send a request's headers, or idle between requests.
         options: limits and timeouts of :func:`create_app`.
     """
 
@@ -375,11 +390,13 @@ class IngestServer:
         port: int = 0,
         token: str | None = None,
         lost_after_s: float = 60.0,
+        header_timeout_s: float = HEADER_TIMEOUT_S,
         **options: Any,
     ) -> None:
         self.storage = open_storage(db)
         self._app = create_app(self.storage, token=token, lost_after_s=lost_after_s, **options)
         self._host, self._port = host, port
+        self._header_timeout_s = header_timeout_s
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
         self._ready = threading.Event()
@@ -388,7 +405,9 @@ class IngestServer:
 
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._runner = web.AppRunner(self._app, auto_decompress=False, access_log=None)
+        self._runner = web.AppRunner(
+            self._app, auto_decompress=False, access_log=None, keepalive_timeout=self._header_timeout_s
+        )  # aiohttp's keep-alive timer runs from the connection's start: it is the header timeout too
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, self._host, self._port)
         self._loop.run_until_complete(site.start())
@@ -429,5 +448,5 @@ def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_
     app = create_app(storage, token=token, lost_after_s=lost_after_s, decode_processes=DECODE_PROCESSES)
     where = "PostgreSQL" if str(db).startswith(("postgresql://", "postgres://")) else f"database {db}"
     print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''})", flush=True)
-    web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None)
+    web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None, keepalive_timeout=HEADER_TIMEOUT_S)
     storage.close()
