@@ -226,6 +226,7 @@ class Telemetry:
         )  # fmt: skip
         self._host: Host = start_host(identity, list(sinks or []))
         self._recorder = self._host.recorder
+        self._recorder.lane()  # the thread that starts telemetry (the training loop's, mostly) always has a lane
         for path, value in replaced:
             self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)

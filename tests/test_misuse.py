@@ -248,3 +248,48 @@ def test_a_million_distinct_keys_cost_only_the_keys_over_the_cap_and_every_drop_
     assert reported.get("scalars", 0) == dropped["scalars"]  # whole calls a full ring refused, named too
     kept = [r["values"]["Loss/critic"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     assert len(kept) == 1000 - dropped["scalars"] and kept == sorted(kept)  # a known key of every call that arrived
+
+
+@pytest.mark.parametrize("implementation", ["c", "python"])
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_many_threads_cost_the_main_thread_nothing_and_short_lived_ones_reuse_lanes(tmp_path, monkeypatch, implementation, agent):
+    import threading
+
+    from otel_rl.readers.analysis import protobuf_engine, trace_files
+
+    if implementation == "python":
+        monkeypatch.setenv("OTEL_RL_PURE_PYTHON", "1")
+    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, agent=agent, system_metrics_interval_s=0)
+    inference, env_step = tel.phase("inference"), tel.phase("env_step", "collector")
+
+    def work(phase, times):
+        for _ in range(times):
+            with phase:
+                pass
+
+    def wave(threads: int) -> None:
+        started = [threading.Thread(target=work, args=(env_step, 100)) for _ in range(threads)]
+        for thread in started:
+            thread.start()
+        for thread in started:
+            thread.join()
+        assert tel.flush(30.0)
+
+    with tel.run():
+        work(inference, 50)
+        for _ in range(30):  # 180 short-lived threads, 6 at a time: each wave takes the lanes the last one left
+            wave(6)
+        reused = tel.stats()["dropped"]["phases"]
+        wave(12)  # more at once than a segment has lanes (8): the threads beyond are counted, never silently lost
+        for i in range(100):
+            with tel.iteration(i, env_steps=i), tel.phase("learning"):
+                pass
+    assert tel.flush(30.0)
+    dropped = tel.stats()["dropped"]["phases"]
+    tel.close()
+    slices = [s.name for s in protobuf_engine.read(trace_files(tmp_path)).slices]
+    assert slices.count("Learning") == 100 and slices.count("Inference") == 50  # the main thread lost nothing
+    assert reused == 0 and slices.count("Env Step") + dropped == 19_200
+    reported = sum(r["attributes"]["total"] for r in jsonl(tmp_path) if r["kind"] == "event" and r["name"] == "records_dropped"
+                   and r["attributes"]["queue"] == "phases")  # fmt: skip
+    assert reported == dropped

@@ -192,6 +192,7 @@ class AgentHost:
         from otel_rl.agent.serve import relay_logs
 
         self._watcher.shutdown(deadline.left(cap_s=1.0))
+        self.recorder.publish_unlaned()
         segment = self.segment
         self._set_deadline(deadline)
         segment.set("state", shm.CLOSING)
@@ -283,6 +284,7 @@ class AgentWatch(Worker):
         if self.stopping or host.segment.control is None:
             return
         relay_logs(host.segment)
+        host.recorder.publish_unlaned()
         state = host.segment.get("agent_state")
         if state == shm.AGENT_DONE or host.alive() or self.restarts > 1:
             return

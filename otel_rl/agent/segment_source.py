@@ -78,7 +78,8 @@ class SegmentSource:
             records = reader.take_lane(index, RECORDS_PER_PASS)
             moved += len(records)
             if len(records):
-                batch.lanes.append(((id(self), index), thread_id, thread_name, self._decode(records, names)))
+                # Keyed by its thread too: the producer gives a lane to another thread once its own ended.
+                batch.lanes.append(((id(self), index, thread_id), thread_id, thread_name, self._decode(records, names)))
         ends = []
         for ring in (reader.control, reader.data):
             frames = ring.take(MESSAGE_BYTES_PER_PASS)
@@ -105,6 +106,7 @@ class SegmentSource:
         """The producer's drops (its lanes' and rings') and the records this agent could not read."""
         out = {"phases": sum(self._lane_dropped), "agent_decode": self._decode_dropped}
         if self.reader.control is not None:
+            out["phases"] += self.reader.get("dropped_unlaned")
             out.update({queue: self.reader.get(field) for queue, field in shm.DROP_FIELDS.items()})
         return out
 

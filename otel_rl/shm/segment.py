@@ -152,6 +152,7 @@ _FIELDS = {
     "committed_trace_bytes": 192,
     "commits": 200,
     "dropped_phase_misuse": 208,
+    "dropped_unlaned": 216,  # phases of threads beyond the lanes (counted by the producer, reported by the agent)
 }
 DROP_FIELDS = {"scalars": "dropped_scalars", "events": "dropped_events", "distributions": "dropped_distributions",
                "device_intervals": "dropped_device_intervals", "relay": "dropped_relay",

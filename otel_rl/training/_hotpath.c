@@ -383,6 +383,31 @@ static Py_ssize_t Lane_len(LaneObject *self) {
     return self->count;
 }
 
+/* rebind(thread_id, thread_name): the lane of a thread that ended, drained, given to another thread. */
+static PyObject *Lane_rebind(LaneObject *self, PyObject *args) {
+    PyObject *thread_id, *thread_name;
+    if (!PyArg_ParseTuple(args, "OU", &thread_id, &thread_name)) return NULL;
+    PyObject *open_iterations = PyDict_New();
+    if (open_iterations == NULL) return NULL;
+    while (self->depth > 0) {  /* phases the ended thread left open: never exited, never recorded */
+        self->depth--;
+        Py_CLEAR(self->stack_phase[self->depth]);
+    }
+    Py_XSETREF(self->open_iterations, open_iterations);
+    Py_INCREF(thread_id); Py_XSETREF(self->thread_id, thread_id);
+    Py_INCREF(thread_name); Py_XSETREF(self->thread_name, thread_name);
+    if (self->shm != NULL) {
+        self->shm->thread_id = PyLong_Check(thread_id) ? PyLong_AsLongLong(thread_id) : 0;
+        if (PyErr_Occurred()) PyErr_Clear();
+        memset(self->shm->thread_name, 0, sizeof(self->shm->thread_name));
+        Py_ssize_t n;
+        const char *name = PyUnicode_AsUTF8AndSize(thread_name, &n);
+        if (name == NULL) PyErr_Clear();
+        else memcpy(self->shm->thread_name, name, (size_t)(n < 23 ? n : 23));
+    }
+    Py_RETURN_NONE;
+}
+
 static PyObject *Lane_get_depth(LaneObject *self, void *closure) {
     return PyLong_FromLong(self->depth);
 }
@@ -391,6 +416,7 @@ static PyMethodDef Lane_methods[] = {
     {"append", (PyCFunction)Lane_append, METH_O, "Append a ready-made raw record, dropping the oldest when full."},
     {"drain", (PyCFunction)Lane_drain, METH_NOARGS, "Remove and return every pending record, oldest first."},
     {"detach", (PyCFunction)Lane_detach, METH_NOARGS, "Stop writing to shared memory; later records are dropped."},
+    {"rebind", (PyCFunction)Lane_rebind, METH_VARARGS, "Give a drained lane of an ended thread to another thread."},
     {NULL}
 };
 

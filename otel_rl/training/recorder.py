@@ -76,6 +76,12 @@ class PyLane:
         records = self.records
         return [records.popleft() for _ in range(len(records))]
 
+    def rebind(self, thread_id: int, thread_name: str) -> None:
+        """Give this drained lane of an ended thread to another thread (its open phases are forgotten)."""
+        self.thread_id, self.thread_name = thread_id, thread_name
+        self.open_iterations = {}
+        self.stack = []
+
     def append(self, record: tuple) -> None:
         records = self.records
         if len(records) == self.capacity:
@@ -205,14 +211,30 @@ class Recorder:
                 return self.local.lane
             except AttributeError:
                 pass
-        lane = self._new_lane(threading.get_native_id(), threading.current_thread().name)
+        thread_id, thread_name = threading.get_native_id(), threading.current_thread().name
         with self._lanes_lock:
-            self.lanes.append(lane)
+            lane = self._reusable_lane()
+            if lane is not None:
+                lane.rebind(thread_id, thread_name)
+            else:
+                lane = self._new_lane(thread_id, thread_name)
+                self.lanes.append(lane)
         if self.implementation == "c":
             _hotpath.bind_lane(self._key, lane)
         else:
             self.local.lane = lane
         return lane
+
+    def _reusable_lane(self) -> PyLane | None:
+        """A lane whose thread ended and whose records were all taken (caller holds the lanes' lock)."""
+        alive = None
+        for lane in self.lanes:
+            if lane.capacity > 1 and len(lane) == 0:
+                if alive is None:
+                    alive = {thread.native_id for thread in threading.enumerate()}
+                if lane.thread_id not in alive:
+                    return lane
+        return None
 
     def _new_lane(self, thread_id: int, thread_name: str) -> PyLane:
         """A lane for a thread that records for the first time (in this process's memory)."""
@@ -306,8 +328,8 @@ class Recorder:
             into.extend([queue.popleft() for _ in range(len(queue))])  # popleft: safe against the recording threads
         for lane in self.snapshot_lanes():
             records = lane.drain()
-            if records:
-                batch.lanes.append((lane, lane.thread_id, lane.thread_name, records))
+            if records:  # keyed by its thread too: a lane passes to another thread once its own ended
+                batch.lanes.append(((lane, lane.thread_id), lane.thread_id, lane.thread_name, records))
         batch.distributions.extend(self.take_distributions())
 
     def dropped(self) -> dict[str, int]:

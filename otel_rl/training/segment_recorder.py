@@ -72,6 +72,15 @@ class PyShmLane:
     def __len__(self) -> int:
         return self._write.value - self._read.value
 
+    def rebind(self, thread_id: int, thread_name: str) -> None:
+        """Give this drained lane of an ended thread to another thread (its open phases are forgotten)."""
+        self.thread_id, self.thread_name = thread_id, thread_name
+        self.open_iterations = {}
+        self.stack = []
+        shm._LANE_IDENTITY.pack_into(
+            self.segment.buffer, self.offset + shm._LANE_THREAD, thread_id, thread_name.encode("utf-8", "replace")[:23]
+        )
+
     def detach(self) -> None:
         """Stop writing to shared memory; later records are dropped (counted here only)."""
         self.capacity = 0
@@ -141,6 +150,23 @@ class SegmentRecorder(Recorder):
         self.segment = segment
         self._forked = False
 
+    def unlaned(self) -> int:
+        """Phases of the threads beyond the segment's lanes: every one is lost (their stand-in lanes are never read)."""
+        return sum(lane.dropped + len(lane) for lane in self.snapshot_lanes() if lane.capacity == 1)
+
+    @property
+    def phases_dropped(self) -> int:
+        return sum(lane.dropped for lane in self.snapshot_lanes() if lane.capacity != 1) + self.unlaned()
+
+    @property
+    def phases_pending(self) -> int:
+        return sum(len(lane) for lane in self.snapshot_lanes() if lane.capacity != 1)
+
+    def publish_unlaned(self) -> None:
+        """Put the drops of the threads beyond the lanes in the header, where the agent reports them."""
+        if not self._forked:
+            self.segment.set("dropped_unlaned", self.unlaned())
+
     def misuse(self, kind: str, phase: Any, other: Any) -> None:
         if kind != "not-open":
             self._count_drop("phase_misuse")
@@ -172,7 +198,7 @@ class SegmentRecorder(Recorder):
                 thread_name,
                 extra=once("lanes-full"),
             )
-            return self._lane_class(1, thread_id, thread_name)  # its records count as dropped
+            return self._lane_class(1, thread_id, thread_name)  # its records count as dropped (publish_unlaned)
         if self.implementation == "c":
             return _hotpath.Lane(
                 self.lane_capacity, thread_id, thread_name, buffer=self.segment.buffer, offset=offset, intern=self.segment.intern
