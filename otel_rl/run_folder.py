@@ -2,33 +2,50 @@
 
 Two processes started with the same ``run_dir`` (or the same run resumed
 twice at once) would interleave their records in one ``metrics.jsonl``, one
-trace and one summary. The first holds an exclusive ``flock`` on
-``<run_dir>/.otel-rl.lock`` until its ``close()`` returns (the kernel drops it
-if the process dies, so a resume after a crash is never refused); the second
-is refused at ``init()`` with an error naming the folder and the holder.
+trace and one summary. The first holds an exclusive ``flock`` on a lock file
+named after the folder's real path, in the user's private otel-rl directory
+(nothing is added to the run folder), until its ``close()`` returns; the
+kernel drops it if the process dies, so a resume after a crash is never
+refused. The second is refused at ``init()`` with an error naming the folder
+and the holder. Processes on other machines sharing the folder over a network
+file system are not seen.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 from pathlib import Path
 
-LOCK_FILE = ".otel-rl.lock"
+from otel_rl._logging import logger
+from otel_rl.user_dir import private_dir
+
+_logger = logger(__name__)
 
 
 class RunFolderInUse(RuntimeError):
     """Another live process writes this run folder."""
 
 
-def claim(run_dir: Path) -> int:
-    """Hold ``run_dir``'s lock (creating the folder): its descriptor, to pass to :func:`release`.
+def _lock_path(run_dir: Path) -> Path:
+    locks = private_dir() / "run-folders"
+    locks.mkdir(mode=0o700, exist_ok=True)
+    digest = hashlib.blake2b(str(run_dir.resolve()).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
+    return locks / f"{digest}.lock"
+
+
+def claim(run_dir: Path) -> int | None:
+    """Hold ``run_dir``'s lock: its descriptor, to pass to :func:`release` (None when no lock can be had here).
 
     Raises:
         RunFolderInUse: another process holds it.
     """
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(run_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(_lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:  # no private directory: the run goes on unguarded, said once
+        _logger.warning("otel-rl: cannot lock the run folder %s (%s); two writers would not be noticed", run_dir, exc)
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -19,16 +19,7 @@ from pathlib import Path
 from otel_rl.background import pid_alive, pid_running
 from otel_rl.config import AGENT_NAME
 from otel_rl.shm.segment import AGENT_DONE, peek_header
-
-
-def segment_dir() -> Path:
-    """The user's private directory of segments (created 0700)."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-    path = base / f"otel-rl-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
-    if path.stat().st_uid != os.getuid() or path.stat().st_mode & 0o077:
-        raise PermissionError(f"{path} is not private to this user")
-    return path
+from otel_rl.user_dir import private_dir as segment_dir
 
 
 AGENT_LOCK = "agent.lock"
