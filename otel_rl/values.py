@@ -333,11 +333,16 @@ def _plain_number(value: Any) -> Any:
 
 
 def _safe_mapping(value: Mapping, walk: _Walk, path: str, depth: int) -> dict[str, Any] | str:
+    return _unless_cycle(_mapping_items, value, walk, path, depth)
+
+
+def _unless_cycle(convert: Callable[[Any, _Walk, str, int], Any], value: Any, walk: _Walk, path: str, depth: int) -> Any:
+    """``convert(value, ...)``, or ``"<cycle>"`` for a container already open on the path (one that holds itself)."""
     if id(value) in walk.open:
         return "<cycle>"
     walk.open.add(id(value))
     try:
-        return _mapping_items(value, walk, path, depth)
+        return convert(value, walk, path, depth)
     finally:
         walk.open.discard(id(value))
 
@@ -372,13 +377,7 @@ def _key_text(key: Any) -> str:
 
 
 def _safe_items(value: Any, walk: _Walk, path: str, depth: int) -> list[Any] | str:
-    if id(value) in walk.open:
-        return "<cycle>"
-    walk.open.add(id(value))
-    try:
-        return _list_items(value, walk, path, depth)
-    finally:
-        walk.open.discard(id(value))
+    return _unless_cycle(_list_items, value, walk, path, depth)
 
 
 def _list_items(value: Any, walk: _Walk, path: str, depth: int) -> list[Any]:
