@@ -1,4 +1,9 @@
-"""``otel-rl``: the command line."""
+"""``otel-rl``: the command line.
+
+Every wrong input ends with one line naming what is wrong and a non-zero
+exit (2 for a wrong argument, with the subcommand's usage; 1 when the work
+itself failed), never a traceback.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +12,32 @@ import logging
 import os
 import sys
 
+DESCRIPTION = "otel-rl: OpenTelemetry-native telemetry for reinforcement-learning training loops."
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0 to 65535)")
+    return port
+
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="otel-rl", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
+    from otel_rl.version import __version__
 
-    demo = commands.add_parser("demo", help="train SAC on Pendulum with every phase instrumented")
+    parser = argparse.ArgumentParser(prog="otel-rl", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"otel-rl {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
+
+    demo = commands.add_parser("demo", help="train SAC on Pendulum with every phase instrumented", **defaults)
     from otel_rl.demo import add_arguments
 
     add_arguments(demo)
 
-    serve = commands.add_parser("serve", help="run the motrix.metrics/v1 ingest server")
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8080)
+    serve = commands.add_parser("serve", help="run the motrix.metrics/v1 ingest server", **defaults)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (loopback only by default)")
+    serve.add_argument("--port", type=_port, default=8080, help="TCP port")
     serve.add_argument(
         "--db", default="motrix-metrics.sqlite3", help="SQLite database file, or a postgresql:// URL (for teams)"
     )
@@ -34,19 +52,20 @@ def main(argv: list[str] | None = None) -> int:
         "--insecure", action="store_true", help="serve without a token even though MOTRIX_METRICS_TOKEN is set"
     )
 
-    backfill = commands.add_parser("backfill", help="replay a run's metrics.jsonl into an ingest service")
+    backfill = commands.add_parser("backfill", help="replay a run's metrics.jsonl into an ingest service", **defaults)
     backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
-    backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL")
+    backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
+    backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
 
-    analyze = commands.add_parser("analyze", help="say where the time goes, from a run's Perfetto trace")
+    analyze = commands.add_parser("analyze", help="say where the time goes, from a run's Perfetto trace", **defaults)
     analyze.add_argument("path", help="trace file or run folder")
-    analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto")
+    analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto", help="sql needs a trace processor binary")
     analyze.add_argument("--trace-processor", help="trace_processor_shell binary for the SQL engine")
     analyze.add_argument("--json", action="store_true", help="print the report as JSON")
     analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
 
     agent = commands.add_parser(
-        "agent", help="serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)"
+        "agent", help="serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)", **defaults
     )
     agent.add_argument("name", help="the agent's name (1 to 64 of A-Z a-z 0-9 _ . -)")
     agent.add_argument("--linger", type=float, default=None, help="end after this many idle seconds (default: serve until interrupted)")
@@ -78,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.url:
             parser.error("--url (or MOTRIX_METRICS_URL) is required")
         try:
-            totals = run_backfill(args.run_dir, args.url, token)
+            totals = run_backfill(args.run_dir, args.url, token, retry_window_s=args.retry_window)
         except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
             print(f"otel-rl backfill: {exc}", file=sys.stderr)
             return 1
@@ -118,11 +137,19 @@ def _analyze(args) -> int:
     from otel_rl.readers.analysis.report import analyze_model, render_text
     from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
 
+    from google.protobuf.message import DecodeError
+
+    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        print(f"otel-rl analyze: --plot {args.plot}: no such folder", file=sys.stderr)
+        return 2
     try:
         model, engine = read_trace(args.path, args.engine, args.trace_processor)
     except (FileNotFoundError, TraceProcessorUnavailable, ValueError) as exc:
         print(f"otel-rl analyze: {exc}", file=sys.stderr)
         return 2
+    except (DecodeError, OSError) as exc:  # a file that is not a Perfetto trace, or cannot be read
+        print(f"otel-rl analyze: {args.path} is not a readable Perfetto trace ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 1
     report = analyze_model(model)
     report["engine"] = engine
     print(json.dumps(report, indent=2) if args.json else render_text(report))

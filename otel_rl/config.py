@@ -8,6 +8,7 @@ and fall back to the default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import json
 import os
 import re
@@ -24,17 +25,28 @@ from otel_rl.values import clean_text
 AGENT_MODES = ("thread", "process")
 AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """An agent's name: also its directory's (``.`` and ``..`` excepted)."""
-AGENT_CHOICES = "process, thread (or off) or the name of a shared agent (1 to 64 of A-Z a-z 0-9 _ . -)"
+AGENT_CHOICES = (
+    "process, thread (or off) or the name of a shared agent (1 to 64 of A-Z a-z 0-9 _ . -, not a misspelt mode:"
+    " every process that names it records into that one agent)"
+)
 
 
 def _agent_mode(raw: str) -> str:
-    """A mode (case-insensitive; ``inprocess`` is ``thread``) or an agent's name (kept as written)."""
+    """A mode (case-insensitive; ``inprocess`` is ``thread``) or an agent's name (kept as written).
+
+    A value a letter or two from a mode (``procss``) is a misspelt mode, not a name.
+    """
     mode = raw.strip()
     if mode.lower() in (*AGENT_MODES, "inprocess", "off"):  # the older names of the in-process host
         return "thread" if mode.lower() in ("inprocess", "off") else mode.lower()
-    if not AGENT_NAME.fullmatch(mode) or mode in (".", ".."):
+    if not AGENT_NAME.fullmatch(mode) or mode in (".", "..") or _close_to_a_mode(mode):
         raise ValueError(raw)
     return mode
+
+
+def _close_to_a_mode(value: str) -> str | None:
+    found = difflib.get_close_matches(value.lower(), AGENT_MODES, n=1, cutoff=0.75)
+    return found[0] if found else None
 
 
 def _is_agent_mode(value: str) -> bool:
@@ -48,7 +60,7 @@ def _is_agent_mode(value: str) -> bool:
 @dataclass(kw_only=True, slots=True)
 class TelemetryConfig:
     enabled: bool = True
-    """False (or ``OTEL_SDK_DISABLED=true``) makes every call a no-op: no thread, no file."""
+    """False makes every call a no-op: no thread, no file. ``OTEL_SDK_DISABLED=true`` does too, whatever the code says."""
 
     run_dir: Path | None = None
     """Folder for the local outputs (``run_summary.json`` and later sinks); None writes no file."""
@@ -179,6 +191,8 @@ class TelemetryConfig:
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
         _check("role", self.role, str, "a non-empty string", lambda v: bool(v))
+        if isinstance(self.agent, str) and not _is_agent_mode(self.agent) and _close_to_a_mode(self.agent.strip()):
+            raise ValueError(f"agent={self.agent!r} is not a mode; did you mean {_close_to_a_mode(self.agent.strip())!r}? ({AGENT_CHOICES})")
         _check("agent", self.agent, str, AGENT_CHOICES, _is_agent_mode)
         self.agent = _agent_mode(self.agent)
         _check("span_budget_per_s", self.span_budget_per_s, (int, float), ">= 0", lambda v: v >= 0)
@@ -232,7 +246,9 @@ class TelemetryConfig:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:
-            raise TypeError(f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+            hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+                     for name in unknown for close in [difflib.get_close_matches(name, names, n=1, cutoff=0.6)]]  # fmt: skip
+            raise TypeError(f"unknown option {', '.join(hints)}; the options are the fields of otel_rl.TelemetryConfig")
         defaults: dict[str, Any] = {
             "enabled": not env.read(env.OTEL_SDK_DISABLED, env.parse_bool, False, "true or false"),
             "run_id": os.environ.get(env.OTEL_RL_RUN_ID) or os.environ.get(env.MOTRIX_METRICS_RUN_ID) or None,
@@ -259,7 +275,8 @@ class TelemetryConfig:
             "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
         }
         merged = {**defaults, **options}
-        if options.get("enabled") is None:
+        if options.get("enabled") is None or not defaults["enabled"]:
+            # OTEL_SDK_DISABLED=true is the operator's kill switch: it wins over code, as in OpenTelemetry.
             merged["enabled"] = defaults["enabled"]
         return cls(run_dir=run_dir, service_name=service_name, **merged)
 

@@ -293,3 +293,22 @@ def test_many_threads_cost_the_main_thread_nothing_and_short_lived_ones_reuse_la
     reported = sum(r["attributes"]["total"] for r in jsonl(tmp_path) if r["kind"] == "event" and r["name"] == "records_dropped"
                    and r["attributes"]["queue"] == "phases")  # fmt: skip
     assert reported == dropped
+
+
+def test_a_misspelt_option_or_agent_mode_is_refused_with_what_was_meant(monkeypatch, caplog):
+    with pytest.raises(TypeError, match=r"unknown option 'tracee_enabled' \(did you mean 'trace_enabled'\?\)"):
+        otel_rl.init(tracee_enabled=True)
+    with pytest.raises(ValueError, match=r"agent='procss' is not a mode; did you mean 'process'\?"):
+        otel_rl.init(agent="procss")
+    monkeypatch.setenv("OTEL_RL_AGENT", "thred")
+    with caplog.at_level(logging.WARNING):
+        tel = otel_rl.init(system_metrics_interval_s=0)
+    assert tel.stats()["agent"] == "process"  # the default, with one warning naming the variable
+    assert sum("OTEL_RL_AGENT" in r.getMessage() for r in caplog.records) == 1
+    tel.close()
+
+
+def test_the_standard_kill_switch_wins_over_code(monkeypatch, tmp_path):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    assert isinstance(otel_rl.init(run_dir=tmp_path / "run", enabled=True), otel_rl.NoOpTelemetry)
+    assert not (tmp_path / "run").exists()

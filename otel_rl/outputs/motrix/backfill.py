@@ -96,6 +96,8 @@ def backfill(
             if outcome.failed and time.monotonic() - first_failure > retry_window_s:
                 raise RuntimeError(f"{endpoint} unavailable for {retry_window_s:.0f} s ({outcome.error})")
             if outcome.failed:
+                if not attempt:  # said once: the retries can last the whole window
+                    _logger.warning("otel-rl: %s unavailable (%s); retrying for up to %.0f s", endpoint, outcome.error, retry_window_s)
                 time.sleep(max(random.uniform(0, min(10.0, 0.5 * 2**attempt)), outcome.retry_after_s or 0.0))
                 attempt += 1
             items = outcome.failed

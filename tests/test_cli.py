@@ -1,0 +1,47 @@
+"""The command line with wrong input: one line naming what is wrong, a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from otel_rl.version import __version__
+
+
+def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    return subprocess.run([sys.executable, "-m", "otel_rl.cli", *args], capture_output=True, text=True, timeout=timeout_s, env=env)
+
+
+def test_version_and_help_say_what_every_option_defaults_to():
+    assert cli("--version").stdout.strip() == f"otel-rl {__version__}"
+    top = cli("--help").stdout
+    assert "``" not in top and "otel-rl: OpenTelemetry-native telemetry" in top
+    serve = " ".join(cli("serve", "--help").stdout.split())
+    assert "TCP port (default: 8080)" in serve and "(default: 127.0.0.1)" in serve
+
+
+@pytest.mark.parametrize(
+    ("args", "says", "code"),
+    [
+        (("serve", "--port", "99999"), "99999 is not a TCP port", 2),
+        (("analyze", "NOT_A_TRACE"), "is not a readable Perfetto trace", 1),
+        (("analyze", "MISSING"), "no trace at", 2),
+        (("analyze", "RUN_DIR", "--plot", "/no/such/folder/plot.png"), "--plot /no/such/folder/plot.png: no such folder", 2),
+        (("backfill", "RUN_DIR", "--url", "http://127.0.0.1:9", "--retry-window", "1"), "unavailable", 1),
+    ],
+)
+def test_wrong_input_gets_one_line_and_a_non_zero_exit(tmp_path, args, says, code):
+    not_a_trace = tmp_path / "junk.perfetto-trace"
+    not_a_trace.write_bytes(b"\x0a\x05" + b"\xff" * 5)  # framed like trace packets, not one inside
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.jsonl").write_text('{"run_id":"r","writer":"h:1","seq":1,"ts":1.0,"kind":"heartbeat"}\n')
+    (run_dir / "trace.perfetto-trace").write_bytes(b"")
+    named = {"NOT_A_TRACE": str(not_a_trace), "MISSING": str(tmp_path / "missing"), "RUN_DIR": str(run_dir)}
+    result = cli(*[named.get(a, a) for a in args], timeout_s=180)
+    assert result.returncode == code, result.stderr
+    assert says.lower() in result.stderr.lower() and "Traceback" not in result.stderr
