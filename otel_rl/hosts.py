@@ -51,8 +51,6 @@ class Host(Protocol):
 
     def meter_provider(self) -> Any: ...
 
-    def abort(self) -> None: ...
-
 
 class InProcessHost:
     """The outputs on a thread of this process, fed from the training thread's in-memory lanes."""
@@ -96,9 +94,6 @@ class InProcessHost:
     def meter_provider(self) -> Any:
         return self.outputs.otel.meter_provider  # type: ignore[union-attr]
 
-    def abort(self) -> None:
-        self._loop.shutdown(Deadline(2.0))
-        self.outputs.abort()
 
 
 def start_host(identity: RunIdentity, sinks: list[RecordSink]) -> Host:

@@ -176,6 +176,7 @@ class AgentHost:
 
         segment = self.segment
         self._set_deadline(deadline)
+        self.recorder.publish_unlaned()
         request = segment.get("flush_request") + 1
         segment.set("flush_request", request)
         flushed = _wait(lambda: segment.get("flush_done") >= request or not self.alive(), deadline) and self.alive()
@@ -264,8 +265,6 @@ class AgentHost:
     def meter_provider(self) -> Any:
         return self._user_providers.meter_provider()
 
-    def abort(self) -> None:
-        self.stop(Deadline(2.0))
 
 
 class AgentWatch(Worker):

@@ -94,8 +94,8 @@ class Outputs:
         self._committed = committed
         self._announced = bool(takeover) if announced is None else announced
         self._file_interval_s = FLUSH_DRIVEN_S if flush_driven else None
-        self._files: list = []  # writers of the run folder's records, flushed by flush_files()
-        self._jsonl = self._trace = False
+        self._jsonl_writer = None  # the writers of the run folder's records, flushed by flush_files()
+        self._trace_sink = None
         self._sinks: list[RecordSink] = []
         self._sources = [*sources, self.inbox]
         try:
@@ -136,8 +136,7 @@ class Outputs:
         if config.trace_enabled:
             trace = self._perfetto()
             self._sinks.append(trace)
-            self._files.append(trace)
-            self._trace = True
+            self._trace_sink = trace
         if config.tensorboard:
             from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
 
@@ -187,8 +186,7 @@ class Outputs:
                 _cut(config.run_dir / JSONL_FILE, self._committed[0])
             writer = JsonlWriter(config.run_dir / JSONL_FILE, self.drops, interval_s=self._file_interval_s or 2.0)
             sink.outputs.append(writer)
-            self._files.append(writer)
-            self._jsonl = True
+            self._jsonl_writer = writer
         if config.motrix_url:
             from otel_rl.outputs.motrix.http_sender import HttpSender
 
@@ -277,12 +275,13 @@ class Outputs:
 
     def file_sizes(self) -> tuple[int, int]:
         """The lengths of ``metrics.jsonl`` and of the trace file as written so far (0 for one that is off)."""
-        return (self._files[0].size if self._jsonl else 0, self._files[-1].size if self._trace else 0)
+        return tuple(0 if writer is None else writer.size for writer in (self._jsonl_writer, self._trace_sink))  # type: ignore[return-value]
 
     def flush_files(self, timeout_s: float) -> bool:
         """Write what the pipeline handed ``metrics.jsonl`` and the trace; True when they hold all of it."""
         deadline = Deadline(timeout_s)
-        return all([writer.flush(deadline.left()) for writer in self._files])
+        writers = [w for w in (self._jsonl_writer, self._trace_sink) if w is not None]
+        return all([writer.flush(deadline.left()) for writer in writers])
 
     def close(self, deadline: Deadline) -> None:
         """The system sampler, then the final pass and every sink, within ``deadline`` (the caller's loop has stopped)."""
