@@ -56,6 +56,7 @@ def rules() -> dict:
     phase_sum = _prometheus(schema.METRIC_PHASE_DURATION, "ms") + "_sum"
     events = _prometheus(schema.METRIC_EVENTS, counter=True)
     dropped = _prometheus(schema.METRIC_DROPPED, counter=True)
+    active = _prometheus(schema.METRIC_RUN_ACTIVE)
     run, timeline, phase = _label(schema.ATTR_RUN_ID), _label(schema.ATTR_TIMELINE), _label(schema.ATTR_PHASE)
     event, queue = _label(schema.ATTR_EVENT), _label(schema.ATTR_QUEUE)
     wait = schema.phase_spec(schema.COLLECTOR, "learner_action_wait")
@@ -67,10 +68,12 @@ def rules() -> dict:
                 "rules": [
                     _rule(
                         "RLRunStalled",
-                        f'sum by ({run}) (increase({iterations}{{{timeline}="{schema.LEARNER}"}}[{STALLED_FOR}])) == 0',
+                        f'sum by ({run}) (increase({iterations}{{{timeline}="{schema.LEARNER}"}}[{STALLED_FOR}])) == 0'
+                        f" and on ({run}) max by ({run}) ({active}) == 1",
                         "critical",
                         f"Run {on_run} completed no learner iteration in {STALLED_FOR}",
-                        "Its telemetry still exports, so the process lives: a hang, a deadlock or a stuck collector.",
+                        "Its telemetry still exports and the run has not ended, so the process lives: a hang, a deadlock"
+                        " or a stuck collector.",
                         wait="1m",
                     ),
                     _rule(

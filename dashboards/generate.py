@@ -19,7 +19,7 @@ from pathlib import Path
 from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import StackingMode
-from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, ValueMap, ValueMappingResult
 
 from otel_rl import schema
 
@@ -112,26 +112,46 @@ def overview() -> dashboard.Dashboard:
                 "Learner iterations per second",
                 "short",
                 _iteration_rate(schema.LEARNER),
-                GridPos(h=4, w=6, x=0, y=0),
+                GridPos(h=4, w=4, x=0, y=0),
                 "Run status at a glance: 0 means the learner stopped.",
             )
         )
         .with_panel(
             _stat(
+                "Run",
+                "none",
+                f"max(rl_run_active{{{SELECTOR}}})",
+                GridPos(h=4, w=4, x=4, y=0),
+                "Running, or ended (finished, failed or killed: the run summary and the ingest server say which).",
+            ).mappings([ValueMap({"1": ValueMappingResult(text="running", color="green"), "0": ValueMappingResult(text="ended", color="blue")})])
+        )
+        .with_panel(
+            _stat(
                 "Seconds since the last report",
                 "s",
-                f'time() - max(timestamp(rl_iteration_duration_milliseconds_count{{{SELECTOR}}}))',
-                GridPos(h=4, w=6, x=6, y=0),
-                "Growing: the run stopped reporting (finished, stuck or dead).",
+                f"(time() - max(timestamp(rl_iteration_duration_milliseconds_count{{{SELECTOR}}})))"
+                f" and on() (max(rl_run_active{{{SELECTOR}}}) == 1)",
+                GridPos(h=4, w=4, x=8, y=0),
+                "While the run is open. Growing: it stopped reporting (stuck or dead). Empty once the run ended.",
             )
         )
         .with_panel(
             _stat(
                 "Telemetry records dropped",
                 "short",
-                f"sum(rl_telemetry_dropped_total{{{SELECTOR}}})",
-                GridPos(h=4, w=6, x=12, y=0),
-                "Records dropped by bounded queues or left out by the span budget; training never waits for telemetry.",
+                f'sum(rl_telemetry_dropped_total{{{SELECTOR}, rl_telemetry_queue!="span_budget"}}) or vector(0)',
+                GridPos(h=4, w=4, x=12, y=0),
+                "Records lost by a bounded queue that was full or an output that failed; training never waits for telemetry.",
+            )
+        )
+        .with_panel(
+            _stat(
+                "Spans sampled out",
+                "short",
+                f'sum(rl_telemetry_dropped_total{{{SELECTOR}, rl_telemetry_queue="span_budget"}}) or vector(0)',
+                GridPos(h=4, w=4, x=16, y=0),
+                "Iterations left out of OTLP traces by the span budget (span_budget_per_s), by design: their metrics, "
+                "the Perfetto trace and metrics.jsonl have them all.",
             )
         )
         .with_panel(
@@ -139,7 +159,7 @@ def overview() -> dashboard.Dashboard:
                 "Env steps",
                 "short",
                 f"sum({ENV_STEPS})",
-                GridPos(h=4, w=6, x=18, y=0),
+                GridPos(h=4, w=4, x=20, y=0),
                 "Environment steps taken so far (each run counted once, however many processes report it).",
             )
         )

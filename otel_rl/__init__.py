@@ -15,10 +15,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from otel_rl.api import TrainingTelemetry
-from otel_rl.config import TelemetryConfig
+from otel_rl.config import DEFAULT, TelemetryConfig
 from otel_rl.run_folder import RunFolderInUse
 from otel_rl.schema import SchemaError
 from otel_rl.telemetry import NoOpTelemetry, Telemetry
@@ -27,24 +28,72 @@ from otel_rl.version import __version__
 __all__ = ["init", "Telemetry", "NoOpTelemetry", "TrainingTelemetry", "TelemetryConfig", "SchemaError", "RunFolderInUse", "__version__"]
 
 
-def init(run_dir: Any = None, service_name: str | None = None, **options: Any) -> Telemetry | NoOpTelemetry:
+def init(
+    run_dir: str | os.PathLike[str] | None = None,
+    service_name: str | None = None,
+    *,
+    enabled: bool = DEFAULT,
+    run_id: str | None = DEFAULT,
+    algorithm: str | None = DEFAULT,
+    resource_attributes: dict[str, Any] = DEFAULT,
+    span_budget_per_s: float = DEFAULT,
+    lane_capacity: int = DEFAULT,
+    scalars_capacity: int = DEFAULT,
+    pipeline_interval_s: float = DEFAULT,
+    strict: bool = DEFAULT,
+    shutdown_timeout_s: float = DEFAULT,
+    metric_export_interval_ms: float | None = DEFAULT,
+    motrix_url: str | None = DEFAULT,
+    motrix_token: str | None = DEFAULT,
+    project: str | None = DEFAULT,
+    group: str | None = DEFAULT,
+    meta: dict[str, Any] = DEFAULT,
+    jsonl: bool | None = DEFAULT,
+    perf_interval_s: float = DEFAULT,
+    system_metrics_interval_s: float = DEFAULT,
+    panel: bool = DEFAULT,
+    quiet: bool = DEFAULT,
+    role: str = DEFAULT,
+    trace_enabled: bool | None = DEFAULT,
+    tensorboard: bool = DEFAULT,
+    wandb: bool = DEFAULT,
+    resume: bool = DEFAULT,
+    agent: str = DEFAULT,
+    trace_output_dir: str | os.PathLike[str] | None = DEFAULT,
+    trace_thread_time: bool = DEFAULT,
+    trace_cuda_events: bool = DEFAULT,
+    trace_max_bytes: int = DEFAULT,
+    span_exporters: list | None = DEFAULT,
+    metric_exporters: list | None = DEFAULT,
+    log_exporters: list | None = DEFAULT,
+    outputs_on_every_rank: bool = DEFAULT,
+    rank: int = DEFAULT,
+    world_size: int = DEFAULT,
+    **misspelt: Any,
+) -> Telemetry | NoOpTelemetry:
     """Start telemetry for this process and return its handle.
 
+    Every keyword is a field of :class:`TelemetryConfig`, documented there,
+    with the same type. One not given takes its environment variable, else
+    the field's default; a misspelt one is refused with the name it resembles.
     Reads the standard OpenTelemetry environment (``OTEL_SDK_DISABLED``,
-    ``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``, the
-    ``OTEL_EXPORTER_OTLP_*`` family including the protocol, and
-    ``OTEL_{TRACES,METRICS,LOGS}_EXPORTER``). Options are the fields of
-    :class:`TelemetryConfig`; arguments beat environment variables.
+    which wins over ``enabled=True``, ``OTEL_SERVICE_NAME``,
+    ``OTEL_RESOURCE_ATTRIBUTES``, the ``OTEL_EXPORTER_OTLP_*`` family
+    including the protocol, and ``OTEL_{TRACES,METRICS,LOGS}_EXPORTER``).
 
     Returns:
         A :class:`Telemetry`, or a :class:`NoOpTelemetry` when disabled.
 
     Raises:
-        TypeError: an unknown option.
+        TypeError: an unknown option, or an option of the wrong type.
         ValueError: an option with an invalid value.
         RunFolderInUse: another live process writes ``run_dir``.
     """
-    config = TelemetryConfig.from_options(run_dir, service_name, **options)
+    given = {name: value for name, value in locals().items() if value is not DEFAULT and name not in _POSITIONAL}
+    config = TelemetryConfig.from_options(run_dir, service_name, **given, **misspelt)
     if not config.enabled:
         return NoOpTelemetry(config)
     return Telemetry(config)
+
+
+_POSITIONAL = frozenset({"run_dir", "service_name", "misspelt"})

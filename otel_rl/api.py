@@ -54,6 +54,17 @@ class TrainingTelemetry(Protocol):
         handle_sigterm: bool = True,
     ) -> AbstractContextManager[Any]: ...
 
+    def start_run(
+        self,
+        *,
+        family: str | None = None,
+        total_steps: int | None = None,
+        num_envs: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> bool: ...
+
+    def end_run(self, error: BaseException | None = None) -> None: ...
+
     def window_timings(self) -> dict[str, float]: ...
 
     def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]: ...

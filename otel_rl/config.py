@@ -22,6 +22,16 @@ from otel_rl import environment_variables as env
 from otel_rl.values import clean_text
 
 
+class _Default:
+    """The value of an :func:`otel_rl.init` keyword not given (its ``repr`` is what a signature shows)."""
+
+    def __repr__(self) -> str:
+        return "<default>"
+
+
+DEFAULT: Any = _Default()
+"""An option not given to :func:`otel_rl.init`: its environment variable, else the field's default."""
+
 AGENT_MODES = ("thread", "process")
 AGENT_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 """An agent's name: also its directory's (``.`` and ``..`` excepted)."""
@@ -114,7 +124,7 @@ class TelemetryConfig:
     """Free-form metadata of the run (``MOTRIX_METRICS_META``, a JSON object)."""
 
     jsonl: bool | None = None
-    """Write ``run_dir/metrics.jsonl``; None: on when ``motrix_url`` is set and there is a run folder."""
+    """Write ``run_dir/metrics.jsonl``; None: on when there is a run folder."""
 
     perf_interval_s: float = 1.0
     """At most one ``Perf/*`` protocol record per this many seconds (a window average when iterations are faster)."""
@@ -125,11 +135,14 @@ class TelemetryConfig:
     panel: bool = False
     """Show the live terminal panel (a plain line every few seconds when stdout is not a terminal)."""
 
+    quiet: bool = False
+    """No line on standard error at start and end saying where the run's files are and how to read them (``OTEL_RL_QUIET``)."""
+
     role: str = "learner"
     """What this process is (``learner``, ``collector 0``...): its process name in the trace."""
 
-    trace_enabled: bool = False
-    """Write a Perfetto trace of every phase (``OTEL_RL_TRACE_ENABLED``)."""
+    trace_enabled: bool | None = None
+    """Write a Perfetto trace of every phase (``OTEL_RL_TRACE_ENABLED``); None: on when there is a run folder or a ``trace_output_dir``."""
 
     tensorboard: bool = False
     """Write TensorBoard event files to ``run_dir/tensorboard`` (``OTEL_RL_TENSORBOARD``)."""
@@ -184,7 +197,7 @@ class TelemetryConfig:
             self.run_dir = Path(self.run_dir)
         if self.trace_output_dir is not None:
             self.trace_output_dir = Path(self.trace_output_dir)
-        for name in ("enabled", "strict", "panel", "trace_enabled", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
+        for name in ("enabled", "strict", "panel", "quiet", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
             _check(name, getattr(self, name), bool, "True or False")
         for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):
             value = getattr(self, name)
@@ -203,8 +216,9 @@ class TelemetryConfig:
         _check("system_metrics_interval_s", self.system_metrics_interval_s, (int, float), "seconds >= 0 (0: off)", lambda v: v >= 0)
         if self.metric_export_interval_ms is not None:
             _check("metric_export_interval_ms", self.metric_export_interval_ms, (int, float), "positive milliseconds", lambda v: v > 0)
-        if self.jsonl is not None:
-            _check("jsonl", self.jsonl, bool, "True, False or None")
+        for name in ("jsonl", "trace_enabled"):
+            if getattr(self, name) is not None:
+                _check(name, getattr(self, name), bool, "True, False or None")
         for name in ("rank", "world_size"):
             _check(name, getattr(self, name), int, "an integer")
         if not isinstance(self.meta, dict):
@@ -217,8 +231,11 @@ class TelemetryConfig:
             raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
         if self.trace_enabled and self.trace_output_dir is None and self.run_dir is None:
             raise ValueError("trace_enabled needs a run_dir or a trace_output_dir")
+        # A run folder holds every local output unless one is switched off.
         if self.jsonl is None:
-            self.jsonl = bool(self.motrix_url) and self.run_dir is not None
+            self.jsonl = self.run_dir is not None
+        if self.trace_enabled is None:
+            self.trace_enabled = self.run_dir is not None or self.trace_output_dir is not None
         if self.rank != 0 and not self.outputs_on_every_rank:
             # Rank 0 speaks for the job; the others would duplicate its records.
             self.jsonl, self.motrix_url, self.panel, self.trace_enabled, self.tensorboard, self.wandb = False, None, False, False, False, False
@@ -263,9 +280,10 @@ class TelemetryConfig:
             "system_metrics_interval_s": env.read(
                 env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, 2.0, "seconds >= 0"
             ),
-            "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, False, "true or false"),
+            "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, None, "true or false"),
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
+            "quiet": env.read(env.OTEL_RL_QUIET, env.parse_bool, False, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
             "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "process", AGENT_CHOICES),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,

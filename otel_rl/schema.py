@@ -57,6 +57,8 @@ METRIC_EVENTS = "rl.events"
 ATTR_EVENT = "rl.event"
 EVENT_PROCESS_DIED = "process_died"
 """Recorded by the agent for a producer without an open run (a worker) that died: ``status``, ``reason``, ``pid``."""
+METRIC_RUN_ACTIVE = "rl.run.active"
+"""1 from the run's start, 0 once it ended (finished, failed or killed): a finished run is not a stalled one."""
 METRIC_RUN_INFO = "rl.run.info"
 """Always 1; its labels are the run's id, commit and configuration (``rl.config.*``), for joining runs with their settings."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import run_folder, run_metadata, schema
+from otel_rl import run_folder, run_lines, run_metadata, schema
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
@@ -191,6 +192,9 @@ class Telemetry:
         self._deadline: Deadline | None = None
         self._hurried = False
         self._run_span_id: int | None = None
+        self._started_run: Any = None  # the run start_run() opened
+        self._status: str | None = None  # how the last run ended
+        self._started_ns = perf_counter_ns()
 
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
@@ -207,6 +211,8 @@ class Telemetry:
         self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()
         atexit.register(self._atexit)
         _live.add(self)
+        if self._run_folder is not None:
+            run_lines.started(config)
 
     def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None, started_ns: int) -> None:
         """The trace, the run being resumed, the configuration made plain data, the host and its recorder."""
@@ -504,8 +510,47 @@ class Telemetry:
             if not self._sigterm.received:
                 self._sigterm.restore()  # else it guards shutdown until close() is done
 
+    def start_run(
+        self,
+        *,
+        family: str | None = None,
+        total_steps: int | None = None,
+        num_envs: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Open a run that :meth:`end_run` (or :meth:`close`) ends: :meth:`run` for code that cannot wrap training in a block.
+
+        The integrations call it when training starts. Arguments as for
+        :meth:`run`; SIGTERM is handled as there. Returns False, and opens
+        nothing, when a run is open already (the user's own :meth:`run`).
+        """
+        if self._run_open or self._closed:
+            return False
+        scope = self.run(family=family, total_steps=total_steps, num_envs=num_envs, config=config)
+        scope.__enter__()
+        self._started_run = scope
+        return True
+
+    def end_run(self, error: BaseException | None = None) -> None:
+        """End the run :meth:`start_run` opened: finished, or as ``error`` ends it (failed, or killed by SIGTERM or Ctrl-C).
+
+        Does nothing when no such run is open.
+        """
+        scope, self._started_run = self._started_run, None
+        if scope is None:
+            return
+        if error is None:
+            scope.__exit__(None, None, None)
+            return
+        try:
+            scope.__exit__(type(error), error, error.__traceback__)
+        except BaseException as raised:  # the run's block re-raises what ended it: not this caller's to see
+            if raised is not error:
+                raise
+
     def _end_run(self, start_ns: int, status: str, reason: str | None) -> None:
         self._run_open = False
+        self._status = status
         attributes: dict[str, Any] = {}
         if status == "failed" and self.config.run_dir is not None:
             try:
@@ -634,6 +679,8 @@ class Telemetry:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
+        # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
+        self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
         deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
         if self._hurried:
             deadline.shorten(HURRY_S)
@@ -650,6 +697,8 @@ class Telemetry:
         finally:
             self._sigterm.restore()
             run_folder.release(self._run_folder)
+        if self._run_folder is not None:
+            run_lines.ended(self.config, self._status, (perf_counter_ns() - self._started_ns) / 1e9)
 
     def _close_at_exit(self) -> None:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere
@@ -791,6 +840,19 @@ class NoOpTelemetry:
         handle_sigterm: bool = True,
     ) -> Iterator[NoOpTelemetry]:
         yield self
+
+    def start_run(
+        self,
+        *,
+        family: str | None = None,
+        total_steps: int | None = None,
+        num_envs: int | None = None,
+        config: Mapping[str, Any] | None = None,
+    ) -> bool:
+        return False
+
+    def end_run(self, error: BaseException | None = None) -> None:
+        pass
 
     def traceparent(self) -> str:
         return ""

@@ -45,6 +45,7 @@ import hashlib
 import math
 import operator
 import os
+import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -440,4 +441,11 @@ def describe(value: Any) -> str:
         return clean_text("(" + ", ".join(map(describe, value)) + ("," if len(value) == 1 else "") + ")", MAX_REPR)
     if isinstance(value, enum.Enum):
         return clean_text(f"{kind.__name__}.{value._name_}", MAX_REPR)
+    if isinstance(value, type) or kind in _NAMED_BY_PATH:  # a class or function in a configuration: where it lives
+        return clean_text(f"{getattr(value, '__module__', None) or '?'}.{getattr(value, '__qualname__', '?')}", MAX_REPR)
+    if kind.__module__ == "torch" and kind.__name__ in ("device", "dtype"):
+        return str(value)
     return f"<{kind.__qualname__} object>"
+
+
+_NAMED_BY_PATH = frozenset({types.FunctionType, types.BuiltinFunctionType, types.MethodType})

@@ -52,7 +52,8 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
 class Collector:
     """The shipped config, with the ports set through its environment variables and a file exporter added for traces."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, overlays: tuple[Path, ...] = (), backend: str | None = None) -> None:
+        """``overlays``: further shipped files merged over the config; ``backend``: the OTLP/gRPC address they name."""
         self.ports = {name: free_port() for name in ("grpc", "http", "prometheus", "health", "backend")}
         self.spans_file = workdir / "spans.jsonl"
         config = yaml.safe_load(COLLECTOR_CONFIG.read_text())
@@ -66,11 +67,11 @@ class Collector:
             "OTELCOL_OTLP_HTTP_ENDPOINT": f"127.0.0.1:{self.ports['http']}",
             "OTELCOL_PROMETHEUS_ENDPOINT": f"127.0.0.1:{self.ports['prometheus']}",
             "OTELCOL_HEALTH_ENDPOINT": f"127.0.0.1:{self.ports['health']}",
-            "OTELCOL_TRACES_ENDPOINT": f"127.0.0.1:{self.ports['backend']}",  # nothing there: the exporter retries
+            "OTELCOL_TRACES_ENDPOINT": backend or f"127.0.0.1:{self.ports['backend']}",
         }
         self.log = workdir / "collector.log"
         self.process = subprocess.Popen(
-            [str(collector_binary()), f"--config={self.config_path}"],
+            [str(collector_binary()), f"--config={self.config_path}", *(f"--config={path}" for path in overlays)],
             env=self.env,
             stdout=open(self.log, "w"),  # noqa: SIM115
             stderr=subprocess.STDOUT,

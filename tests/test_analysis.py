@@ -144,3 +144,35 @@ def test_cli_text_json_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     missing = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 2 and "no trace" in missing.stderr
+
+
+def test_time_in_no_phase_is_named_unaccounted_not_blamed_on_a_phase(tmp_path):
+    learner = [("collector_wait", 0.2, []), ("inference", 1.0, []), ("learning", 1.5, [])]
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=learner, learner_other_ms=6.0))
+    assert report["diagnosis"]["bottleneck"].startswith("learner (unaccounted: 69% of Iter Wall")
+    (finding,) = [f for f in report["diagnosis"]["findings"] if "in no phase" in f["finding"]]
+    assert "time the loop's remaining work" in finding["check"]
+
+
+def test_the_run_summary_quantiles_agree_with_analyze(tmp_path):
+    """One method, nearest rank: exact in analyze, within 1% in run_summary.json (a sketch of the stream)."""
+    import random
+
+    from otel_rl.outputs.otel.aggregation import QUANTILE_ACCURACY
+
+    rng = random.Random(7)
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(300):
+            with tel.iteration(i):
+                with tel.phase("learning"):
+                    end = time.perf_counter() + rng.lognormvariate(-7.5, 0.8)  # about 0.2 to 2 ms
+                    while time.perf_counter() < end:
+                        pass
+    tel.close()
+    exact = analyze(tmp_path)["timelines"]["learner"]
+    summary = json.loads((tmp_path / "run_summary.json").read_text())["timelines"]["learner"]
+    for quantile in ("p50_ms", "p95_ms"):
+        truth = exact["phases"]["learning"][quantile]
+        assert abs(summary["phases"]["learning"][quantile] - truth) <= QUANTILE_ACCURACY * truth * 1.001 + 1e-6, quantile
+        assert abs(summary["iterations"][quantile] - exact["cycle_ms"][quantile]) <= QUANTILE_ACCURACY * exact["cycle_ms"][quantile] * 1.001 + 1e-6

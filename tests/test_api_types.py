@@ -38,3 +38,28 @@ def test_a_method_missing_from_the_twin_is_a_type_error(tmp_path):
         capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 1 and "TrainingTelemetry" in result.stdout, result.stdout
+
+
+def test_init_takes_every_option_as_a_typed_keyword():
+    """init()'s keywords are TelemetryConfig's fields, with their types: what an IDE completes and a checker checks."""
+    import dataclasses
+    import inspect
+
+    import otel_rl
+
+    signature = inspect.signature(otel_rl.init)
+    keywords = {n: p for n, p in signature.parameters.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    fields = {f.name: f.type for f in dataclasses.fields(otel_rl.TelemetryConfig)}
+    assert set(keywords) | {"run_dir", "service_name"} == set(fields)
+    for name, parameter in keywords.items():
+        assert parameter.annotation == fields[name].replace("Path | None", "str | os.PathLike[str] | None"), name
+
+
+def test_a_wrongly_typed_option_is_a_type_error(tmp_path):
+    check = tmp_path / "check_init.py"
+    check.write_text("import otel_rl\notel_rl.init('runs/x', jsonl='yes', span_budget_per_s=100)\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "mypy", "--follow-imports=silent", "--ignore-missing-imports", str(check)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 1 and '"jsonl"' in result.stdout and "span_budget_per_s" not in result.stdout, result.stdout

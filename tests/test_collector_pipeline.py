@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_harness import COLLECTOR_CONFIG, REPO, Collector, Prometheus, collector_binary
+from pipeline_harness import COLLECTOR_CONFIG, REPO, Collector, Prometheus, collector_binary, wait_until
 
 sys.path.insert(0, str(REPO / "dashboards"))
 import generate as dashboards  # noqa: E402
@@ -92,11 +92,60 @@ def pipeline(tmp_path_factory):
         collector.stop()
 
 
+BACKEND_CONFIG = COLLECTOR_CONFIG.with_name("otelcol-backend.yaml")
+SHORT_RUN = textwrap.dedent(
+    """
+    import otel_rl
+    tel = otel_rl.init(run_id="to-a-backend", system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(20):
+            with tel.iteration(i), tel.phase("learning"):
+                pass
+        tel.event("checkpoint_saved", iteration=19)
+    tel.close()
+    """
+)
+
+
 def test_shipped_configs_validate(tmp_path):
     binary = collector_binary()
-    for config in (COLLECTOR_CONFIG,):
-        result = subprocess.run([str(binary), "validate", f"--config={config}"], capture_output=True, text=True)
+    for configs in ((COLLECTOR_CONFIG,), (COLLECTOR_CONFIG, BACKEND_CONFIG)):
+        result = subprocess.run([str(binary), "validate", *(f"--config={c}" for c in configs)], capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
+
+
+def _send_short_run(collector: Collector) -> None:
+    env = {k: v for k, v in collector.env.items() if not k.startswith(("OTEL_EXPORTER", "MOTRIX_"))}
+    env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_grpc, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_LOGS_EXPORTER="otlp")
+    subprocess.run([sys.executable, "-c", SHORT_RUN], env=env, check=True, timeout=60)
+
+
+def test_without_a_backend_nothing_is_sent_anywhere(tmp_path):
+    """The default config ends spans in RED metrics and discards events: no exporter retries against nothing."""
+    collector = Collector(tmp_path)
+    try:
+        _send_short_run(collector)
+        wait_until(lambda: collector.spans_file.exists() and collector.spans_file.stat().st_size > 0, 20, "spans")
+        time.sleep(2)  # a retrying exporter would have logged by now
+    finally:
+        collector.stop()
+    log = collector.log.read_text()
+    assert "otlp/backend" not in log and "connection refused" not in log.lower() and "Exporting failed" not in log, log
+
+
+def test_the_backend_file_sends_traces_and_events_to_the_backend(tmp_path):
+    from otlp_receivers import GrpcReceiver
+
+    backend = GrpcReceiver().start()
+    collector = Collector(tmp_path, overlays=(BACKEND_CONFIG,), backend=f"127.0.0.1:{backend.port}")
+    try:
+        _send_short_run(collector)
+        assert backend.received.wait_for(lambda r: r.spans() and r.log_records(), timeout_s=20)
+    finally:
+        collector.stop()
+        backend.stop()
+    names = {span.name for _, span in backend.received.spans()}
+    assert {"Learning", "rl.run"} <= names, names
 
 
 def test_prometheus_names_follow_the_opentelemetry_translation(pipeline):
@@ -188,7 +237,28 @@ def test_every_panel_reads_metrics_the_pipeline_produced_and_gets_data(pipeline)
             if metric_names(expr) & gpu_only:
                 continue  # no GPU on this machine: these panels stay empty
             result = prometheus.query(_substitute(expr))
+            if panel["title"] == "Seconds since the last report":
+                assert not result, result  # the run finished: it is not late, and the panel says nothing
+                continue
             assert result, f"{name}: {panel['title']!r} got no data for {expr}"
+
+
+def test_a_finished_run_reads_as_ended_and_is_not_stalled(pipeline):
+    _, prometheus = pipeline
+    (state,) = prometheus.query('rl_run_active{rl_run_id="e2e-run"}')
+    assert float(state["value"][1]) == 0
+    (shown,) = [p for _, _, p in _panels() if p["title"] == "Run"]
+    (value,) = prometheus.query(_substitute(shown["targets"][0]["expr"]))
+    mapping = shown["fieldConfig"]["defaults"]["mappings"][0]["options"]
+    assert mapping[str(int(float(value["value"][1])))]["text"] == "ended"
+    import yaml
+
+    rules = yaml.safe_load((REPO / "collector-config" / "alerts.yaml").read_text())["groups"][0]["rules"]
+    (stalled,) = [r["expr"] for r in rules if r["alert"] == "RLRunStalled"]
+    recent = stalled.replace("[10m]", "[5s]")  # the run's last seconds: its iterations stopped advancing
+    without_state = recent.split(" and on ")[0]
+    assert prometheus.query(without_state)  # would fire for the finished run...
+    assert not prometheus.query(recent)  # ...but the run ended, so it does not
 
 
 def test_gpu_panels_read_the_names_system_metrics_export():

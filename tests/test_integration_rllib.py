@@ -9,7 +9,7 @@ from ray.rllib.algorithms.ppo import PPOConfig
 import otel_rl
 from otel_rl.integrations.rllib import TelemetryCallbacks
 
-from integration_checks import check_run, counts
+from integration_checks import check_run, counts, records
 from otlp_receivers import HttpReceiver
 
 @pytest.fixture
@@ -25,19 +25,18 @@ def receiver(monkeypatch):
 def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
-        with tel.run(family="rl.onpolicy"):
-            config = (
-                PPOConfig()
-                .environment("CartPole-v1")
-                .env_runners(num_env_runners=1, num_envs_per_env_runner=2)
-                .training(train_batch_size_per_learner=400, minibatch_size=100, num_epochs=1)
-                .callbacks(TelemetryCallbacks.for_run(tel, system_metrics_interval_s=0))
-            )
-            algo = config.build_algo()
-            for _ in range(2):
-                algo.train()
-            algo.stop()  # the EnvRunner's telemetry closes with it
+        tel = otel_rl.init(run_dir=tmp_path)  # the fewest lines: no tel.run(), no output options
+        config = (
+            PPOConfig()
+            .environment("CartPole-v1")
+            .env_runners(num_env_runners=1, num_envs_per_env_runner=2)
+            .training(train_batch_size_per_learner=400, minibatch_size=100, num_epochs=1)
+            .callbacks(TelemetryCallbacks.for_run(tel, system_metrics_interval_s=0))
+        )
+        algo = config.build_algo()
+        for _ in range(2):
+            algo.train()
+        algo.stop()  # the EnvRunner's telemetry closes with it, and the run ends
         tel.close()
     finally:
         ray.shutdown()
@@ -48,6 +47,8 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
          "Perf/collector_env_step_ms", "Perf/collector_policy_inference_ms"},  # the collector's, relayed to the learner
     )  # fmt: skip
     assert set(found["processes"]) == {"learner", "env runner 1"}
+    (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
+    assert running["num_envs"] == 2 and running["config"]["algorithm"] == "PPO" and running["family"] == "rl.onpolicy"
     learner = counts(tmp_path)["learner"]
     assert learner["cycles"] == 2 and learner["collector_wait"] == 2  # sampling only, not state syncs
     assert receiver.received.wait_for(lambda r: any(

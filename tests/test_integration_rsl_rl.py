@@ -65,11 +65,13 @@ TRAIN_CFG = {
 
 
 def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp_path):
-    tel = otel_rl.init(run_dir=tmp_path / "run", jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
-    with tel.run(family="rl.onpolicy"):
-        runner = OnPolicyRunner(PointMass(), dict(TRAIN_CFG), log_dir=str(tmp_path / "rsl_rl"), device="cpu")
-        instrument(runner, tel).learn(num_learning_iterations=4)  # 4 x 24 steps x 64 envs
+    tel = otel_rl.init(run_dir=tmp_path / "run")  # the fewest lines: no tel.run(), no output options
+    runner = OnPolicyRunner(PointMass(), dict(TRAIN_CFG), log_dir=str(tmp_path / "rsl_rl"), device="cpu")
+    instrument(runner, tel).learn(num_learning_iterations=4)  # 4 x 24 steps x 64 envs
     tel.close()
+    (running,) = [r for r in records(tmp_path / "run") if r["kind"] == "run" and r["status"] == "running"]
+    assert running["total_steps"] == 4 * 24 * 64 and running["num_envs"] == 64
+    assert running["config"]["num_steps_per_env"] == 24
     found = check_run(
         tmp_path / "run",
         {"learner": {"Learning", "Policy Inference", "Env Step", "Replay Write"}},

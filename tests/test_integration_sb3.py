@@ -9,17 +9,23 @@ import otel_rl
 from otel_rl import schema
 from otel_rl.integrations.sb3 import TelemetryCallback, TelemetryOutput
 
-from integration_checks import check_run, counts
+from integration_checks import check_run, counts, records
 
 BOTH_TIMELINES = {"learner": {"Learning", "Policy Inference", "Env Step"}}
 
 
-def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path):
-    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
-    with tel.run(family="rl.onpolicy", config={"n_steps": 256}):
-        model = PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=2, device="cpu", seed=0)
-        model.learn(2048, callback=TelemetryCallback(tel))
+def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path, capfd):
+    # The fewest lines: a run folder, the callback; no tel.run(), no output options.
+    tel = otel_rl.init(run_dir=tmp_path)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=256, batch_size=64, n_epochs=2, device="cpu", seed=0)
+    model.learn(2048, callback=TelemetryCallback(tel))
     tel.close()
+    said = capfd.readouterr().err
+    assert f"records into {tmp_path} (metrics.jsonl, trace.perfetto-trace" in said
+    assert f"run {tmp_path.name} finished after" in said and f"otel-rl analyze {tmp_path}" in said
+    (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
+    assert running["total_steps"] == 2048 and running["num_envs"] == 1 and running["family"] == "rl.onpolicy"
+    assert running["config"]["algorithm"] == "PPO" and running["config"]["n_steps"] == 256
     found = check_run(
         tmp_path,
         BOTH_TIMELINES,
@@ -64,8 +70,6 @@ def test_the_logger_output_maps_keys_and_skips_what_is_not_a_number(tmp_path):
             {}, step=42,
         )  # fmt: skip
     tel.close()
-    from integration_checks import records
-
     (scalars,) = [r for r in records(tmp_path) if r["kind"] == "scalars"]
     assert scalars["step"] == 42
     assert scalars["values"] == {"Loss/value": 0.5, "Train/mean_reward": 10.0, "sb3/custom_stat": 3}

@@ -79,14 +79,16 @@ def make_agent(algorithm: str, env, run_dir):
 ])  # fmt: skip
 def test_skrl_agents_record_both_timelines_and_their_tracking_data(tmp_path, algorithm, env_id, steps, losses):
     env = wrap_env(gym.make_vec(env_id, num_envs=2, vectorization_mode="sync"))
-    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm=algorithm, system_metrics_interval_s=0)
-    with tel.run():
-        agent = make_agent(algorithm, env, tmp_path)
-        trainer = SequentialTrainer(env=env, agents=agent, cfg={"timesteps": steps // 2, "headless": True, "disable_progressbar": True,
-                                                             "close_environment_at_exit": False})
-        instrument(trainer, tel).train()
+    tel = otel_rl.init(run_dir=tmp_path)  # the fewest lines: no tel.run(), no output options
+    agent = make_agent(algorithm, env, tmp_path)
+    trainer = SequentialTrainer(env=env, agents=agent, cfg={"timesteps": steps // 2, "headless": True, "disable_progressbar": True,
+                                                         "close_environment_at_exit": False})
+    instrument(trainer, tel).train()
     env.close()
     tel.close()
+    (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
+    assert running["total_steps"] == steps and running["num_envs"] == 2 and running["config"]["agent"] == algorithm.upper()
+    assert running["family"] == ("rl.onpolicy" if algorithm == "ppo" else "rl.offpolicy")
     found = check_run(
         tmp_path,
         {"learner": {"Learning", "Policy Inference", "Env Step", "Replay Write"}},

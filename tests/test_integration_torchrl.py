@@ -20,33 +20,32 @@ FRAMES_PER_BATCH, TOTAL_FRAMES = 256, 2048
 
 def test_ppo_with_a_torchrl_collector_records_both_timelines_and_its_losses(tmp_path):
     torch.manual_seed(0)
-    tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, algorithm="ppo", system_metrics_interval_s=0)
-    with tel.run(family="rl.onpolicy"):
-        env = TransformedEnv(GymEnv("CartPole-v1"), StepCounter())
-        logits = TensorDictModule(MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], out_keys=["logits"])
-        policy = ProbabilisticActor(logits, in_keys=["logits"], distribution_class=OneHotCategorical, return_log_prob=True, spec=env.action_spec)
-        value = ValueOperator(MLP(in_features=4, out_features=1, num_cells=[32]), in_keys=["observation"])
-        loss = ClipPPOLoss(policy, value, entropy_coeff=0.01)
-        advantage = GAE(gamma=0.99, lmbda=0.95, value_network=value)
-        optimizer = torch.optim.Adam(loss.parameters(), lr=3e-4)
-        collector = Collector(env, policy, frames_per_batch=FRAMES_PER_BATCH, total_frames=TOTAL_FRAMES, auto_register_policy_transforms=False)
-        logger = TelemetryLogger(tel)
-        logger.log_hparams({"lr": 3e-4, "frames_per_batch": FRAMES_PER_BATCH})
-        frames = 0
-        for batch in iterate(collector, tel):
-            frames += batch.numel()
-            with torch.no_grad():
-                advantage(batch)
-            for _ in range(2):
-                losses = loss(batch.reshape(-1))
-                total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
-                optimizer.zero_grad()
-                total.backward()
-                optimizer.step()
-            logger.log_metrics({k: v.detach() for k, v in losses.items() if k.startswith("loss_")}, step=frames)
-            logger.log_scalar("reward", batch["next", "reward"].mean(), step=frames)
-            logger.log_histogram("advantage", batch["advantage"], step=frames)
-        collector.shutdown()
+    tel = otel_rl.init(run_dir=tmp_path)  # the fewest lines: no tel.run(), no output options
+    env = TransformedEnv(GymEnv("CartPole-v1"), StepCounter())
+    logits = TensorDictModule(MLP(in_features=4, out_features=2, num_cells=[32]), in_keys=["observation"], out_keys=["logits"])
+    policy = ProbabilisticActor(logits, in_keys=["logits"], distribution_class=OneHotCategorical, return_log_prob=True, spec=env.action_spec)
+    value = ValueOperator(MLP(in_features=4, out_features=1, num_cells=[32]), in_keys=["observation"])
+    loss = ClipPPOLoss(policy, value, entropy_coeff=0.01)
+    advantage = GAE(gamma=0.99, lmbda=0.95, value_network=value)
+    optimizer = torch.optim.Adam(loss.parameters(), lr=3e-4)
+    collector = Collector(env, policy, frames_per_batch=FRAMES_PER_BATCH, total_frames=TOTAL_FRAMES, auto_register_policy_transforms=False)
+    logger = TelemetryLogger(tel)
+    logger.log_hparams({"lr": 3e-4, "frames_per_batch": FRAMES_PER_BATCH})
+    frames = 0
+    for batch in iterate(collector, tel):
+        frames += batch.numel()
+        with torch.no_grad():
+            advantage(batch)
+        for _ in range(2):
+            losses = loss(batch.reshape(-1))
+            total = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
+            optimizer.zero_grad()
+            total.backward()
+            optimizer.step()
+        logger.log_metrics({k: v.detach() for k, v in losses.items() if k.startswith("loss_")}, step=frames)
+        logger.log_scalar("reward", batch["next", "reward"].mean(), step=frames)
+        logger.log_histogram("advantage", batch["advantage"], step=frames)
+    collector.shutdown()
     tel.close()
     found = check_run(
         tmp_path,
@@ -60,6 +59,8 @@ def test_ppo_with_a_torchrl_collector_records_both_timelines_and_its_losses(tmp_
     assert hparams == {"lr": 3e-4, "frames_per_batch": FRAMES_PER_BATCH}
     steps = [r["step"] for r in all_records if r["kind"] == "scalars" and "Loss/policy" in r["values"]]
     assert steps == [FRAMES_PER_BATCH * (i + 1) for i in range(TOTAL_FRAMES // FRAMES_PER_BATCH)]
+    (running,) = [r for r in all_records if r["kind"] == "run" and r["status"] == "running"]
+    assert running["total_steps"] == TOTAL_FRAMES
     counted = counts(tmp_path)
     assert counted["collector"]["cycles"] == counted["learner"]["cycles"] == TOTAL_FRAMES // FRAMES_PER_BATCH
     assert counted["collector"]["env_step"] == TOTAL_FRAMES

@@ -78,10 +78,13 @@ def test_schema_rejects_bad_records_naming_the_field():
 # -- behaviour --------------------------------------------------------
 
 
-def test_off_without_url_or_jsonl(tmp_path):
-    tel = otel_rl.init(run_dir=tmp_path)
+def test_a_run_folder_gets_the_jsonl_file_unless_it_is_switched_off(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path / "default")
     tel.close()
-    assert not (tmp_path / "metrics.jsonl").exists()
+    assert (tmp_path / "default" / "metrics.jsonl").exists()
+    tel = otel_rl.init(run_dir=tmp_path / "off", jsonl=False)
+    tel.close()
+    assert not (tmp_path / "off" / "metrics.jsonl").exists()
 
 
 def test_same_records_with_same_seq_in_file_and_service(tmp_path):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any
 
@@ -92,3 +93,46 @@ class Cycle:
         if cycle is not None:
             cycle.__exit__(None, None, None)
             self.count += 1
+
+
+def opens_run(tel: Any, method: Callable[..., Any], metadata: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+    """``method`` (a library's training entry point) run inside a run of its own when none is open.
+
+    ``metadata(*args, **kwargs)`` gives :meth:`otel_rl.Telemetry.start_run`'s
+    arguments from the call's. The run ends with the call: finished when it
+    returns, failed (or killed) as what it raises ends it.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        opened = tel.start_run(**metadata(*args, **kwargs))
+        try:
+            result = method(*args, **kwargs)
+        except BaseException as exc:
+            if opened:
+                tel.end_run(exc)
+            raise
+        if opened:
+            tel.end_run()
+        return result
+
+    return call
+
+
+def settings(config: Any) -> dict[str, Any]:
+    """A library's configuration object (a mapping, a dataclass, or None) as a mapping of its settings."""
+    if config is None:
+        return {}
+    if isinstance(config, Mapping):
+        return dict(config)
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: getattr(config, f.name, None) for f in dataclasses.fields(config)}
+    return {}
+
+
+def hyperparameters(owner: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The plain public attributes of a library's algorithm object (numbers, strings, booleans): its configuration as the run records it."""
+    return {
+        name: value
+        for name, value in vars(owner).items()
+        if not name.startswith("_") and name not in skip and type(value) in (int, float, str, bool)
+    }

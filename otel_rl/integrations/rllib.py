@@ -20,6 +20,10 @@ instantiates it: the driver and every EnvRunner actor. Then:
   metrics show the collectors. Its telemetry is closed when RLlib stops the
   EnvRunner (``algo.stop()``): stop the algorithm before ``tel.close()``.
 
+When no run is open, the algorithm's life is the run: opened when it is
+built (with its settings and number of environments), finished by
+``algo.stop()`` or ``tel.close()``.
+
 Call ``for_run`` after ``ray.init()`` (the relay queue is a Ray actor).
 """
 
@@ -94,6 +98,14 @@ class TelemetryCallbacks(RLlibCallback):
         def sampling() -> bool:
             return not state["syncing"]
 
+        config = algorithm.config
+        runners_count = max(1, int(getattr(config, "num_env_runners", 0) or 0))
+        if tel.start_run(
+            family="rl.onpolicy" if type(algorithm).__name__ in _ON_POLICY else "rl.offpolicy",
+            num_envs=runners_count * int(getattr(config, "num_envs_per_env_runner", 1) or 1),
+            config={"algorithm": type(algorithm).__name__, **_plain_config(config)},
+        ):
+            wrap(algorithm, "stop", lambda stop: _ending_run(tel, stop))
         wrap(algorithm, "training_step", training_step)
         wrap(algorithm.learner_group, "update", lambda update: timed(tel, "learning", update, schema.LEARNER))
         runners = algorithm.env_runner_group
@@ -149,6 +161,30 @@ class TelemetryCallbacks(RLlibCallback):
                 self._tel.close()
 
         return wrapped
+
+
+_ON_POLICY = frozenset({"PPO", "APPO", "IMPALA"})
+
+
+def _plain_config(config: Any) -> dict[str, Any]:
+    """The algorithm configuration's plain settings (numbers, strings, booleans)."""
+    try:
+        settings = config.to_dict()
+    except Exception:  # an RLlib whose config cannot say: the run goes without
+        return {}
+    return {k: v for k, v in settings.items() if type(v) in (int, float, str, bool)}
+
+
+def _ending_run(tel: Any, stop):
+    """``algo.stop()`` ends the run the callbacks opened (``tel.close()`` does too)."""
+
+    def wrapped(*args: Any, **kwargs: Any):
+        try:
+            return stop(*args, **kwargs)
+        finally:
+            tel.end_run()
+
+    return wrapped
 
 
 def _env_steps(algorithm: Any) -> int | None:

@@ -15,7 +15,9 @@ For an ``OnPolicyRunner`` it records:
   plots against wall seconds (``*/time``) are left to that writer.
 
 The logger writes only when the runner has a ``log_dir``; without one only
-the phases are recorded (one warning).
+the phases are recorded (one warning). When no run is open, ``learn()`` is
+the run (its env steps, the number of environments and the runner's
+configuration), ended as it ends.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.integrations._wrapping import Cycle, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, opens_run, settings, timed, wrap
 
 _logger = logger(__name__)
 
@@ -103,4 +105,14 @@ def instrument(runner: Any, tel: Any) -> Any:
     wrap(alg, "update", update)
     wrap(env, "step", lambda method: timed(tel, "env_step", method))
     wrap(log, "init_logging_writer", init_logging_writer)
+
+    def run_metadata(num_learning_iterations: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {
+            "family": "rl.onpolicy",
+            "total_steps": int(num_learning_iterations) * steps_per_rollout,
+            "num_envs": int(env.num_envs),
+            "config": settings(runner.cfg),
+        }
+
+    wrap(runner, "learn", lambda learn: opens_run(tel, learn, run_metadata))
     return runner

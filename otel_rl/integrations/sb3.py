@@ -14,7 +14,11 @@ DQN) algorithms alike:
   through an SB3 logger output added to the model's logger.
 
 The environment, policy and ``train`` are wrapped on the model's instances
-for the duration of ``learn()`` and restored at its end.
+for the duration of ``learn()`` and restored at its end. When no run is open
+(no ``tel.run()`` around ``learn()``), ``learn()`` is the run: opened with
+the model's hyperparameters, total timesteps and number of environments,
+finished when ``learn()`` returns (a ``learn()`` that raises leaves it open
+for ``tel.close()``, or the exit, to end as failed).
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from otel_rl import schema
-from otel_rl.integrations._wrapping import Cycle, time_forward, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, hyperparameters, time_forward, timed, wrap
+
+
+_CHANGING = frozenset({"num_timesteps", "verbose", "start_time"})
+"""Model attributes that are state, not configuration."""
 
 
 class TelemetryOutput(KVWriter):
@@ -62,11 +70,19 @@ class TelemetryCallback(BaseCallback):
         self._rollout = Cycle(tel)
         self._updates = 0
         self._restore: list[Any] = []
+        self._opened_run = False
 
     # -- lifecycle -----------------------------------------------------------
 
     def _on_training_start(self) -> None:
         model = self.model
+        on_policy = not hasattr(model, "_sample_action")
+        self._opened_run = self.tel.start_run(
+            family="rl.onpolicy" if on_policy else "rl.offpolicy",
+            total_steps=getattr(model, "_total_timesteps", None),
+            num_envs=model.n_envs,
+            config={"algorithm": type(model).__name__, **hyperparameters(model, _CHANGING)},
+        )
         if self._output not in model.logger.output_formats:
             model.logger.output_formats.append(self._output)
         self._restore.append(wrap(model, "train", self._timed_train))
@@ -84,6 +100,9 @@ class TelemetryCallback(BaseCallback):
         self._restore.clear()
         if self._output in self.model.logger.output_formats:
             self.model.logger.output_formats.remove(self._output)
+        if self._opened_run:
+            self._opened_run = False
+            self.tel.end_run()
 
     # -- the collector's rollouts ------------------------------------------------
 

@@ -15,7 +15,9 @@ agent (PPO, SAC, TD3, DQN...), it records:
   (its ``experiment.write_interval``, ``"auto"`` by default), at that timestep.
 
 skrl's own TensorBoard and W&B writing is left as configured. The methods
-are wrapped on the agent's and the environment's instances.
+are wrapped on the agent's and the environment's instances. When no run is
+open, ``trainer.train()`` is the run (with the trainer's timesteps, the
+number of environments and the agent's configuration), ended as it ends.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ import numpy as np
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.integrations._wrapping import Cycle, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, opens_run, settings, timed, wrap
 
 _logger = logger(__name__)
+
+
+_ON_POLICY = frozenset({"A2C", "AMP", "PPO", "RPO", "TRPO"})
+"""skrl's on-policy agents (by class name, ``PPO_RNN`` included)."""
 
 
 def instrument(trainer: Any, tel: Any) -> Any:
@@ -86,6 +92,19 @@ def instrument(trainer: Any, tel: Any) -> Any:
     wrap(agent, "update", update)
     wrap(agent, "write_tracking_data", write_tracking_data)
     wrap(env, "step", lambda step: timed(tel, "env_step", step))
+    family = "rl.onpolicy" if type(agent).__name__.split("_")[0].upper() in _ON_POLICY else "rl.offpolicy"
+
+    def run_metadata(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        timesteps = getattr(getattr(trainer, "cfg", None), "timesteps", None)  # a dataclass in skrl 2, else the trainer's own
+        timesteps = getattr(trainer, "timesteps", None) if timesteps is None else timesteps
+        return {
+            "family": family,
+            "total_steps": timesteps * num_envs if isinstance(timesteps, int) else None,
+            "num_envs": num_envs,
+            "config": {"agent": type(agent).__name__, **settings(getattr(agent, "cfg", None))},
+        }
+
+    wrap(trainer, "train", lambda train: opens_run(tel, train, run_metadata))
     if getattr(agent, "write_interval", 1) == 0:
         _logger.warning("otel-rl: the skrl agent's experiment.write_interval is 0: its tracking data is not recorded, only phases")
     return trainer

@@ -14,7 +14,9 @@ Two lines in a TorchRL training script::
   iteration (``policy_inference``: the policy's forward; ``env_step``: the
   environment's ``step_and_maybe_reset``) and the loop body that consumes it
   as a ``learner`` iteration holding one ``learning`` phase, at the frame
-  count collected so far.
+  count collected so far. When no run is open, the loop is the run: opened
+  with the collector's ``total_frames`` and number of environments, ended
+  when the loop ends (finished, or failed by what the collector raised).
 """
 
 from __future__ import annotations
@@ -88,11 +90,32 @@ def iterate(collector: Any, tel: Any) -> Iterator[Any]:
     undo.append(wrap(collector, "rollout", rollout))
     undo.append(wrap(collector.env, "step_and_maybe_reset", lambda step: timed(tel, "env_step", step)))
     learning = tel.phase("learning")
+    total = getattr(collector, "total_frames", None)
+    opened = tel.start_run(total_steps=total if isinstance(total, int) and total > 0 else None, num_envs=_num_envs(collector.env))
     try:
         for index, batch in enumerate(collector):
             state["frames"] += int(batch.numel())
             with tel.iteration(index, env_steps=state["frames"]), learning:
                 yield batch
+    except GeneratorExit:  # the loop left early (break), or the collector is done
+        raise
+    except BaseException as exc:  # from the collector
+        if opened:
+            opened = False
+            tel.end_run(exc)
+        raise
     finally:
         for restore in reversed(undo):
             restore()
+        if opened:
+            tel.end_run()
+
+
+def _num_envs(env: Any) -> int | None:
+    """The environments a TorchRL env batches (its batch size's product), None when unbatched or unknown."""
+    size = getattr(env, "batch_size", None)
+    try:
+        count = int(size.numel()) if size is not None and len(size) else None
+    except (TypeError, AttributeError):
+        return None
+    return count

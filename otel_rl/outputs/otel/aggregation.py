@@ -13,6 +13,7 @@ by the run summary. All points are cumulative.
 
 from __future__ import annotations
 
+import math
 import threading
 from bisect import bisect_left
 from collections import Counter
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
+import numpy as np
 from opentelemetry.sdk.metrics import Exemplar
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
@@ -54,13 +56,22 @@ FOLD_EVERY = 65_536
 """Durations held unbinned per series at most (memory bound between pipeline passes)."""
 
 
+QUANTILE_ACCURACY = 0.01
+"""Relative error bound of the quantiles the run summary gives (those of ``otel-rl analyze`` are exact)."""
+_GAMMA = (1 + QUANTILE_ACCURACY) / (1 - QUANTILE_ACCURACY)
+_LOG_GAMMA = math.log(_GAMMA)
+
+
 class Bins:
-    """Explicit-bucket histogram of one series, in milliseconds.
+    """Explicit-bucket histogram of one series, in milliseconds, with a quantile sketch beside it.
 
     Values are appended to ``pending`` and binned by :meth:`fold`; readers fold first.
+    The sketch counts values in logarithmic buckets (DDSketch's mapping), so a
+    quantile read from it is within :data:`QUANTILE_ACCURACY` of the value of
+    that rank, whatever the explicit buckets are.
     """
 
-    __slots__ = ("attributes", "counts", "total", "count", "minimum", "maximum", "exemplars", "pending")
+    __slots__ = ("attributes", "counts", "total", "count", "minimum", "maximum", "exemplars", "pending", "sketch")
 
     def __init__(self, attributes: dict[str, Any], buckets: int) -> None:
         self.attributes = attributes
@@ -71,6 +82,7 @@ class Bins:
         self.maximum = float("-inf")
         self.exemplars: dict[int, Exemplar] = {}
         self.pending: list[float] = []
+        self.sketch: Counter[int] = Counter()
 
     def fold(self, bounds: tuple[float, ...]) -> None:
         """Bin the pending values."""
@@ -85,20 +97,22 @@ class Bins:
         self.count += len(values)
         self.minimum = min(self.minimum, min(values))
         self.maximum = max(self.maximum, max(values))
+        array = np.asarray(values, dtype=np.float64)
+        # Bucket i holds (gamma**(i-1), gamma**i]; zero and below share the lowest key.
+        keys = np.ceil(np.log(np.maximum(array, 1e-12)) / _LOG_GAMMA).astype(np.int64)
+        self.sketch.update(dict(zip(*(a.tolist() for a in np.unique(keys, return_counts=True)))))
 
-    def quantile(self, q: float, bounds: tuple[float, ...]) -> float:
-        """Estimate of quantile ``q`` by linear interpolation inside its bucket."""
+    def quantile(self, q: float) -> float:
+        """The value of rank ``ceil(q * count)`` (the nearest-rank quantile), within :data:`QUANTILE_ACCURACY`."""
         if not self.count:
             return 0.0
-        rank = q * self.count
+        rank = max(1, math.ceil(q * self.count - 1e-9))
         seen = 0
-        for index, n in enumerate(self.counts):
-            if n and seen + n >= rank:
-                low = bounds[index - 1] if index > 0 else 0.0
-                high = bounds[index] if index < len(bounds) else self.maximum
-                low, high = max(low, self.minimum), min(high, self.maximum)
-                return low + (high - low) * ((rank - seen) / n)
-            seen += n
+        for key in sorted(self.sketch):
+            seen += self.sketch[key]
+            if seen >= rank:
+                estimate = 2 * _GAMMA**key / (_GAMMA + 1)
+                return min(max(estimate, self.minimum), self.maximum)
         return self.maximum
 
 
@@ -135,6 +149,7 @@ class Aggregates:
         self._env_steps: dict[str, int] = {}
         self._dropped: dict[str, int] = {}
         self._run_info: dict[str, str] | None = None
+        self._run_active: int | None = None
         self._events: dict[str, int] = {}
         self._distributions: dict[str, Bins] = {}
 
@@ -264,6 +279,11 @@ class Aggregates:
         with self._lock:
             self._run_info = dict(labels)
 
+    def set_run_active(self, active: bool) -> None:
+        """The ``rl.run.active`` gauge: 1 from the run's start, 0 once it ended (dashboards and alerts tell a finished run from a stuck one)."""
+        with self._lock:
+            self._run_active = int(active)
+
     def set_dropped(self, counts: Mapping[str, int]) -> None:
         with self._lock:
             self._dropped.update(counts)
@@ -289,7 +309,7 @@ class Aggregates:
     def phase_summary(self) -> dict[str, dict[str, Any]]:
         """Per timeline: iteration stats, accounted and Other shares, per-phase count/mean/p50/p95 (ms).
 
-        Percentiles are estimated from the histogram buckets.
+        Percentiles are nearest-rank, within :data:`QUANTILE_ACCURACY` (see :class:`Bins`).
         """
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
@@ -309,8 +329,8 @@ class Aggregates:
         return {
             "count": bins.count,
             "mean_ms": bins.total / bins.count if bins.count else 0.0,
-            "p50_ms": bins.quantile(0.5, self.bounds),
-            "p95_ms": bins.quantile(0.95, self.bounds),
+            "p50_ms": bins.quantile(0.5),
+            "p95_ms": bins.quantile(0.95),
             "max_ms": bins.maximum if bins.count else 0.0,
         }
 
@@ -332,6 +352,9 @@ class Aggregates:
                 spec = schema.metric_spec(key)
                 point = NumberDataPoint({**self._base, "rl.key": key}, self._start_ns, time_ns, value)
                 metrics.append(Metric(schema.otel_gauge_name(key), spec.description, spec.unit, Gauge([point])))
+            if self._run_active is not None:
+                point = NumberDataPoint(dict(self._base), self._start_ns, now_ns, self._run_active)
+                metrics.append(Metric(schema.METRIC_RUN_ACTIVE, "1 while the run is open, 0 once it ended", "", Gauge([point])))
             if self._run_info is not None:
                 point = NumberDataPoint({**self._base, **self._run_info}, self._start_ns, now_ns, 1)
                 metrics.append(Metric(schema.METRIC_RUN_INFO, "The run's commit and configuration as labels", "", Gauge([point])))

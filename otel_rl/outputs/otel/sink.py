@@ -189,6 +189,7 @@ class OpenTelemetrySink(RecordSink):
         self.cuda_fallback[(timeline, name)] = reason
 
     def on_run(self, run: RunRecord) -> None:
+        self.aggregates.set_run_active(run.end_ns is None)
         if run.end_ns is None:
             self._run_context = span_context(self.trace_id, run.attributes["span_id"])
             parent_span_id = run.attributes.get("parent_span_id")

@@ -38,7 +38,8 @@ def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
 
     for row, (category, track, process) in enumerate(tracks):
         # Top-level phases first, nested ones drawn over their lower half.
-        for s in sorted((s for s in shown if s.track == track), key=nested):
+        # A thread that collects and learns in turn has a row per timeline, each with its own slices.
+        for s in sorted((s for s in shown if s.track == track and s.category == category), key=nested):
             height, offset = (0.4, 0.0) if nested(s) else (0.8, -0.4)
             timeline.broken_barh(
                 [((s.start_ns - t0) / 1e6, s.duration_ns / 1e6)], (row + offset, height), color=colors[s.name]

@@ -10,14 +10,20 @@ applies the bottleneck-reading table of the learner/collector design:
 * learner Inference high: look at its H2D, forward and D2H parts;
 * learner Replay Batch Wait high: device prefetch falls behind;
 * collector Replay Write high: the replay ingress is saturated;
-* a high background submit time with healthy main phases is not a bottleneck.
+* a high background submit time with healthy main phases is not a bottleneck;
+* a loop that collects and learns in turn (its collector and learner cycles
+  never overlap: one thread, as in most single-process libraries) is judged
+  by where the wall time goes: the side with the larger share, through its
+  largest phase;
+* time in no phase that outweighs every phase is named as unaccounted,
+  never attributed to a phase.
 
 Every finding carries the numbers behind it.
 """
 
 from __future__ import annotations
 
-from statistics import quantiles
+import math
 from typing import Any
 
 from otel_rl import schema
@@ -66,14 +72,14 @@ def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
     return total
 
 
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The value of rank ``ceil(q * n)`` of sorted values: the quantile the run summary estimates too."""
+    return ordered[max(1, math.ceil(q * len(ordered) - 1e-9)) - 1]
+
+
 def _stats(durations_ns: list[int]) -> dict[str, float]:
-    ms = [d / 1e6 for d in durations_ns]
-    if len(ms) >= 2:
-        cuts = quantiles(ms, n=100, method="inclusive")
-        p50, p95 = cuts[49], cuts[94]
-    else:
-        p50 = p95 = ms[0]
-    return {"count": len(ms), "mean_ms": sum(ms) / len(ms), "p50_ms": p50, "p95_ms": p95, "total_ms": sum(ms)}
+    ms = sorted(d / 1e6 for d in durations_ns)
+    return {"count": len(ms), "mean_ms": sum(ms) / len(ms), "p50_ms": nearest_rank(ms, 0.5), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms)}
 
 
 def analyze_model(model: TraceModel) -> dict[str, Any]:
@@ -137,6 +143,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
 
     report: dict[str, Any] = {
         "wall_s": span / 1e9 if everything else 0.0,
+        "turns": _turns(iterations, span),
         "timelines": timelines,
         "overlap_share": (
             _intersection(busy[schema.LEARNER], busy[schema.COLLECTOR]) / span
@@ -147,6 +154,27 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     }
     report["diagnosis"] = diagnose(report)
     return report
+
+
+SEQUENTIAL_OVERLAP = 0.05
+"""Learner and collector cycles overlapping for less than this share of the shorter side's time: they take turns."""
+
+
+def _turns(iterations: dict[str, list[Slice]], span: int) -> dict[str, float] | None:
+    """For a loop that collects and learns in turn (one thread, most single-process libraries): each side's share of wall time.
+
+    ``collector`` and ``learner``: the share of wall time in each side's
+    cycles; ``outside``: in neither. None when the two sides run at once
+    (or one is missing): then each side's own cycle is what to read.
+    """
+    learner = _union([(s.start_ns, s.end_ns) for s in iterations.get(schema.LEARNER, [])])
+    collector = _union([(s.start_ns, s.end_ns) for s in iterations.get(schema.COLLECTOR, [])])
+    if not learner or not collector:
+        return None
+    if _intersection(learner, collector) > SEQUENTIAL_OVERLAP * min(_total(learner), _total(collector)):
+        return None
+    shares = {schema.COLLECTOR: _total(collector) / span, schema.LEARNER: _total(learner) / span}
+    return {**shares, "outside": max(0.0, 1.0 - sum(shares.values()))}
 
 
 def _share(report: dict[str, Any], timeline: str, name: str) -> float:
@@ -178,16 +206,17 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     collector_wait = _share(report, L, "collector_wait")
     action_wait = _share(report, C, "learner_action_wait")
 
-    def pct(x: float) -> str:
-        return f"{100 * x:.0f}%"
-
-    if have_l and collector_wait >= HIGH_WAIT:
+    turns = report.get("turns")
+    if turns is not None:
+        bottleneck, finding = _in_turns(report, turns)
+        findings.append(finding)
+    elif have_l and collector_wait >= HIGH_WAIT:
         culprit = _largest(report, C, exclude=("learner_action_wait",)) if have_c else None
         where = _title(report, C, culprit).lower() if culprit else "not instrumented"
         bottleneck = f"collector ({where})"
-        evidence = f"learner Collector Wait is {pct(collector_wait)} of Iter Wall (p50 {_p50(report, L, 'collector_wait'):.2f} ms)"
+        evidence = f"learner Collector Wait is {_pct(collector_wait)} of Iter Wall (p50 {_p50(report, L, 'collector_wait'):.2f} ms)"
         if culprit:
-            evidence += f"; collector {_title(report, C, culprit)} is {pct(_share(report, C, culprit))} of its cycle"
+            evidence += f"; collector {_title(report, C, culprit)} is {_pct(_share(report, C, culprit))} of its cycle"
         findings.append(
             {
                 "finding": "the learner waits for the collector",
@@ -201,12 +230,15 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         findings.append(
             {
                 "finding": "the collector waits for the learner",
-                "evidence": f"collector Learner Action Wait is {pct(action_wait)} of its cycle while learner "
-                f"Collector Wait is {pct(collector_wait)} of Iter Wall; learner {_title(report, L, culprit)} is "
-                f"{pct(_share(report, L, culprit))} of Iter Wall",
+                "evidence": f"collector Learner Action Wait is {_pct(action_wait)} of its cycle while learner "
+                f"Collector Wait is {_pct(collector_wait)} of Iter Wall; learner {_title(report, L, culprit)} is "
+                f"{_pct(_share(report, L, culprit))} of Iter Wall",
                 "check": "Learning cost, updates per step, batch size; then the inference sub-phases",
             }
         )
+    elif have_l and _unaccounted_leads(report, L):
+        bottleneck = f"learner (unaccounted: {_pct(report['timelines'][L]['other_share'])} of Iter Wall is in no phase)"
+        findings.append(_unaccounted_finding(report, L))
     elif have_l:
         culprit = _largest(report, L, exclude=("collector_wait",))
         if culprit:
@@ -214,8 +246,8 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
             findings.append(
                 {
                     "finding": "no side waits much for the other; the learner's largest phase sets the pace",
-                    "evidence": f"learner {_title(report, L, culprit)} is {pct(_share(report, L, culprit))} of Iter Wall"
-                    + (f"; collector Learner Action Wait is {pct(action_wait)} of its cycle" if have_c else ""),
+                    "evidence": f"learner {_title(report, L, culprit)} is {_pct(_share(report, L, culprit))} of Iter Wall"
+                    + (f"; collector Learner Action Wait is {_pct(action_wait)} of its cycle" if have_c else ""),
                     "check": "the cost of that phase",
                 }
             )
@@ -231,8 +263,8 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         findings.append(
             {
                 "finding": "the learner-owned action path is slow",
-                "evidence": f"Inference is {pct(inference)} of Iter Wall: H2D {pct(parts['inference_h2d'])}, "
-                f"forward {pct(parts['inference_forward'])}, D2H {pct(parts['inference_d2h'])}",
+                "evidence": f"Inference is {_pct(inference)} of Iter Wall: H2D {_pct(parts['inference_h2d'])}, "
+                f"forward {_pct(parts['inference_forward'])}, D2H {_pct(parts['inference_d2h'])}",
                 "check": f"{worst.removeprefix('inference_')} first",
             }
         )
@@ -241,7 +273,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         findings.append(
             {
                 "finding": "device replay prefetch falls behind",
-                "evidence": f"Replay Batch Wait is {pct(batch_wait)} of Iter Wall (p50 {_p50(report, L, 'replay_batch_wait'):.2f} ms)",
+                "evidence": f"Replay Batch Wait is {_pct(batch_wait)} of Iter Wall (p50 {_p50(report, L, 'replay_batch_wait'):.2f} ms)",
                 "check": "ingress commit, side-stream gather and GPU contention",
             }
         )
@@ -250,7 +282,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         findings.append(
             {
                 "finding": "the replay ingress is saturated",
-                "evidence": f"collector Replay Write is {pct(replay_write)} of its cycle (p50 {_p50(report, C, 'replay_write'):.2f} ms)",
+                "evidence": f"collector Replay Write is {_pct(replay_write)} of its cycle (p50 {_p50(report, C, 'replay_write'):.2f} ms)",
                 "check": "free ingress slots, device commit lag",
             }
         )
@@ -261,20 +293,68 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
                     {
                         "finding": f"background {stat['title']} time is high but is not a bottleneck",
                         "evidence": f"{stat['title']} runs beside the {timeline} cycle and adds up to "
-                        f"{pct(stat['share'])} of it; it overlaps the main phases instead of adding to them",
+                        f"{_pct(stat['share'])} of it; it overlaps the main phases instead of adding to them",
                         "check": "the GPU copy and overlap in the Perfetto timeline, not the iteration share",
                     }
                 )
     other = report["timelines"].get(L, {}).get("other_share", 0.0)
-    if other >= HIGH_OTHER:
-        findings.append(
-            {
-                "finding": "much of Iter Wall is in no phase",
-                "evidence": f"Other is {pct(other)} of Iter Wall",
-                "check": "instrument the loop's remaining work (metrics drain, bookkeeping)",
-            }
-        )
+    if other >= HIGH_OTHER and not any(f["finding"].startswith("much of") for f in findings):
+        findings.append(_unaccounted_finding(report, L))
     return {"bottleneck": bottleneck, "findings": findings}
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def _unaccounted_leads(report: dict[str, Any], timeline: str) -> bool:
+    """More of the timeline's cycle is in no phase than in its largest phase (and enough to matter)."""
+    entry = report["timelines"].get(timeline, {})
+    other = entry.get("other_share", 0.0)
+    culprit = _largest(report, timeline, exclude=tuple(_WAITS.values()))
+    return other >= HIGH_OTHER and (culprit is None or other > _share(report, timeline, culprit))
+
+
+def _unaccounted_finding(report: dict[str, Any], timeline: str) -> dict[str, str]:
+    word = "Iter Wall" if timeline == schema.LEARNER else "its cycle"
+    return {
+        "finding": f"much of the {timeline}'s {word} is in no phase",
+        "evidence": f"Other is {_pct(report['timelines'][timeline]['other_share'])} of {word}",
+        "check": "time the loop's remaining work as phases (the update's parts, bookkeeping, logging) before blaming a phase",
+    }
+
+
+def _in_turns(report: dict[str, Any], turns: dict[str, float]) -> tuple[str, dict[str, str]]:
+    """The verdict for a loop that collects and learns in turn: from where the wall time goes."""
+    L, C = schema.LEARNER, schema.COLLECTOR
+    evidence = (
+        f"collection is {_pct(turns[C])} of wall time, learning {_pct(turns[L])}, "
+        f"{_pct(turns['outside'])} is in neither"
+    )
+    if turns["outside"] >= max(turns[C], turns[L]):
+        return (
+            f"unaccounted ({_pct(turns['outside'])} of wall time is in no iteration)",
+            {
+                "finding": "collection and learning take turns, and most of the time is in neither",
+                "evidence": evidence,
+                "check": "what runs between rollouts and updates (evaluation, checkpoints, logging, resets): time it as phases",
+            },
+        )
+    side = C if turns[C] >= turns[L] else L
+    culprit = _largest(report, side, exclude=tuple(_WAITS.values()))
+    if _unaccounted_leads(report, side) or culprit is None:
+        where = f"unaccounted: {_pct(report['timelines'][side]['other_share'])} of its cycle is in no phase"
+    else:
+        where = f"{_title(report, side, culprit).lower()}, {_pct(_share(report, side, culprit))} of its cycle"
+    name = "collection" if side == C else "learning"
+    return (
+        f"{side} ({where})",
+        {
+            "finding": f"collection and learning take turns on one thread, and {name} takes most of the wall time",
+            "evidence": evidence,
+            "check": "env step cost and the number of environments" if side == C else "the update's cost: epochs, batch size, model size",
+        },
+    )
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -301,7 +381,13 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"  {'accounted':28s} {'':8s} {'':10s} {'':10s} {'':10s} {100 * entry['accounted_share']:6.1f}%")
             lines.append(f"  {'Other':28s} {'':8s} {'':10s} {'':10s} {'':10s} {100 * entry['other_share']:6.1f}%")
         lines.append("")
-    if report["overlap_share"] is not None:
+    turns = report.get("turns")
+    if turns is not None:
+        lines.append(
+            f"collection and learning take turns: collector {100 * turns['collector']:.1f}%, "
+            f"learner {100 * turns['learner']:.1f}%, neither {100 * turns['outside']:.1f}% of wall time"
+        )
+    elif report["overlap_share"] is not None:
         lines.append(f"learner and collector both busy: {100 * report['overlap_share']:.1f}% of wall time")
     for track, share in report["gpu_busy_share"].items():
         lines.append(f"{track} busy: {100 * share:.1f}% of wall time")

@@ -1,0 +1,60 @@
+"""The two lines a run prints on standard error: where its files go when it starts, how to read them when it ends.
+
+Printed by the process that owns the run folder, unless ``quiet``
+(``OTEL_RL_QUIET=true``); a run without a folder prints nothing.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+
+from otel_rl.config import TelemetryConfig
+
+_PREFIX = "otel-rl: "
+
+
+def _say(text: str) -> None:
+    try:
+        print(_PREFIX + text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a closed or broken stderr: nothing to tell
+        pass
+
+
+def trace_path(config: TelemetryConfig) -> Path | None:
+    """Where the run's Perfetto trace is written, None when it is off."""
+    if not config.trace_enabled:
+        return None
+    return Path(config.trace_output_dir or config.run_dir or ".") / "trace.perfetto-trace"
+
+
+def started(config: TelemetryConfig) -> None:
+    """The run's folder and the files it will hold."""
+    if config.quiet or config.run_dir is None:
+        return
+    files = ["run_summary.json", "run_config.json"]
+    if config.jsonl:
+        files.insert(0, "metrics.jsonl")
+    trace = trace_path(config)
+    if trace is not None and trace.parent == config.run_dir:
+        files.insert(1, trace.name)
+    if config.tensorboard:
+        files.append("tensorboard/")
+    _say(f"run {config.run_id} records into {config.run_dir} ({', '.join(files)})")
+
+
+def ended(config: TelemetryConfig, status: str | None, seconds: float) -> None:
+    """How the run ended, and the commands that read what it wrote."""
+    if config.quiet or config.run_dir is None:
+        return
+    folder = shlex.quote(str(config.run_dir))
+    if status is None:
+        head = f"run {config.run_id} ended without a run being opened (tel.run(), tel.start_run() or an integration opens one)"
+    else:
+        head = f"run {config.run_id} {status} after {seconds:.1f} s"
+    hint = f"`otel-rl analyze {folder}` says where the time went"
+    trace = trace_path(config)
+    if trace is not None:
+        hint += f"; open {shlex.quote(str(trace))} in https://ui.perfetto.dev"
+    _say(f"{head}: {hint}")
