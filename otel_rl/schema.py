@@ -405,6 +405,7 @@ LIBRARY_TAGS: dict[str, dict[str, str]] = {
         "train/loss": "Loss/total",
         "train/value_loss": "Loss/value",
         "train/policy_gradient_loss": "Loss/policy",
+        "train/policy_loss": "Loss/policy",  # A2C
         "train/entropy_loss": "Loss/entropy",
         "train/actor_loss": "Loss/actor",
         "train/critic_loss": "Loss/critic",
@@ -482,6 +483,10 @@ LIBRARY_PREFIXES: dict[str, dict[str, str]] = {
 def library_key(library: str, key: str) -> str:
     """The canonical key of what ``library`` logs as ``key`` (see :data:`LIBRARY_TAGS`, :data:`LIBRARY_PREFIXES`).
 
+    A tag without a canonical counterpart keeps its name under the library's
+    namespace (``time/iterations`` of SB3 is ``sb3/time/iterations``), unless
+    it is already a key of a canonical family (``Train/...``, ``Episode/...``).
+
     Raises:
         KeyError: an unknown library.
     """
@@ -492,7 +497,8 @@ def library_key(library: str, key: str) -> str:
         if key.startswith(prefix) and len(key) > len(prefix):
             key = replacement + key[len(prefix) :]
             break
-    if _KEY.match(key):
+    if _KEY.match(key) and (key in METRICS or key.startswith((*FAMILIES, library + "/"))):
         return key
+    # Anything else is the library's own: ``<library>/<its tag>``, never mistaken for a canonical key.
     parts = [re.sub(r"[^A-Za-z0-9_.\-]+", "_", part.strip()).strip("_") for part in key.split("/")]
     return "/".join([library, *(p for p in parts if p)] if any(parts) else [library, "unnamed"])

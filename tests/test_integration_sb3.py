@@ -33,7 +33,8 @@ def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path, capfd
          "Loss/entropy", "Policy/approx_kl", "Perf/learning_time", "Perf/collector_env_step_ms",
          "Perf/collector_policy_inference_ms"},
     )  # fmt: skip
-    assert not any(k.startswith("train/") or k.startswith("rollout/") for k in found["keys"])
+    assert not any(k.startswith(("train/", "rollout/", "time/")) for k in found["keys"])
+    assert "sb3/time/iterations" in found["keys"]
     counted = counts(tmp_path)
     assert counted["collector"]["cycles"] == 2048 // 256  # one per rollout
     assert counted["learner"]["cycles"] == 2048 // 256  # one per train()
@@ -74,3 +75,7 @@ def test_the_logger_output_maps_keys_and_skips_what_is_not_a_number(tmp_path):
     assert scalars["step"] == 42
     assert scalars["values"] == {"Loss/value": 0.5, "Train/mean_reward": 10.0, "sb3/custom_stat": 3}
     assert schema.library_key("sb3", "time/fps") == "Perf/total_fps"
+    assert schema.library_key("sb3", "train/policy_loss") == "Loss/policy"  # A2C's name for it
+    # A tag without a canonical counterpart is SB3's own, never left beside the canonical families.
+    assert schema.library_key("sb3", "time/iterations") == "sb3/time/iterations"
+    assert schema.library_key("sb3", "train/n_updates") == "Train/n_updates"

@@ -125,3 +125,30 @@ def test_not_a_terminal_prints_plain_lines(monkeypatch):
     sink.shutdown(2)
     lines = [line for line in out.getvalue().splitlines() if line]
     assert lines and all(line.startswith("otel-rl run-7") for line in lines)
+
+
+def test_the_title_shows_elapsed_time_progress_and_eta():
+    state = state_with_data()
+    state.started_ns = NOW - 65_000_000_000
+    state.total_steps = 100_000
+    for k, steps in enumerate((10_000, 20_000)):  # 10,000 steps in 10 s: 1,000 steps/s
+        cycles = CycleTotals()
+        cycles.env_steps = steps
+        state.add_pass(PassTotals(NOW - (1 - k) * 10_000_000_000, {"learner": cycles}))
+    text = render(state, 140)
+    assert "1m05s" in text and "20,000/100,000 steps (20%)" in text and "ETA 1m20s" in text
+
+
+def test_before_the_first_iteration_the_panel_says_it_waits():
+    text = render(PanelState(clock=lambda: NOW), 100)
+    assert "waiting for the first iteration" in text and "(no data yet)" in text
+
+
+def test_a_distribution_takes_one_row():
+    state = state_with_data()
+    stats = {name: 0.5 for name in schema.distribution_keys("Policy/action").values()}
+    stats["Policy/action/std"] = 0.25
+    state.add_scalars(ScalarsRecord(NOW - 10, stats, None, None, None))
+    text = render(state, 140)
+    rows = [line for line in text.splitlines() if "Policy/action" in line]
+    assert len(rows) == 1 and "0.5 ± 0.25" in rows[0], rows

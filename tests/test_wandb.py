@@ -49,6 +49,9 @@ def test_config_scalars_distributions_events_and_status_reach_wandb(tmp_path):
     assert state["summary"]["otel_rl/status"] == "finished"
     event = state["summary"]["events/checkpoint_saved"]
     assert event["count"] == 1 and event["attributes"]["path"].endswith("ckpt.pt")
+    assert event["step"] == 8 * 20  # at the step it happened, not null
+    (marked,) = [r for r in rows if "events/checkpoint_saved/count" in r]
+    assert marked["env_steps"] == 8 * 20
     assert state["project"] == "otel-rl"
 
 

@@ -30,6 +30,7 @@ Call ``for_run`` after ``ray.init()`` (the relay queue is a Ray actor).
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from numbers import Number
@@ -197,7 +198,7 @@ def _env_steps(algorithm: Any) -> int | None:
 
 
 def _flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """The numeric leaves of a training result, keyed ``a/b/c``."""
+    """The finite numeric leaves of a training result, keyed ``a/b/c``."""
     out: dict[str, Any] = {}
     for key, value in result.items():
         if key == "config":
@@ -205,6 +206,6 @@ def _flatten(result: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         path = f"{prefix}{key}"
         if isinstance(value, Mapping):
             out.update(_flatten(value, path + "/"))
-        elif isinstance(value, Number) and not isinstance(value, bool):
-            out[path] = value
+        elif isinstance(value, Number) and not isinstance(value, bool) and math.isfinite(value):
+            out[path] = value  # RLlib reports NaN for a statistic with no data yet: not a value, not an alarm
     return out

@@ -144,7 +144,7 @@ class Outputs:
         if config.wandb:
             from otel_rl.outputs.wandb import wandb_sink
 
-            self._sinks.append(wandb_sink(config, self.drops))
+            self._sinks.append(wandb_sink(config, self.drops, identity.pid))
         if config.panel:
             from otel_rl.outputs.panel import PanelSink
 

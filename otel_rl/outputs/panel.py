@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -103,6 +104,9 @@ class SlidingWindow:
         return records, sums, counts
 
 
+STEP_HISTORY = 100
+"""Passes (about 10 s) over which the env-step rate of the ETA is measured."""
+
 SAMPLE_NS = 10_000_000
 """Records of the same keys closer than this are left out of the panel's means (at most 100 a second)."""
 
@@ -118,13 +122,35 @@ class PanelState:
         self.scalars = SlidingWindow(window, parts=1)
         self.latest: dict[str, Any] = {}
         self._sampled: tuple[Any, int] = ((), 0)  # the keys and time of the last record added to the window
+        self.started_ns: int | None = None
+        """When the run started (epoch ns), None before."""
+        self.total_steps: int | None = None
+        self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)  # (time, env steps), one per pass
 
     def add_pass(self, totals: PassTotals) -> None:
         """The cycles of one pipeline pass, local and relayed from workers; nanoseconds are kept, rendering converts."""
+        steps = None
         for timeline, cycles in totals.timelines.items():
             if cycles.cycles:
                 target = self.learner if timeline == schema.LEARNER else self.collector
                 target.add(totals.time_ns, {"wall": cycles.wall_ns}, cycles.top, cycles.nested, records=cycles.cycles)
+            if cycles.env_steps is not None and (steps is None or cycles.env_steps > steps):
+                steps = cycles.env_steps
+        if steps is not None and (not self._steps or steps > self._steps[-1][1]):
+            self._steps.append((totals.time_ns, steps))
+
+    def progress(self) -> dict[str, float | int | None]:
+        """Elapsed seconds, env steps so far and planned, and the ETA at the recent rate (None where unknown)."""
+        now = self._clock()
+        out: dict[str, float | int | None] = {"elapsed_s": None, "env_steps": None, "total_steps": self.total_steps, "eta_s": None}
+        if self.started_ns is not None:
+            out["elapsed_s"] = max(now - self.started_ns, 0) / 1e9
+        if self._steps:
+            (t0, s0), (t1, s1) = self._steps[0], self._steps[-1]
+            out["env_steps"] = s1
+            if self.total_steps and t1 > t0 and s1 > s0:
+                out["eta_s"] = max(self.total_steps - s1, 0) / ((s1 - s0) / ((t1 - t0) / 1e9))
+        return out
 
     def add_scalars(self, record: ScalarsRecord) -> None:
         """Latest values always; into the means, records of the same keys at most every :data:`SAMPLE_NS`."""
@@ -186,6 +212,16 @@ def timing_rows(timing: dict[str, Any], timeline: str) -> list[tuple[str, str, s
     return rows
 
 
+def _duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``2h07m``."""
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
 def _fmt(value: float) -> str:
     if abs(value) >= 1e9:
         return f"{value / 2**30:.2f} Gi"
@@ -224,7 +260,14 @@ class PanelView:
     def sections(self, short: bool) -> dict[str, Any]:
         means = self.state.scalar_means()
         metrics = [("Steps/s" if short else "Steps/s (Perf/total_fps)", _fmt(means["Perf/total_fps"]))] if "Perf/total_fps" in means else []
+        distributions = {key.removesuffix("/mean") for key in means if key.endswith("/mean") and f"{key[:-5]}/std" in means}
         for key in sorted(means):
+            base = key.rsplit("/", 1)[0]
+            if base in distributions:  # a distribution's statistics: one row, its mean and spread
+                if key.endswith("/mean"):
+                    label = base.split("/", 1)[1] if short else base
+                    metrics.append((label, f"{_fmt(means[key])} ± {_fmt(means[base + '/std'])}"))
+                continue
             if key.startswith(("Loss/", "Policy/")) or key == "Train/mean_episode_length":
                 metrics.append((key.split("/", 1)[1] if short else key, _fmt(means[key])))
         rewards = []
@@ -252,7 +295,7 @@ class PanelView:
         learner_rows = timing_rows(learner, schema.LEARNER)
         collector_rows = timing_rows(collector, schema.COLLECTOR)
         gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU"))
-        title = f"otel-rl · {self.run_id} · Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)}) · GPUs {gpus}"
+        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), f"Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)})", f"GPUs {gpus}"])
         if short:
             timing = self._timing_table(
                 "Timing", learner_rows + [("Collector", "", "")] + [("  " + r[0], r[1], r[2]) for r in collector_rows]
@@ -272,10 +315,25 @@ class PanelView:
             body = Group(top, timings)
         return Panel(body, title=title, title_align="left")
 
+    def progress_parts(self) -> list[str]:
+        """Elapsed time, env steps (of the total, when known) and the ETA; "waiting for the first iteration" before any."""
+        progress = self.state.progress()
+        parts = [] if progress["elapsed_s"] is None else [_duration(progress["elapsed_s"])]
+        steps, total = progress["env_steps"], progress["total_steps"]
+        if steps is None:
+            return [*parts, "waiting for the first iteration"]
+        if total:
+            parts.append(f"{_fmt(steps)}/{_fmt(total)} steps ({100 * min(steps / total, 1):.0f}%)")
+            if progress["eta_s"] is not None:
+                parts.append(f"ETA {_duration(progress['eta_s'])}")
+        else:
+            parts.append(f"{_fmt(steps)} steps")
+        return parts
+
     def plain_line(self) -> str:
         learner = self.state.timing(schema.LEARNER)
         means = self.state.scalar_means()
-        parts = [f"otel-rl {self.run_id}"]
+        parts = [f"otel-rl {self.run_id}", *self.progress_parts()]
         if learner.get("n"):
             parts.append(f"iter {learner['wall_ms']:.2f} ms (n={learner['n']})")
             shares = sorted(learner["top"].items(), key=lambda kv: -kv[1])[:3]
@@ -299,8 +357,10 @@ class PanelSink(RecordSink):
 
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
-            num_envs = run.attributes.get("num_envs")
+            num_envs, total = run.attributes.get("num_envs"), run.attributes.get("total_steps")
             self.num_envs = num_envs if isinstance(num_envs, int) else None
+            self.state.total_steps = total if isinstance(total, int) and total > 0 else None
+            self.state.started_ns = run.start_ns
 
     def on_cycles(self, totals: PassTotals) -> None:
         self.state.add_pass(totals)
@@ -325,6 +385,7 @@ class PanelPainter(Worker):
             # Never take over the training script's stdout and stderr: its prints go where they always went.
             self._live = Live(console=console, auto_refresh=False, transient=False, redirect_stdout=False, redirect_stderr=False)
             self._live.start()
+            self._live.update(view.render(console.width), refresh=True)  # a frame at once, before the first iteration
         self.start()
 
     def run_once(self) -> None:

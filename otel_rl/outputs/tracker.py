@@ -10,7 +10,8 @@ the pipeline thread only appends. The items, in the order they were recorded:
   numbers or None for non-finite), and ``Perf/*`` phase timings per window.
 - ``("distribution", time_ns, step, key, histogram)``: one ``distribution()``
   call: its :class:`otel_rl.distributions.Histogram`.
-- ``("event", time_ns, step, name, attributes)``: a named event.
+- ``("event", time_ns, step, name, attributes)``: a named event, at the step
+  of the last scalars recorded before it (else of the latest iteration).
 - ``("end", time_ns, status, reason)``: the run ended.
 
 ``step`` is the call's ``step``, else the env-step count (as in
@@ -107,17 +108,21 @@ class TrackerSink(RecordSink):
         self.writer = writer
         self._perf = PerfWindows(perf_interval_s)
         self._step: int | None = None
+        # A pass hands over its events before its scalars: they wait for the pass's steps, then go at theirs.
+        self._events: list[EventRecord] = []
         writer.start()
 
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
             self.writer.put(("start", run.start_ns, run.attributes))
         else:
+            self._put_events()
             self._flush_perf()
             self.writer.put(("end", run.end_ns, run.status, run.reason))
 
     def on_scalars(self, record: ScalarsRecord) -> None:
         step = record.step if record.step is not None else record.env_steps
+        self._put_events_before(record.time_ns)
         self._step = step if step is not None else self._step
         self.writer.put(("scalars", record.time_ns, step, record.values))
 
@@ -126,12 +131,28 @@ class TrackerSink(RecordSink):
         self.writer.put(("distribution", record.time_ns, step, record.key, record.histogram))
 
     def on_event(self, event: EventRecord) -> None:
-        self.writer.put(("event", event.time_ns, self._step, event.name, event.attributes))
+        self._events.append(event)
+
+    def _put_events_before(self, time_ns: int) -> None:
+        """Events that happened before ``time_ns``, at the step of the last scalars before them."""
+        while self._events and self._events[0].time_ns <= time_ns:
+            self._put_event(self._events.pop(0))
+
+    def _put_events(self) -> None:
+        for event in self._events:
+            self._put_event(event)
+        self._events.clear()
+
+    def _put_event(self, event: EventRecord) -> None:
+        # The step of the latest scalars before it, else of the iterations (a run that logs no scalars).
+        step = self._step if self._step is not None else self._perf.axes.get("env_steps")
+        self.writer.put(("event", event.time_ns, step, event.name, event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:
         self._perf.add(totals)
 
     def on_drain(self, now_ns: int) -> None:
+        self._put_events()
         if self._perf.due():
             self._flush_perf()
 
@@ -145,6 +166,7 @@ class TrackerSink(RecordSink):
 
     def shutdown(self, timeout_s: float) -> None:
         deadline = Deadline(timeout_s)
+        self._put_events()
         self._flush_perf()
         self.writer.close(deadline)
         self.writer.join(deadline.left())

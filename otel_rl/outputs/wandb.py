@@ -5,7 +5,8 @@ library) makes one W&B run per otel-rl run: its id is the run id (a resumed
 run continues it), its config the run's configuration (secrets already
 redacted), every scalar logged against ``env_steps`` (the call's ``step``,
 else the env-step count, as in ``metrics.jsonl``), ``Perf/*`` phase
-timings per window, distributions as W&B histograms, events in the
+timings per window, distributions as W&B histograms, events as a count
+series at the step they happened (``events/<name>/count``) and in the
 summary (``events/<name>``: count, step and attributes of the last one),
 and the end of the run as W&B's exit code (``finished`` 0, ``failed`` 1,
 ``killed`` 143) with ``otel_rl/status`` and ``otel_rl/reason`` in the summary.
@@ -22,6 +23,11 @@ Project: the run's ``project`` option, else ``WANDB_PROJECT``, else
 Mode: ``WANDB_MODE`` when set; else ``online`` when ``WANDB_API_KEY`` is set,
 and ``offline`` otherwise (``wandb sync <run_dir>/wandb/offline-run-*``
 uploads it later): a background output never prompts for a login.
+W&B's own features are kept as the user configured them: its System tab
+samples the training process (also from an agent process), its messages
+(the sync hint among them) print unless ``WANDB_SILENT`` says otherwise,
+and its console capture records the process W&B runs in (the training
+process with ``agent="thread"``; with an agent process, the agent's).
 ``wandb.init`` runs on this output's thread, so training never waits for W&B
 to start; everything goes through :mod:`otel_rl.outputs.tracker` (bounded
 queue, failures counted and warned once, within the shutdown deadline).
@@ -58,8 +64,8 @@ def wandb_mode() -> str:
     return "online" if os.environ.get("WANDB_API_KEY") else "offline"
 
 
-def wandb_sink(config: Any, drops: Drops) -> TrackerSink:
-    """The W&B output of a run (an :class:`otel_rl.TelemetryConfig`): a :class:`TrackerSink` feeding a :class:`WandbWriter`.
+def wandb_sink(config: Any, drops: Drops, pid: int) -> TrackerSink:
+    """The W&B output of a run (an :class:`otel_rl.TelemetryConfig`) of training process ``pid``: a :class:`TrackerSink` feeding a :class:`WandbWriter`.
 
     Raises:
         ImportError: the ``wandb`` package is not installed (``pip install 'otel-rl[wandb]'``).
@@ -68,7 +74,7 @@ def wandb_sink(config: Any, drops: Drops) -> TrackerSink:
         import wandb  # noqa: F401 - checked here, on init(), rather than failing later on a thread
     except ImportError as exc:
         raise ImportError("wandb=True needs the wandb package: pip install 'otel-rl[wandb]'") from exc
-    writer = WandbWriter(config.run_id, config.run_dir, drops, project=config.project, group=config.group, resume=config.resume)
+    writer = WandbWriter(config.run_id, config.run_dir, drops, project=config.project, group=config.group, resume=config.resume, pid=pid)
     return TrackerSink(writer, config.perf_interval_s)
 
 
@@ -84,8 +90,11 @@ class WandbWriter(TrackerWriter):
         project: str | None = None,
         group: str | None = None,
         resume: bool = False,
+        pid: int | None = None,
     ) -> None:
+        """``pid``: the training process, whose CPU and memory W&B's System tab shows (default: this process)."""
         super().__init__("wandb", drops)
+        self.pid = os.getpid() if pid is None else pid
         self.run_id = run_id
         self.directory = directory
         self.project = project
@@ -120,6 +129,9 @@ class WandbWriter(TrackerWriter):
                     seen = self._events.setdefault(name, {"count": 0})
                     seen.update(count=seen["count"] + 1, step=step, attributes=attributes)
                     run.summary[f"events/{name}"] = dict(seen)
+                    # Its count as a series too, so the event shows on the charts' axis where it happened.
+                    count = {f"events/{name}/count": seen["count"]}
+                    run.log(count if step is None else {STEP_METRIC: step, **count})
                 elif kind == "end":
                     _, _, status, reason = item
                     self._finish(status, reason)
@@ -137,12 +149,10 @@ class WandbWriter(TrackerWriter):
         mode = wandb_mode()
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
+        # W&B's own features stay as the user set them (WANDB_CONSOLE, WANDB_SILENT, WANDB_X_DISABLE_STATS...).
         settings = wandb.Settings(
-            console="off",  # training's stdout stays as it is
-            silent=True,
-            x_disable_stats=True,  # otel-rl samples the system itself
+            x_stats_pid=self.pid,  # its System tab samples the training process, wherever this output runs
             disable_git=True,  # provenance is in the config
-            save_code=False,
             init_timeout=60,
         )
         self._run = wandb.init(
