@@ -79,3 +79,33 @@ def test_the_logger_output_maps_keys_and_skips_what_is_not_a_number(tmp_path):
     # A tag without a canonical counterpart is SB3's own, never left beside the canonical families.
     assert schema.library_key("sb3", "time/iterations") == "sb3/time/iterations"
     assert schema.library_key("sb3", "train/n_updates") == "Train/n_updates"
+
+
+def test_a_learn_that_raises_ends_the_run_as_failed_at_exit(tmp_path):
+    """No tel.run(), no close(): the script dies of the environment's exception, and the run says so."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f"""
+        import gymnasium as gym, otel_rl
+        from stable_baselines3 import PPO
+        from otel_rl.integrations.sb3 import TelemetryCallback
+
+        class Broken(gym.Wrapper):
+            steps = 0
+            def step(self, action):
+                Broken.steps += 1
+                if Broken.steps > 300:
+                    raise RuntimeError("the simulator crashed")
+                return self.env.step(action)
+
+        tel = otel_rl.init(run_dir={str(tmp_path)!r}, system_metrics_interval_s=0)
+        PPO("MlpPolicy", Broken(gym.make("CartPole-v1")), n_steps=128, device="cpu").learn(1024, callback=TelemetryCallback(tel))
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "the simulator crashed" in result.stderr
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert summary["status"] == "failed" and summary["reason"] == "RuntimeError: the simulator crashed"
+    assert f"run {tmp_path.name} failed after" in result.stderr

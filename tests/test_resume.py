@@ -71,6 +71,11 @@ def test_a_killed_run_resumes_as_one_run_in_every_output(tmp_path):
     accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     accumulator.Reload()
     assert [e.step for e in accumulator.Scalars("Loss/critic")] == [10 * (i + 1) for i in range(40)]
+    from tensorboard.plugins.hparams import metadata
+
+    sessions = accumulator.PluginTagToContent(metadata.PLUGIN_NAME)
+    end = metadata.parse_session_end_info_plugin_data(sessions[metadata.SESSION_END_INFO_TAG])
+    assert end.status == 1  # STATUS_SUCCESS: the run as its last part ended it, not the killed part's failure
     # W&B: the same run id twice (offline parts; ``wandb sync`` joins them), env steps continuous.
     first, second = run_dirs(run_dir)
     assert summary(first)["run_id"] == summary(second)["run_id"] == "sac-1"

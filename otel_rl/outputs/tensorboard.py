@@ -6,7 +6,9 @@ step (the call's ``step``, else the env-step count, as in ``metrics.jsonl``),
 ``Perf/*`` phase timings per window, events as text (``events/<name>``), and
 the run's configuration through the HParams plugin (flattened, secrets
 already redacted; the session ends with the run's status), so TensorBoard's
-HParams table compares runs.
+HParams table compares runs. A resumed run's part takes in the earlier parts'
+events (their HParams sessions left out), so the table shows the run as its
+last part ended it.
 
 Distributions are TensorBoard histograms. The pipeline thread only queues
 what it received (:mod:`otel_rl.outputs.tracker`: bounded, drops counted
@@ -27,6 +29,7 @@ from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
 TENSORBOARD_DIR = "tensorboard"
 MAX_METRICS = 20
 """Scalar tags listed as metrics in the HParams table (training keys first)."""
+_HPARAMS_TAGS = "_hparams_/"
 _STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_FAILURE"}  # TensorBoard has no aborted status
 
 
@@ -77,8 +80,35 @@ class TensorBoardWriter(TrackerWriter):
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             self.log_dir.mkdir(parents=True, exist_ok=True)
+            earlier = sorted(self.log_dir.glob("events.out.tfevents.*"))
             self._writer = EventFileWriter(str(self.log_dir), flush_secs=5)
+            if earlier:
+                self._carry_over(earlier)
         return self._writer
+
+    def _carry_over(self, files: list[Path]) -> None:
+        """A resumed run: the earlier parts' events move into this part's file, their HParams session left out.
+
+        TensorBoard keeps the first HParams session it reads in a folder, so the
+        earlier part's (its configuration, a killed part's failure) would hide
+        this one's. The earlier files are removed once their events are written.
+        """
+        from tensorboard.backend.event_processing.event_file_loader import LegacyEventFileLoader  # the events as written
+
+        for path in files:
+            for event in LegacyEventFileLoader(str(path)).Load():
+                if event.HasField("file_version"):
+                    continue
+                if event.HasField("summary"):
+                    kept = [v for v in event.summary.value if not v.tag.startswith(_HPARAMS_TAGS)]
+                    if not kept:
+                        continue
+                    del event.summary.value[:]
+                    event.summary.value.extend(kept)
+                self._writer.add_event(event)
+        self._writer.flush()
+        for path in files:
+            path.unlink(missing_ok=True)
 
     # -- events --------------------------------------------------------------
 
