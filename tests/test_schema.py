@@ -105,8 +105,9 @@ def test_every_library_tag_maps_into_a_canonical_family():
             assert schema.metric_spec(canonical, strict=True).key == canonical, (library, key)
 
 
-def test_unmapped_library_keys_keep_a_namespaced_name_or_get_the_library_as_namespace():
-    assert schema.library_key("sb3", "rollout/custom_stat") == "rollout/custom_stat"
+def test_unmapped_library_keys_go_under_the_library_unless_of_a_canonical_family():
+    assert schema.library_key("sb3", "rollout/custom_stat") == "sb3/rollout/custom_stat"
+    assert schema.library_key("rsl_rl", "Episode/distance") == "Episode/distance"  # a canonical family already
     assert schema.library_key("torchrl", "grad_norm") == "torchrl/grad_norm"
     assert schema.library_key("skrl", "Stats / Inference time (ms)") == "skrl/Stats/Inference_time_ms"
     assert schema.library_key("skrl", " / ") == "skrl/unnamed"
