@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import otel_rl
-from otel_rl.readers.analysis import analyze, render_text
+from otel_rl.readers.analysis import analyze, read_trace, render_text
+from otel_rl.readers.analysis.plot import timeline_rows
 
 SLEEP_S = 0.002
 
@@ -49,6 +50,13 @@ def test_sb3_ppo(tmp_path, slow):
     model.learn(768, callback=TelemetryCallback(tel))
     tel.close()
     assert verdict(tmp_path).startswith("collector" if slow == "collection" else "learner")
+    # --plot: the one thread gets a row per timeline, each drawing its own slices.
+    trace, _ = read_trace(tmp_path)
+    rows = timeline_rows([s for s in trace.slices if s.category in ("learner", "collector") and not s.name.endswith(" iteration")])
+    (learner,) = [own for (timeline, _, _), own in rows.items() if timeline == "learner"]
+    (collector,) = [own for (timeline, _, _), own in rows.items() if timeline == "collector"]
+    assert {s.name for s in learner} == {"Learning"} and {"Env Step", "Policy Inference"} <= {s.name for s in collector}
+    assert {s.track for s in learner} == {s.track for s in collector}  # the same thread
 
 
 @pytest.mark.parametrize("slow", ["collection", "learning"])

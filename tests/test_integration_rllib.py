@@ -60,3 +60,10 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
         roles.setdefault(role, set()).add(span.trace_id)
     assert roles.keys() == {"learner", "env runner 1"}
     assert roles["learner"] == roles["env runner 1"] == {tel.trace_id.to_bytes(16, "big")}
+
+
+def test_the_statistics_rllib_reports_as_nan_for_no_data_yet_are_left_out():
+    from otel_rl.integrations.rllib import _flatten
+
+    result = {"env_runners": {"episode_return_mean": float("nan"), "num_env_steps_sampled": 400}, "config": {"lr": 1.0}}
+    assert _flatten(result) == {"env_runners/num_env_steps_sampled": 400}

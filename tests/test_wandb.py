@@ -10,7 +10,7 @@ import torch
 
 import otel_rl
 
-from wandb_reader import history, run_dirs, summary
+from wandb_reader import history, records, run_dirs, summary
 
 
 @pytest.fixture(autouse=True)
@@ -52,6 +52,9 @@ def test_config_scalars_distributions_events_and_status_reach_wandb(tmp_path):
     assert event["step"] == 8 * 20  # at the step it happened, not null
     (marked,) = [r for r in rows if "events/checkpoint_saved/count" in r]
     assert marked["env_steps"] == 8 * 20
+    # W&B's own System tab is kept: it samples the training process (here, from the agent process).
+    stats = [r["stats"]["item"] for r in records(run) if r["type"] == "stats"]
+    assert stats and "proc.memory.rssMB" in stats[0]
     assert state["project"] == "otel-rl"
 
 

@@ -6,10 +6,21 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.readers.analysis.report import phase_name
-from otel_rl.readers.analysis.trace_model import TraceModel
+from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 WINDOW_CYCLES = 8
 """The timeline panel shows the last few learner iterations, where detail is readable."""
+
+
+def timeline_rows(slices: list[Slice]) -> dict[tuple[str, str, str], list[Slice]]:
+    """The timeline panel's rows, learner first: one per (timeline, thread track, process), holding that row's own slices.
+
+    A thread that collects and learns in turn has a row per timeline.
+    """
+    rows: dict[tuple[str, str, str], list[Slice]] = {}
+    for s in slices:
+        rows.setdefault((s.category, s.track, s.process), []).append(s)
+    return dict(sorted(rows.items(), key=lambda row: ("learner", "collector", "gpu").index(row[0][0])))
 
 
 def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
@@ -27,7 +38,7 @@ def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
         t0 = min((s.start_ns for s in slices), default=0)
         t1 = max((s.end_ns for s in slices), default=1)
     shown = [s for s in slices if s.end_ns > t0 and s.start_ns < t1 and not s.name.endswith(" iteration")]
-    tracks = sorted({(s.category, s.track, s.process) for s in shown}, key=lambda t: ("learner", "collector", "gpu").index(t[0]))
+    tracks = timeline_rows(shown)
     names = sorted({s.name for s in shown})
     cmap = plt.get_cmap("tab20")
     colors = {name: cmap(i % 20) for i, name in enumerate(names)}
@@ -36,10 +47,9 @@ def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
     def nested(s) -> bool:
         return s.parent != -1 and not model.slices[s.parent].name.endswith(" iteration")
 
-    for row, (category, track, process) in enumerate(tracks):
+    for row, ((category, track, process), own) in enumerate(tracks.items()):
         # Top-level phases first, nested ones drawn over their lower half.
-        # A thread that collects and learns in turn has a row per timeline, each with its own slices.
-        for s in sorted((s for s in shown if s.track == track and s.category == category), key=nested):
+        for s in sorted(own, key=nested):
             height, offset = (0.4, 0.0) if nested(s) else (0.8, -0.4)
             timeline.broken_barh(
                 [((s.start_ns - t0) / 1e6, s.duration_ns / 1e6)], (row + offset, height), color=colors[s.name]
