@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     analyze.add_argument("--trace-processor", help="trace_processor_shell binary for the SQL engine")
     analyze.add_argument("--json", action="store_true", help="print the report as JSON")
     analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
+    analyze.add_argument("--compare", metavar="BASELINE", help="trace file or run folder of another run: what changed, and a verdict")
 
     agent = commands.add_parser(
         "agent", help="serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)", **defaults
@@ -142,17 +143,28 @@ def _analyze(args) -> int:
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         print(f"otel-rl analyze: --plot {args.plot}: no such folder", file=sys.stderr)
         return 2
-    try:
-        model, engine = read_trace(args.path, args.engine, args.trace_processor)
-    except (FileNotFoundError, TraceProcessorUnavailable, ValueError) as exc:
-        print(f"otel-rl analyze: {exc}", file=sys.stderr)
-        return 2
-    except (DecodeError, OSError) as exc:  # a file that is not a Perfetto trace, or cannot be read
-        print(f"otel-rl analyze: {args.path} is not a readable Perfetto trace ({type(exc).__name__}: {exc})", file=sys.stderr)
-        return 1
+    read = {}
+    for path in (args.path, args.compare):
+        if path is None:
+            continue
+        try:
+            read[path] = read_trace(path, args.engine, args.trace_processor)
+        except (FileNotFoundError, TraceProcessorUnavailable, ValueError) as exc:
+            print(f"otel-rl analyze: {exc}", file=sys.stderr)
+            return 2
+        except (DecodeError, OSError) as exc:  # a file that is not a Perfetto trace, or cannot be read
+            print(f"otel-rl analyze: {path} is not a readable Perfetto trace ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 1
+    model, engine = read[args.path]
     report = analyze_model(model)
     report["engine"] = engine
-    print(json.dumps(report, indent=2) if args.json else render_text(report))
+    if args.compare is not None:
+        from otel_rl.readers.analysis.compare import compare_reports, render_comparison
+
+        comparison = compare_reports(report, analyze_model(read[args.compare][0]))
+        print(json.dumps(comparison, indent=2) if args.json else render_comparison(comparison))
+    else:
+        print(json.dumps(report, indent=2) if args.json else render_text(report))
     if args.plot:
         from otel_rl.readers.analysis.plot import plot
 

@@ -34,6 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-envs", type=int, default=8)
     parser.add_argument("--learning-starts", type=int, default=2_000, help="env steps of random actions first")
     parser.add_argument("--inference", choices=("learner", "collector"), default="learner", help="who runs the actor")
+    parser.add_argument("--updates-per-step", type=int, default=1, help="gradient updates per learner iteration (the update-to-data ratio)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--runs-dir", default="runs", help="parent folder of the run folder")
     parser.add_argument("--serve", action="store_true", help="start the local ingest server and stream to it")
@@ -186,10 +187,11 @@ def _learn(tel, args, agent, slots, replay, episodes, collector, shared_actor, w
                 if not warm:
                     warm = True
                     tel.event("warmup_done", env_steps=env_steps)
-                with phases["replay_sample"]:
-                    batch = replay.sample(agent.config.batch_size, generator)
-                with phases["learning"]:
-                    losses = agent.update(*batch)
+                for _ in range(args.updates_per_step):
+                    with phases["replay_sample"]:
+                        batch = replay.sample(agent.config.batch_size, generator)
+                    with phases["learning"]:
+                        losses = agent.update(*batch)
                 if shared_actor is not None and iteration % 10 == 0:
                     with phases["weight_publish"], weights_lock:
                         shared_actor.load_state_dict(agent.actor.state_dict())

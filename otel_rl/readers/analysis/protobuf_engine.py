@@ -79,7 +79,7 @@ def read(paths: list[Path]) -> TraceModel:
     for path in paths:
         names: dict[int, dict[int, str]] = {}
         categories: dict[int, dict[int, str]] = {}
-        open_slices: dict[int, list[tuple[int, str, str, tuple[int, ...]]]] = {}
+        open_slices: dict[int, list[tuple[int, str, str, tuple[int, ...], int | None]]] = {}
         for packet in iter_packets(path):
             seq = packet.trusted_packet_sequence_id
             if packet.sequence_flags & _CLEARED or packet.incremental_state_cleared:
@@ -112,13 +112,14 @@ def read(paths: list[Path]) -> TraceModel:
                 name = event.name or names.get(seq, {}).get(event.name_iid, "?")
                 category = ",".join(categories.get(seq, {}).get(i, "?") for i in event.category_iids) or "?"
                 flows = tuple(event.flow_ids) + tuple(event.terminating_flow_ids)
-                open_slices.setdefault(uuid, []).append((packet.timestamp, name, category, flows))
+                steps = next((a.int_value for a in event.debug_annotations if a.name == "env_steps"), None)
+                open_slices.setdefault(uuid, []).append((packet.timestamp, name, category, flows, steps))
             elif event.type == _END:
                 stack = open_slices.get(uuid)
                 if not stack:
                     continue
-                start, name, category, flows = stack.pop()
+                start, name, category, flows, steps = stack.pop()
                 key, process = track_of(uuid)
-                model.slices.append(Slice(category, name, start, packet.timestamp, key, process, flows))
+                model.slices.append(Slice(category, name, start, packet.timestamp, key, process, flows, env_steps=steps))
     model.link_parents()
     return model

@@ -79,7 +79,28 @@ def nearest_rank(ordered: list[float], q: float) -> float:
 
 def _stats(durations_ns: list[int]) -> dict[str, float]:
     ms = sorted(d / 1e6 for d in durations_ns)
-    return {"count": len(ms), "mean_ms": sum(ms) / len(ms), "p50_ms": nearest_rank(ms, 0.5), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms)}
+    mean = sum(ms) / len(ms)
+    std = math.sqrt(sum((x - mean) ** 2 for x in ms) / (len(ms) - 1)) if len(ms) > 1 else 0.0
+    return {"count": len(ms), "mean_ms": mean, "std_ms": std, "p50_ms": nearest_rank(ms, 0.5), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms)}
+
+
+RESTART_GAP_S = 60.0
+"""Iterations further apart than this are parts of a resumed run: the time between them is not training."""
+
+
+def _throughput(iterations: dict[str, list[Slice]]) -> float | None:
+    """Env steps per second between consecutive iterations that carry them (the learner's, else the collector's)."""
+    for timeline in (schema.LEARNER, schema.COLLECTOR):
+        marked = sorted((s for s in iterations.get(timeline, []) if s.env_steps is not None), key=lambda s: s.start_ns)
+        steps = seconds = 0.0
+        for before, after in zip(marked, marked[1:]):
+            elapsed = (after.start_ns - before.start_ns) / 1e9
+            if 0 < elapsed <= RESTART_GAP_S and after.env_steps >= before.env_steps:  # type: ignore[operator]
+                steps += after.env_steps - before.env_steps  # type: ignore[operator]
+                seconds += elapsed
+        if seconds:
+            return steps / seconds
+    return None
 
 
 def analyze_model(model: TraceModel) -> dict[str, Any]:
@@ -144,6 +165,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     report: dict[str, Any] = {
         "wall_s": span / 1e9 if everything else 0.0,
         "turns": _turns(iterations, span),
+        "env_steps_per_s": _throughput(iterations),
         "timelines": timelines,
         "overlap_share": (
             _intersection(busy[schema.LEARNER], busy[schema.COLLECTOR]) / span
@@ -391,5 +413,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"learner and collector both busy: {100 * report['overlap_share']:.1f}% of wall time")
     for track, share in report["gpu_busy_share"].items():
         lines.append(f"{track} busy: {100 * share:.1f}% of wall time")
+    if report.get("env_steps_per_s") is not None:
+        lines.append(f"throughput: {report['env_steps_per_s']:,.0f} env steps/s")
     lines.append(f"wall time analysed: {report['wall_s']:.2f} s")
     return "\n".join(lines)

@@ -20,7 +20,8 @@ SELECT s.ts AS ts, s.dur AS dur, s.name AS name, coalesce(s.category, '?') AS ca
        s.track_id AS track_id, thread.tid AS tid,
        coalesce(p_thread.pid, p_track.pid) AS pid,
        coalesce(p_thread.name, p_track.name, '') AS process_name,
-       coalesce(tr.name, '') AS track_name
+       coalesce(tr.name, '') AS track_name,
+       extract_arg(s.arg_set_id, 'debug.env_steps') AS env_steps
 FROM slice s
 JOIN track tr ON tr.id = s.track_id
 LEFT JOIN thread_track tt ON tt.id = s.track_id
@@ -69,7 +70,8 @@ def read(files: list[Path], bin_path: str | None) -> TraceModel:
                     key = f"{row.pid}/{row.tid}"
                 else:
                     key = f"{row.process_name}/{row.track_name}"
-                model.slices.append(Slice(row.category, row.name, row.ts, row.ts + row.dur, key, row.process_name))
+                steps = None if row.env_steps is None else int(row.env_steps)
+                model.slices.append(Slice(row.category, row.name, row.ts, row.ts + row.dur, key, row.process_name, env_steps=steps))
             for row in tp.query(_COUNTERS):
                 model.counters.setdefault(row.name, []).append((row.ts, row.value))
         finally:

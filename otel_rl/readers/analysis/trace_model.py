@@ -25,6 +25,8 @@ class Slice:
     process: str
     flows: tuple[int, ...] = ()
     parent: int = -1
+    env_steps: int | None = None
+    """An iteration's env-step count (its ``env_steps`` annotation), None for other slices."""
 
     @property
     def duration_ns(self) -> int:

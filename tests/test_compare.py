@@ -1,0 +1,83 @@
+"""``otel-rl analyze RUN --compare BASELINE``: real runs compared, in a subprocess as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+import otel_rl
+
+
+def analyze(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", *arguments], capture_output=True, text=True, timeout=120)
+
+
+def demo(runs_dir, *options: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    result = subprocess.run(
+        [sys.executable, "-m", "otel_rl.cli", "demo", "--iterations", "200", "--learning-starts", "256", "--seconds", "120",
+         "--runs-dir", str(runs_dir), "--no-panel", *options],
+        capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run_dir,) = list(runs_dir.iterdir())
+    return str(run_dir)
+
+
+def test_a_demo_whose_learning_is_slower_names_the_learner(tmp_path):
+    baseline = demo(tmp_path / "baseline")
+    slower = demo(tmp_path / "slower", "--updates-per-step", "4")
+    result = analyze(slower, "--compare", baseline)
+    assert result.returncode == 0, result.stderr
+    verdict = result.stdout.splitlines()[0]
+    assert verdict.startswith("verdict: Learning +") and "the learner got slower" in verdict, result.stdout
+    comparison = json.loads(analyze(slower, "--compare", baseline, "--json").stdout)
+    learning = comparison["timelines"]["learner"]["phases"]["learning"]
+    assert learning["per_cycle_ms"][2] > 1.0  # four updates an iteration: more than twice the time
+    assert comparison["env_steps_per_s"][2] < 0  # fewer env steps per second
+
+
+def loop(run_dir, learning_s: float, extra_phase: bool = False) -> str:
+    tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0, quiet=True)
+    with tel.run():
+        for i in range(120):
+            with tel.iteration(i, env_steps=8 * i):
+                with tel.phase("collector_wait"):
+                    time.sleep(0.002)
+                with tel.phase("learning"):
+                    time.sleep(learning_s)
+                if extra_phase:
+                    with tel.phase("weight_publish"):
+                        time.sleep(0.001)
+    tel.close()
+    return str(run_dir)
+
+
+def test_identical_settings_change_nothing_beyond_noise(tmp_path):
+    first, second = loop(tmp_path / "a", 0.004), loop(tmp_path / "b", 0.004)
+    result = analyze(second, "--compare", first)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("verdict: nothing changed beyond noise"), result.stdout
+
+
+def test_runs_with_different_phases_are_compared_on_what_each_has(tmp_path):
+    baseline, changed = loop(tmp_path / "a", 0.004), loop(tmp_path / "b", 0.004, extra_phase=True)
+    comparison = json.loads(analyze(changed, "--compare", baseline, "--json").stdout)
+    publish = comparison["timelines"]["learner"]["phases"]["weight_publish"]
+    assert publish["in"] == "run" and publish["mean_ms"][0] is None and publish["mean_ms"][1] >= 1.0
+    assert "Weight Publish new" in comparison["verdict"] and "the learner got slower" in comparison["verdict"]
+
+
+@pytest.mark.parametrize("wrong", ["missing-folder", "not-a-trace"])
+def test_a_baseline_that_is_not_a_trace_is_one_line_and_an_error(tmp_path, wrong):
+    run = loop(tmp_path / "a", 0.001)
+    baseline = tmp_path / wrong
+    if wrong == "not-a-trace":
+        baseline.write_bytes(b"\x0a\xff\xff\xff\x0fgarbage")
+    result = analyze(run, "--compare", str(baseline))
+    assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
