@@ -90,7 +90,7 @@ def telemetry(rank: int, world: int, extra) -> dict:
         for i in range(5):
             with tel.iteration(i, env_steps=i * 8):
                 with tel.phase("learning"):
-                    time.sleep(0.004 * (rank + 1))
+                    time.sleep(0.02 * (rank + 1))
         tel.flush(timeout_s=60)  # an exact window: the agent has read everything (its start-up competes with torch's)
         reduced = tel.log_window({"Perf/total_fps": 100.0 * (rank + 1), "Loss/critic": float(rank)}, group=dist.group.WORLD)
     tel.close()

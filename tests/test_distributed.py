@@ -133,8 +133,9 @@ def test_rank_aware_telemetry(world, tmp_path):
     # Throughput is the whole job's; timings are averaged across ranks.
     assert reduced[0]["Perf/total_fps"] == sum(100.0 * (r + 1) for r in range(world))
     assert reduced[0]["Loss/critic"] == sum(range(world)) / world
-    mean_sleep_s = sum(0.004 * (r + 1) for r in range(world)) / world
-    assert mean_sleep_s <= reduced[0]["Perf/learning_time"] < mean_sleep_s + 0.004
+    mean_sleep_s = sum(0.02 * (r + 1) for r in range(world)) / world
+    # The mean of the ranks, not the slowest rank's (10 ms more) nor their sum; sleep() may overshoot a little.
+    assert mean_sleep_s <= reduced[0]["Perf/learning_time"] < mean_sleep_s + 0.008
     assert all(reduced[r] == reduced[0] for r in range(world))
     # Rank 0 owns the local outputs; the job's window is recorded there once.
     names = sorted(p.name for p in tmp_path.iterdir())
