@@ -16,8 +16,8 @@ demo: $(BIN)/python
 
 test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
-	command -v prometheus >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb || (apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15)
+	command -v prometheus >/dev/null && command -v chromium-headless-shell >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15 chromium-headless-shell)
 	bash collector-config/build.sh
 	$(BIN)/python -m pytest
 

@@ -52,12 +52,26 @@ from typing import Any
 
 from aiohttp import web
 
+from otel_rl import schema
 from otel_rl.outputs.motrix.protocol import INGEST_PATH
-from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable, open_storage
+from otel_rl.readers.server import queries
+from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable, open_storage, started
 from otel_rl.readers.server.validation import LARGE_BODY_BYTES, Decoded, Invalid, decode_batch, iter_large_batch, stored_text
 
 _logger = logging.getLogger(__name__)
 
+STATIC = Path(__file__).parent / "static"
+"""The web page's files (uPlot vendored under ``vendor/``): served as they are, no build step."""
+NO_TOKEN_WARNING = (
+    "no token is configured: anyone who can reach this server can read and write its runs"
+    " (set MOTRIX_METRICS_TOKEN and serve with --require-token)"
+)
+PHASE_KEYS = {
+    spec.key: {"timeline": spec.timeline, "title": spec.title, "nested": spec.parent is not None,
+               "to_ms": 1.0 / schema.phase_key_scale(spec.timeline, spec.name)}
+    for spec in schema.PHASES.values()
+}  # fmt: skip
+"""The ``Perf/*`` key of each canonical phase: the page stacks the top-level ones, in milliseconds."""
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_DECOMPRESSED_BYTES = 64 * 1024 * 1024
 CHUNK_RECORDS = 2000
@@ -173,7 +187,8 @@ def create_app(
 
     @web.middleware
     async def authorize(request: web.Request, handler):
-        if expected is not None and request.path != "/healthz":
+        # The page and its files hold no run data: only the API needs the token (the page asks for it).
+        if expected is not None and request.path.startswith("/api/"):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 return _error(401, "missing or wrong bearer token")
@@ -259,13 +274,22 @@ def create_app(
             answer["rejected"] = rejected
         return web.json_response(answer)
 
+    def described(run_id: str) -> tuple[dict[str, Any] | None, int | None]:
+        """What a run started with (configuration, provenance, plan) and its newest env steps (on the database thread)."""
+        return started(storage.records(run_id, "run")), storage.env_steps(run_id)
+
     async def runs(request: web.Request) -> web.Response:
         try:
             limit = int(request.query.get("limit", "100"))
+            only = queries.run_filter(request.query)
+        except queries.BadQuery as exc:
+            return _error(400, str(exc), exc.field)
         except ValueError:
             return _error(400, "limit must be an integer", "limit")
         after = request.query.get("after") or None
-        page = await run(database, storage.runs, limit, after)
+        page = await run(database, storage.runs, limit, after, only)
+        for entry in page:
+            entry["started"], entry["env_steps"] = await run(database, described, entry["run_id"])
         more = len(page) == max(1, min(limit, 1000))
         return web.json_response({"runs": page, "next": page[-1]["run_id"] if page and more else None})
 
@@ -274,6 +298,7 @@ def create_app(
         info = await run(database, storage.run, run_id)
         if info is None:
             return _error(404, f"no run {run_id!r}")
+        info["started"], info["env_steps"] = await run(database, described, run_id)
         events = await run(database, storage.records, run_id, "event")
         return web.json_response({"run": info, "events": events})
 
@@ -281,11 +306,27 @@ def create_app(
         return web.json_response({"keys": await run(database, storage.keys, request.match_info["run_id"])})
 
     async def scalars(request: web.Request) -> web.Response:
-        key = request.query.get("key")
-        if not key:
-            return _error(400, "query parameter 'key' is required", "key")
-        points = await run(database, storage.series, request.match_info["run_id"], key)
-        return web.json_response({"key": key, "points": points})
+        run_id = request.match_info["run_id"]
+        if "max_points" not in request.query and "x" not in request.query and len(request.query.getall("key", [])) == 1:
+            key = request.query["key"]  # one key, as stored: every point with its axes
+            return web.json_response({"key": key, "points": await run(database, storage.series, run_id, key)})
+        try:
+            keys, axis, max_points = queries.curve_request(request.query)
+        except queries.BadQuery as exc:
+            return _error(400, str(exc), exc.field)
+
+        def curves() -> dict[str, Any]:
+            return {key: queries.curve(storage.curve(run_id, key), axis, max_points) for key in keys}
+
+        return web.json_response({"x": axis, "max_points": max_points, "series": await run(database, curves)})
+
+    async def server_info(request: web.Request) -> web.Response:
+        return web.json_response(
+            {"token_required": expected is not None, "warning": None if expected else NO_TOKEN_WARNING, "phases": PHASE_KEYS}
+        )
+
+    async def page(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
     async def healthz(request: web.Request) -> web.Response:
         if state.unhealthy is not None:
@@ -327,7 +368,11 @@ def create_app(
     app.router.add_get("/api/v1/runs/{run_id}", one_run)
     app.router.add_get("/api/v1/runs/{run_id}/keys", keys)
     app.router.add_get("/api/v1/runs/{run_id}/scalars", scalars)
+    app.router.add_get("/api/v1/server", server_info)
     app.router.add_get("/healthz", healthz)
+    for path in ("/", "/runs/{run_id}", "/compare"):
+        app.router.add_get(path, page)
+    app.router.add_static("/static", STATIC)
     return app
 
 
@@ -447,6 +492,8 @@ def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_
     storage = open_storage(db)
     app = create_app(storage, token=token, lost_after_s=lost_after_s, decode_processes=DECODE_PROCESSES)
     where = "PostgreSQL" if str(db).startswith(("postgresql://", "postgres://")) else f"database {db}"
-    print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''})", flush=True)
+    print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''}); its runs at http://{host}:{port}/", flush=True)
+    if not token:
+        _logger.warning("otel-rl serve: %s", NO_TOKEN_WARNING)
     web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None, keepalive_timeout=HEADER_TIMEOUT_S)
     storage.close()

@@ -14,7 +14,18 @@ import threading
 import time
 from typing import Any
 
-from otel_rl.readers.server.storage import MAX_PAGE, RUN_FIELDS, KnownKeys, Row, StorageUnavailable, run_dict, status_order
+from otel_rl.readers.server.storage import (
+    MAX_PAGE,
+    RUN_FIELDS,
+    KnownKeys,
+    Row,
+    RunFilter,
+    StorageUnavailable,
+    point_blocks,
+    read_blocks,
+    run_dict,
+    status_order,
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -46,6 +57,14 @@ CREATE TABLE IF NOT EXISTS series_keys (
     key TEXT NOT NULL,
     PRIMARY KEY (run_id, key)
 );
+CREATE TABLE IF NOT EXISTS point_blocks (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    writer TEXT NOT NULL,
+    first_ts DOUBLE PRECISION NOT NULL,
+    points BYTEA NOT NULL
+);
+CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
 """
 
 _INSERT_RECORDS = (
@@ -134,6 +153,13 @@ class PostgresStorage:
                             " ON CONFLICT DO NOTHING",
                             ([run for run, _ in fresh], [key for _, key in fresh]),
                         )
+                    blocks = point_blocks(rows)
+                    if blocks:
+                        cursor.execute(
+                            "INSERT INTO point_blocks (run_id, key, writer, first_ts, points)"
+                            " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::bytea[])",
+                            tuple(list(column) for column in zip(*blocks)),
+                        )
             except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
                     psycopg.errors.DiskFull, psycopg.errors.AdminShutdown) as exc:  # fmt: skip
                 raise self._unavailable(exc) from exc
@@ -165,18 +191,24 @@ class PostgresStorage:
         )
         return [r[0] for r in rows]
 
-    def runs(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
-        columns = ", ".join(RUN_FIELDS)
-        limit = max(1, min(limit, MAX_PAGE))
-        if after is None:
-            rows = self._query(f"SELECT {columns} FROM runs ORDER BY created, run_id LIMIT %s", (limit,))
-        else:
-            rows = self._query(
-                f"SELECT {columns} FROM runs WHERE (created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = %s)"
-                " ORDER BY created, run_id LIMIT %s",
-                (after, limit),
-            )
+    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
+        clauses, params = only.where("%s", "ILIKE")
+        if after is not None:
+            clauses.append("(created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = %s)")
+            params.append(after)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._query(
+            f"SELECT {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY created, run_id LIMIT %s", (*params, max(1, min(limit, MAX_PAGE)))
+        )
         return [run_dict(r) for r in rows]
+
+    def env_steps(self, run_id: str) -> int | None:
+        rows = self._query(
+            "SELECT coalesce(body->'axes'->>'env_steps', body->>'step') FROM records"
+            " WHERE run_id = %s AND kind = 'scalars' ORDER BY ts DESC LIMIT 64",
+            (run_id,),
+        )
+        return next((int(r[0]) for r in rows if r[0] is not None), None)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         rows = self._query(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = %s", (run_id,))
@@ -194,6 +226,10 @@ class PostgresStorage:
             (key, run_id, key),
         )
         return [dict(zip(("step", "env_steps", "iteration", "value", "ts"), r, strict=True)) for r in rows]
+
+    def curve(self, run_id: str, key: str) -> dict[str, Any]:
+        rows = self._query("SELECT writer, points FROM point_blocks WHERE run_id = %s AND key = %s", (run_id, key))
+        return read_blocks([(writer, bytes(points)) for writer, points in rows])
 
     def keys(self, run_id: str) -> list[str]:
         return [r[0] for r in self._query("SELECT key FROM series_keys WHERE run_id = %s ORDER BY key", (run_id,))]

@@ -21,12 +21,56 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen")
 MAX_PAGE = 1000
 MAX_KNOWN_KEYS = 200_000
 """(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""
+
+
+STATUSES = ("pending", "running", "finished", "failed", "killed", "lost")
+"""What ``/api/v1/runs?status=`` filters on: a run's reported status, or ``lost``."""
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """Which runs a listing keeps: every field given must match (``search``: a part of the run id, project or group)."""
+
+    project: str | None = None
+    group: str | None = None
+    statuses: tuple[str, ...] = ()
+    search: str | None = None
+
+    def where(self, mark: str, like: str) -> tuple[list[str], list[Any]]:
+        """SQL conditions and their parameters, with ``mark`` as the placeholder and ``like`` the case-blind LIKE."""
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column, value in (("project", self.project), ("grp", self.group)):
+            if value is not None:
+                clauses.append(f"{column} = {mark}")
+                params.append(value)
+        if self.statuses:
+            reported = [s for s in self.statuses if s != "lost"]
+            either = [f"(NOT lost AND status IN ({', '.join([mark] * len(reported))}))"] if reported else []
+            clauses.append("(" + " OR ".join(either + (["lost"] if "lost" in self.statuses else [])) + ")")
+            params += reported
+        if self.search:
+            pattern = "%" + self.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            clauses.append("(" + " OR ".join(f"coalesce({c}, '') {like} {mark} ESCAPE '\\'" for c in ("run_id", "project", "grp")) + ")")
+            params += [pattern] * 3
+        return clauses, params
+
+
+def started(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """What a run said when it started (its newest ``running`` record): configuration, provenance, plan."""
+    running = [r for r in records if r.get("status") == "running"]
+    if not running:
+        return None
+    latest = max(running, key=lambda r: (r["ts"], r["seq"]))
+    fields = ("family", "total_steps", "num_envs", "config", "versions", "command", "host", "git")
+    return {k: latest[k] for k in fields if k in latest}
 
 
 class StorageUnavailable(Exception):
@@ -52,6 +96,10 @@ class Row(NamedTuple):
     meta: str | None = None
     reason: str | None = None
     keys: tuple[str, ...] = ()
+    numbers: tuple[float | None, ...] = ()
+    """A scalars record's values, in the order of ``keys``."""
+    axes: tuple[int | None, int | None] = (None, None)
+    """A scalars record's step and env steps."""
 
     @classmethod
     def of(cls, record: dict[str, Any], body: str) -> Row:
@@ -60,8 +108,63 @@ class Row(NamedTuple):
             meta = json.dumps(record["meta"]) if "meta" in record else None
             return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body,
                        record["status"], record.get("project"), record.get("group"), meta, record.get("reason"))  # fmt: skip
-        keys = tuple(record["values"]) if kind == "scalars" else ()
-        return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body, keys=keys)
+        if kind != "scalars":
+            return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body)
+        values = record["values"]
+        axes = (record.get("step"), (record.get("axes") or {}).get("env_steps"))
+        return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body,
+                   keys=tuple(values), numbers=tuple(values.values()), axes=axes)  # fmt: skip
+
+
+BLOCK_COLUMNS = ("seq", "ts", "step", "env_steps", "value")
+"""What a point block packs per point, as float64 columns (NaN: none); ``seq`` de-duplicates points at read."""
+
+
+def point_blocks(rows: list[Row]) -> list[tuple[str, str, str, float, bytes]]:
+    """A batch's scalars as one block per (run, key, writer): ``(run_id, key, writer, first ts, packed columns)``.
+
+    Curves are read from these blocks (a few per batch) instead of out of
+    every stored record, so a key of a million points is one small scan.
+    """
+    import numpy as np
+
+    series: dict[tuple[str, str, str], list[tuple]] = {}
+    for row in rows:
+        if not row.keys:
+            continue
+        step, env_steps = row.axes
+        point = (row.seq, row.ts, _float(step), _float(env_steps))
+        for key, value in zip(row.keys, row.numbers):
+            series.setdefault((row.run_id, key, row.writer), []).append((*point, _float(value)))
+    blocks = []
+    for (run_id, key, writer), points in series.items():
+        columns = np.array(points, dtype=np.float64).T.copy()
+        blocks.append((run_id, key, writer, float(columns[1].min()), columns.tobytes()))
+    return blocks
+
+
+def _float(value: Any) -> float:
+    return float("nan") if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
+
+
+def read_blocks(blocks: list[tuple[str, bytes]]) -> dict[str, Any]:
+    """Point blocks of one series as columns (numpy arrays), each point once, in the order of ``(ts, seq)``."""
+    import numpy as np
+
+    if not blocks:
+        return {name: np.empty(0) for name in BLOCK_COLUMNS}
+    parts, writers, ids = [], [], {}
+    for writer, data in blocks:
+        columns = np.frombuffer(data, dtype=np.float64).reshape(len(BLOCK_COLUMNS), -1)
+        parts.append(columns)
+        writers.append(np.full(columns.shape[1], ids.setdefault(writer, len(ids)), dtype=np.float64))
+    joined = np.concatenate(parts, axis=1)
+    writer_ids = np.concatenate(writers)
+    # A point sent twice (a retried or backfilled batch) is one point: de-duplicated on (writer, seq).
+    _, first = np.unique(np.stack([writer_ids, joined[0]]), axis=1, return_index=True)
+    joined = joined[:, first]
+    order = np.lexsort((joined[0], joined[1]))
+    return {name: joined[i, order] for i, name in enumerate(BLOCK_COLUMNS)}
 
 
 class Storage(Protocol):
@@ -83,8 +186,12 @@ class Storage(Protocol):
         """Mark pending or running runs silent for ``silent_for_s`` as lost; returns their ids."""
         ...
 
-    def runs(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
-        """Runs in creation order, at most ``limit``, those after run ``after``."""
+    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
+        """Runs in creation order that ``only`` keeps, at most ``limit``, those after run ``after``."""
+        ...
+
+    def env_steps(self, run_id: str) -> int | None:
+        """The newest env-step count the run's scalars carry."""
         ...
 
     def run(self, run_id: str) -> dict[str, Any] | None: ...
@@ -92,6 +199,10 @@ class Storage(Protocol):
     def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]: ...
 
     def series(self, run_id: str, key: str) -> list[dict[str, Any]]: ...
+
+    def curve(self, run_id: str, key: str) -> dict[str, Any]:
+        """One key's points as columns (:data:`BLOCK_COLUMNS`, numpy arrays), from the point blocks (:func:`read_blocks`)."""
+        ...
 
     def keys(self, run_id: str) -> list[str]: ...
 
@@ -178,6 +289,14 @@ CREATE TABLE IF NOT EXISTS series_keys (
     key TEXT NOT NULL,
     PRIMARY KEY (run_id, key)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS point_blocks (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    writer TEXT NOT NULL,
+    first_ts REAL NOT NULL,
+    points BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
 """
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records (writer, seq, run_id, kind, ts, body) VALUES (?, ?, ?, ?, ?, ?)"
@@ -241,6 +360,7 @@ class SqliteStorage:
                 fresh = self._known.new(rows)
                 if fresh:
                     db.executemany("INSERT OR IGNORE INTO series_keys (run_id, key) VALUES (?, ?)", fresh)
+                db.executemany("INSERT INTO point_blocks (run_id, key, writer, first_ts, points) VALUES (?, ?, ?, ?, ?)", point_blocks(rows))
                 db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if db.in_transaction:
@@ -294,18 +414,24 @@ class SqliteStorage:
                 raise StorageUnavailable(str(exc)) from exc
         return [r[0] for r in rows]
 
-    def runs(self, limit: int = 100, after: str | None = None) -> list[dict[str, Any]]:
-        columns = ", ".join(RUN_FIELDS)
-        limit = max(1, min(limit, MAX_PAGE))
-        if after is None:
-            rows = self._read(f"SELECT {columns} FROM runs ORDER BY created, run_id LIMIT ?", (limit,))
-        else:
-            rows = self._read(
-                f"SELECT {columns} FROM runs WHERE (created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = ?)"
-                " ORDER BY created, run_id LIMIT ?",
-                (after, limit),
-            )
+    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
+        clauses, params = only.where("?", "LIKE")  # SQLite's LIKE ignores ASCII case
+        if after is not None:
+            clauses.append("(created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = ?)")
+            params.append(after)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        rows = self._read(
+            f"SELECT {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY created, run_id LIMIT ?", (*params, max(1, min(limit, MAX_PAGE)))
+        )
         return [run_dict(r) for r in rows]
+
+    def env_steps(self, run_id: str) -> int | None:
+        rows = self._read(
+            "SELECT coalesce(json_extract(body, '$.axes.env_steps'), json_extract(body, '$.step')) FROM records"
+            " WHERE run_id = ? AND kind = 'scalars' ORDER BY ts DESC LIMIT 64",
+            (run_id,),
+        )
+        return next((int(r[0]) for r in rows if r[0] is not None), None)
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         rows = self._read(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", (run_id,))
@@ -324,6 +450,9 @@ class SqliteStorage:
             (run_id, key),
         )
         return [dict(zip(("step", "env_steps", "iteration", "value", "ts"), r, strict=True)) for r in rows]
+
+    def curve(self, run_id: str, key: str) -> dict[str, Any]:
+        return read_blocks(self._read("SELECT writer, points FROM point_blocks WHERE run_id = ? AND key = ?", (run_id, key)))
 
     def keys(self, run_id: str) -> list[str]:
         return [r[0] for r in self._read("SELECT key FROM series_keys WHERE run_id = ? ORDER BY key", (run_id,))]

@@ -1,0 +1,115 @@
+"""The read API behind the web page: listing filters, a run's start, several curves at once, down-sampled with extremes.
+
+Each test runs on SQLite and PostgreSQL alike (the ``database`` fixture).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+
+import numpy as np
+import pytest
+import requests
+
+from otel_rl.readers.server import IngestServer
+from otel_rl.readers.server.queries import curve, extremes
+
+from motrix_golden import golden_records
+
+
+@pytest.fixture
+def server(database):
+    with IngestServer(database) as srv:
+        yield srv
+
+
+def post(url: str, records: list[dict]) -> None:
+    body = gzip.compress(json.dumps({"protocol": "motrix.metrics/v1", "records": records}).encode())
+    response = requests.post(url + "/api/v1/ingest", data=body, headers={"Content-Encoding": "gzip", "Content-Type": "application/json"}, timeout=30)
+    assert response.status_code == 200 and not response.json().get("rejected"), response.text
+
+
+def runs(url: str, **query) -> list[str]:
+    answer = requests.get(url + "/api/v1/runs", params=query, timeout=10)
+    assert answer.status_code == 200, answer.text
+    return sorted(r["run_id"] for r in answer.json()["runs"])
+
+
+def a_run(run_id: str, status: str, project: str, group: str, seq: int) -> list[dict]:
+    golden = golden_records()
+    running = {**golden["run_running"], "run_id": run_id, "project": project, "group": group, "seq": seq, "writer": run_id + ":1"}
+    records = [running]
+    if status != "running":
+        records.append({**golden[f"run_{status}"], "run_id": run_id, "project": project, "group": group, "seq": seq + 1, "writer": run_id + ":1"})
+    return records
+
+
+def test_listings_filter_by_project_group_status_and_text(server):
+    post(server.url, [
+        *a_run("sac-lr-3e4", "finished", "pendulum", "lr-sweep", 10),
+        *a_run("sac-lr-1e3", "failed", "pendulum", "lr-sweep", 20),
+        *a_run("ppo-base", "running", "cartpole", "baselines", 30),
+        *a_run("ppo_under_score", "killed", "cartpole", "baselines", 40),
+    ])  # fmt: skip
+    assert runs(server.url, project="pendulum") == ["sac-lr-1e3", "sac-lr-3e4"]
+    assert runs(server.url, group="baselines", status="running") == ["ppo-base"]
+    assert runs(server.url, status="failed,killed") == ["ppo_under_score", "sac-lr-1e3"]
+    assert runs(server.url, q="LR-") == ["sac-lr-1e3", "sac-lr-3e4"]  # a part of the id, any case
+    assert runs(server.url, q="under_") == ["ppo_under_score"]  # _ and % are matched as written
+    assert runs(server.url, q="sweep") == ["sac-lr-1e3", "sac-lr-3e4"]  # the group matches too
+    refused = requests.get(server.url + "/api/v1/runs", params={"status": "done"}, timeout=10)
+    assert refused.status_code == 400 and refused.json()["field"] == "status"
+
+
+def test_a_run_says_what_it_started_with(server):
+    post(server.url, a_run("sac-1", "finished", "pendulum", "lr-sweep", 10))
+    run = requests.get(server.url + "/api/v1/runs/sac-1", timeout=10).json()["run"]
+    assert run["started"]["config"] == {"lr": 0.0003} and run["started"]["total_steps"] == 100_000
+    assert run["started"]["git"]["commit"].startswith("4f1c2e9") and run["started"]["command"] == "python train.py --lr 3e-4"
+    (listed,) = requests.get(server.url + "/api/v1/runs", timeout=10).json()["runs"]
+    assert listed["started"]["num_envs"] == 8
+
+
+def test_several_curves_in_one_request_down_sampled(server):
+    golden = golden_records()["scalars"]
+    records = [
+        {**golden, "run_id": "long", "writer": "long:1", "seq": 1000 + i, "step": i, "axes": {"env_steps": 8 * i, "iteration": i},
+         "values": {"Loss/critic": math.sin(i / 50) + (9.0 if i == 1234 else 0.0), "Train/mean_reward": float(i)}}
+        for i in range(5000)
+    ]  # fmt: skip
+    post(server.url, records[:2500])
+    post(server.url, records[2500:])
+    post(server.url, records[1000:3000])  # sent again (a retry, a backfill): each point once
+    answer = requests.get(
+        server.url + "/api/v1/runs/long/scalars",
+        params=[("key", "Loss/critic"), ("key", "Train/mean_reward"), ("max_points", "200")], timeout=30,
+    ).json()
+    critic, reward = answer["series"]["Loss/critic"], answer["series"]["Train/mean_reward"]
+    assert answer["x"] == "env_steps" and critic["count"] == reward["count"] == 5000
+    assert len(critic["x"]) <= 200 and critic["x"] == sorted(critic["x"])
+    assert max(critic["y"]) == pytest.approx(9.0 + math.sin(1234 / 50)) and 8 * 1234 in critic["x"]  # the spike kept
+    assert reward["x"][0] == 0 and reward["x"][-1] == 8 * 4999 and reward["y"][-1] == 4999.0
+    by_step = requests.get(server.url + "/api/v1/runs/long/scalars", params={"key": "Train/mean_reward", "x": "step", "max_points": 50}, timeout=30).json()
+    assert by_step["series"]["Train/mean_reward"]["x"][-1] == 4999
+    assert requests.get(server.url + "/api/v1/runs/long/scalars", params={"key": "x", "x": "wall"}, timeout=10).status_code == 400
+
+
+def test_a_million_points_keep_the_bound_and_every_extreme():
+    rng = np.random.default_rng(0)
+    values = rng.normal(size=1_000_000)
+    values[[17, 500_000, 999_990]] = [40.0, -40.0, 41.0]
+    kept = extremes(values, 2000)
+    assert len(kept) <= 2000 and kept == sorted(kept) and kept[0] == 0 and kept[-1] == 999_999
+    assert {17, 500_000, 999_990} <= set(kept)
+    # Every equal run's own minimum and maximum survive, so no zoom level loses a spike.
+    edges = np.linspace(0, values.size, (2000 - 2) // 2 + 1).astype(int)
+    kept_set = set(kept)
+    for start, end in zip(edges[:-1], edges[1:]):
+        assert start + int(np.argmax(values[start:end])) in kept_set and start + int(np.argmin(values[start:end])) in kept_set
+    nan = float("nan")
+    columns = {"seq": np.arange(12.0), "ts": np.arange(12.0), "step": np.array([*range(10), nan, 11.0]),
+               "env_steps": np.array([*range(10), nan, nan]), "value": np.array([*values[:10], 1.0, nan])}  # fmt: skip
+    shown = curve(columns, "env_steps", 100)
+    assert shown["count"] == 10 and shown["x"] == list(range(10))  # no axis, or no value: left out
