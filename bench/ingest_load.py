@@ -113,7 +113,7 @@ CLIENT = textwrap.dedent(
     """
     import sys
     import otel_rl
-    tel = otel_rl.init(run_dir=sys.argv[1], motrix_url=sys.argv[2], system_metrics_interval_s=0, shutdown_timeout_s=120)
+    tel = otel_rl.init(run_dir=sys.argv[1], motrix_url=sys.argv[2], system_metrics_interval_s=0, shutdown_timeout_s=120, quiet=True)
     keys = [f"Loss/key_{i:02d}" for i in range(40)]
     with tel.run():
         for step in range(1000):

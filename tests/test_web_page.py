@@ -88,6 +88,11 @@ def test_the_runs_page_shows_every_run_with_its_status(site, tmp_path):
     assert len(set(badges)) == 4  # each status visibly distinct
     failed_title = browser.eval("document.querySelector('tr[data-run-id=\"sac-lr-1e-2\"] .status').title")
     assert failed_title == "RuntimeError: CUDA error: out of memory"
+    assert browser.screenshot(tmp_path / "runs.png").stat().st_size > 10_000
+    # Two runs picked for comparison: the comparison page of exactly those.
+    browser.eval("for (const id of ['sac-lr-3e-4', 'sac-lr-1e-2']) document.querySelector(`tr[data-run-id='${id}'] input`).click();"
+                 "document.querySelector('#compare').click()")  # fmt: skip
+    assert browser.wait_for("location.pathname === '/compare' && new URLSearchParams(location.search).get('runs')") == "sac-lr-3e-4,sac-lr-1e-2"
     # Filters are in the address: status, then text.
     browser.goto(f"{server.url}/?status=running,killed")
     shown = browser.wait_for("[...document.querySelectorAll('#runs tbody tr[data-run-id]')].map(r => r.dataset.runId).sort().join() || ''")
@@ -96,7 +101,6 @@ def test_the_runs_page_shows_every_run_with_its_status(site, tmp_path):
     row = browser.wait_for("document.querySelector('#runs tbody tr[data-run-id]') && "
                            "[...document.querySelectorAll('#runs tbody tr[data-run-id] td')].map(c => c.textContent)")  # fmt: skip
     assert row[2] == "sac-lr-3e-4" and row[-2:] == ["0.0003", "256"]
-    assert browser.screenshot(tmp_path / "runs.png").stat().st_size > 10_000
 
 
 def test_a_run_page_draws_a_chart_per_key_and_advances_while_the_run_runs(site, tmp_path):

@@ -77,6 +77,7 @@ _TOUCH_RUNS = (
     " SELECT id, 'running', 0, -1, %s, %s FROM unnest(%s::text[]) AS id"
     " ON CONFLICT (run_id) DO UPDATE SET last_seen = greatest(runs.last_seen, excluded.last_seen), lost = FALSE"
 )
+_COPY_BLOCKS = "COPY point_blocks (run_id, key, writer, first_ts, points) FROM STDIN (FORMAT BINARY)"
 _SET_STATUS = (
     "UPDATE runs SET status = %s, status_ts = %s, status_seq = %s, project = coalesce(%s, project),"
     " grp = coalesce(%s, grp), meta = coalesce(%s, meta), reason = %s"
@@ -154,12 +155,11 @@ class PostgresStorage:
                             ([run for run, _ in fresh], [key for _, key in fresh]),
                         )
                     blocks = point_blocks(rows)
-                    if blocks:
-                        cursor.execute(
-                            "INSERT INTO point_blocks (run_id, key, writer, first_ts, points)"
-                            " SELECT * FROM unnest(%s::text[], %s::text[], %s::text[], %s::float8[], %s::bytea[])",
-                            tuple(list(column) for column in zip(*blocks)),
-                        )
+                    if blocks:  # binary COPY: the packed points go as they are, not escaped as text
+                        with cursor.copy(_COPY_BLOCKS) as copy:
+                            copy.set_types(["text", "text", "text", "float8", "bytea"])
+                            for block in blocks:
+                                copy.write_row(block)
             except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
                     psycopg.errors.DiskFull, psycopg.errors.AdminShutdown) as exc:  # fmt: skip
                 raise self._unavailable(exc) from exc

@@ -125,26 +125,24 @@ def point_blocks(rows: list[Row]) -> list[tuple[str, str, str, float, bytes]]:
 
     Curves are read from these blocks (a few per batch) instead of out of
     every stored record, so a key of a million points is one small scan.
+    Records of the same keys (a loop logs the same keys every call) are
+    packed together, column by column, by numpy.
     """
     import numpy as np
 
-    series: dict[tuple[str, str, str], list[tuple]] = {}
+    groups: dict[tuple[str, str, tuple[str, ...]], list[Row]] = {}
     for row in rows:
-        if not row.keys:
-            continue
-        step, env_steps = row.axes
-        point = (row.seq, row.ts, _float(step), _float(env_steps))
-        for key, value in zip(row.keys, row.numbers):
-            series.setdefault((row.run_id, key, row.writer), []).append((*point, _float(value)))
+        if row.keys:
+            groups.setdefault((row.run_id, row.writer, row.keys), []).append(row)
     blocks = []
-    for (run_id, key, writer), points in series.items():
-        columns = np.array(points, dtype=np.float64).T.copy()
-        blocks.append((run_id, key, writer, float(columns[1].min()), columns.tobytes()))
+    for (run_id, writer, keys), members in groups.items():
+        # None (a non-finite value, a missing axis) becomes NaN here.
+        axes = np.array([(r.seq, r.ts, *r.axes) for r in members], dtype=np.float64).T
+        values = np.array([r.numbers for r in members], dtype=np.float64).T
+        first_ts = float(axes[1].min())
+        for key, column in zip(keys, values):
+            blocks.append((run_id, key, writer, first_ts, np.vstack([axes, column]).tobytes()))
     return blocks
-
-
-def _float(value: Any) -> float:
-    return float("nan") if value is None or isinstance(value, bool) or not isinstance(value, (int, float)) else float(value)
 
 
 def read_blocks(blocks: list[tuple[str, bytes]]) -> dict[str, Any]:

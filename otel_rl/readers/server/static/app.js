@@ -207,7 +207,7 @@ function chart(holder, key, data, labels, marks, stacked, x = "env_steps") {
   const series = [{}, ...labels.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 1.5,
     fill: stacked ? COLORS[i % COLORS.length] + "55" : undefined, spanGaps: true }))];
   const options = { width, height: 200, series, legend: { live: false }, scales: { x: { time: x === "ts" } },
-    axes: [{}, { size: 64 }],
+    axes: [{}, { size: 64, values: (u, splits) => splits.map((v) => (v === null ? "" : number(v))) }],
     hooks: { draw: [(u) => drawMarks(u, marks)] } };
   const existing = holder._plot;
   if (existing && existing.series.length === series.length && holder._axis === x) {
@@ -393,7 +393,7 @@ function compareView() {
     const configs = infos.map((info) => flatten((info.run.started || {}).config));
     const names = [...new Set(configs.flatMap(Object.keys))].sort();
     const rows = names.map((name) => {
-      const values = configs.map((c) => (name in c ? JSON.stringify(c[name]) : "-"));
+      const values = configs.map((c) => (name in c ? String(c[name]) : "(not set)"));
       return el("tr", { class: new Set(values).size > 1 ? "differs" : "same", "data-setting": name }, el("th", {}, name), values.map((v) => el("td", { class: "mono" }, v)));
     });
     diff.replaceChildren(el("h2", {}, "Configuration"), el("table", { id: "config-diff", class: "kv" },
