@@ -113,3 +113,19 @@ def test_a_million_points_keep_the_bound_and_every_extreme():
                "env_steps": np.array([*range(10), nan, nan]), "value": np.array([*values[:10], 1.0, nan])}  # fmt: skip
     shown = curve(columns, "env_steps", 100)
     assert shown["count"] == 10 and shown["x"] == list(range(10))  # no axis, or no value: left out
+
+
+def test_curves_of_data_stored_before_point_blocks_are_read_out_of_the_records(tmp_path):
+    import sqlite3
+
+    database = tmp_path / "older.sqlite3"
+    golden = golden_records()["scalars"]
+    with IngestServer(database) as server:
+        post(server.url, [{**golden, "run_id": "old", "writer": "old:1", "seq": 10 + i, "step": i, "axes": {"env_steps": 8 * i, "iteration": i},
+                           "values": {"Loss/critic": 1.0 / (i + 1)}} for i in range(50)])  # fmt: skip
+    with sqlite3.connect(database) as db:
+        db.execute("DELETE FROM point_blocks")  # as a database written before them
+    with IngestServer(database) as server:
+        answer = requests.get(server.url + "/api/v1/runs/old/scalars", params={"key": "Loss/critic", "max_points": 20}, timeout=10).json()
+    shown = answer["series"]["Loss/critic"]
+    assert shown["count"] == 50 and len(shown["x"]) <= 20 and shown["x"][0] == 0 and shown["y"][0] == 1.0

@@ -316,7 +316,13 @@ def create_app(
             return _error(400, str(exc), exc.field)
 
         def curves() -> dict[str, Any]:
-            return {key: queries.curve(storage.curve(run_id, key), axis, max_points) for key in keys}
+            out = {}
+            for key in keys:
+                columns = storage.curve(run_id, key)
+                if not len(columns["seq"]):  # stored before point blocks existed: read out of the records
+                    columns = queries.columns_of(storage.series(run_id, key))
+                out[key] = queries.curve(columns, axis, max_points)
+            return out
 
         return web.json_response({"x": axis, "max_points": max_points, "series": await run(database, curves)})
 

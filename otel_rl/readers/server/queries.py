@@ -74,6 +74,14 @@ def curve(columns: Mapping[str, np.ndarray], axis: str, max_points: int) -> dict
     return {"x": shown.tolist(), "y": ys[keep].tolist(), "t": ts[keep].tolist(), "count": int(present.sum())}
 
 
+def columns_of(points: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Points read out of the stored records (:meth:`Storage.series`) as curve columns: for data stored before point blocks."""
+    def column(name: str) -> np.ndarray:
+        return np.array([p[name] for p in points], dtype=np.float64)  # None becomes NaN
+
+    return {"seq": np.arange(len(points), dtype=np.float64), **{name: column(name) for name in ("ts", "step", "env_steps", "value")}}
+
+
 def extremes(values: np.ndarray, max_points: int) -> list[int]:
     """Indices of at most ``max_points`` values: per equal run, its minimum and maximum, and the first and last."""
     n = len(values)
