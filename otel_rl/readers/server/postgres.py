@@ -15,7 +15,6 @@ import time
 from typing import Any
 
 from otel_rl.readers.server.storage import (
-    MAX_PAGE,
     RUN_FIELDS,
     KnownKeys,
     Row,
@@ -192,15 +191,7 @@ class PostgresStorage:
         return [r[0] for r in rows]
 
     def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
-        clauses, params = only.where("%s", "ILIKE")
-        if after is not None:
-            clauses.append("(created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = %s)")
-            params.append(after)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._query(
-            f"SELECT {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY created, run_id LIMIT %s", (*params, max(1, min(limit, MAX_PAGE)))
-        )
-        return [run_dict(r) for r in rows]
+        return [run_dict(r) for r in self._query(*only.listing("%s", "ILIKE", after, limit))]
 
     def env_steps(self, run_id: str) -> int | None:
         rows = self._query(

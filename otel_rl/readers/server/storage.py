@@ -62,6 +62,16 @@ class RunFilter:
             params += [pattern] * 3
         return clauses, params
 
+    def listing(self, mark: str, like: str, after: str | None, limit: int) -> tuple[str, tuple]:
+        """The SQL of a page of runs this filter keeps (after run ``after``, at most ``limit``), and its parameters."""
+        clauses, params = self.where(mark, like)
+        if after is not None:
+            clauses.append(f"(created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = {mark})")
+            params.append(after)
+        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        sql = f"SELECT {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY created, run_id LIMIT {mark}"
+        return sql, (*params, max(1, min(limit, MAX_PAGE)))
+
 
 def started(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     """What a run said when it started (its newest ``running`` record): configuration, provenance, plan."""
@@ -413,15 +423,7 @@ class SqliteStorage:
         return [r[0] for r in rows]
 
     def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
-        clauses, params = only.where("?", "LIKE")  # SQLite's LIKE ignores ASCII case
-        if after is not None:
-            clauses.append("(created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = ?)")
-            params.append(after)
-        where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        rows = self._read(
-            f"SELECT {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY created, run_id LIMIT ?", (*params, max(1, min(limit, MAX_PAGE)))
-        )
-        return [run_dict(r) for r in rows]
+        return [run_dict(r) for r in self._read(*only.listing("?", "LIKE", after, limit))]  # SQLite's LIKE ignores ASCII case
 
     def env_steps(self, run_id: str) -> int | None:
         rows = self._read(
