@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from otel_rl.config import TelemetryConfig
+from otel_rl.run_folder import CONFIG_FILE, JSONL_FILE, SUMMARY_FILE, TRACE_FILE
 
 _PREFIX = "otel-rl: "
 
@@ -26,16 +27,16 @@ def trace_path(config: TelemetryConfig) -> Path | None:
     """Where the run's Perfetto trace is written, None when it is off."""
     if not config.trace_enabled:
         return None
-    return Path(config.trace_output_dir or config.run_dir or ".") / "trace.perfetto-trace"
+    return Path(config.trace_output_dir or config.run_dir or ".") / TRACE_FILE
 
 
 def started(config: TelemetryConfig) -> None:
     """The run's folder and the files it will hold."""
     if config.quiet or config.run_dir is None:
         return
-    files = ["run_summary.json", "run_config.json"]
+    files = [SUMMARY_FILE, CONFIG_FILE]
     if config.jsonl:
-        files.insert(0, "metrics.jsonl")
+        files.insert(0, JSONL_FILE)
     trace = trace_path(config)
     if trace is not None and trace.parent == config.run_dir:
         files.insert(1, trace.name)

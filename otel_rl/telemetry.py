@@ -194,7 +194,7 @@ class Telemetry:
         self._run_span_id: int | None = None
         self._started_run: Any = None  # the run start_run() opened
         self._status: str | None = None  # how the last run ended
-        self._started_ns = perf_counter_ns()
+        self._started_ns = started_ns
 
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
@@ -698,7 +698,7 @@ class Telemetry:
             self._sigterm.restore()
             run_folder.release(self._run_folder)
         if self._run_folder is not None:
-            run_lines.ended(self.config, self._status, (perf_counter_ns() - self._started_ns) / 1e9)
+            run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9)
 
     def _close_at_exit(self) -> None:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere

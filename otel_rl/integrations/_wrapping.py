@@ -129,10 +129,10 @@ def settings(config: Any) -> dict[str, Any]:
     return {}
 
 
-def hyperparameters(owner: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The plain public attributes of a library's algorithm object (numbers, strings, booleans): its configuration as the run records it."""
+def plain_settings(settings: Mapping[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """The plain public entries of a library's settings (numbers, strings, booleans): its configuration as the run records it."""
     return {
         name: value
-        for name, value in vars(owner).items()
-        if not name.startswith("_") and name not in skip and type(value) in (int, float, str, bool)
+        for name, value in settings.items()
+        if not str(name).startswith("_") and name not in skip and type(value) in (int, float, str, bool)
     }

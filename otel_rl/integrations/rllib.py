@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from otel_rl import schema
-from otel_rl.integrations._wrapping import timed, wrap
+from otel_rl.integrations._wrapping import plain_settings, timed, wrap
 from otel_rl.worker_processes import RELAY_CAPACITY, WorkerSpec, init_worker
 
 _DRIVERS: dict[str, Any] = {}
@@ -170,10 +170,9 @@ _ON_POLICY = frozenset({"PPO", "APPO", "IMPALA"})
 def _plain_config(config: Any) -> dict[str, Any]:
     """The algorithm configuration's plain settings (numbers, strings, booleans)."""
     try:
-        settings = config.to_dict()
+        return plain_settings(config.to_dict())
     except Exception:  # an RLlib whose config cannot say: the run goes without
         return {}
-    return {k: v for k, v in settings.items() if type(v) in (int, float, str, bool)}
 
 
 def _ending_run(tel: Any, stop):

@@ -30,7 +30,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from otel_rl import schema
-from otel_rl.integrations._wrapping import Cycle, hyperparameters, time_forward, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, plain_settings, time_forward, timed, wrap
 
 
 _CHANGING = frozenset({"num_timesteps", "verbose", "start_time"})
@@ -81,7 +81,7 @@ class TelemetryCallback(BaseCallback):
             family="rl.onpolicy" if on_policy else "rl.offpolicy",
             total_steps=getattr(model, "_total_timesteps", None),
             num_envs=model.n_envs,
-            config={"algorithm": type(model).__name__, **hyperparameters(model, _CHANGING)},
+            config={"algorithm": type(model).__name__, **plain_settings(vars(model), _CHANGING)},
         )
         if self._output not in model.logger.output_formats:
             model.logger.output_formats.append(self._output)

@@ -21,11 +21,10 @@ from otel_rl.outputs.otel.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import RunRecord, ScalarsRecord
+from otel_rl.run_folder import CONFIG_FILE, SUMMARY_FILE
 
 _logger = logger(__name__)
 
-SUMMARY_FILE = "run_summary.json"
-CONFIG_FILE = "run_config.json"
 
 
 class SummarySink(RecordSink):

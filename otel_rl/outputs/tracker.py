@@ -109,7 +109,7 @@ class TrackerSink(RecordSink):
         self._perf = PerfWindows(perf_interval_s)
         self._step: int | None = None
         # A pass hands over its events before its scalars: they wait for the pass's steps, then go at theirs.
-        self._events: list[EventRecord] = []
+        self._events: deque[EventRecord] = deque()
         writer.start()
 
     def on_run(self, run: RunRecord) -> None:
@@ -136,7 +136,7 @@ class TrackerSink(RecordSink):
     def _put_events_before(self, time_ns: int) -> None:
         """Events that happened before ``time_ns``, at the step of the last scalars before them."""
         while self._events and self._events[0].time_ns <= time_ns:
-            self._put_event(self._events.pop(0))
+            self._put_event(self._events.popleft())
 
     def _put_events(self) -> None:
         for event in self._events:

@@ -22,10 +22,10 @@ from otel_rl._logging import logger, once
 from otel_rl.background import Worker
 from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.record_queue import Item, RecordQueue
+from otel_rl.run_folder import JSONL_FILE
 
 _logger = logger(__name__)
 
-JSONL_FILE = "metrics.jsonl"
 
 
 class JsonlWriter(Worker):

@@ -44,6 +44,7 @@ from otel_rl.outputs.files import close_quietly
 from otel_rl.outputs.protowire import varint as _varint
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.run_folder import TRACE_FILE
 from otel_rl.schema import PhaseSpec
 
 try:
@@ -53,7 +54,6 @@ except ImportError:  # not built (no compiler): the pure-Python twin below
 
 _logger = logger(__name__)
 
-TRACE_FILE = "trace.perfetto-trace"
 _ROTATE = object()  # a mark in the writer's queue: start the next file here
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 QUEUE_CAPACITY = 100_000

@@ -152,7 +152,9 @@ function runsView() {
     const query = params();
     const filtered = new URLSearchParams({ limit: "1000" });
     for (const name of ["project", "group", "status", "q"]) if (query.get(name)) filtered.set(name, query.get(name));
-    const [all, shown] = await Promise.all([api("/api/v1/runs?limit=1000"), api("/api/v1/runs?" + filtered)]);
+    // The unfiltered list fills the filters' choices; without a filter it is the list shown, asked for once.
+    const everyRun = api("/api/v1/runs?limit=1000");
+    const [all, shown] = await Promise.all([everyRun, filtered.size > 1 ? api("/api/v1/runs?" + filtered) : everyRun]);
     everything = all.runs;
     const distinct = (field) => [...new Set(everything.map((r) => r[field]).filter(Boolean))].sort();
     const configKeys = [...new Set(everything.flatMap((r) => Object.keys(flatten(r.started && r.started.config))))].sort();
