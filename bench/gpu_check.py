@@ -9,6 +9,9 @@
    finishes executing).
 3. Agreement with torch.profiler: the trace's GPU slices match the same
    kernels in a Kineto trace (durations within 5% or 5 us).
+4. The profiling window (``init(profile=...)``): the profiler's kernels are
+   on per-device, per-stream tracks, each linked from its launch by a flow,
+   and within the CUDA-timed phase that issued them.
 
 Usage: python bench/gpu_check.py [--out DIR]. Prints a table; exit code 1 if a check fails.
 """
@@ -136,6 +139,31 @@ def check_profiler(torch, rate: float, out: Path) -> list[tuple[str, str, bool]]
     return [("torch.profiler agreement", f"ours {o:.1f} us vs Kineto {k:.1f} us ({len(ours)}/{len(kernels)})", within(o, k))]
 
 
+def check_profile_window(torch, rate: float, out: Path) -> list[tuple[str, str, bool]]:
+    run_dir = out / "window"
+    tel = otel_rl.init(run_dir=run_dir, profile=(2, 5), quiet=True)
+    model = torch.nn.Linear(256, 256).cuda()
+    phase = tel.phase("learning", cuda=True)
+    for i in range(10):
+        with tel.iteration(i), phase:
+            model(torch.randn(64, 256, device="cuda")).sum().backward()
+            torch.cuda._sleep(int(200 * rate))
+    torch.cuda.synchronize()
+    tel.close()
+    slices = protobuf_engine.read(trace_files(run_dir)).slices
+    kernels = [s for s in slices if s.category == "torch.gpu"]
+    launched = {f for s in slices if s.category == "torch" and s.flows for f in s.flows}
+    linked = sum(1 for k in kernels if set(k.flows) & launched)
+    phases = [(s.start_ns, s.end_ns) for s in slices if s.category == "gpu"]
+    inside = sum(1 for k in kernels if any(a - 50_000 <= k.start_ns and k.end_ns <= b + 50_000 for a, b in phases))
+    tracks = {k.track for k in kernels}
+    return [
+        ("profile window: kernel tracks", f"{len(kernels)} kernels on {len(tracks)} stream track(s)", bool(kernels)),
+        ("profile window: launch flows", f"{linked}/{len(kernels)} kernels linked from their launch", bool(kernels) and linked >= 0.9 * len(kernels)),
+        ("profile window: inside CUDA phases", f"{inside}/{len(kernels)} within 50 us of a GPU phase", bool(kernels) and inside >= 0.9 * len(kernels)),
+    ]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=None, help="folder for the traces (default: a temporary one)")
@@ -149,6 +177,7 @@ def main() -> int:
     rate = cycles_per_us(torch)
     print(f"{torch.cuda.get_device_name()}: torch {torch.__version__}, {rate:.0f} sleep cycles per us, traces in {out}")
     rows = check_accuracy(torch, rate, out) + check_no_sync(torch, rate, out) + check_profiler(torch, rate, out)
+    rows += check_profile_window(torch, rate, out)
     width = max(len(r[0]) for r in rows)
     print()
     print(f"| {'check':{width}s} | result | pass |")

@@ -63,6 +63,7 @@ def init(
     trace_thread_time: bool = DEFAULT,
     trace_cuda_events: bool = DEFAULT,
     trace_max_bytes: int = DEFAULT,
+    profile: tuple[int, int] | None = DEFAULT,
     span_exporters: list | None = DEFAULT,
     metric_exporters: list | None = DEFAULT,
     log_exporters: list | None = DEFAULT,

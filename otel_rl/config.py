@@ -173,6 +173,11 @@ class TelemetryConfig:
     trace_max_bytes: int = 256 * 1024 * 1024
     """Rotate the trace file to ``trace.1.perfetto-trace`` past this size."""
 
+    profile: tuple[int, int] | None = None
+    """``(start, count)``: run ``torch.profiler`` over ``count`` learner iterations from index ``start``
+    (``OTEL_RL_PROFILE=start,count``); its operators go into the Perfetto trace inside their phases, its
+    own trace file to ``profile/`` in the run folder (see :mod:`otel_rl.training.profiling`)."""
+
     span_exporters: list | None = None
     """SDK span exporters to use instead of those the environment asks for (None: from the environment)."""
 
@@ -221,6 +226,10 @@ class TelemetryConfig:
                 _check(name, getattr(self, name), bool, "True, False or None")
         for name in ("rank", "world_size"):
             _check(name, getattr(self, name), int, "an integer")
+        if self.profile is not None:
+            self.profile = _profile_window(self.profile)
+            if self.run_dir is None and self.trace_output_dir is None:
+                raise ValueError("profile needs a run_dir or a trace_output_dir to write the profile into")
         if not isinstance(self.meta, dict):
             raise TypeError(f"meta must be a dict, got {type(self.meta).__name__}")
         if not isinstance(self.resource_attributes, dict):
@@ -289,6 +298,7 @@ class TelemetryConfig:
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),
+            "profile": env.read(env.OTEL_RL_PROFILE, _parse_profile, None, "START,COUNT (iterations, COUNT >= 1)"),
             "rank": env.read("RANK", int, 0, "an integer"),
             "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
         }
@@ -306,6 +316,22 @@ def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str,
         raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
     if valid is not None and not valid(value):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _profile_window(value: Any) -> tuple[int, int]:
+    """``profile`` as ``(start, count)``: two integers, ``start >= 0`` and ``count >= 1``."""
+    expected = "(start, count): the first learner iteration and how many to profile"
+    if not isinstance(value, (tuple, list)) or len(value) != 2 or any(type(v) is not int for v in value):
+        raise TypeError(f"profile must be {expected}, got {value!r}")
+    start, count = value
+    if start < 0 or count < 1:
+        raise ValueError(f"profile must be {expected} (start >= 0, count >= 1), got {value!r}")
+    return start, count
+
+
+def _parse_profile(raw: str) -> tuple[int, int]:
+    start, count = raw.split(",")
+    return _profile_window((int(start), int(count)))
 
 
 def _json_object(raw: str) -> dict[str, Any]:

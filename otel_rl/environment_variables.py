@@ -58,6 +58,8 @@ names it (ranks on one machine); ``thread`` (or ``inprocess``): the agent on a t
 OTEL_RL_TRACE_OUTPUT_DIR = "OTEL_RL_TRACE_OUTPUT_DIR"
 OTEL_RL_TRACE_THREAD_TIME = "OTEL_RL_TRACE_THREAD_TIME"
 OTEL_RL_TRACE_CUDA_EVENTS = "OTEL_RL_TRACE_CUDA_EVENTS"
+OTEL_RL_PROFILE = "OTEL_RL_PROFILE"
+"""``START,COUNT``: profile ``COUNT`` learner iterations from index ``START`` with ``torch.profiler``."""
 OTEL_RL_TRACE_PROCESSOR = "OTEL_RL_TRACE_PROCESSOR"
 """Path of a ``trace_processor_shell`` binary for the SQL engine of ``otel-rl analyze``."""
 OTEL_RL_PURE_PYTHON = "OTEL_RL_PURE_PYTHON"

@@ -193,6 +193,7 @@ class Telemetry:
         self._hurried = False
         self._run_span_id: int | None = None
         self._started_run: Any = None  # the run start_run() opened
+        self._described: dict[str, str] = {}  # what describe_system() last recorded
         self._status: str | None = None  # how the last run ended
         self._started_ns = started_ns
 
@@ -236,6 +237,12 @@ class Telemetry:
         for path, value in replaced:
             self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
+        self._profile = None
+        if config.profile is not None:
+            from otel_rl.training.profiling import FOLDER, ProfileWindow
+
+            folder = (config.run_dir or config.trace_output_dir) / FOLDER  # type: ignore[operator]
+            self._profile = ProfileWindow(*config.profile, folder, self._internal_event)
 
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
@@ -297,6 +304,8 @@ class Telemetry:
             env_steps = None if env_steps is None else as_step(env_steps, "env_steps")
         if self._closed:
             _logger.warning("otel-rl: iteration() after close(); nothing is recorded")
+        if self._profile is not None and timeline == schema.LEARNER:
+            return self._profile.around(self._new_iteration(timeline, index, env_steps))
         return self._new_iteration(timeline, index, env_steps)
 
     def flow(self, flow_id: int, end: bool = False) -> None:
@@ -410,6 +419,10 @@ class Telemetry:
         name = self._event_name(name)
         safe = json_safe(attributes, self._nonfinite, f"event:{name}") if attributes else {}
         self._recorder.add_event((perf_counter_ns(), name, safe))
+
+    def _internal_event(self, name: str, attributes: dict[str, Any]) -> None:
+        """An event of otel-rl's own (plain attributes, a name of the schema's)."""
+        self._recorder.add_event((perf_counter_ns(), name, attributes))
 
     def _event_name(self, name: Any) -> str:
         if type(name) is str and 0 < len(name) <= 256 and "\x00" not in name:
@@ -548,6 +561,27 @@ class Telemetry:
             if raised is not error:
                 raise
 
+    def describe_system(self, system: str, environment: str | None = None) -> None:
+        """Name the RL framework training runs on and, when known, its environment (the integrations call it).
+
+        They become the resource attributes ``rl.system`` and
+        ``rl.environment.name`` of the proposed ``rl.*`` conventions on what
+        is exported from then on (OTLP spans, metrics and logs), and a
+        ``framework`` event. A value that is not a string is dropped with one
+        warning; a repeated description records nothing.
+        """
+        described = {}
+        for name, value in (("system", system), ("environment", environment)):
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value.strip():
+                _logger.warning("otel-rl: describe_system(%s=%s) is not a non-empty string; ignored", name, describe(value))
+                continue
+            described[name] = clean_text(value.strip(), NAME_LIMIT)
+        if described and described != self._described:
+            self._described = described
+            self._internal_event(schema.EVENT_FRAMEWORK, described)
+
     def _end_run(self, start_ns: int, status: str, reason: str | None) -> None:
         self._run_open = False
         self._status = status
@@ -679,6 +713,8 @@ class Telemetry:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
+        if self._profile is not None:
+            self._profile.finish()  # training ended inside the window: what was profiled is still written
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
         self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
         deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
@@ -852,6 +888,9 @@ class NoOpTelemetry:
         return False
 
     def end_run(self, error: BaseException | None = None) -> None:
+        pass
+
+    def describe_system(self, system: str, environment: str | None = None) -> None:
         pass
 
     def traceparent(self) -> str:

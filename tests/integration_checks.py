@@ -45,3 +45,9 @@ def counts(run_dir: Path) -> dict[str, dict]:
         timeline: {"cycles": entry["iterations"]["count"], **{name: stat["count"] for name, stat in entry["phases"].items()}}
         for timeline, entry in timelines.items()
     }
+
+
+def framework(run_dir: Path) -> dict:
+    """What the integration said the run trains on (its ``framework`` event: ``rl.system`` and ``rl.environment.name``)."""
+    (described,) = [r["attributes"] for r in records(run_dir) if r["kind"] == "event" and r["name"] == "framework"]
+    return described

@@ -9,7 +9,7 @@ from ray.rllib.algorithms.ppo import PPOConfig
 import otel_rl
 from otel_rl.integrations.rllib import TelemetryCallbacks
 
-from integration_checks import check_run, counts, records
+from integration_checks import check_run, counts, framework, records
 from otlp_receivers import HttpReceiver
 
 @pytest.fixture
@@ -49,6 +49,10 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
     assert set(found["processes"]) == {"learner", "env runner 1"}
     (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
     assert running["num_envs"] == 2 and running["config"]["algorithm"] == "PPO" and running["family"] == "rl.onpolicy"
+    assert framework(tmp_path) == {"system": "rllib", "environment": "CartPole-v1"}
+    assert receiver.received.wait_for(lambda r: any(
+        {a.key: a.value.string_value for a in res.attributes}.get("rl.system") == "rllib" for res, _ in r.spans()
+    ))  # fmt: skip
     learner = counts(tmp_path)["learner"]
     assert learner["cycles"] == 2 and learner["collector_wait"] == 2  # sampling only, not state syncs
     assert receiver.received.wait_for(lambda r: any(

@@ -9,7 +9,7 @@ import otel_rl
 from otel_rl import schema
 from otel_rl.integrations.sb3 import TelemetryCallback, TelemetryOutput
 
-from integration_checks import check_run, counts, records
+from integration_checks import check_run, counts, framework, records
 
 BOTH_TIMELINES = {"learner": {"Learning", "Policy Inference", "Env Step"}}
 
@@ -26,6 +26,7 @@ def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path, capfd
     (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
     assert running["total_steps"] == 2048 and running["num_envs"] == 1 and running["family"] == "rl.onpolicy"
     assert running["config"]["algorithm"] == "PPO" and running["config"]["n_steps"] == 256
+    assert framework(tmp_path) == {"system": "stable_baselines3", "environment": "CartPole-v1"}
     found = check_run(
         tmp_path,
         BOTH_TIMELINES,

@@ -13,7 +13,7 @@ from torchrl.objectives.value import GAE
 import otel_rl
 from otel_rl.integrations.torchrl import TelemetryLogger, iterate
 
-from integration_checks import check_run, counts, records
+from integration_checks import check_run, counts, framework, records
 
 FRAMES_PER_BATCH, TOTAL_FRAMES = 256, 2048
 
@@ -54,6 +54,7 @@ def test_ppo_with_a_torchrl_collector_records_both_timelines_and_its_losses(tmp_
          "Perf/learning_time", "Perf/collector_env_step_ms"},
     )  # fmt: skip
     assert "custom/loss_objective" not in found["keys"]
+    assert framework(tmp_path) == {"system": "torchrl", "environment": "CartPole-v1"}
     all_records = records(tmp_path)
     (hparams,) = [r["attributes"] for r in all_records if r["kind"] == "event" and r["name"] == "hparams"]
     assert hparams == {"lr": 3e-4, "frames_per_batch": FRAMES_PER_BATCH}

@@ -210,3 +210,48 @@ def test_the_users_own_spans_and_instruments_are_exported_with_an_agent_process(
         a.value.string_value for resource, span in receiver.received.spans() for a in resource.attributes if a.key == "service.name"
     }
     assert services == {"user-sdk"}  # the user's spans and otel-rl's (from the agent) under one service
+
+
+def _resources(got) -> dict[str, list[dict[str, str]]]:
+    """The string attributes of every resource received, per signal."""
+
+    def plain(resource) -> dict[str, str]:
+        return {a.key: a.value.string_value for a in resource.attributes if a.value.HasField("string_value")}
+
+    with got.lock:
+        logs = [rl.resource for req in got.logs for rl in req.resource_logs]
+    return {
+        "spans": [plain(r) for r, _ in got.spans()],
+        "metrics": [plain(r) for r, _ in got.metric_list()],
+        "logs": [plain(r) for r in logs],
+    }
+
+
+def test_the_framework_and_environment_an_integration_names_are_on_every_signals_resource(receiver, tmp_path):
+    """SB3's callback names ``rl.system`` and ``rl.environment.name`` (the proposed rl.* conventions) at training start."""
+    from stable_baselines3 import PPO
+
+    from otel_rl.integrations.sb3 import TelemetryCallback
+
+    tel = otel_rl.init(run_dir=tmp_path / "run", quiet=True, metric_export_interval_ms=200)
+    model = PPO("MlpPolicy", "CartPole-v1", n_steps=128, batch_size=64, n_epochs=1, device="cpu", seed=0)
+    model.learn(256, callback=TelemetryCallback(tel))
+    time.sleep(0.5)  # a periodic metric export after training started
+    tel.close()
+    resources = _resources(receiver.received)
+    for signal in ("spans", "metrics", "logs"):
+        described = [r for r in resources[signal] if r.get("rl.system") == "stable_baselines3"]
+        assert described, (signal, resources[signal][:2])
+        assert all(r["rl.environment.name"] == "CartPole-v1" and r["rl.run.id"] == "run" for r in described)
+    # Every span is of the run, which opened after the callback named them.
+    assert all(r.get("rl.system") == "stable_baselines3" for r in resources["spans"])
+
+
+def test_describe_system_in_a_loop_of_ones_own(receiver):
+    tel = otel_rl.init(run_id="own-loop")
+    tel.describe_system("my_trainer", environment="Pendulum-v1")
+    tel.describe_system("my_trainer", environment=42)  # not a string: warned, the system kept
+    _loop(tel)
+    tel.close()
+    resources = _resources(receiver.received)
+    assert resources["spans"] and all(r["rl.system"] == "my_trainer" and r["rl.environment.name"] == "Pendulum-v1" for r in resources["spans"])

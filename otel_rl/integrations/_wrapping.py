@@ -136,3 +136,29 @@ def plain_settings(settings: Mapping[str, Any], skip: frozenset[str] = frozenset
         for name, value in settings.items()
         if not str(name).startswith("_") and name not in skip and type(value) in (int, float, str, bool)
     }
+
+
+_INNER = ("base_env", "venv", "_env", "env")
+"""Where a wrapper (TorchRL's TransformedEnv, SB3's VecNormalize, skrl's and Gymnasium's wrappers) keeps what it wraps."""
+
+
+def environment_name(env: Any) -> str | None:
+    """The name of the environment ``env`` steps (a Gymnasium spec's id, TorchRL's ``env_name``), unwrapping; None when unknown."""
+    for _ in range(8):  # wrappers nest a few deep, never this deep
+        name = getattr(getattr(env, "spec", None), "id", None)
+        if not isinstance(name, str):
+            name = getattr(env, "env_name", None)
+        if isinstance(name, str) and name:
+            return name
+        get_attr = getattr(env, "get_attr", None)
+        if callable(get_attr) and hasattr(env, "num_envs"):  # an SB3 vectorised env: its first env's spec
+            try:
+                name = getattr(get_attr("spec", indices=[0])[0], "id", None)
+            except Exception:  # a library's env that does not have it
+                name = None
+            if isinstance(name, str) and name:
+                return name
+        env = next((inner for attribute in _INNER if (inner := getattr(env, attribute, None)) is not None), None)
+        if env is None:
+            return None
+    return None

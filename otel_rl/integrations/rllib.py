@@ -42,6 +42,9 @@ from otel_rl import schema
 from otel_rl.integrations._wrapping import plain_settings, timed, wrap
 from otel_rl.worker_processes import RELAY_CAPACITY, WorkerSpec, init_worker
 
+SYSTEM = "rllib"
+"""``rl.system`` of runs trained with RLlib."""
+
 _DRIVERS: dict[str, Any] = {}
 """The driver's telemetry by run id, for callbacks instantiated in the driver's own process."""
 
@@ -100,6 +103,7 @@ class TelemetryCallbacks(RLlibCallback):
             return not state["syncing"]
 
         config = algorithm.config
+        tel.describe_system(SYSTEM, _environment_name(config))
         runners_count = max(1, int(getattr(config, "num_env_runners", 0) or 0))
         if tel.start_run(
             family="rl.onpolicy" if type(algorithm).__name__ in _ON_POLICY else "rl.offpolicy",
@@ -185,6 +189,12 @@ def _ending_run(tel: Any, stop):
             tel.end_run()
 
     return wrapped
+
+
+def _environment_name(config: Any) -> str | None:
+    """The environment RLlib was configured with: its registered name, or the class's."""
+    env = getattr(config, "env", None)
+    return env if isinstance(env, str) else getattr(env, "__name__", None)
 
 
 def _env_steps(algorithm: Any) -> int | None:

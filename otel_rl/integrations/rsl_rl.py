@@ -26,7 +26,10 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.integrations._wrapping import Cycle, opens_run, settings, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, settings, timed, wrap
+
+SYSTEM = "rsl_rl"
+"""``rl.system`` of runs trained with RSL-RL."""
 
 _logger = logger(__name__)
 
@@ -114,5 +117,6 @@ def instrument(runner: Any, tel: Any) -> Any:
             "config": settings(runner.cfg),
         }
 
+    tel.describe_system(SYSTEM, environment_name(env))
     wrap(runner, "learn", lambda learn: opens_run(tel, learn, run_metadata))
     return runner

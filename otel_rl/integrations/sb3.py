@@ -30,7 +30,10 @@ from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
 from otel_rl import schema
-from otel_rl.integrations._wrapping import Cycle, plain_settings, time_forward, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, environment_name, plain_settings, time_forward, timed, wrap
+
+SYSTEM = "stable_baselines3"
+"""``rl.system`` of runs trained with SB3."""
 
 
 _CHANGING = frozenset({"num_timesteps", "verbose", "start_time"})
@@ -77,6 +80,7 @@ class TelemetryCallback(BaseCallback):
     def _on_training_start(self) -> None:
         model = self.model
         on_policy = not hasattr(model, "_sample_action")
+        self.tel.describe_system(SYSTEM, environment_name(self.training_env))
         self._opened_run = self.tel.start_run(
             family="rl.onpolicy" if on_policy else "rl.offpolicy",
             total_steps=getattr(model, "_total_timesteps", None),

@@ -28,7 +28,10 @@ import numpy as np
 
 from otel_rl import schema
 from otel_rl._logging import logger
-from otel_rl.integrations._wrapping import Cycle, opens_run, settings, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, settings, timed, wrap
+
+SYSTEM = "skrl"
+"""``rl.system`` of runs trained with skrl."""
 
 _logger = logger(__name__)
 
@@ -104,6 +107,7 @@ def instrument(trainer: Any, tel: Any) -> Any:
             "config": {"agent": type(agent).__name__, **settings(getattr(agent, "cfg", None))},
         }
 
+    tel.describe_system(SYSTEM, environment_name(env))
     wrap(trainer, "train", lambda train: opens_run(tel, train, run_metadata))
     if getattr(agent, "write_interval", 1) == 0:
         _logger.warning("otel-rl: the skrl agent's experiment.write_interval is 0: its tracking data is not recorded, only phases")

@@ -28,7 +28,10 @@ from torchrl.record.loggers import Logger
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
-from otel_rl.integrations._wrapping import time_forward, timed, wrap
+from otel_rl.integrations._wrapping import environment_name, time_forward, timed, wrap
+
+SYSTEM = "torchrl"
+"""``rl.system`` of runs trained with TorchRL."""
 
 _logger = logger(__name__)
 
@@ -91,6 +94,7 @@ def iterate(collector: Any, tel: Any) -> Iterator[Any]:
     undo.append(wrap(collector.env, "step_and_maybe_reset", lambda step: timed(tel, "env_step", step)))
     learning = tel.phase("learning")
     total = getattr(collector, "total_frames", None)
+    tel.describe_system(SYSTEM, environment_name(collector.env))
     opened = tel.start_run(total_steps=total if isinstance(total, int) and total > 0 else None, num_envs=_num_envs(collector.env))
     try:
         for index, batch in enumerate(collector):

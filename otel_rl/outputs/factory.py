@@ -222,6 +222,8 @@ class Outputs:
             cuda_events=config.trace_cuda_events,
             max_bytes=config.trace_max_bytes,
             pid=self.identity.pid,
+            profile=config.profile is not None,
+            clock_offset_ns=self.identity.clock_offset_ns,
         )
 
     def _start_system_metrics(self) -> None:

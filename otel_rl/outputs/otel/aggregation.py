@@ -419,7 +419,8 @@ class AggregatorSink(RecordSink):
 class MergingMetricExporter(MetricExporter):
     """Wraps a metric exporter and adds :class:`Aggregates` to every export."""
 
-    def __init__(self, inner: MetricExporter, aggregates: Aggregates, scope: InstrumentationScope, clock) -> None:
+    def __init__(self, inner: MetricExporter, aggregates: Aggregates, scope: InstrumentationScope, clock, resource=None) -> None:
+        """``resource()``: the resource to export under (the SDK's when None)."""
         super().__init__(
             preferred_temporality=inner._preferred_temporality,  # the reader reads these from its exporter
             preferred_aggregation=inner._preferred_aggregation,
@@ -428,14 +429,15 @@ class MergingMetricExporter(MetricExporter):
         self._aggregates = aggregates
         self._scope = scope
         self._clock = clock
+        self._resource = resource
 
     def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         ours = self._aggregates.collect(self._clock.now_ns())
-        if ours and metrics_data.resource_metrics:
+        if metrics_data.resource_metrics:
             first = metrics_data.resource_metrics[0]
             merged = ResourceMetrics(
-                first.resource,
-                [*first.scope_metrics, ScopeMetrics(self._scope, ours, "")],
+                first.resource if self._resource is None else self._resource(),
+                [*first.scope_metrics, ScopeMetrics(self._scope, ours, "")] if ours else first.scope_metrics,
                 first.schema_url,
             )
             metrics_data = MetricsData([merged, *metrics_data.resource_metrics[1:]])

@@ -15,6 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry import trace as trace_api
+from opentelemetry._logs import LogRecord
+from opentelemetry.sdk._logs import ReadWriteLogRecord
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -153,7 +155,7 @@ class OpenTelemetrySink(RecordSink):
             )
         readers = [
             PeriodicExportingMetricReader(
-                MergingMetricExporter(e, self.aggregates, self._scope, self._clock),
+                MergingMetricExporter(e, self.aggregates, self._scope, self._clock, lambda: self._resource),
                 export_interval_millis=interval_ms,
             )
             for e in exporters
@@ -257,7 +259,21 @@ class OpenTelemetrySink(RecordSink):
         )
         self._end_spans([span])
 
+    def _describe(self, attributes: dict[str, Any]) -> None:
+        """The framework and environment an integration named (:data:`otel_rl.schema.EVENT_FRAMEWORK`), on the resource from now on.
+
+        An OpenTelemetry resource is fixed when its providers are built, at
+        ``init()``, before any integration exists: the resource that spans,
+        metrics and logs are exported under is widened here instead.
+        """
+        added = {key: attributes[name] for name, key in _DESCRIBED.items() if isinstance(attributes.get(name), str)}
+        if added:
+            self._resource = self._resource.merge(Resource(added))
+            self._builder.resource = self._resource
+
     def on_event(self, event: EventRecord) -> None:
+        if event.name == schema.EVENT_FRAMEWORK:
+            self._describe(event.attributes)
         attributes = {k: _attribute_value(v) for k, v in event.attributes.items()}
         if len(self._run_events) < MAX_RUN_SPAN_EVENTS:
             self._run_events.append(Event(event.name, attributes, event.time_ns))
@@ -266,13 +282,8 @@ class OpenTelemetrySink(RecordSink):
             parent = self._run_context or self._remote_parent
             if parent is not None:
                 context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent))
-            self._event_logger.emit(
-                timestamp=event.time_ns,
-                context=context,
-                event_name=event.name,
-                body=event.name,
-                attributes=attributes,
-            )
+            record = LogRecord(timestamp=event.time_ns, context=context, event_name=event.name, body=event.name, attributes=attributes)
+            self._event_logger.emit(ReadWriteLogRecord(record, self._resource, self._scope))
 
     def _end_spans(self, spans: list) -> None:
         for processor in self._span_processors:
@@ -308,6 +319,10 @@ class OpenTelemetrySink(RecordSink):
             yield "metrics", self.meter_provider
         if self.logger_provider is not None:
             yield "logs", self.logger_provider
+
+
+_DESCRIBED = {"system": schema.ATTR_SYSTEM, "environment": schema.ATTR_ENVIRONMENT}
+"""The attributes of a framework event, and the resource attributes they become."""
 
 
 def _attribute_value(value: Any) -> Any:

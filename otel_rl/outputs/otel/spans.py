@@ -77,7 +77,8 @@ class SpanBuilder:
     """
 
     def __init__(self, resource: Resource, scope: InstrumentationScope, trace_id: int) -> None:
-        self._resource = resource
+        self.resource = resource
+        """The resource of the spans built from now on (the sink widens it when an integration names its framework)."""
         self._scope = scope
         self.trace_id = trace_id
         self.cuda_fallback: dict[tuple[str, str], str] = {}
@@ -103,7 +104,7 @@ class SpanBuilder:
             name,
             context=context,
             parent=parent,
-            resource=self._resource,
+            resource=self.resource,
             attributes=attributes,
             events=tuple(events),
             links=tuple(links),

@@ -41,6 +41,7 @@ from otel_rl.background import Worker, pid_alive
 from otel_rl.drops import Drops
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.outputs.files import close_quietly
+from otel_rl.outputs.perfetto.profile import fit, intervals_of, nested_order, read_profile
 from otel_rl.outputs.protowire import varint as _varint
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
@@ -61,6 +62,8 @@ COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_
 MAX_COUNTER_TRACKS = 64
 LOOSE_BATCH = 1024
 """Loose phases (outside iterations) of one thread encoded in one call at most."""
+MAX_KEPT = 100_000
+"""Iterations and loose phases kept for fitting a profile's operators into (while a window is configured)."""
 MAX_CLASSIFIED_KEYS = 10_000
 """Scalar keys whose counter-or-not decision is remembered (bounds memory with ever-new keys)."""
 
@@ -250,7 +253,8 @@ class TraceEncoder:
 
         return uuid, out + self._descriptor(uuid, fill)
 
-    def gpu_stream_track(self, device: int, stream: int) -> tuple[int, list[bytes]]:
+    def gpu_stream_track(self, device: int, stream: int, kernels: bool = False) -> tuple[int, list[bytes]]:
+        """A track of one CUDA stream in the ``GPU n`` process: CUDA-timed phases, or the profiler's ``kernels``."""
         # One "GPU n" process per device; its pid is synthetic (negative pids are reserved).
         gpu_uuid = track_uuid("gpu", device)
         gpu_pid = 0x40000000 + device
@@ -261,12 +265,12 @@ class TraceEncoder:
             d.process.process_name = f"GPU {device}"
 
         out = self._descriptor(gpu_uuid, fill_gpu)
-        uuid = track_uuid("gpu", device, "stream", stream)
+        uuid = track_uuid("gpu", device, "kernels" if kernels else "stream", stream)
 
         def fill(d: TrackDescriptor) -> None:
             d.uuid = uuid
             d.parent_uuid = gpu_uuid
-            d.name = f"stream {stream}"
+            d.name = f"stream {stream} (kernels)" if kernels else f"stream {stream}"
 
         return uuid, out + self._descriptor(uuid, fill)
 
@@ -333,6 +337,17 @@ class TraceEncoder:
         packets = _packet(start_ns, body, self._sequence_tail) + _packet(end_ns, end_body, self._sequence_tail)
         return b"".join(interned) + packets
 
+    def begin(self, track: int, name: str, category: str, ts: int, flow: int | None = None, terminating: bool = False) -> bytes:
+        """A slice BEGIN packet (after the interning packets it needs), with a flow starting or ``terminating`` there."""
+        body, interned = self._begin_body(track, name, category)
+        if flow is not None:
+            body += (b"\x81\x03" if terminating else b"\xf9\x02") + (flow & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+        return b"".join(interned) + _packet(ts, body, self._sequence_tail)
+
+    def end(self, track: int, ts: int) -> bytes:
+        """A slice END packet: it closes the latest slice open on ``track``."""
+        return _packet(ts, self._end_body(track), self._sequence_tail)
+
     def counter(self, track: int, ts: int, value: float) -> bytes:
         packet = self._packet()
         packet.timestamp = ts
@@ -353,6 +368,10 @@ class PerfettoTraceSink(RecordSink):
         cuda_events: put device intervals on GPU stream tracks.
         max_bytes: rotate the file past this size.
         pid: the process the trace shows (default: this one; an agent passes its producer's).
+        profile: a ``torch.profiler`` window is configured: the recent iterations and phases are kept
+            until its event arrives, so that its operators are fitted inside them
+            (:mod:`otel_rl.outputs.perfetto.profile`).
+        clock_offset_ns: the producer's epoch minus ``perf_counter_ns`` (the profile's markers are read on the latter).
     """
 
     def __init__(
@@ -366,6 +385,8 @@ class PerfettoTraceSink(RecordSink):
         capacity: int = QUEUE_CAPACITY,
         merge_fragments: bool = False,
         pid: int | None = None,
+        profile: bool = False,
+        clock_offset_ns: int = 0,
     ) -> None:
         self.path = Path(path)
         self._merge_fragments = merge_fragments
@@ -384,6 +405,8 @@ class PerfettoTraceSink(RecordSink):
         self._counters: dict[str, int] = {}
         self._classified: set[str] = set()  # scalar keys seen, and those drawn as counter tracks
         self._counter_keys: set[str] = set()
+        self._kept: deque[IterationRecord | PhaseRecord] | None = deque(maxlen=MAX_KEPT) if profile else None
+        self._clock_offset_ns = clock_offset_ns
         self._writer = TraceWriter(self.path, self._writing)
 
     # -- pipeline side: encode (C for the slices), then enqueue bytes ----------
@@ -430,8 +453,12 @@ class PerfettoTraceSink(RecordSink):
         # thread survive garbage collections and make every later one slower.
         self._flush_loose()
         self._emit(iteration)
+        if self._kept is not None:
+            self._kept.append(iteration)
 
     def on_phase(self, phase: PhaseRecord) -> None:
+        if self._kept is not None:
+            self._kept.append(phase)
         # Consecutive loose phases of one thread are encoded in one call.
         if self._loose and (self._loose[0].thread_id != phase.thread_id or len(self._loose) >= LOOSE_BATCH):
             self._flush_loose()
@@ -457,10 +484,40 @@ class PerfettoTraceSink(RecordSink):
                 self._emit((record.time_ns, values))
 
     def on_event(self, event: EventRecord) -> None:
+        if event.name == schema.EVENT_TORCH_PROFILE:
+            self._flush_loose()
+            self._merge_profile(event.attributes)
         # The agent saw this process die: its timeline ends with the mark a crashed worker's merged fragment gets.
-        if event.name == schema.EVENT_PROCESS_DIED:
+        elif event.name == schema.EVENT_PROCESS_DIED:
             self._flush_loose()
             self._put([_crash_mark(self._encoder.pid, event.time_ns, f"{CRASH_MARK} ({event.attributes.get('reason')})")], 1, True)
+
+    def _merge_profile(self, attributes: dict) -> None:
+        """The operators of a ``torch.profiler`` window, on the thread tracks and kernel tracks they ran on."""
+        kept, self._kept = self._kept or (), None  # one window per run
+        try:
+            profile = read_profile(Path(attributes["file"]), attributes["timebase_markers_ns"], self._encoder.pid, self._clock_offset_ns)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            _logger.warning("otel-rl: the torch.profiler window is not in the trace (%s: %s)", type(exc).__name__, exc)
+            return
+        enc = self._encoder
+        intervals = intervals_of(kept)
+        names = {record.thread_id: record.thread_name for record in kept}
+        chunks: list[bytes] = []
+        ops = 0
+        tracks = [(enc.thread_track(tid, names.get(tid, f"thread {tid}")), intervals.get(tid, ()), thread_ops)
+                  for tid, thread_ops in profile.threads.items()]  # fmt: skip
+        tracks += [(enc.gpu_stream_track(*stream, kernels=True), (), stream_ops) for stream, stream_ops in profile.streams.items()]
+        for (track, descriptors), spans, track_ops in tracks:
+            chunks += descriptors
+            for ts, op in nested_order(fit(spans, track_ops)):
+                if op is None:
+                    chunks.append(enc.end(track, ts))
+                    continue
+                flow = None if op.flow is None else track_uuid("torch flow", enc.pid, op.flow)
+                chunks.append(enc.begin(track, op.name, op.category, ts, flow, op.terminating))
+                ops += 1
+        self._put(chunks, ops, True)
 
     def on_drain(self, now_ns: int) -> None:
         self._flush_loose()

@@ -117,7 +117,10 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
             phases.setdefault(s.category, []).append(s)
 
     def is_top(s: Slice) -> bool:
-        return s.parent == -1 or slices[s.parent].name == f"{slices[s.parent].category} iteration"
+        parent = s.parent
+        while parent != -1 and slices[parent].category not in schema.TIMELINES:
+            parent = slices[parent].parent  # a profiler's slice around the phase (torch.profiler's record_function)
+        return parent == -1 or slices[parent].name == f"{slices[parent].category} iteration"
 
     everything = [s for s in slices if s.category in schema.TIMELINES]
     span_start = min((s.start_ns for s in everything), default=0)

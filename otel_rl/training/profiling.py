@@ -1,0 +1,158 @@
+"""A window of learner iterations profiled with ``torch.profiler`` (``init(profile=(start, count))``).
+
+The first learner iteration whose index is in ``[start, start + count)``
+starts the profiler as it is entered; the ``count``-th profiled iteration
+stops it as it is exited (so does an iteration past the window, or
+``close()`` when training ends first). A resumed run past the window is not
+profiled again. The profiler's own trace is exported where TensorBoard's
+profiler plugin and HTA look for it (``profile/<host>_<pid>.<ms>.pt.trace.json``
+in the run folder), and one :data:`otel_rl.schema.EVENT_TORCH_PROFILE` event
+names the file, the iterations and the ``perf_counter_ns`` readings around
+timebase markers recorded inside the profile at its start and end: from those
+the Perfetto output maps the profiler's clock onto the run's
+(:mod:`otel_rl.outputs.perfetto.profile`).
+
+Outside the window a learner iteration costs one comparison more. Whatever
+the profiler raises is one warning, and training goes on unprofiled.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from time import perf_counter_ns
+from typing import Any
+
+from otel_rl import schema
+from otel_rl._logging import logger
+
+_logger = logger(__name__)
+
+MARKER = "otel_rl.timebase"
+"""The name of the ``record_function`` markers the profile's clock is measured on."""
+MARKERS = 8
+"""Markers at each end; the tightest pair of readings around one is used."""
+FOLDER = "profile"
+"""The folder of the profiler's own trace files, in the run folder."""
+
+
+class ProfileWindow:
+    """Starts and stops ``torch.profiler`` around a window of learner iterations (see the module docstring).
+
+    ``record_event(name, attributes)`` records the event that names the
+    profile; it is called on the training thread when the profile is written.
+    """
+
+    def __init__(self, start: int, count: int, folder: Path, record_event: Callable[[str, dict[str, Any]], None]) -> None:
+        self.start = start
+        self.count = count
+        self._folder = folder
+        self._record_event = record_event
+        self._profiler: Any = None
+        self._first: int | None = None
+        self._profiled = 0
+        self._markers: list[list[int]] = []
+        self.done = False
+
+    def around(self, iteration: Any) -> Any:
+        """``iteration`` as it is outside the window; inside it, a twin that starts and stops the profiler."""
+        if self.done:
+            return iteration
+        if self.start <= iteration.index < self.start + self.count:
+            return _ProfiledIteration(self, iteration)
+        if self._profiler is not None:
+            self.finish()  # the loop skipped past the window's last indices
+        return iteration
+
+    def _begin(self, index: int) -> None:
+        if self._profiler is not None or self.done:
+            return
+        try:
+            import torch
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            profiler = profile(activities=activities)
+            profiler.start()
+            self._profiler, self._first = profiler, index
+            self._mark()
+        except Exception as exc:
+            self._fail("could not start", exc)
+
+    def _iteration_done(self) -> None:
+        if self._profiler is None:
+            return
+        self._profiled += 1
+        if self._profiled >= self.count:
+            self.finish()
+
+    def finish(self) -> None:
+        """Stop the profiler and write what it recorded (the window's end, or training's when it ends first)."""
+        profiler, self._profiler = self._profiler, None
+        self.done = True
+        if profiler is None:
+            return
+        try:
+            self._mark()
+            profiler.stop()
+            self._folder.mkdir(parents=True, exist_ok=True)
+            path = self._folder / f"{socket.gethostname()}_{os.getpid()}.{int(time.time() * 1000)}.pt.trace.json"
+            profiler.export_chrome_trace(str(path))
+        except Exception as exc:
+            self._fail("could not write its trace", exc)
+            return
+        attributes = {
+            "file": str(path.resolve()),
+            "first_iteration": self._first,
+            "iterations": self._profiled,
+            "timebase_markers_ns": self._markers,
+        }
+        self._record_event(schema.EVENT_TORCH_PROFILE, attributes)
+
+    def _mark(self) -> None:
+        """Record :data:`MARKERS` markers inside the profile, each between two ``perf_counter_ns`` readings."""
+        from torch.profiler import record_function
+
+        for _ in range(MARKERS):
+            before = perf_counter_ns()
+            with record_function(MARKER):
+                pass
+            self._markers.append([before, perf_counter_ns()])
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        self.done = True
+        profiler, self._profiler = self._profiler, None
+        if profiler is not None:
+            try:
+                profiler.stop()
+            except Exception:
+                pass  # already failing: the warning below says so
+        _logger.warning("otel-rl: torch.profiler %s (%s: %s); the run goes on unprofiled", what, type(exc).__name__, exc)
+
+
+class _ProfiledIteration:
+    """An iteration of the window: the profiler starts before it is entered and counts it once it is exited."""
+
+    __slots__ = ("_window", "_iteration")
+
+    def __init__(self, window: ProfileWindow, iteration: Any) -> None:
+        self._window = window
+        self._iteration = iteration
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._iteration, name)
+
+    def __enter__(self) -> Any:
+        self._window._begin(self._iteration.index)
+        return self._iteration.__enter__()
+
+    def __exit__(self, *exc: Any) -> bool:
+        try:
+            return self._iteration.__exit__(*exc)
+        finally:
+            self._window._iteration_done()
