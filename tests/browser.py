@@ -11,7 +11,9 @@ import asyncio
 import base64
 import itertools
 import json
+import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -32,7 +34,7 @@ class Browser:
         self._process = subprocess.Popen(
             [BINARY, "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0", f"--user-data-dir={self._profile}",
              f"--window-size={width},{height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,  # its helpers go with it
         )  # fmt: skip
         port = self._port()
         self._loop = asyncio.new_event_loop()
@@ -116,6 +118,6 @@ class Browser:
             self._call(self._session.close(), 5)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
-            self._process.kill()
+            os.killpg(self._process.pid, signal.SIGKILL)  # the renderer and GPU helpers too, not only the browser
             self._process.wait(10)
             shutil.rmtree(self._profile, ignore_errors=True)
