@@ -19,7 +19,7 @@ import otel_rl
 from otel_rl import schema
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.records import EventRecord, IterationRecord, PhaseRecord
-from otel_rl.outputs.perfetto.profile import Op, fit, nested_order
+from otel_rl.outputs.perfetto.profile import LEAD_NS, KeptRecords, Op, fit, nested_order
 from otel_rl.outputs.perfetto.trace import PerfettoTraceSink
 from otel_rl.readers.analysis import protobuf_engine, trace_files
 from otel_rl.training.profiling import MARKER, MARKERS
@@ -181,6 +181,8 @@ def test_kernels_go_on_stream_tracks_linked_from_their_launches(tmp_path):
     ]
     trace_events += [
         {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": pid, "tid": tid, "ts": 3000.0, "dur": 50.0},
+        # begins 2 us before its phase by the profiler's clock: fitted into it
+        {"ph": "X", "cat": "cpu_op", "name": "aten::empty", "pid": pid, "tid": tid, "ts": 2898.0, "dur": 10.0},
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": pid, "tid": tid, "ts": 3010.0, "dur": 5.0, "args": {"correlation": 77}},
         {"ph": "X", "cat": "kernel", "name": "sgemm_kernel", "pid": 0, "tid": 7, "ts": 3030.0, "dur": 80.0,
          "args": {"device": 0, "stream": 7, "correlation": 77}},
@@ -190,16 +192,19 @@ def test_kernels_go_on_stream_tracks_linked_from_their_launches(tmp_path):
     profile_file = tmp_path / "host_4242.1.pt.trace.json"
     profile_file.write_text(json.dumps({"traceEvents": trace_events}))
     offset = 1_700_000_000_000_000_000
-    sink = PerfettoTraceSink(tmp_path / "trace.perfetto-trace", "learner", pid=pid, profile=True, clock_offset_ns=offset)
+    sink = PerfettoTraceSink(tmp_path / "trace.perfetto-trace", "learner", pid=pid, profile=(0, 1), clock_offset_ns=offset)
     learning = PhaseRecord(schema.phase_spec("learner", "learning"), offset + 2_900_000, offset + 3_500_000, 0, tid, "MainThread")
-    sink.on_iteration(IterationRecord("learner", 0, 0, offset + 2_800_000, offset + 3_600_000, tid, "MainThread", [learning], 600_000))
     attributes = {"file": str(profile_file), "first_iteration": 0, "iterations": 1, "timebase_markers_ns": markers}
+    # One pass: its events come before its phases, the profile's before the iteration it covers.
     sink.on_event(EventRecord(offset + 3_700_000, schema.EVENT_TORCH_PROFILE, attributes))
+    sink.on_iteration(IterationRecord("learner", 0, 0, offset + 2_800_000, offset + 3_600_000, tid, "MainThread", [learning], 600_000))
+    sink.on_drain(offset + 3_800_000)
     sink.shutdown(5.0)
 
     model = protobuf_engine.read([tmp_path / "trace.perfetto-trace"])
     by_name = {s.name: s for s in model.slices}
     assert by_name["aten::mm"].start_ns == offset + 3_000_000 and by_name["aten::mm"].parent == model.slices.index(by_name["Learning"])
+    assert (by_name["aten::empty"].start_ns, by_name["aten::empty"].end_ns) == (offset + 2_900_000, offset + 2_908_000)
     kernel, launch = by_name["sgemm_kernel"], by_name["cudaLaunchKernel"]
     assert kernel.category == "torch.gpu" and kernel.track == by_name["Memcpy HtoD"].track != by_name["aten::mm"].track
     assert "GPU 0" in kernel.process and kernel.track.endswith("stream 7 (kernels)")
@@ -218,3 +223,37 @@ def test_the_loop_outside_the_window_is_the_loop_without_one(tmp_path):
     finally:
         tel.close()
         plain.close()
+
+
+def test_the_trace_keeps_a_second_of_records_before_the_window_and_none_after_it():
+    kept = KeptRecords(start=100, count=5)
+
+    def iteration(index: int, end_ns: int, timeline: str = "learner") -> IterationRecord:
+        return IterationRecord(timeline, index, None, end_ns - 1_000, end_ns, 1, "MainThread", [], 0)
+
+    for i in range(50):  # ten iterations a second, far before the window
+        assert kept.add(iteration(i, i * LEAD_NS // 10))
+    assert len(kept.records) <= 11  # the last second only
+    for i in range(100, 105):
+        assert kept.add(iteration(i, (i + 1000) * LEAD_NS))  # the window: everything from here on
+        assert kept.add(iteration(i, (i + 1000) * LEAD_NS, timeline="collector"))
+    assert len(kept.records) >= 10
+    assert not kept.add(iteration(105, 2000 * LEAD_NS))  # past the window with no profile: its profile failed
+
+
+def test_a_window_read_in_the_same_pass_as_its_last_iterations_is_fitted_inside_them(tmp_path):
+    """One pass at close takes everything: the profile's event comes before the phases it must nest in."""
+    run_dir = tmp_path / "run"
+    tel = otel_rl.init(run_dir=run_dir, agent="thread", quiet=True, pipeline_interval_s=600, profile=(1, 3))
+    layer = torch.nn.Linear(16, 16)
+    with tel.run():
+        for i in range(6):
+            with tel.iteration(i), tel.phase("learning"):
+                layer(torch.randn(8, 16)).sum().backward()
+    tel.close()
+    slices = protobuf_engine.read(trace_files(run_dir)).slices
+    learning = [s for s in slices if s.name == "Learning"]
+    operators = [s for s in slices if s.category == "torch" and s.name.startswith("aten::")]
+    assert operators
+    for op in operators:
+        assert any(p.start_ns <= op.start_ns <= op.end_ns <= p.end_ns for p in learning), op.name

@@ -222,7 +222,7 @@ class Outputs:
             cuda_events=config.trace_cuda_events,
             max_bytes=config.trace_max_bytes,
             pid=self.identity.pid,
-            profile=config.profile is not None,
+            profile=config.profile,
             clock_offset_ns=self.identity.clock_offset_ns,
         )
 

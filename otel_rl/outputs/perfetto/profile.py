@@ -18,6 +18,7 @@ run's epoch timebase. Then:
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +26,17 @@ from typing import Any
 
 import orjson
 
+from otel_rl import schema
 from otel_rl.core.records import IterationRecord, PhaseRecord
 from otel_rl.training.profiling import MARKER, MARKERS
 
 CATEGORY = "torch"
 """The category of the operators' slices (the phases' are their timelines)."""
 GPU_CATEGORY = "torch.gpu"
+MAX_KEPT = 50_000
+"""Iterations and loose phases kept for a window at most."""
+LEAD_NS = 1_000_000_000
+"""Before the window starts, records that ended longer ago than this before the latest are let go."""
 _CPU_KINDS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver", "python_function"})
 _GPU_KINDS = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"})
 
@@ -111,6 +117,35 @@ def _clock(events: list[dict[str, Any]], markers_ns: Sequence[Sequence[int]], cl
         return int(first[1] + (ts_us * 1000 - first[0]) * rate) + clock_offset_ns
 
     return to_epoch
+
+
+class KeptRecords:
+    """The iterations and loose phases a profile's operators will be fitted into, while its window may still come.
+
+    Before the window's first learner iteration, only the last
+    :data:`LEAD_NS` of records are held (a collector's iteration that began
+    before the window still holds operators of it); from there on every
+    record, up to :data:`MAX_KEPT`.
+    """
+
+    def __init__(self, start: int, count: int) -> None:
+        self.records: deque[IterationRecord | PhaseRecord] = deque(maxlen=MAX_KEPT)
+        self._start, self._end = start, start + count
+        self._inside = False
+
+    def add(self, record: IterationRecord | PhaseRecord) -> bool:
+        """Keep ``record``; False once no window can come any more (a learner iteration past it: its profile failed)."""
+        records = self.records
+        records.append(record)
+        if type(record) is IterationRecord and record.timeline == schema.LEARNER:
+            if record.index >= self._end:
+                return False
+            self._inside = self._inside or record.index >= self._start
+        if not self._inside:
+            horizon = record.end_ns - LEAD_NS
+            while records[0].end_ns < horizon:
+                records.popleft()
+        return True
 
 
 class _Node:

@@ -41,7 +41,7 @@ from otel_rl.background import Worker, pid_alive
 from otel_rl.drops import Drops
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.outputs.files import close_quietly
-from otel_rl.outputs.perfetto.profile import fit, intervals_of, nested_order, read_profile
+from otel_rl.outputs.perfetto.profile import KeptRecords, fit, intervals_of, nested_order, read_profile
 from otel_rl.outputs.protowire import varint as _varint
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
@@ -62,8 +62,6 @@ COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_
 MAX_COUNTER_TRACKS = 64
 LOOSE_BATCH = 1024
 """Loose phases (outside iterations) of one thread encoded in one call at most."""
-MAX_KEPT = 100_000
-"""Iterations and loose phases kept for fitting a profile's operators into (while a window is configured)."""
 MAX_CLASSIFIED_KEYS = 10_000
 """Scalar keys whose counter-or-not decision is remembered (bounds memory with ever-new keys)."""
 
@@ -368,8 +366,8 @@ class PerfettoTraceSink(RecordSink):
         cuda_events: put device intervals on GPU stream tracks.
         max_bytes: rotate the file past this size.
         pid: the process the trace shows (default: this one; an agent passes its producer's).
-        profile: a ``torch.profiler`` window is configured: the recent iterations and phases are kept
-            until its event arrives, so that its operators are fitted inside them
+        profile: the ``torch.profiler`` window configured, ``(start, count)``: the iterations and phases
+            around it are kept until its event arrives, so that its operators are fitted inside them
             (:mod:`otel_rl.outputs.perfetto.profile`).
         clock_offset_ns: the producer's epoch minus ``perf_counter_ns`` (the profile's markers are read on the latter).
     """
@@ -385,7 +383,7 @@ class PerfettoTraceSink(RecordSink):
         capacity: int = QUEUE_CAPACITY,
         merge_fragments: bool = False,
         pid: int | None = None,
-        profile: bool = False,
+        profile: tuple[int, int] | None = None,
         clock_offset_ns: int = 0,
     ) -> None:
         self.path = Path(path)
@@ -405,7 +403,8 @@ class PerfettoTraceSink(RecordSink):
         self._counters: dict[str, int] = {}
         self._classified: set[str] = set()  # scalar keys seen, and those drawn as counter tracks
         self._counter_keys: set[str] = set()
-        self._kept: deque[IterationRecord | PhaseRecord] | None = deque(maxlen=MAX_KEPT) if profile else None
+        self._kept = None if profile is None else KeptRecords(*profile)
+        self._profile_event: dict | None = None  # the profile's event, merged at the end of its pass
         self._clock_offset_ns = clock_offset_ns
         self._writer = TraceWriter(self.path, self._writing)
 
@@ -453,12 +452,12 @@ class PerfettoTraceSink(RecordSink):
         # thread survive garbage collections and make every later one slower.
         self._flush_loose()
         self._emit(iteration)
-        if self._kept is not None:
-            self._kept.append(iteration)
+        if self._kept is not None and not self._kept.add(iteration):
+            self._kept = None
 
     def on_phase(self, phase: PhaseRecord) -> None:
-        if self._kept is not None:
-            self._kept.append(phase)
+        if self._kept is not None and not self._kept.add(phase):
+            self._kept = None
         # Consecutive loose phases of one thread are encoded in one call.
         if self._loose and (self._loose[0].thread_id != phase.thread_id or len(self._loose) >= LOOSE_BATCH):
             self._flush_loose()
@@ -485,8 +484,9 @@ class PerfettoTraceSink(RecordSink):
 
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_TORCH_PROFILE:
-            self._flush_loose()
-            self._merge_profile(event.attributes)
+            # Merged at the end of the pass: a pass hands over its events before its phases, and the
+            # window's last iteration may be among them.
+            self._profile_event = event.attributes
         # The agent saw this process die: its timeline ends with the mark a crashed worker's merged fragment gets.
         elif event.name == schema.EVENT_PROCESS_DIED:
             self._flush_loose()
@@ -494,7 +494,8 @@ class PerfettoTraceSink(RecordSink):
 
     def _merge_profile(self, attributes: dict) -> None:
         """The operators of a ``torch.profiler`` window, on the thread tracks and kernel tracks they ran on."""
-        kept, self._kept = self._kept or (), None  # one window per run
+        kept = self._kept.records if self._kept is not None else ()
+        self._kept = None  # one window per run
         try:
             profile = read_profile(Path(attributes["file"]), attributes["timebase_markers_ns"], self._encoder.pid, self._clock_offset_ns)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -521,6 +522,9 @@ class PerfettoTraceSink(RecordSink):
 
     def on_drain(self, now_ns: int) -> None:
         self._flush_loose()
+        if self._profile_event is not None:
+            attributes, self._profile_event = self._profile_event, None
+            self._merge_profile(attributes)
         if self._writer.queue:
             self._writer.wake()
 
