@@ -222,7 +222,7 @@ class Outputs:
             cuda_events=config.trace_cuda_events,
             max_bytes=config.trace_max_bytes,
             pid=self.identity.pid,
-            profile=config.profile,
+            profile=config.profile if config.role == "learner" else None,  # learner iterations open the window
             clock_offset_ns=self.identity.clock_offset_ns,
         )
 

@@ -84,7 +84,7 @@ def read_profile(path: Path, markers_ns: Sequence[Sequence[int]], pid: int, cloc
             continue
         start = to_epoch(event["ts"])
         end = max(start, to_epoch(event["ts"] + float(event.get("dur") or 0)))
-        args = event.get("args") if isinstance(event.get("args"), dict) else {}
+        args: dict[str, Any] = event["args"] if isinstance(event.get("args"), dict) else {}
         correlation = args.get("correlation")
         if kind in _GPU_KINDS:
             key = (int(args.get("device", event.get("pid", 0)) or 0), int(args.get("stream", event.get("tid", 0)) or 0))
@@ -187,7 +187,8 @@ def fit(intervals: Sequence[tuple[int, int]], ops: list[Op]) -> list[Op]:
     root = _tree(intervals)
     fitted = []
     for op in ops:
-        start, end = op.start_ns, op.end_ns
+        start: float = op.start_ns  # ints, but the root's bounds are infinite
+        end: float = op.end_ns
         middle = (start + end) / 2
         node = root
         while True:
