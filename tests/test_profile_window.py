@@ -257,3 +257,21 @@ def test_a_window_read_in_the_same_pass_as_its_last_iterations_is_fitted_inside_
     assert operators
     for op in operators:
         assert any(p.start_ns <= op.start_ns <= op.end_ns <= p.end_ns for p in learning), op.name
+
+
+def test_a_profiler_of_the_users_own_is_left_running(tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    tel = otel_rl.init(run_dir=run_dir, agent="thread", quiet=True, profile=(0, 2))
+    own = torch.profiler.profile()
+    own.start()
+    with caplog.at_level(logging.WARNING, logger="otel_rl"), tel.run():
+        for i in range(3):
+            with tel.iteration(i), tel.phase("learning"):
+                torch.ones(4).sum()
+    own.stop()
+    tel.close()
+    assert any(e.name == "aten::sum" for e in own.events())  # the user's session was not cancelled
+    assert [r.getMessage() for r in caplog.records if "torch.profiler" in r.getMessage()] == [
+        "otel-rl: torch.profiler is already running (its own session); the run goes on unprofiled"
+    ]
+    assert not events(run_dir, schema.EVENT_TORCH_PROFILE)

@@ -13,7 +13,9 @@ the Perfetto output maps the profiler's clock onto the run's
 (:mod:`otel_rl.outputs.perfetto.profile`).
 
 Outside the window a learner iteration costs one comparison more. Whatever
-the profiler raises is one warning, and training goes on unprofiled.
+the profiler raises is one warning, and training goes on unprofiled; so is a
+profiler already running when the window opens (the user's own session,
+which Kineto would otherwise cancel).
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class ProfileWindow:
             import torch
             from torch.profiler import ProfilerActivity, profile
 
+            if torch.autograd.profiler._is_profiler_enabled:
+                # Kineto would cancel the session already running: the user's own profiler wins.
+                self._fail("is already running (its own session)", None)
+                return
             activities = [ProfilerActivity.CPU]
             if torch.cuda.is_available():
                 activities.append(ProfilerActivity.CUDA)
@@ -124,7 +130,7 @@ class ProfileWindow:
                 pass
             self._markers.append([before, perf_counter_ns()])
 
-    def _fail(self, what: str, exc: Exception) -> None:
+    def _fail(self, what: str, exc: Exception | None) -> None:
         self.done = True
         profiler, self._profiler = self._profiler, None
         if profiler is not None:
@@ -132,7 +138,8 @@ class ProfileWindow:
                 profiler.stop()
             except Exception:
                 pass  # already failing: the warning below says so
-        _logger.warning("otel-rl: torch.profiler %s (%s: %s); the run goes on unprofiled", what, type(exc).__name__, exc)
+        why = "" if exc is None else f" ({type(exc).__name__}: {exc})"
+        _logger.warning("otel-rl: torch.profiler %s%s; the run goes on unprofiled", what, why)
 
 
 class _ProfiledIteration:
