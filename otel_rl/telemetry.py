@@ -304,8 +304,11 @@ class Telemetry:
             env_steps = None if env_steps is None else as_step(env_steps, "env_steps")
         if self._closed:
             _logger.warning("otel-rl: iteration() after close(); nothing is recorded")
-        if self._profile is not None and timeline == schema.LEARNER:
-            return self._profile.around(self._new_iteration(timeline, index, env_steps))
+        profile = self._profile
+        if profile is not None and index >= profile.start and timeline == schema.LEARNER:
+            if not profile.done:
+                return profile.around(self._new_iteration(timeline, index, env_steps))
+            self._profile = None  # the window has passed: nothing more to check
         return self._new_iteration(timeline, index, env_steps)
 
     def flow(self, flow_id: int, end: bool = False) -> None:

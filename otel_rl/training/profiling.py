@@ -60,7 +60,7 @@ class ProfileWindow:
         self.done = False
 
     def around(self, iteration: Any) -> Any:
-        """``iteration`` as it is outside the window; inside it, a twin that starts and stops the profiler."""
+        """``iteration`` (of an index at least :attr:`start`) as it is outside the window; inside it, a twin that starts and stops the profiler."""
         if self.done:
             return iteration
         if self.start <= iteration.index < self.start + self.count:
