@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from otel_rl._logging import logger, once
 
@@ -227,3 +228,27 @@ def pid_running(pid: int | None) -> bool:
     except OSError:  # no /proc here, or it exited just now
         return pid_alive(pid)
     return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
+
+
+def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
+    """Run ``fn`` on a daemon thread and wait at most ``timeout_s``.
+
+    For calls that do not bound themselves (the SDK's shutdowns allow 30 s,
+    the batch span processor's ``force_flush`` ignores its timeout,
+    torch.profiler's export): this keeps otel-rl's deadline.
+    """
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            fn()
+        except Exception as exc:
+            _logger.warning("otel-rl: %s failed (%s)", name, exc, extra=once(f"bounded:{name}"))
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name=f"otel-rl-{name}", daemon=True).start()
+    finished = done.wait(max(timeout_s, 0.0))
+    if not finished:
+        _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, timeout_s)
+    return finished

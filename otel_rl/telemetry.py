@@ -20,7 +20,7 @@ from typing import Any
 
 from otel_rl import run_folder, run_lines, run_metadata, schema
 from otel_rl._logging import logger, once
-from otel_rl.background import Deadline
+from otel_rl.background import Deadline, run_bounded
 from otel_rl.config import TelemetryConfig
 from otel_rl.hosts import Host, start_host
 from otel_rl.core.identity import RunIdentity, service_name
@@ -716,13 +716,16 @@ class Telemetry:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
-        if self._profile is not None:
-            self._profile.finish()  # training ended inside the window: what was profiled is still written
-        # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
-        self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
         deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
         if self._hurried:
             deadline.shorten(HURRY_S)
+        if self._profile is not None:  # training ended inside the window: what was profiled is still written
+            if self._at_exit:  # no thread can start any more
+                self._profile.finish()
+            else:  # in half the deadline at most: the outputs need the rest
+                run_bounded(self._profile.finish, deadline.left() / 2, "torch.profiler export")
+        # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
+        self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
         try:
             # Producers of records first (a crashed worker's event, the last relayed cycles), all at once.
             feeders = [w for w in (self._monitor, *self._relays) if w is not None]

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,25 @@ def test_a_profiler_of_the_users_own_is_left_running(tmp_path, caplog):
         "otel-rl: torch.profiler is already running (its own session); the run goes on unprofiled"
     ]
     assert not events(run_dir, schema.EVENT_TORCH_PROFILE)
+
+
+def test_a_window_open_at_close_is_written_within_the_shutdown_deadline(tmp_path, monkeypatch, caplog):
+    export = torch.profiler.profile.export_chrome_trace
+
+    def slow_export(self, path):
+        time.sleep(4)  # a huge window
+        return export(self, path)
+
+    monkeypatch.setattr(torch.profiler.profile, "export_chrome_trace", slow_export)
+    tel = otel_rl.init(run_dir=tmp_path / "run", agent="thread", quiet=True, profile=(0, 100))
+    with tel.run():
+        for i in range(3):
+            with tel.iteration(i), tel.phase("learning"):
+                torch.ones(4).sum()
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        tel.close(timeout_s=1.0)
+    assert time.monotonic() - began < 2.0
+    assert any("torch.profiler export did not finish within 0.5 s" in r.getMessage() for r in caplog.records)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"

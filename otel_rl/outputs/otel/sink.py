@@ -8,7 +8,6 @@ its own thread and bounded queue. A signal without exporters costs nothing.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -22,17 +21,15 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
-from otel_rl._logging import logger, once
 from otel_rl import environment_variables as env
 from otel_rl import run_metadata, schema
 from otel_rl.outputs.otel import otlp
 from otel_rl.outputs.otel.aggregation import Aggregates, MergingMetricExporter
-from otel_rl.background import Deadline
+from otel_rl.background import Deadline, run_bounded
 from otel_rl.core.pipeline import Clock, RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
 from otel_rl.outputs.otel.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
 
-_logger = logger(__name__)
 
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
 """Metric export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is unset (the SDK's 60 s is too coarse for training)."""
@@ -40,29 +37,6 @@ DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
 MAX_RUN_SPAN_EVENTS = 128
 MAX_CORRELATIONS = 4096
 """CPU span ids kept for linking the GPU spans of CUDA-timed phases."""
-
-
-def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
-    """Run ``fn`` on a daemon thread and wait at most ``timeout_s``.
-
-    The SDK bounds its own shutdowns loosely (30 s) and ``force_flush`` of the
-    batch span processor ignores its timeout; this keeps otel-rl's deadline.
-    """
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            fn()
-        except Exception as exc:
-            _logger.warning("otel-rl: %s failed (%s)", name, exc, extra=once(f"bounded:{name}"))
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name=f"otel-rl-{name}", daemon=True).start()
-    finished = done.wait(max(timeout_s, 0.0))
-    if not finished:
-        _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, timeout_s)
-    return finished
 
 
 class OpenTelemetrySink(RecordSink):

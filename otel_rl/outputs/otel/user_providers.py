@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from otel_rl.background import Deadline
 from otel_rl.outputs.otel import otlp
-from otel_rl.outputs.otel.sink import run_bounded
+from otel_rl.background import run_bounded
 
 
 class UserProviders:
