@@ -20,7 +20,7 @@ from typing import Any
 
 from otel_rl import run_folder, run_lines, run_metadata, schema
 from otel_rl._logging import logger, once
-from otel_rl.background import Deadline, run_bounded
+from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
 from otel_rl.hosts import Host, start_host
 from otel_rl.core.identity import RunIdentity, service_name
@@ -720,10 +720,8 @@ class Telemetry:
         if self._hurried:
             deadline.shorten(HURRY_S)
         if self._profile is not None:  # training ended inside the window: what was profiled is still written
-            if self._at_exit:  # no thread can start any more
-                self._profile.finish()
-            else:  # in half the deadline at most: the outputs need the rest
-                run_bounded(self._profile.finish, deadline.left() / 2, "torch.profiler export")
+            # In half the deadline at most (the outputs need the rest); at exit no thread can start any more.
+            self._profile.finish(None if self._at_exit else deadline.left() / 2)
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
         self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
         try:

@@ -11,6 +11,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -298,3 +299,7 @@ def test_a_window_open_at_close_is_written_within_the_shutdown_deadline(tmp_path
     assert any("torch.profiler export did not finish within 0.5 s" in r.getMessage() for r in caplog.records)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"
+    # The export goes on, on its thread: it ends (and writes the file) before the next test's profiler starts.
+    (exporting,) = [t for t in threading.enumerate() if t.name == "otel-rl-torch.profiler export"]
+    exporting.join(30)
+    assert not exporting.is_alive() and list((tmp_path / "run" / "profile").glob("*.pt.trace.json"))

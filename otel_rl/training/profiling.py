@@ -30,6 +30,7 @@ from typing import Any
 
 from otel_rl import schema
 from otel_rl._logging import logger
+from otel_rl.background import run_bounded
 
 _logger = logger(__name__)
 
@@ -97,8 +98,13 @@ class ProfileWindow:
         if self._profiled >= self.count:
             self.finish()
 
-    def finish(self) -> None:
-        """Stop the profiler and write what it recorded (the window's end, or training's when it ends first)."""
+    def finish(self, timeout_s: float | None = None) -> None:
+        """Stop the profiler and write what it recorded (the window's end, or training's when it ends first).
+
+        It is stopped on the calling thread (the one that started it); the
+        export runs here too, or on a thread of its own for ``timeout_s`` at
+        most when given (``close()``: the deadline).
+        """
         profiler, self._profiler = self._profiler, None
         self.done = True
         if profiler is None:
@@ -106,6 +112,16 @@ class ProfileWindow:
         try:
             self._mark()
             profiler.stop()
+        except Exception as exc:
+            self._fail("could not stop", exc)
+            return
+        if timeout_s is None:
+            self._write(profiler)
+        else:
+            run_bounded(lambda: self._write(profiler), timeout_s, "torch.profiler export")
+
+    def _write(self, profiler: Any) -> None:
+        try:
             self._folder.mkdir(parents=True, exist_ok=True)
             path = self._folder / f"{socket.gethostname()}_{os.getpid()}.{int(time.time() * 1000)}.pt.trace.json"
             profiler.export_chrome_trace(str(path))
