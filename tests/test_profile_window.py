@@ -105,6 +105,13 @@ def test_operators_sit_inside_the_learning_slices_of_the_profiled_iterations_onl
     assert learner["cycles"] == 14
     assert set(learner["phases"]) == {"collector_wait", "learning"}
     assert learner["phases"]["learning"]["count"] == 14
+    # ...and says what took the profiled phases' time.
+    (profiled,) = json.loads(report.stdout)["profile"].values()
+    assert (profiled["timeline"], profiled["title"], profiled["phases"]) == ("learner", "Learning", 5)
+    assert profiled["operators"] and all(0 < op["share"] <= 1 for op in profiled["operators"])
+    assert sum(op["share"] for op in profiled["operators"]) + profiled["outside_operators_share"] <= 1 + 1e-9
+    text = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(run_dir)], capture_output=True, text=True, timeout=120).stdout
+    assert f"torch.profiler, learner Learning (5 profiled, " in text and profiled["operators"][0]["name"] in text
 
 
 def test_a_run_that_ends_inside_the_window_still_writes_what_was_profiled(tmp_path):

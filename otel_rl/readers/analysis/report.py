@@ -27,6 +27,7 @@ import math
 from typing import Any
 
 from otel_rl import schema
+from otel_rl.readers.analysis.operators import operators_by_phase, render_operators
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 HIGH_WAIT = 0.25
@@ -177,6 +178,9 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
         ),
         "gpu_busy_share": gpu,
     }
+    profile = operators_by_phase(slices)
+    if profile:
+        report["profile"] = profile
     report["diagnosis"] = diagnose(report)
     return report
 
@@ -416,6 +420,7 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"learner and collector both busy: {100 * report['overlap_share']:.1f}% of wall time")
     for track, share in report["gpu_busy_share"].items():
         lines.append(f"{track} busy: {100 * share:.1f}% of wall time")
+    lines += render_operators(report.get("profile", {}))
     if report.get("env_steps_per_s") is not None:
         lines.append(f"throughput: {report['env_steps_per_s']:,.0f} env steps/s")
     lines.append(f"wall time analysed: {report['wall_s']:.2f} s")
