@@ -229,6 +229,8 @@ def test_the_loop_outside_the_window_is_the_loop_without_one(tmp_path):
         assert type(tel.iteration(5)) is type(plain.iteration(5))
         assert type(tel.iteration(100)) is not type(plain.iteration(100))
         assert type(tel.iteration(3, timeline="collector")) is type(plain.iteration(3, timeline="collector"))
+        assert type(tel.iteration(500)) is type(plain.iteration(500))  # the loop jumped past the window...
+        assert type(tel.iteration(100)) is type(plain.iteration(100))  # ...which is over, profiled or not
     finally:
         tel.close()
         plain.close()

@@ -46,7 +46,8 @@ class ProfileWindow:
     """Starts and stops ``torch.profiler`` around a window of learner iterations (see the module docstring).
 
     ``record_event(name, attributes)`` records the event that names the
-    profile; it is called on the training thread when the profile is written.
+    profile, once it is written: on the training thread, or on the export's
+    own thread when ``close()`` finishes the window.
     """
 
     def __init__(self, start: int, count: int, folder: Path, record_event: Callable[[str, dict[str, Any]], None]) -> None:
@@ -64,10 +65,11 @@ class ProfileWindow:
         """``iteration`` (of an index at least :attr:`start`) as it is outside the window; inside it, a twin that starts and stops the profiler."""
         if self.done:
             return iteration
-        if self.start <= iteration.index < self.start + self.count:
+        if iteration.index < self.start + self.count:
             return _ProfiledIteration(self, iteration)
         if self._profiler is not None:
             self.finish()  # the loop skipped past the window's last indices
+        self.done = True  # past the window, profiled or not
         return iteration
 
     def _begin(self, index: int) -> None:
