@@ -2,6 +2,7 @@
 
     python bench/agent_cost.py                 # 20,000 iterations: 4 phases and 40 scalars each
     python bench/agent_cost.py --profile       # the same under cProfile, the top functions printed
+    python bench/agent_cost.py --parts         # the agent's time per part: reading the segment, each output's handlers
 
 The training side records into a shared-memory segment (``SegmentRecorder``,
 as in a training process); the agent's side reads it back with the code an
@@ -49,6 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--parts", action="store_true", help="time each output's handlers and the segment's reading")
     args = parser.parse_args()
     run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-agent-cost-")) / "run"
     config = TelemetryConfig.from_options(run_dir, None, jsonl=True, trace_enabled=True, panel=False, system_metrics_interval_s=0)
@@ -61,6 +63,9 @@ def main() -> None:
     source = SegmentSource(shm.SegmentReader(segment.buffer))
     panel = PanelSink(config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140))  # noqa: SIM115
     outputs = Outputs(identity, [source], [panel], flush_driven=True)
+    parts: dict[str, float] = {}
+    if args.parts:
+        timed_parts(outputs.pipeline, source, parts)
     profile = cProfile.Profile()
     training_s = agent_s = 0.0
     for start in range(0, args.iterations, PASS_ITERATIONS):
@@ -90,6 +95,41 @@ def main() -> None:
           f"({agent_s / training_s:.1f}x the recording) = {per_iteration_us / 10:.2f}% of a core per 1,000 iterations/s")  # fmt: skip
     if args.profile:
         pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    if parts:
+        print("part (each timed call adds about 0.1 us)      us per iteration")
+        for name, seconds in sorted(parts.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:42s} {seconds / n * 1e6:8.2f}")
+        print(f"  {'the pipeline itself and the flushes':42s} {per_iteration_us - sum(parts.values()) / n * 1e6:8.2f}")
+
+
+class _Timed:
+    """A pipeline handler that adds the seconds it takes to ``parts[name]`` (wall time: ``process_time`` is a system call)."""
+
+    def __init__(self, handler, parts: dict[str, float], name: str) -> None:
+        self.__self__ = handler.__self__  # the pipeline names a failing sink by it
+        self._handler, self._parts, self._name = handler, parts, name
+
+    def __call__(self, record) -> None:
+        began = time.perf_counter()
+        try:
+            self._handler(record)
+        finally:
+            self._parts[self._name] = self._parts.get(self._name, 0.0) + time.perf_counter() - began
+
+
+def timed_parts(pipeline, source: SegmentSource, parts: dict[str, float]) -> None:
+    """Time every handler of ``pipeline`` and ``source``'s reading into ``parts`` (a diagnosis, not the figure above)."""
+    handlers = pipeline._handlers  # noqa: SLF001 - the bench looks inside on purpose
+    for method, bound in handlers.items():
+        handlers[method] = [_Timed(h, parts, f"{type(h.__self__).__name__}.{method}") for h in bound]
+    take = source.take
+
+    def timed_take(batch) -> None:
+        began = time.perf_counter()
+        take(batch)
+        parts["SegmentSource.take (reading, decoding)"] = parts.get("SegmentSource.take (reading, decoding)", 0.0) + time.perf_counter() - began
+
+    source.take = timed_take  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":
