@@ -42,6 +42,9 @@ def started(config: TelemetryConfig) -> None:
         files.insert(1, trace.name)
     if config.tensorboard:
         files.append("tensorboard/")
+    if config.profile is not None:
+        start, count = config.profile
+        files.append(f"profile/: torch.profiler over learner iterations {start} to {start + count - 1}")
     _say(f"run {config.run_id} records into {config.run_dir} ({', '.join(files)})")
 
 

@@ -30,7 +30,7 @@ torch = pytest.importorskip("torch")
 
 LOOP = """
 import sys, torch, otel_rl
-tel = otel_rl.init(run_dir=sys.argv[1], quiet=True, profile=({start}, {count}))
+tel = otel_rl.init(run_dir=sys.argv[1], profile=({start}, {count}))
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
 optimizer = torch.optim.Adam(model.parameters())
 with tel.run():
@@ -64,8 +64,9 @@ def events(run_dir: Path, name: str) -> list[dict]:
 def test_operators_sit_inside_the_learning_slices_of_the_profiled_iterations_only(tmp_path):
     run_dir = tmp_path / "run"
     result = run_loop(run_dir, start=4, count=5, iterations=14)
-    assert "otel-rl" not in result.stderr  # no warning of ours
+    assert "otel-rl: torch.profiler" not in result.stderr  # no warning of ours
 
+    assert "(metrics.jsonl, trace.perfetto-trace, run_summary.json, run_config.json, profile/: torch.profiler over learner iterations 4 to 8)" in result.stderr
     (profile_event,) = events(run_dir, schema.EVENT_TORCH_PROFILE)
     attributes = profile_event["attributes"]
     assert (attributes["first_iteration"], attributes["iterations"]) == (4, 5)
