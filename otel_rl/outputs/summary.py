@@ -26,7 +26,6 @@ from otel_rl.run_folder import CONFIG_FILE, SUMMARY_FILE
 _logger = logger(__name__)
 
 
-
 class SummarySink(RecordSink):
     """Writes ``run_config.json`` when the run starts and ``run_summary.json`` at shutdown."""
 

@@ -27,7 +27,6 @@ from otel_rl.run_folder import JSONL_FILE
 _logger = logger(__name__)
 
 
-
 class JsonlWriter(Worker):
     """Appends records to ``path`` from its own thread.
 

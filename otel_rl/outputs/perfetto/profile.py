@@ -30,9 +30,8 @@ from otel_rl import schema
 from otel_rl.core.records import IterationRecord, PhaseRecord
 from otel_rl.training.profiling import MARKER, MARKERS
 
-CATEGORY = "torch"
-"""The category of the operators' slices (the phases' are their timelines)."""
 GPU_CATEGORY = "torch.gpu"
+"""The category of the kernels' slices (the CPU operators' is :data:`otel_rl.schema.OPERATOR_CATEGORY`)."""
 MAX_KEPT = 50_000
 """Iterations and loose phases kept for a window at most."""
 LEAD_NS = 1_000_000_000
@@ -91,7 +90,7 @@ def read_profile(path: Path, markers_ns: Sequence[Sequence[int]], pid: int, cloc
             profile.streams.setdefault(key, []).append(Op(start, end, name, GPU_CATEGORY, correlation, True))
         elif kind in _CPU_KINDS and event.get("pid") == pid and isinstance(event.get("tid"), int):
             flow = correlation if kind == "cuda_runtime" and correlation else None
-            profile.threads.setdefault(event["tid"], []).append(Op(start, end, name, CATEGORY, flow))
+            profile.threads.setdefault(event["tid"], []).append(Op(start, end, name, schema.OPERATOR_CATEGORY, flow))
     return profile
 
 

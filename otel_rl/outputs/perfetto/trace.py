@@ -109,6 +109,11 @@ MAX_FLOWS = 64
 """Flows kept per slice (more are not written)."""
 
 
+def flow_field(flow_id: int, terminating: bool) -> bytes:
+    """A TrackEvent's ``flow_ids`` (field 47) or ``terminating_flow_ids`` (48) entry: the id's low 64 bits."""
+    return (b"\x81\x03" if terminating else b"\xf9\x02") + (flow_id & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+
+
 def encode_phases(
     out: bytearray,
     phases: list[PhaseRecord],
@@ -132,7 +137,7 @@ def encode_phases(
         if body is None:
             return phase.spec
         for flow_id, terminating in (phase.flows or ())[:MAX_FLOWS]:
-            body += (b"\x81\x03" if terminating else b"\xf9\x02") + (flow_id & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+            body += flow_field(flow_id, terminating)
         chunks.append(_packet(phase.start_ns, body, sequence_tail))
         for child in phase.children or ():
             missing = add(child)
@@ -339,7 +344,7 @@ class TraceEncoder:
         """A slice BEGIN packet (after the interning packets it needs), with a flow starting or ``terminating`` there."""
         body, interned = self._begin_body(track, name, category)
         if flow is not None:
-            body += (b"\x81\x03" if terminating else b"\xf9\x02") + (flow & 0xFFFFFFFFFFFFFFFF).to_bytes(8, "little")
+            body += flow_field(flow, terminating)
         return b"".join(interned) + _packet(ts, body, self._sequence_tail)
 
     def end(self, track: int, ts: int) -> bytes:
@@ -452,12 +457,10 @@ class PerfettoTraceSink(RecordSink):
         # thread survive garbage collections and make every later one slower.
         self._flush_loose()
         self._emit(iteration)
-        if self._kept is not None and not self._kept.add(iteration):
-            self._kept = None
+        self._keep(iteration)
 
     def on_phase(self, phase: PhaseRecord) -> None:
-        if self._kept is not None and not self._kept.add(phase):
-            self._kept = None
+        self._keep(phase)
         # Consecutive loose phases of one thread are encoded in one call.
         if self._loose and (self._loose[0].thread_id != phase.thread_id or len(self._loose) >= LOOSE_BATCH):
             self._flush_loose()
@@ -491,6 +494,11 @@ class PerfettoTraceSink(RecordSink):
         elif event.name == schema.EVENT_PROCESS_DIED:
             self._flush_loose()
             self._put([_crash_mark(self._encoder.pid, event.time_ns, f"{CRASH_MARK} ({event.attributes.get('reason')})")], 1, True)
+
+    def _keep(self, record: IterationRecord | PhaseRecord) -> None:
+        """Hold ``record`` for a profile window's operators, while one may still come."""
+        if self._kept is not None and not self._kept.add(record):
+            self._kept = None
 
     def _merge_profile(self, attributes: dict) -> None:
         """The operators of a ``torch.profiler`` window, on the thread tracks and kernel tracks they ran on."""
