@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import json
+import operator
 import os
 import re
 import secrets
@@ -321,9 +322,12 @@ def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str,
 def _profile_window(value: Any) -> tuple[int, int]:
     """``profile`` as ``(start, count)``: two integers, ``start >= 0`` and ``count >= 1``."""
     expected = "(start, count): the first learner iteration and how many to profile"
-    if not isinstance(value, (tuple, list)) or len(value) != 2 or any(type(v) is not int for v in value):
-        raise TypeError(f"profile must be {expected}, got {value!r}")
-    start, count = value
+    try:  # numpy and torch integers too; not floats, not bools
+        if len(value) != 2 or isinstance(value, str) or any(isinstance(v, bool) for v in value):
+            raise TypeError
+        start, count = (operator.index(v) for v in value)
+    except TypeError:
+        raise TypeError(f"profile must be {expected}, got {value!r}") from None
     if start < 0 or count < 1:
         raise ValueError(f"profile must be {expected} (start >= 0, count >= 1), got {value!r}")
     return start, count

@@ -15,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import otel_rl
@@ -148,6 +149,10 @@ def test_a_failing_profiler_costs_one_warning_and_nothing_else(tmp_path, monkeyp
 
 def test_the_window_is_an_option_and_a_variable(monkeypatch, tmp_path):
     assert TelemetryConfig(run_dir=tmp_path, profile=[3, 2]).profile == (3, 2)
+    window = TelemetryConfig(run_dir=tmp_path, profile=(np.int64(3), torch.tensor(2))).profile  # numpy and torch integers
+    assert window == (3, 2) and all(type(v) is int for v in window)
+    with pytest.raises(TypeError, match="profile must be"):
+        TelemetryConfig(run_dir=tmp_path, profile=(True, 2))
     for bad, error in (((3, 0), ValueError), ((-1, 2), ValueError), ("3,2", TypeError), ((1.5, 2), TypeError)):
         with pytest.raises(error, match="profile must be"):
             TelemetryConfig(run_dir=tmp_path, profile=bad)
