@@ -120,6 +120,20 @@ class StepCheck:
         self._highest = max(self._last.values(), default=None)
         self._reported: set[str] = set()
 
+    def rises(self, step: int) -> bool:
+        """Whether ``step`` is at or above every step so far: then no key can have gone back, and it becomes the highest.
+
+        The keys of such records are noted later, a block at a time (:meth:`note`).
+        """
+        if self._highest is None or step >= self._highest:
+            self._highest = step
+            return True
+        return False
+
+    def note(self, steps: dict[str, int]) -> None:
+        """Each key's last step, from records whose steps :meth:`rises` accepted (the same as checking each in turn)."""
+        self._last.update(steps)
+
     def check(self, values: dict[str, Any], step: int | None) -> dict[str, Any] | None:
         """Note ``step`` for ``values``' keys; the attributes of a ``step_regression`` event when some went back for the first time."""
         if step is None:

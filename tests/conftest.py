@@ -40,8 +40,8 @@ class CaptureSink(RecordSink):
     def on_phase(self, phase):
         self.phases.append(phase)
 
-    def on_scalars(self, record):
-        self.scalars.append(record)
+    def on_scalars(self, block):
+        self.scalars.extend(block.records)
 
     def on_event(self, event):
         self.events.append(event)

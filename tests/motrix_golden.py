@@ -7,7 +7,7 @@ import json
 
 from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.exporter import MotrixSink
-from otel_rl.core.records import EventRecord, RunRecord, ScalarsRecord
+from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock, ScalarsRecord
 
 FIXED_TS = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 FIXED_VERSIONS = {"python": "3.11.7", "otel_rl": "0.1.0"}
@@ -17,8 +17,8 @@ class ListOutput:
     def __init__(self) -> None:
         self.records: list[dict] = []
 
-    def submit(self, kind: str, line: str) -> None:
-        self.records.append(json.loads(line))
+    def submit(self, items: list[tuple[str, str]]) -> None:
+        self.records.extend(json.loads(line) for _, line in items)
 
 
 def golden_records() -> dict[str, dict]:
@@ -55,16 +55,15 @@ def golden_records() -> dict[str, dict]:
             seq=next(seq),
         )
     )
-    sink.on_scalars(
-        ScalarsRecord(
-            start_ns + 1_000_000_000,
-            {"Loss/critic": 0.25, "Train/mean_reward": -812.5, "Policy/entropy": None},
-            None,
-            12,
-            96,
-            seq=next(seq),
-        )
+    scalars = ScalarsRecord(
+        start_ns + 1_000_000_000,
+        {"Loss/critic": 0.25, "Train/mean_reward": -812.5, "Policy/entropy": None},
+        None,
+        12,
+        96,
+        seq=next(seq),
     )
+    sink.on_scalars(ScalarsBlock([scalars], finite=False))
     sink.on_event(EventRecord(start_ns + 2_000_000_000, "checkpoint_saved", {"path": "ckpt/000096.pt", "env_steps": 96}, next(seq)))
     heartbeat = json.loads(sink.heartbeat()[1])
     sink.on_run(RunRecord("finished", start_ns, start_ns + 3_000_000_000, None, seq=next(seq)))

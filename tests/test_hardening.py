@@ -264,11 +264,11 @@ def test_an_outage_longer_than_the_retry_window_keeps_the_lifecycle(caplog):
     sender = HttpSender(server.url, None, heartbeat=lambda: made("heartbeat"), drops=drops, interval_s=0.05, retry_window_s=0.3)
     try:
         with caplog.at_level(logging.WARNING, logger="otel_rl"):
-            sender.submit(*made("run", status="pending", config={"lr": 1e-3}))
-            sender.submit(*made("run", status="running", config={"lr": 1e-3}))
+            sender.submit([made("run", status="pending", config={"lr": 1e-3})])
+            sender.submit([made("run", status="running", config={"lr": 1e-3})])
             for i in range(5):
-                sender.submit(*made("scalars", step=i, axes={}, values={"x": i}))
-            sender.submit(*made("event", name="warmup_done", attributes={}))
+                sender.submit([made("scalars", step=i, axes={}, values={"x": i})])
+            sender.submit([made("event", name="warmup_done", attributes={})])
             time.sleep(1.5)  # past the retry window, still down
             sender.close(10.0)
             assert sender.join(10.0)
@@ -292,7 +292,7 @@ def test_a_trickling_service_cannot_hold_the_sender(caplog):
     try:
         with caplog.at_level(logging.WARNING, logger="otel_rl"):
             for i in range(50):
-                sender.submit(*made("scalars", step=i, axes={}, values={"x": i}))
+                sender.submit([made("scalars", step=i, axes={}, values={"x": i})])
             time.sleep(2.5)
             started = time.monotonic()
             sender.close(1.0)
@@ -462,7 +462,7 @@ def test_a_failing_sink_does_not_stop_the_pipeline_or_the_other_sinks(tmp_path, 
     from otel_rl.core.pipeline import RecordSink
 
     class Broken(RecordSink):
-        def on_scalars(self, record):
+        def on_scalars(self, block):
             raise ValueError("a sink bug")
 
     with caplog.at_level(logging.WARNING, logger="otel_rl"):
@@ -479,7 +479,7 @@ def test_flush_means_written_even_racing_with_submits(tmp_path):
     writer = JsonlWriter(tmp_path / "m.jsonl", Drops(), interval_s=60)  # only flushes write
     try:
         for n in range(200):
-            writer.submit("scalars", json.dumps({"n": n}))
+            writer.submit([("scalars", json.dumps({"n": n}))])
             assert writer.flush(5)
             assert len((tmp_path / "m.jsonl").read_text().splitlines()) == n + 1
     finally:

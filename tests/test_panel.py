@@ -9,7 +9,7 @@ from rich.console import Console
 from otel_rl import schema
 from otel_rl.outputs.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
 from otel_rl.core.pipeline import CycleTotals, PassTotals
-from otel_rl.core.records import IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.core.records import IterationRecord, PhaseRecord, ScalarsBlock, ScalarsRecord
 
 NOW = 1_000_000_000_000
 
@@ -40,9 +40,9 @@ def state_with_data() -> PanelState:
     for k in range(4):
         add_iteration(state, iteration(NOW - k * 100_000_000, {"collector_wait": 1.0, "inference": 2.0, "learning": 6.0}, 10.0))
         add_iteration(state, iteration(NOW - k * 100_000_000, {"env_step": 3.0, "learner_action_wait": 5.0}, 8.0, "collector"))
-    state.add_scalars(ScalarsRecord(NOW - 5_000_000_000, {"Train/mean_reward": -1000.0}, None, None, None))
-    state.add_scalars(ScalarsRecord(NOW - 100, {"Train/mean_reward": -200.0, "Loss/critic": 1.0, "Perf/total_fps": 900.0}, None, None, None))
-    state.add_scalars(ScalarsRecord(NOW - 50, {"Loss/critic": 3.0, "sys/process_cpu_percent": 150.0, "reward/upright": 0.5}, None, None, None))
+    state.add_scalars(ScalarsBlock([ScalarsRecord(NOW - 5_000_000_000, {"Train/mean_reward": -1000.0}, None, None, None)], True))
+    state.add_scalars(ScalarsBlock([ScalarsRecord(NOW - 100, {"Train/mean_reward": -200.0, "Loss/critic": 1.0, "Perf/total_fps": 900.0}, None, None, None)], True))
+    state.add_scalars(ScalarsBlock([ScalarsRecord(NOW - 50, {"Loss/critic": 3.0, "sys/process_cpu_percent": 150.0, "reward/upright": 0.5}, None, None, None)], True))
     return state
 
 
@@ -148,7 +148,7 @@ def test_a_distribution_takes_one_row():
     state = state_with_data()
     stats = {name: 0.5 for name in schema.distribution_keys("Policy/action").values()}
     stats["Policy/action/std"] = 0.25
-    state.add_scalars(ScalarsRecord(NOW - 10, stats, None, None, None))
+    state.add_scalars(ScalarsBlock([ScalarsRecord(NOW - 10, stats, None, None, None)], True))
     text = render(state, 140)
     rows = [line for line in text.splitlines() if "Policy/action" in line]
     assert len(rows) == 1 and "0.5 ± 0.25" in rows[0], rows

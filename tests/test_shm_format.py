@@ -32,3 +32,71 @@ def test_the_pure_python_lane_packs_the_same_record():
 
     assert struct.calcsize("<" + "".join(shm.RECORD_STRUCT)) == shm.RECORD.itemsize
     assert struct.calcsize("<" + shm.SCALAR_ENTRY_STRUCT) == shm.SCALAR_ENTRY.itemsize
+
+
+def test_the_table_of_packed_scalars_agrees_with_its_struct():
+    layout = dict(_hotpath.layouts["ScalarsHeader"])
+    table = shm.scalars_table(3)
+    assert table.itemsize == layout.pop("itemsize") + 3 * shm.SCALAR_ENTRY.itemsize
+    assert {name: table.fields[name][1] for name in layout} == layout
+    assert table.fields["entries"][1] == shm.SCALARS_HEADER.size
+
+
+def test_scalars_read_from_a_segment_arrive_as_recorded_in_order():
+    """Runs of one key set go through in bulk; every other record is read and checked alone, in its place."""
+    import itertools
+    from time import perf_counter_ns
+
+    from otel_rl.agent.segment_source import SegmentSource
+    from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
+    from otel_rl.training.segment_recorder import SegmentRecorder
+
+    class Keep(RecordSink):
+        def __init__(self):
+            self.blocks, self.events = [], []
+
+        def on_scalars(self, block):
+            self.blocks.append(block)
+
+        def on_event(self, event):
+            self.events.append(event)
+
+    segment = shm.Segment(None, b"", 64)
+    recorder = SegmentRecorder(segment, 64)
+    calls = [
+        ({"Loss/a": 1.0, "Loss/b": 2.0}, 1),
+        ({"Loss/a": 3.0, "Loss/b": 4.0}, 2),
+        ({"Loss/a": float("nan"), "Loss/b": 5.0}, 3),  # not finite: checked alone
+        ({"Loss/a": 6.0, "Loss/c": 7.0}, 4),  # the same length, other keys
+        ({"Loss/a": 8, "Loss/b": True}, 5),  # not floats
+        ({"loss": 9.0, "Loss/b": 10.0}, 6),  # not a canonical key
+        ({"Loss/a": 11.0, "Loss/b": 12.0}, 2),  # a step that goes back
+        ({"Loss/a": 13.0, "Loss/b": 14.0}, 7),
+    ]
+    for values, step in calls:
+        recorder.add_scalars((perf_counter_ns(), values, step, None, None))
+    sink = Keep()
+    pipeline = Pipeline([SegmentSource(shm.SegmentReader(segment.buffer))], [sink], Clock(), itertools.count(1))
+    pipeline.drain()
+    records = [record for block in sink.blocks for record in block.records]
+    assert [r.values for r in records] == [
+        {"Loss/a": 1.0, "Loss/b": 2.0},
+        {"Loss/a": 3.0, "Loss/b": 4.0},
+        {"Loss/a": None, "Loss/b": 5.0},
+        {"Loss/a": 6.0, "Loss/c": 7.0},
+        {"Loss/a": 8, "Loss/b": True},
+        {"custom/loss": 9.0, "Loss/b": 10.0},
+        {"Loss/a": 11.0, "Loss/b": 12.0},
+        {"Loss/a": 13.0, "Loss/b": 14.0},
+    ]
+    assert [r.step for r in records] == [step for _, step in calls]
+    assert [type(v) for v in records[4].values.values()] == [int, int]  # a bool goes out as 0 or 1
+    seqs = sorted([r.seq for r in records] + [e.seq for e in sink.events])
+    assert len(set(seqs)) == len(seqs)
+    (nonfinite,) = [e for e in sink.events if e.name == "nonfinite"]
+    (regression,) = [e for e in sink.events if e.name == "step_regression"]
+    assert nonfinite.attributes["key"] == "Loss/a" and records[2].seq > nonfinite.seq
+    assert regression.seq > records[6].seq and regression.attributes["step"] == 2
+    assert all(r.seq < regression.seq for r in records[:7]) and records[7].seq > regression.seq  # in its place
+    finite = [block for block in sink.blocks if any(r is records[1] for r in block.records)][0]
+    assert finite.latest_values() == {"Loss/a": 3.0, "Loss/b": 4.0}

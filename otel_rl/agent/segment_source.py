@@ -11,6 +11,7 @@ leaves nothing read-but-unwritten behind.
 from __future__ import annotations
 
 import functools
+import itertools
 import marshal
 import pickle
 import struct
@@ -21,7 +22,7 @@ import numpy as np
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
-from otel_rl.core.pipeline import Batch
+from otel_rl.core.pipeline import Batch, ScalarRows
 from otel_rl.core.records import RunRecord
 from otel_rl.shm import segment as shm
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
@@ -80,11 +81,14 @@ class SegmentSource:
             if len(records):
                 # Keyed by its thread too: the producer gives a lane to another thread once its own ended.
                 batch.lanes.append(((id(self), index, thread_id), thread_id, thread_name, self._decode(records, names)))
-        ends = []
+        ends, scalars = [], []
         for ring in (reader.control, reader.data):
             frames = ring.take(MESSAGE_BYTES_PER_PASS)
             moved += len(frames)
             for kind, payload in frames:
+                if kind & ~shm.PICKLED in _SCALARS_KINDS:
+                    scalars.append((kind, payload))  # scalars go to a list of their own: only their own order counts
+                    continue
                 decoded = self._decode_message(kind, payload)
                 if decoded is None:
                     continue
@@ -92,6 +96,7 @@ class SegmentSource:
                     ends.append(decoded[1])  # after the data written before it
                 else:
                     self._route(batch, *decoded)
+        self._take_scalars(batch, scalars)
         for record in ends:
             self._route(batch, shm.RUN, record)
         batch.control.extend(self._extra)
@@ -155,6 +160,25 @@ class SegmentSource:
             )
             return None
 
+    def _take_scalars(self, batch: Batch, frames: list[tuple[int, bytes]]) -> None:
+        """Scalars frames into ``batch``, in order: each run of packed records of one key set of floats as one :class:`ScalarRows`."""
+        for (kind, _), run in itertools.groupby(frames, lambda frame: (frame[0], len(frame[1]))):
+            run = list(run)
+            rows = None
+            if kind == shm.SCALARS_PACKED:
+                try:
+                    rows = _scalar_rows([payload for _, payload in run], self.reader, self._key_names)
+                except Exception:  # read record by record below, where a bad one is counted alone
+                    pass
+            if rows is None:
+                for kind, payload in run:
+                    decoded = self._decode_message(kind, payload)
+                    if decoded is not None:
+                        self._route(batch, *decoded)
+                continue
+            batch.scalars.append(rows)
+            self.last_ns = max(self.last_ns, rows.times_ns[-1])
+
     def _route(self, batch: Batch, kind: int, record: Any) -> None:
         if kind == shm.SCALARS:
             batch.scalars.append(record)
@@ -201,6 +225,9 @@ class SegmentSource:
         return out
 
 
+_SCALARS_KINDS = frozenset((shm.SCALARS, shm.SCALARS_PACKED))
+
+
 def _phase(name_id: int, names: list[str]) -> _Replayed | None:
     if not 0 <= name_id < len(names) or "\t" not in names[name_id]:
         _logger.warning("otel-rl: agent: a phase record names no phase (id %d); skipped", name_id)
@@ -215,6 +242,36 @@ def _entries(count: int) -> struct.Struct:
     return struct.Struct("<" + shm.SCALAR_ENTRY_STRUCT * count)
 
 
+def _scalar_rows(payloads: list[bytes], reader: shm.SegmentReader, key_names: dict) -> ScalarRows | None:
+    """Packed scalars records of one length as :class:`ScalarRows`, decoded at once; None unless all hold the same keys and only floats."""
+    count = shm.SCALARS_HEADER.unpack_from(payloads[0])[4]
+    table = np.frombuffer(b"".join(payloads), shm.scalars_table(count))
+    entries = table["entries"]
+    keys = entries["key"]
+    if entries["tag"].any() or not (keys == keys[0]).all():
+        return None
+    values = entries["value"]
+    axes = [column.tolist() for column in (table["step"], table["iteration"], table["env_steps"])]
+    return ScalarRows(
+        table["time"].tolist(),
+        _key_names(tuple(keys[0].tolist()), reader, key_names),
+        values.tolist(),
+        np.isfinite(values).all(axis=1).tolist(),
+        *([None if v == shm.NO_STEPS else v for v in column] if shm.NO_STEPS in column else column for column in axes),
+    )
+
+
+def _key_names(keys: tuple[int, ...], reader: shm.SegmentReader, key_names: dict) -> tuple[str, ...]:
+    """The names of key ids ``keys``; ``key_names`` remembers key-id tuples seen before (a loop logs the same keys every call)."""
+    names = key_names.get(keys)
+    if names is None:
+        table = reader.names if max(keys, default=-1) < len(reader.names) else reader.update_names()
+        names = tuple(map(table.__getitem__, keys))
+        if len(key_names) < 1024:
+            key_names[keys] = names
+    return names
+
+
 def _unpack_scalars(payload: bytes, reader: shm.SegmentReader, key_names: dict) -> tuple:
     """A packed scalars record (:data:`segment.SCALARS_HEADER`, then its entries) as a raw tuple.
 
@@ -223,12 +280,7 @@ def _unpack_scalars(payload: bytes, reader: shm.SegmentReader, key_names: dict) 
     time_ns, step, iteration, env_steps, count, _ = shm.SCALARS_HEADER.unpack_from(payload)
     fields = _entries(count).unpack_from(payload, shm.SCALARS_HEADER.size)
     keys, tags, numbers = fields[0::3], fields[1::3], fields[2::3]
-    names = key_names.get(keys)
-    if names is None:
-        table = reader.names if max(keys, default=-1) < len(reader.names) else reader.update_names()
-        names = tuple(map(table.__getitem__, keys))
-        if len(key_names) < 1024:
-            key_names[keys] = names
+    names = _key_names(keys, reader, key_names)
     if not any(tags):  # the common case, in C: every value a float (VALUE_FLOAT is 0)
         values: dict[str, Any] = dict(zip(names, numbers))
     else:

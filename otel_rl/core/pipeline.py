@@ -29,7 +29,16 @@ from otel_rl._logging import logger, once
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
-from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord, ScalarsRecord
+from otel_rl.core.records import (
+    DeviceIntervalRecord,
+    DistributionRecord,
+    EventRecord,
+    IterationRecord,
+    PhaseRecord,
+    RunRecord,
+    ScalarsBlock,
+    ScalarsRecord,
+)
 from otel_rl.resume import StepCheck
 from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, describe, scalar_number, shorten
 
@@ -49,6 +58,11 @@ def _plain_finite(values: Iterable[object]) -> bool:
     except OverflowError:  # an int too large for a float
         return False
     return type(total) is int or math.isfinite(total)
+
+
+def _step(record: ScalarsRecord) -> int | None:
+    """The step a scalars record is checked at: its step, else its env steps."""
+    return record.step if record.step is not None else record.env_steps
 
 
 def _in_range(value: int | None, fallback: int | None) -> int | None:
@@ -121,8 +135,12 @@ class RecordSink:
         walking every iteration themselves. Called once per pass that had any.
         """
 
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        """One ``scalars()`` call, values already made finite or None."""
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        """Consecutive ``scalars()`` calls of one pass, in order, values already made finite or None.
+
+        A sink that keeps only the latest values reads :meth:`ScalarsBlock.latest`
+        once per pass instead of every record.
+        """
 
     def on_distribution(self, record: DistributionRecord) -> None:
         """One ``distribution()`` call, summarised; its statistics also arrive through :meth:`on_scalars`."""
@@ -153,7 +171,7 @@ class Batch:
     * ``control``: :class:`RunRecord` (start or end) and events ``(time_ns, name, attributes)``;
     * ``lanes``: ``(lane key, thread id, thread name, raw lane records)`` (see
       :class:`otel_rl.training.recorder.PyLane` for the record shapes);
-    * ``scalars``: ``(time_ns, values, step, iteration, env_steps)``;
+    * ``scalars``: ``(time_ns, values, step, iteration, env_steps)``, or :class:`ScalarRows`;
     * ``distributions``: ``(time_ns, key, array, step, iteration, env_steps)``;
     * ``remote``: relayed worker cycles; ``intervals``: where CUDA-timed phases ran,
       ``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns);
@@ -167,6 +185,23 @@ class Batch:
     remote: list = field(default_factory=list)
     intervals: list = field(default_factory=list)
     cuda_fallbacks: list = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class ScalarRows:
+    """Consecutive ``scalars()`` calls of one key set, column by column (as a segment holds them).
+
+    ``rows`` are the calls' float values in ``names``' order; ``finite`` says
+    per call that every one of them is finite; axes are None where absent.
+    """
+
+    times_ns: list[int]
+    names: tuple[str, ...]
+    rows: list[list[float]]
+    finite: list[bool]
+    steps: list[int | None]
+    iterations: list[int | None]
+    env_steps: list[int | None]
 
 
 class RecordSource(Protocol):
@@ -272,6 +307,8 @@ class Pipeline:
         self._accepted_keys: dict[str, str] = {}
         self._pass_totals: dict[str, CycleTotals] = {}
         self._canonical_keys: set[str] = set()  # accepted as they are (the scalars fast path)
+        self._pending: list[ScalarsRecord] = []  # scalars records not yet handed over (see _hand_over_scalars)
+        self._pending_finite = True
         self._final = False
 
     _METHODS = (
@@ -379,7 +416,10 @@ class Pipeline:
         for raw in batch.intervals:
             self._fanout("on_device_interval", DeviceIntervalRecord(*raw))
         for raw in batch.scalars:
-            self._emit_scalars(self._scalars_record(raw))
+            if type(raw) is ScalarRows:
+                self._scalar_rows(raw)
+            else:
+                self._emit_scalars(self._scalars_record(raw))
         for raw in batch.distributions:
             self._distribution(raw)
         now_ns = self._clock.now_ns()
@@ -421,8 +461,21 @@ class Pipeline:
                 continue
             clean[key] = cleaned
             if cleaned is None:
+                self._pending_finite = False
                 self._report_nonfinite(key, time_ns, describe(value))
         return ScalarsRecord(self._clock.to_epoch_ns(time_ns), clean, step, iteration, env_steps, next(self._seq))
+
+    def _scalar_rows(self, table: ScalarRows) -> None:
+        """Records of a :class:`ScalarRows`: rows of canonical keys and finite values as they are, the others checked."""
+        names, offset = table.names, self._clock.offset_ns
+        canonical = set(names) <= self._canonical_keys
+        columns = zip(table.times_ns, table.rows, table.finite, table.steps, table.iterations, table.env_steps)
+        for time_ns, row, finite, step, iteration, env_steps in columns:
+            values = dict(zip(names, row))
+            if canonical and finite:
+                self._pending.append(ScalarsRecord(time_ns + offset, values, step, iteration, env_steps, next(self._seq)))
+            else:
+                self._emit_scalars(self._scalars_record((time_ns, values, step, iteration, env_steps)))
 
     def _key(self, raw_key: object) -> str:
         """The exported key of ``raw_key`` (remembered), "" when it is not exported (see :meth:`_accept_key`)."""
@@ -452,13 +505,36 @@ class Pipeline:
         self._fanout("on_distribution", record)
         names = schema.distribution_keys(key)
         stats = {names[stat]: value for stat, value in summary.stats.items()}
+        if None in stats.values():
+            self._pending_finite = False
         self._emit_scalars(ScalarsRecord(time_ns, stats, step, iteration, env_steps, next(self._seq)))
 
     def _emit_scalars(self, record: ScalarsRecord) -> None:
-        self._fanout("on_scalars", record)
-        regression = self.step_check.check(record.values, record.step if record.step is not None else record.env_steps)
+        """Hold ``record`` to hand over with its neighbours (see :meth:`_fanout`); one whose step went back goes alone, with its event."""
+        step = _step(record)
+        if step is None or self.step_check.rises(step):
+            self._pending.append(record)
+            return
+        finite = self._pending_finite
+        self._hand_over_scalars()  # the records before it first, their steps noted
+        self._fanout("on_scalars", ScalarsBlock([record], finite))
+        regression = self.step_check.check(record.values, step)
         if regression is not None:
             self._fanout("on_event", EventRecord(record.time_ns, "step_regression", regression, next(self._seq)))
+
+    def _hand_over_scalars(self) -> None:
+        """The pending scalars records to the sinks as one block, and their steps noted."""
+        records, self._pending = self._pending, []
+        block = ScalarsBlock(records, self._pending_finite)
+        self._pending_finite = True
+        self._fanout("on_scalars", block)
+        steps = [_step(r) for r in records]
+        if None not in steps:  # each key's last step is that of the last record holding it
+            self.step_check.note({key: _step(record) for key, record in block.latest().items()})
+            return
+        for record, step in zip(records, steps):
+            if step is not None:
+                self.step_check.note(dict.fromkeys(record.values, step))
 
     def _accept_key(self, raw_key: object) -> str:
         """The key as exported ("" for a key that is not exported).
@@ -603,6 +679,8 @@ class Pipeline:
         self._fanout("on_iteration", iteration)
 
     def _fanout(self, method: str, record: object) -> None:
+        if self._pending and method != "on_scalars":
+            self._hand_over_scalars()  # scalars made before this record reach the sinks first
         for handler in self._handlers[method]:
             try:
                 handler(record)

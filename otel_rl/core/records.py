@@ -125,6 +125,38 @@ class ScalarsRecord:
 
 
 @dataclass(slots=True)
+class ScalarsBlock:
+    """Consecutive :class:`ScalarsRecord` of one pipeline pass, in order, handed to sinks at once.
+
+    ``finite``: no value in them is None, so a key's latest value is its value
+    in the last record that holds it.
+    """
+
+    records: list[ScalarsRecord]
+    finite: bool
+    _latest: dict[str, ScalarsRecord] | None = None
+
+    def latest(self) -> dict[str, ScalarsRecord]:
+        """The last record holding each key (computed once, shared by sinks)."""
+        if self._latest is None:
+            latest: dict[str, ScalarsRecord] = {}
+            held = latest.keys()
+            for record in reversed(self.records):
+                keys = record.values.keys()
+                if keys <= held:  # a loop that logs the same keys every call: one subset check per record
+                    continue
+                for key in keys:
+                    if key not in latest:
+                        latest[key] = record
+            self._latest = latest
+        return self._latest
+
+    def latest_values(self) -> dict[str, Any]:
+        """Each key's value in the last record holding it (None included)."""
+        return {key: record.values[key] for key, record in self.latest().items()}
+
+
+@dataclass(slots=True)
 class DistributionRecord:
     """One ``distribution()`` call, summarised (:mod:`otel_rl.distributions`).
 

@@ -25,7 +25,7 @@ from rich.table import Table
 from otel_rl import schema
 from otel_rl.background import Worker
 from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.core.records import RunRecord, ScalarsRecord
+from otel_rl.core.records import RunRecord, ScalarsBlock
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
@@ -152,15 +152,17 @@ class PanelState:
                 out["eta_s"] = max(self.total_steps - s1, 0) / ((s1 - s0) / ((t1 - t0) / 1e9))
         return out
 
-    def add_scalars(self, record: ScalarsRecord) -> None:
+    def add_scalars(self, block: ScalarsBlock) -> None:
         """Latest values always; into the means, records of the same keys at most every :data:`SAMPLE_NS`."""
-        values = record.values
-        self.latest.update(values)
+        self.latest.update(block.latest_values())
         keys, at_ns = self._sampled
-        if record.time_ns - at_ns < SAMPLE_NS and values.keys() == keys:
-            return  # a loop that logs every iteration: a sample of its records makes the same 2-second means
-        self._sampled = (values.keys(), record.time_ns)
-        self.scalars.add(record.time_ns, values)
+        for record in block.records:
+            values = record.values
+            if record.time_ns - at_ns < SAMPLE_NS and values.keys() == keys:
+                continue  # a loop that logs every iteration: a sample of its records makes the same 2-second means
+            keys, at_ns = values.keys(), record.time_ns
+            self.scalars.add(at_ns, values)
+        self._sampled = (keys, at_ns)
 
     def timing(self, timeline: str) -> dict[str, Any]:
         """Window means per cycle: cycle wall, top-level and nested phase ms, and n."""
@@ -365,8 +367,8 @@ class PanelSink(RecordSink):
     def on_cycles(self, totals: PassTotals) -> None:
         self.state.add_pass(totals)
 
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        self.state.add_scalars(record)
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        self.state.add_scalars(block)
 
     def shutdown(self, timeout_s: float) -> None:
         self._painter.shutdown(timeout_s)

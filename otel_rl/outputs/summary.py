@@ -20,7 +20,7 @@ from otel_rl._logging import logger
 from otel_rl.outputs.otel.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import RunRecord, ScalarsRecord
+from otel_rl.core.records import RunRecord, ScalarsBlock
 from otel_rl.run_folder import CONFIG_FILE, SUMMARY_FILE
 
 _logger = logger(__name__)
@@ -56,8 +56,8 @@ class SummarySink(RecordSink):
         else:
             self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
 
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        self._last_scalars.update(record.values)
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        self._last_scalars.update(block.latest_values())
 
     def summary(self) -> dict[str, Any]:
         timelines = self._aggregates.phase_summary()

@@ -33,7 +33,7 @@ from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.core.records import DistributionRecord, EventRecord, RunRecord, ScalarsRecord
+from otel_rl.core.records import DistributionRecord, EventRecord, RunRecord, ScalarsBlock
 
 _logger = logger(__name__)
 
@@ -120,11 +120,12 @@ class TrackerSink(RecordSink):
             self._flush_perf()
             self.writer.put(("end", run.end_ns, run.status, run.reason))
 
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        step = record.step if record.step is not None else record.env_steps
-        self._put_events_before(record.time_ns)
-        self._step = step if step is not None else self._step
-        self.writer.put(("scalars", record.time_ns, step, record.values))
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        for record in block.records:
+            step = record.step if record.step is not None else record.env_steps
+            self._put_events_before(record.time_ns)
+            self._step = step if step is not None else self._step
+            self.writer.put(("scalars", record.time_ns, step, record.values))
 
     def on_distribution(self, record: DistributionRecord) -> None:
         step = record.step if record.step is not None else record.env_steps

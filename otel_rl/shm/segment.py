@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import functools
 import mmap
 import os
 import re
@@ -114,6 +115,13 @@ SCALAR_ENTRY = np.dtype([("key", "<u4"), ("tag", "u1"), ("reserved", "u1", (3,))
 SCALAR_ENTRY_STRUCT = "IB3xd"
 """One :data:`SCALAR_ENTRY` as ``struct`` codes (the reader unpacks a record's entries in one call)."""
 VALUE_FLOAT, VALUE_INT, VALUE_NONE, VALUE_BOOL = 0, 1, 2, 3
+
+
+@functools.lru_cache(maxsize=64)
+def scalars_table(count: int) -> np.dtype:
+    """Packed scalars records of ``count`` entries each as one row apiece (:data:`SCALARS_HEADER`, then the entries)."""
+    header = [("time", "<i8"), ("step", "<i8"), ("iteration", "<i8"), ("env_steps", "<i8"), ("count", "<u4"), ("reserved", "<u4")]
+    return np.dtype([*header, ("entries", SCALAR_ENTRY, (count,))])
 
 # Producer states.
 RUNNING, CLOSING = 0, 1

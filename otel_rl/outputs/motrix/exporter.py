@@ -23,7 +23,7 @@ from otel_rl.outputs.motrix.record_queue import Item
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
 from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record
-from otel_rl.core.records import EventRecord, RunRecord, ScalarsRecord
+from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock
 
 _logger = logger(__name__)
 
@@ -35,7 +35,7 @@ class MotrixSink(RecordSink):
     """Turns pipeline records into protocol records for every output.
 
     Args:
-        outputs: workers with ``submit(kind, line)``, ``flush(timeout_s)``,
+        outputs: workers with ``submit(items)`` (``(kind, line)`` pairs), ``flush(timeout_s)``,
             ``close(deadline)`` and ``join(timeout_s)`` (:class:`JsonlWriter`, :class:`HttpSender`).
         seq: the writer's sequence counter (shared with the training thread).
         drops: where records that cannot be encoded are counted (queue ``encode``).
@@ -102,7 +102,7 @@ class MotrixSink(RecordSink):
         item = self.encode(rec)
         if item is not None:
             for output in self.outputs:
-                output.submit(*item)
+                output.submit([item])
 
     # -- pipeline records -----------------------------------------------
 
@@ -127,10 +127,17 @@ class MotrixSink(RecordSink):
                 fields["error_logs"] = list(run.attributes.get("error_logs", []))
         self._emit(self.make("run", ts=ts, seq=run.seq if run.end_ns is None or seq is None else None, status=run.status, **fields))
 
-    def on_scalars(self, rec: ScalarsRecord) -> None:
-        axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
-        step = rec.step if rec.step is not None else rec.env_steps
-        self._emit(self.make("scalars", ts=rec.time_ns / 1e9, seq=rec.seq, step=step, axes=axes, values=rec.values))
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        run_id, writer, encode = self.run_id, self.writer, self.encode
+        items = []
+        for rec in block.records:
+            step = rec.step if rec.step is not None else rec.env_steps
+            axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
+            item = encode(record(run_id, writer, rec.seq, rec.time_ns / 1e9, "scalars", step=step, axes=axes, values=rec.values))
+            if item is not None:
+                items.append(item)
+        for output in self.outputs:
+            output.submit(items)
 
     def on_event(self, event: EventRecord) -> None:
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))

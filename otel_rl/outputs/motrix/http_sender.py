@@ -82,8 +82,8 @@ class HttpSender(Worker):
         self._stalled = False
         self.start()
 
-    def submit(self, kind: str, line: str) -> None:
-        self.queue.put(kind, line)
+    def submit(self, items: list[Item]) -> None:
+        self.queue.put_all(items)
         if len(self.queue) >= self._batch_size:
             self.wake()
 

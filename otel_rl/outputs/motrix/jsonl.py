@@ -47,8 +47,8 @@ class JsonlWriter(Worker):
         self.written = 0
         self.start()
 
-    def submit(self, kind: str, line: str) -> None:
-        self.queue.put(kind, line)  # time-driven: the worker writes every interval
+    def submit(self, items: list[Item]) -> None:
+        self.queue.put_all(items)  # time-driven: the worker writes every interval
 
     def has_work(self) -> bool:
         return len(self.queue) > 0

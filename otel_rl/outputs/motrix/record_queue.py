@@ -75,6 +75,15 @@ class RecordQueue:
                 self._lifecycle += 1
                 self._lifecycle_size += len(line)
 
+    def put_all(self, items: list[Item]) -> None:
+        """Append several records, oldest first, as :meth:`put` would one by one."""
+        with self._lock:
+            if len(self._items) + len(items) <= self.capacity and all(kind in DROPPABLE for kind, _ in items):
+                self._items.extend(items)  # the common case: room for scalars records, one lock and one extend
+                return
+        for kind, line in items:
+            self.put(kind, line)
+
     def _drop_oldest_droppable(self) -> bool:
         items = self._items
         for index, (kind, _) in enumerate(items):

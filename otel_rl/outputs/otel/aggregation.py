@@ -42,7 +42,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from otel_rl import schema
 from otel_rl.core.pipeline import RecordSink
 from otel_rl._logging import logger
-from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
 
 MAX_EVENT_NAMES = 200
 """Distinct event names counted by ``rl.events``; further names are not counted."""
@@ -230,14 +230,15 @@ class Aggregates:
                 self._env_steps[timeline] = iteration.env_steps
             self._record_phases(iteration.phases)
 
-    def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int) -> None:
-        """Latest value per scalar key; None (non-finite) keeps the last value."""
+    def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int | Mapping[str, int]) -> None:
+        """Latest value per scalar key, at ``time_ns`` (one time, or each key's); None (non-finite) keeps the last value."""
+        times = time_ns if isinstance(time_ns, Mapping) else dict.fromkeys(values, time_ns)
         with self._lock:
             gauges = self._gauges
             if values.keys() <= gauges.keys() and None not in values.values():
                 # The steady state: known keys, finite values; two C-level updates.
                 gauges.update(values)
-                self._gauge_times.update(dict.fromkeys(values, time_ns))
+                self._gauge_times.update(times)
                 return
             for key, value in values.items():
                 if value is None:
@@ -246,7 +247,7 @@ class Aggregates:
                     _logger.warning("otel-rl: more than %d scalar keys; extra keys are not exported as gauges", MAX_GAUGE_KEYS)
                     continue
                 gauges[key] = value
-                self._gauge_times[key] = time_ns
+                self._gauge_times[key] = times[key]
 
     def record_distribution(self, key: str, values: Any) -> None:
         """Bin the finite values of one ``distribution()`` call (a numpy array) on :data:`schema.DISTRIBUTION_BOUNDS`."""
@@ -402,8 +403,13 @@ class AggregatorSink(RecordSink):
     def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
         self.aggregates.record_device_interval(interval)
 
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        self.aggregates.set_gauges(record.values, record.time_ns)
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        if not block.finite:  # None keeps a gauge's last value: record by record
+            for record in block.records:
+                self.aggregates.set_gauges(record.values, record.time_ns)
+            return
+        latest = block.latest()
+        self.aggregates.set_gauges({key: record.values[key] for key, record in latest.items()}, {key: record.time_ns for key, record in latest.items()})
 
     def on_distribution(self, record: DistributionRecord) -> None:
         self.aggregates.record_distribution(record.key, record.values)

@@ -44,7 +44,7 @@ from otel_rl.outputs.files import close_quietly
 from otel_rl.outputs.perfetto.profile import KeptRecords, fit, intervals_of, nested_order, read_profile
 from otel_rl.outputs.protowire import varint as _varint
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsRecord
+from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
 from otel_rl.run_folder import TRACE_FILE
 from otel_rl.schema import PhaseSpec
 
@@ -471,19 +471,21 @@ class PerfettoTraceSink(RecordSink):
             self._flush_loose()
             self._emit(interval)
 
-    def on_scalars(self, record: ScalarsRecord) -> None:
-        keys = record.values.keys()
-        new = keys - self._classified  # set operations: no Python loop over the keys of every call
+    def on_scalars(self, block: ScalarsBlock) -> None:
+        new = block.latest().keys() - self._classified  # the pass's keys, classified once per pass
         if new:
             if len(self._classified) < MAX_CLASSIFIED_KEYS:
                 self._classified |= new
             self._counter_keys |= {k for k in new if k.startswith(COUNTER_PREFIXES)}
-        counters = keys & self._counter_keys
-        if counters:
-            values = {k: record.values[k] for k in counters if record.values[k] is not None}
-            if values:
-                self._flush_loose()
-                self._emit((record.time_ns, values))
+        if not self._counter_keys:
+            return
+        for record in block.records:
+            counters = record.values.keys() & self._counter_keys
+            if counters:
+                values = {k: record.values[k] for k in counters if record.values[k] is not None}
+                if values:
+                    self._flush_loose()
+                    self._emit((record.time_ns, values))
 
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_TORCH_PROFILE:
