@@ -34,8 +34,8 @@ class CaptureSink(RecordSink):
         self.events = []
         self.runs = []
 
-    def on_iteration(self, iteration):
-        self.iterations.append(iteration)
+    def on_iterations(self, iterations):
+        self.iterations.extend(iterations)
 
     def on_phase(self, phase):
         self.phases.append(phase)

@@ -46,7 +46,7 @@ def write_trace(
     t_learner = t_collector = T0
     for i in range(cycles):
         it, t_learner = cycle("learner", i, t_learner, learner, 1, "MainThread", learner_other_ms)
-        sink.on_iteration(it)
+        sink.on_iterations([it])
         if background:
             name, ms = background
             spec = schema.phase_spec("learner", name)
@@ -60,7 +60,7 @@ def write_trace(
         if collector:
             while t_collector < t_learner:
                 c, t_collector = cycle("collector", i, t_collector, collector, 2, "collector")
-                sink.on_iteration(c)
+                sink.on_iterations([c])
     sink.flush(10)
     sink.shutdown(10)
     return path

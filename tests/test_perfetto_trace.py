@@ -155,7 +155,7 @@ def test_full_queue_drops_and_counts(tmp_path):
     spec = schema.phase_spec("learner", "learning")
     for i in range(1000):
         phase = PhaseRecord(spec, i * 10 + 1, i * 10 + 5, 0, 1, "t")
-        sink.on_iteration(IterationRecord("learner", i, None, i * 10, i * 10 + 6, 1, "t", [phase], 4))
+        sink.on_iterations([IterationRecord("learner", i, None, i * 10, i * 10 + 6, 1, "t", [phase], 4)])
     sink.shutdown(5)
     assert sink.dropped > 0
     model = protobuf_engine.read([tmp_path / "t.perfetto-trace"])

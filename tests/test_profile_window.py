@@ -212,7 +212,7 @@ def test_kernels_go_on_stream_tracks_linked_from_their_launches(tmp_path):
     attributes = {"file": str(profile_file), "first_iteration": 0, "iterations": 1, "timebase_markers_ns": markers}
     # One pass: its events come before its phases, the profile's before the iteration it covers.
     sink.on_event(EventRecord(offset + 3_700_000, schema.EVENT_TORCH_PROFILE, attributes))
-    sink.on_iteration(IterationRecord("learner", 0, 0, offset + 2_800_000, offset + 3_600_000, tid, "MainThread", [learning], 600_000))
+    sink.on_iterations([IterationRecord("learner", 0, 0, offset + 2_800_000, offset + 3_600_000, tid, "MainThread", [learning], 600_000)])
     sink.on_drain(offset + 3_800_000)
     sink.shutdown(5.0)
 

@@ -200,28 +200,28 @@ class SegmentSource:
 
     def _decode(self, records: np.ndarray, names: list[str]) -> list[tuple]:
         """Lane records as the raw tuples the pipeline reads."""
-        out = []
-        phases = self._phases
-        last_ns = self.last_ns
+        out: list[tuple] = []
+        append, phases, known = out.append, self._phases, len(names)
+        phase_kind, start_kind, end_kind = shm.PHASE, shm.ITERATION_START, shm.ITERATION_END
         for start, end, a, b, name, depth, kind, flags, exc, _ in records.tolist():
-            if kind == shm.PHASE:
+            if kind == phase_kind:
                 phase = phases.get(name)
                 if phase is None and name not in phases:
                     phase = phases[name] = _phase(name, names)
-                if phase is None:
-                    continue
-                out.append((phase, start, end, depth, names[exc] if 0 <= exc < len(names) else None))
-                last_ns = max(last_ns, end)
-            elif kind == shm.ITERATION_START or kind == shm.ITERATION_END:
-                timeline = names[name] if 0 <= name < len(names) else schema.LEARNER
-                tag = ITERATION_START if kind == shm.ITERATION_START else ITERATION_END
-                out.append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end, depth))
-                last_ns = max(last_ns, start)
+                if phase is not None:
+                    append((phase, start, end, depth, names[exc] if 0 <= exc < known else None))
+            elif kind == start_kind or kind == end_kind:
+                timeline = names[name] if 0 <= name < known else schema.LEARNER
+                tag = ITERATION_START if kind == start_kind else ITERATION_END
+                append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end, depth))
             elif kind == shm.FLOW:
-                out.append((FLOW, start, a % 2**64, bool(flags), depth))
+                append((FLOW, start, a % 2**64, bool(flags), depth))
             elif kind == shm.CORRELATE:
-                out.append((CORRELATE, a, depth))
-        self.last_ns = last_ns
+                append((CORRELATE, a, depth))
+        kinds = records["kind"]
+        # The latest time read: a phase's end, an iteration mark's time (an iteration end's ``end`` is its CPU time).
+        stamps = np.where(kinds == phase_kind, records["end"], np.where((kinds == start_kind) | (kinds == end_kind), records["start"], 0))
+        self.last_ns = max(self.last_ns, int(stamps.max()))
         return out
 
 

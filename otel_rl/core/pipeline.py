@@ -116,8 +116,8 @@ class RecordSink:
     def on_run(self, run: RunRecord) -> None:
         """Run started (``run.end_ns is None``) or ended."""
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        """A completed cycle and its phases."""
+    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+        """Completed cycles and their phases, consecutive ones of one pass at once, in order."""
 
     def on_phase(self, phase: PhaseRecord) -> None:
         """A top-level phase recorded outside any iteration of its thread."""
@@ -244,6 +244,20 @@ class CycleTotals:
             for name, ns in values.items():
                 totals[name] = totals.get(name, 0) + ns
 
+    def add_iteration(self, iteration: IterationRecord) -> None:
+        """A local cycle: as :meth:`add_cycle` of its totals, summed here without making them."""
+        self.cycles += 1
+        self.wall_ns += iteration.end_ns - iteration.start_ns
+        top = self.top
+        for phase in iteration.phases:
+            name = phase.spec.name
+            top[name] = top.get(name, 0) + phase.end_ns - phase.start_ns
+            if phase.children:
+                nested = self.nested
+                for child in phase.walk()[1:]:
+                    nested[child.spec.name] = nested.get(child.spec.name, 0) + child.end_ns - child.start_ns
+        self.index, self.env_steps = iteration.index, iteration.env_steps
+
     def add_loose(self, phase: PhaseRecord) -> None:
         loose, counts = self.loose, self.counts
         for part in phase.walk():
@@ -308,12 +322,13 @@ class Pipeline:
         self._pass_totals: dict[str, CycleTotals] = {}
         self._canonical_keys: set[str] = set()  # accepted as they are (the scalars fast path)
         self._pending: list[ScalarsRecord] = []  # scalars records not yet handed over (see _hand_over_scalars)
+        self._iterations: list[IterationRecord] = []  # iterations not yet handed over (see _fanout)
         self._pending_finite = True
         self._final = False
 
     _METHODS = (
         "on_run",
-        "on_iteration",
+        "on_iterations",
         "on_phase",
         "on_device_interval",
         "on_remote_cycle",
@@ -673,14 +688,18 @@ class Pipeline:
                 extra=once(f"contract:{iteration.timeline}"),
             )
         if self._want_totals:
-            totals = self._totals(iteration.timeline)
-            totals.add_cycle(iteration.wall_ns, *iteration.totals_ns())
-            totals.index, totals.env_steps = iteration.index, iteration.env_steps
-        self._fanout("on_iteration", iteration)
+            self._totals(iteration.timeline).add_iteration(iteration)
+        if self._pending:
+            self._hand_over_scalars()
+        self._iterations.append(iteration)  # handed over with its neighbours, before any other record
 
     def _fanout(self, method: str, record: object) -> None:
+        # Records held to be handed over together reach the sinks before any record made after them.
+        if self._iterations and method != "on_iterations":
+            iterations, self._iterations = self._iterations, []
+            self._fanout("on_iterations", iterations)
         if self._pending and method != "on_scalars":
-            self._hand_over_scalars()  # scalars made before this record reach the sinks first
+            self._hand_over_scalars()
         for handler in self._handlers[method]:
             try:
                 handler(record)

@@ -18,12 +18,13 @@ class RelaySink(RecordSink):
         self._drops = drops
         self.dropped = 0
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        top, nested = iteration.totals_ns()
-        cycle = RemoteCycle(self._role, iteration.timeline, iteration.end_ns, iteration.wall_ns, top, nested)
-        try:
-            self._relay.put_nowait(cycle)
-        except (queue.Full, ValueError, OSError):
-            self.dropped += 1
-            if self._drops is not None:
-                self._drops.add("relay", "cycles")
+    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+        for iteration in iterations:
+            top, nested = iteration.totals_ns()
+            cycle = RemoteCycle(self._role, iteration.timeline, iteration.end_ns, iteration.wall_ns, top, nested)
+            try:
+                self._relay.put_nowait(cycle)
+            except (queue.Full, ValueError, OSError):
+                self.dropped += 1
+                if self._drops is not None:
+                    self._drops.add("relay", "cycles")

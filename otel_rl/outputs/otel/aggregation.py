@@ -4,8 +4,8 @@ One ``Histogram.record`` through the SDK costs about 10 us of CPU under the
 GIL; at thousands of phases per second that would steal the training loop's
 time. :class:`AggregatorSink` instead collects each phase's duration on the
 pipeline thread (a list append) and bins them into explicit buckets once per
-pipeline pass, in bulk (``bisect`` mapped over the batch, counted by
-``collections.Counter``, summed by ``sum``: C loops, not Python ones). The aggregates are read by
+pipeline pass, in bulk (numpy's ``searchsorted`` over the batch, counted by
+``bincount``, summed by ``sum``: C loops, not Python ones). The aggregates are read by
 the metric export (:class:`MergingMetricExporter`: the SDK has no hook for
 externally produced metrics, so they are added at the exporter boundary) and
 by the run summary. All points are cumulative.
@@ -18,7 +18,6 @@ import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -90,14 +89,13 @@ class Bins:
         if not values:
             return
         self.pending = []
-        counts = self.counts
-        for bucket, n in Counter(map(partial(bisect_left, bounds), values)).items():
-            counts[bucket] += n
+        array = np.asarray(values, dtype=np.float64)
+        # side="left" puts a value equal to a bound in that bound's bucket, as bisect_left does.
+        self.counts = [a + b for a, b in zip(self.counts, np.bincount(np.searchsorted(bounds, array), minlength=len(self.counts)).tolist())]
         self.total += sum(values)
         self.count += len(values)
         self.minimum = min(self.minimum, min(values))
         self.maximum = max(self.maximum, max(values))
-        array = np.asarray(values, dtype=np.float64)
         # Bucket i holds (gamma**(i-1), gamma**i]; zero and below share the lowest key.
         keys = np.ceil(np.log(np.maximum(array, 1e-12)) / _LOG_GAMMA).astype(np.int64)
         self.sketch.update(dict(zip(*(a.tolist() for a in np.unique(keys, return_counts=True)))))
@@ -216,19 +214,19 @@ class Aggregates:
                 self._phase_bins(interval.spec, "gpu"), interval.duration_ns / 1e6, interval.end_ns, interval.span_id
             )
 
-    def record_iteration(self, iteration: IterationRecord) -> None:
-        timeline = iteration.timeline
+    def record_iterations(self, iterations: Iterable[IterationRecord]) -> None:
+        """Bin cycles' wall times and their phases."""
         with self._lock:
-            bins = self._iterations.get(timeline)
-            if bins is None:
-                bins = self._iterations[timeline] = Bins(
-                    {**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1
-                )
-            self._add(bins, iteration.wall_ns / 1e6, iteration.end_ns, 0)
-            self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
-            if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
-                self._env_steps[timeline] = iteration.env_steps
-            self._record_phases(iteration.phases)
+            for iteration in iterations:
+                timeline = iteration.timeline
+                bins = self._iterations.get(timeline)
+                if bins is None:
+                    bins = self._iterations[timeline] = Bins({**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1)
+                self._add(bins, iteration.wall_ns / 1e6, iteration.end_ns, 0)
+                self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
+                if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
+                    self._env_steps[timeline] = iteration.env_steps
+                self._record_phases(iteration.phases)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int | Mapping[str, int]) -> None:
         """Latest value per scalar key, at ``time_ns`` (one time, or each key's); None (non-finite) keeps the last value."""
@@ -394,8 +392,8 @@ class AggregatorSink(RecordSink):
         self.aggregates = aggregates
         self._dropped = dropped
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        self.aggregates.record_iteration(iteration)
+    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+        self.aggregates.record_iterations(iterations)
 
     def on_phase(self, phase: PhaseRecord) -> None:
         self.aggregates.record_phases((phase,))

@@ -193,10 +193,13 @@ class OpenTelemetrySink(RecordSink):
         self._end_spans([span])
         self._run_context = None
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        if self._span_processors and self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
-            self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))
-            self._remember_correlations(iteration.phases)
+    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+        if not self._span_processors:
+            return
+        for iteration in iterations:
+            if self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
+                self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))
+                self._remember_correlations(iteration.phases)
 
     def on_phase(self, phase: PhaseRecord) -> None:
         if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):

@@ -436,28 +436,43 @@ class PerfettoTraceSink(RecordSink):
             self._encoder.reset()
             self._encoded = 0
 
-    def _emit(self, item: object) -> None:
+    def _emit(self, items: list, records: int | None = None) -> None:
+        """Encode ``items`` and queue their packets together (``records``: how many records they are, default one each).
+
+        An item that cannot be encoded is skipped alone. Packets are queued
+        early where the file would pass its size, so it rotates between records.
+        """
         state_before = self._encoder.state_packets
-        try:
-            chunks = self._encode(item)
-        except Exception:
-            _logger.warning("otel-rl: could not encode a trace record; skipped", exc_info=True)
-            return
+        chunks: list[bytes] = []
+        size = held = 0
+        for item in items:
+            try:
+                encoded = self._encode(item)
+            except Exception:
+                _logger.warning("otel-rl: could not encode a trace record; skipped", exc_info=True)
+                continue
+            chunks += encoded
+            held += 1
+            size += sum(map(len, encoded))
+            if self._encoded + size > self._max_bytes:
+                self._put(chunks, held if records is None else records, self._encoder.state_packets != state_before)
+                state_before, chunks, size, held = self._encoder.state_packets, [], 0, 0
         if chunks:
-            records = len(item) if isinstance(item, list) else 1
-            self._put(chunks, records, self._encoder.state_packets != state_before)
+            self._put(chunks, held if records is None else records, self._encoder.state_packets != state_before)
 
     def _flush_loose(self) -> None:
         if self._loose:
             loose, self._loose = self._loose, []
-            self._emit(loose)
+            self._emit([loose], len(loose))
 
-    def on_iteration(self, iteration: IterationRecord) -> None:
-        # Encoded now, so the record dies now: records that wait for another
+    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+        # Encoded now, so the records die now: records that wait for another
         # thread survive garbage collections and make every later one slower.
         self._flush_loose()
-        self._emit(iteration)
-        self._keep(iteration)
+        self._emit(iterations)
+        if self._kept is not None:
+            for iteration in iterations:
+                self._keep(iteration)
 
     def on_phase(self, phase: PhaseRecord) -> None:
         self._keep(phase)
@@ -469,7 +484,7 @@ class PerfettoTraceSink(RecordSink):
     def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
         if self._cuda_events:
             self._flush_loose()
-            self._emit(interval)
+            self._emit([interval])
 
     def on_scalars(self, block: ScalarsBlock) -> None:
         new = block.latest().keys() - self._classified  # the pass's keys, classified once per pass
@@ -485,7 +500,7 @@ class PerfettoTraceSink(RecordSink):
                 values = {k: record.values[k] for k in counters if record.values[k] is not None}
                 if values:
                     self._flush_loose()
-                    self._emit((record.time_ns, values))
+                    self._emit([(record.time_ns, values)])
 
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_TORCH_PROFILE:
