@@ -606,75 +606,68 @@ class Pipeline:
         open_iterations = state.open_iterations
         for raw in records:
             head = raw[0]
-            if head is ITERATION_START:
-                _, start, timeline, index, env_steps, cpu, base_depth = raw
-                if not INT64_MIN <= index <= INT64_MAX or (env_steps is not None and not INT64_MIN <= env_steps <= INT64_MAX):
-                    index, env_steps = _in_range(index, -1), _in_range(env_steps, None)
-                open_iterations[timeline] = (start + offset, index, env_steps, [], cpu, base_depth)
-            elif head is ITERATION_END:
-                _, end, timeline, index, env_steps, cpu, _ = raw
-                opened = open_iterations.pop(timeline, None)
-                if opened is None:  # its start was dropped with an overflow
-                    continue
-                start_ns, index, env_steps, phases, start_cpu, _ = opened
-                children_by_depth.clear()
-                accounted = 0
-                for phase in phases:
-                    accounted += phase.end_ns - phase.start_ns
-                self._emit_iteration(
-                    IterationRecord(
-                        timeline,
-                        index,
-                        env_steps,
-                        start_ns,
-                        end + offset,
-                        thread_id,
-                        thread_name,
-                        phases,
-                        accounted,
-                        None if cpu is None or start_cpu is None else cpu - start_cpu,
-                    )
-                )
-            elif head is CORRELATE:
-                _, correlation, open_phases = raw
-                if open_phases:
-                    state.correlations_by_depth[open_phases - 1] = correlation
-            elif head is FLOW:
-                _, _, flow_id, terminating, open_phases = raw
-                if open_phases:
-                    state.flows_by_depth.setdefault(open_phases - 1, []).append((flow_id, terminating))
-                else:
-                    _logger.warning("otel-rl: flow() called outside any phase; ignored")
+            if type(head) is str:  # a mark: an iteration's start or end, a flow, a correlation
+                self._mark(state, raw, thread_id, thread_name, offset)
+                continue
+            _, start, end, depth, exc_type = raw
+            phase = PhaseRecord(
+                head.spec,
+                start + offset,
+                end + offset,
+                depth,
+                thread_id,
+                thread_name,
+                exc_type if exc_type is None or type(exc_type) is str else exc_type.__name__,
+                children_by_depth.pop(depth + 1, None) if children_by_depth else None,
+            )
+            if state.flows_by_depth:
+                phase.flows = state.flows_by_depth.pop(depth, None)
+            if state.correlations_by_depth:
+                phase.correlation = state.correlations_by_depth.pop(depth, 0)
+            # A top-level phase (at the depth its iteration started at: a phase left open
+            # before it costs only itself) belongs to the open iteration of its own timeline;
+            # otherwise it is a loose phase (a collector without cycles, say).
+            opened = open_iterations.get(head.spec.timeline)
+            if depth > (opened[5] if opened is not None else 0):
+                children_by_depth.setdefault(depth, []).append(phase)
+            elif opened is not None and depth == opened[5] and phase.start_ns >= opened[0]:
+                phase.iteration, phase.env_steps = opened[1], opened[2]
+                opened[3].append(phase)
             else:
-                start, end, depth, exc_type = raw[1], raw[2], raw[3], raw[4]
-                phase = PhaseRecord(
-                    head.spec,
-                    start + offset,
-                    end + offset,
-                    depth,
-                    thread_id,
-                    thread_name,
-                    exc_type if exc_type is None or type(exc_type) is str else exc_type.__name__,
-                    children_by_depth.pop(depth + 1, None) if children_by_depth else None,
-                )
-                if state.flows_by_depth:
-                    phase.flows = state.flows_by_depth.pop(depth, None)
-                if state.correlations_by_depth:
-                    phase.correlation = state.correlations_by_depth.pop(depth, 0)
-                # A top-level phase (at the depth its iteration started at: a phase left open
-                # before it costs only itself) belongs to the open iteration of its own timeline;
-                # otherwise it is a loose phase (a collector without cycles, say).
-                opened = open_iterations.get(head.spec.timeline)
-                if depth > (opened[5] if opened is not None else 0):
-                    children_by_depth.setdefault(depth, []).append(phase)
-                    continue
-                if opened is not None and depth == opened[5] and phase.start_ns >= opened[0]:
-                    phase.iteration, phase.env_steps = opened[1], opened[2]
-                    opened[3].append(phase)
-                else:
-                    if self._want_totals:
-                        self._totals(head.spec.timeline).add_loose(phase)
-                    self._fanout("on_phase", phase)
+                if self._want_totals:
+                    self._totals(head.spec.timeline).add_loose(phase)
+                self._fanout("on_phase", phase)
+
+    def _mark(self, state: _LaneState, raw: tuple, thread_id: int, thread_name: str, offset: int) -> None:
+        """A lane's mark: opens or closes an iteration, or notes a flow or a CUDA correlation for the open phase."""
+        head = raw[0]
+        if head is ITERATION_START:
+            _, start, timeline, index, env_steps, cpu, base_depth = raw
+            if not INT64_MIN <= index <= INT64_MAX or (env_steps is not None and not INT64_MIN <= env_steps <= INT64_MAX):
+                index, env_steps = _in_range(index, -1), _in_range(env_steps, None)
+            state.open_iterations[timeline] = (start + offset, index, env_steps, [], cpu, base_depth)
+        elif head is ITERATION_END:
+            _, end, timeline, _, _, cpu, _ = raw
+            opened = state.open_iterations.pop(timeline, None)
+            if opened is None:  # its start was dropped with an overflow
+                return
+            start_ns, index, env_steps, phases, start_cpu, _ = opened
+            state.children_by_depth.clear()
+            accounted = sum([phase.end_ns - phase.start_ns for phase in phases])
+            cpu_ns = None if cpu is None or start_cpu is None else cpu - start_cpu
+            self._emit_iteration(
+                IterationRecord(timeline, index, env_steps, start_ns, end + offset, thread_id, thread_name, phases, accounted, cpu_ns)
+            )
+        elif head is CORRELATE:
+            _, correlation, open_phases = raw
+            if open_phases:
+                state.correlations_by_depth[open_phases - 1] = correlation
+        elif head is FLOW:
+            _, _, flow_id, terminating, open_phases = raw
+            if open_phases:
+                state.flows_by_depth.setdefault(open_phases - 1, []).append((flow_id, terminating))
+            else:
+                _logger.warning("otel-rl: flow() called outside any phase; ignored")
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
         if iteration.accounted_ns > iteration.wall_ns:

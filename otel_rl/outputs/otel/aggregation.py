@@ -51,8 +51,8 @@ MAX_GAUGE_KEYS = 2000
 """Distinct scalar keys exported as gauges; more are dropped with one warning."""
 
 
-FOLD_EVERY = 65_536
-"""Durations held unbinned per series at most (memory bound between pipeline passes)."""
+FOLD_EVERY = 8192
+"""Durations held unbinned per series at most: binned in bulk once this many wait, or when a reader reads."""
 
 
 QUANTILE_ACCURACY = 0.01
@@ -83,8 +83,8 @@ class Bins:
         self.pending: list[float] = []
         self.sketch: Counter[int] = Counter()
 
-    def fold(self, bounds: tuple[float, ...]) -> None:
-        """Bin the pending values."""
+    def fold(self, bounds: np.ndarray) -> None:
+        """Bin the pending values on ``bounds`` (ascending, as an array: numpy would convert a tuple every call)."""
         values = self.pending
         if not values:
             return
@@ -135,6 +135,7 @@ class Aggregates:
         self._base = dict(base_attributes)
         self._trace_id = trace_id
         self.bounds = bounds_ms
+        self._bounds = np.asarray(bounds_ms, dtype=np.float64)
         self._lock = threading.Lock()
         self._phases: dict[tuple[str, str, str], tuple[schema.PhaseSpec, Bins]] = {}
         # clock -> id(spec) -> bins: the per-phase lookup, by identity (specs are cached per phase)
@@ -177,15 +178,15 @@ class Aggregates:
             bucket = bisect_left(self.bounds, value_ms)
             bins.exemplars[bucket] = Exemplar({}, value_ms, time_ns, span_id, self._trace_id)
         if len(bins.pending) >= FOLD_EVERY:
-            bins.fold(self.bounds)
+            bins.fold(self._bounds)
 
     def fold(self) -> None:
-        """Bin every pending value (once per pipeline pass; readers call it too)."""
+        """Bin every pending value (readers do, before they read)."""
         with self._lock:
             self._fold()
 
     def _fold(self) -> None:
-        bounds = self.bounds
+        bounds = self._bounds
         for _, bins in self._phases.values():
             bins.fold(bounds)
         for bins in self._iterations.values():
@@ -416,7 +417,6 @@ class AggregatorSink(RecordSink):
         self.aggregates.count_event(event.name)
 
     def on_drain(self, now_ns: int) -> None:
-        self.aggregates.fold()
         self.aggregates.set_dropped(self._dropped())
 
 
