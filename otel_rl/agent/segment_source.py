@@ -203,7 +203,8 @@ class SegmentSource:
         out: list[tuple] = []
         append, phases, known = out.append, self._phases, len(names)
         phase_kind, start_kind, end_kind = shm.PHASE, shm.ITERATION_START, shm.ITERATION_END
-        for start, end, a, b, name, depth, kind, flags, exc, _ in records.tolist():
+        columns = [records[field].tolist() for field in _LANE_FIELDS]  # column by column: a third of the rows' tolist()
+        for start, end, a, b, name, depth, kind, flags, exc in zip(*columns):
             if kind == phase_kind:
                 phase = phases.get(name)
                 if phase is None and name not in phases:
@@ -226,6 +227,7 @@ class SegmentSource:
 
 
 _SCALARS_KINDS = frozenset((shm.SCALARS, shm.SCALARS_PACKED))
+_LANE_FIELDS = ("start", "end", "a", "b", "name", "depth", "kind", "flags", "exc")
 
 
 def _phase(name_id: int, names: list[str]) -> _Replayed | None:

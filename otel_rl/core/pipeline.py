@@ -4,7 +4,10 @@ Each pass (:meth:`Pipeline.drain`, run by one loop: :class:`PipelineLoop` in
 the training process, the agent's server in an agent) takes what every
 :class:`RecordSource` holds into one :class:`Batch`, rebuilds phase nesting and
 iterations, numbers the records (the ``motrix.metrics/v1`` sequence number is
-assigned here and nowhere else) and calls each sink. Sinks run on the loop's
+assigned here and nowhere else) and calls each sink. Consecutive iterations
+and consecutive scalars records reach a sink in one call each (a pass's worth,
+in the order they were made, never after a record made later), so a sink pays
+its per-call costs once per pass, not per record. Sinks run on the loop's
 thread and must not block: a sink that does IO hands records to its own
 bounded queue and worker. An exception in a sink is logged once and never
 reaches training. New drops of any bounded queue become ``records_dropped``

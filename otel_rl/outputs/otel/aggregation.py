@@ -3,9 +3,9 @@
 One ``Histogram.record`` through the SDK costs about 10 us of CPU under the
 GIL; at thousands of phases per second that would steal the training loop's
 time. :class:`AggregatorSink` instead collects each phase's duration on the
-pipeline thread (a list append) and bins them into explicit buckets once per
-pipeline pass, in bulk (numpy's ``searchsorted`` over the batch, counted by
-``bincount``, summed by ``sum``: C loops, not Python ones). The aggregates are read by
+pipeline thread (a list append) and bins them into explicit buckets in bulk,
+once :data:`FOLD_EVERY` wait or a reader reads (numpy's ``searchsorted`` over the
+batch, counted by ``bincount``, summed by ``sum``: C loops, not Python ones). The aggregates are read by
 the metric export (:class:`MergingMetricExporter`: the SDK has no hook for
 externally produced metrics, so they are added at the exporter boundary) and
 by the run summary. All points are cumulative.
