@@ -8,7 +8,9 @@ named after the folder's real path, in the user's private otel-rl directory
 kernel drops it if the process dies, so a resume after a crash is never
 refused. The second is refused at ``init()`` with an error naming the folder
 and the holder. Processes on other machines sharing the folder over a network
-file system are not seen.
+file system are not seen. The holder removes the lock file when it is done, so
+lock files do not pile up over a machine's runs (only a killed process leaves
+one, which the folder's next run reuses and removes).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from otel_rl._logging import logger
@@ -41,34 +44,60 @@ def _lock_path(run_dir: Path) -> Path:
     return locks / f"{digest}.lock"
 
 
-def claim(run_dir: Path) -> int | None:
-    """Hold ``run_dir``'s lock: its descriptor, to pass to :func:`release` (None when no lock can be had here).
+@dataclass(frozen=True)
+class Claim:
+    """A held run-folder lock: the lock file's descriptor and path."""
+
+    fd: int
+    path: Path
+
+
+def claim(run_dir: Path) -> Claim | None:
+    """Hold ``run_dir``'s lock, to pass to :func:`release` (None when no lock can be had here).
 
     Raises:
         RunFolderInUse: another process holds it.
     """
-    try:
-        fd = os.open(_lock_path(run_dir), os.O_RDWR | os.O_CREAT, 0o600)
-    except OSError as exc:  # no private directory: the run goes on unguarded, said once
-        _logger.warning("otel-rl: cannot lock the run folder %s (%s); two writers would not be noticed", run_dir, exc)
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "another process"
-        os.close(fd)
-        raise RunFolderInUse(
-            f"run_dir {str(run_dir)!r} is in use by process {holder} (a run writes there); "
-            "give this run its own run_dir, or resume it once that process has ended"
-        ) from None
+    while True:
+        try:
+            path = _lock_path(run_dir)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:  # no private directory: the run goes on unguarded, said once
+            _logger.warning("otel-rl: cannot lock the run folder %s (%s); two writers would not be noticed", run_dir, exc)
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "another process"
+            os.close(fd)
+            raise RunFolderInUse(
+                f"run_dir {str(run_dir)!r} is in use by process {holder} (a run writes there); "
+                "give this run its own run_dir, or resume it once that process has ended"
+            ) from None
+        if _same_file(fd, path):
+            break
+        os.close(fd)  # the holder before us removed the file we opened: lock the one there now
     os.ftruncate(fd, 0)
     os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return fd
+    return Claim(fd, path)
 
 
-def release(fd: int | None) -> None:
-    if fd is not None:
+def _same_file(fd: int, path: Path) -> bool:
+    try:
+        held, there = os.fstat(fd), os.stat(path)
+    except OSError:
+        return False
+    return (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino)
+
+
+def release(held: Claim | None) -> None:
+    """Remove the lock file, then let go of it (a process waiting on the removed file tries the path again)."""
+    if held is not None:
         try:
-            os.close(fd)
+            os.unlink(held.path)
+        except OSError:
+            pass
+        try:
+            os.close(held.fd)
         except OSError:
             pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import logging
 import subprocess
 import sys
@@ -312,3 +313,21 @@ def test_the_standard_kill_switch_wins_over_code(monkeypatch, tmp_path):
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     assert isinstance(otel_rl.init(run_dir=tmp_path / "run", enabled=True), otel_rl.NoOpTelemetry)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_run_folder_lock_is_removed_when_its_run_ends_and_a_stale_one_is_reused(tmp_path):
+    from otel_rl import run_folder
+
+    run_dir = tmp_path / "run"
+    lock = run_folder._lock_path(run_dir)  # noqa: SLF001 - where the lock lives is what is checked
+    tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0)
+    assert lock.exists()
+    tel.close()
+    assert not lock.exists()  # lock files do not pile up over a machine's runs
+    lock.write_text("4242")  # left by a killed process
+    tel = otel_rl.init(run_dir=run_dir, resume=True, system_metrics_interval_s=0)
+    assert lock.read_text() == str(os.getpid())
+    with pytest.raises(otel_rl.RunFolderInUse):
+        run_folder.claim(run_dir)
+    tel.close()
+    assert not lock.exists()

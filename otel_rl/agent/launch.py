@@ -205,9 +205,15 @@ class AgentHost:
                 _wait(lambda: self._done() or not self.alive(), deadline)
             else:
                 self._serve_here(deadline)
-        if not self._done():
+        done = self._done()
+        if not done:
             _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
         relay_logs(segment)
+        if done:  # every record written: the segment is gone once close() returns (its agent removes it too, a moment later)
+            try:
+                os.unlink(segment.path)  # type: ignore[arg-type]
+            except OSError:
+                pass
         self._user_providers.shutdown(deadline)
         segment.close()
 
