@@ -100,3 +100,15 @@ def test_scalars_read_from_a_segment_arrive_as_recorded_in_order():
     assert all(r.seq < regression.seq for r in records[:7]) and records[7].seq > regression.seq  # in its place
     finite = [block for block in sink.blocks if any(r is records[1] for r in block.records)][0]
     assert finite.latest_values() == {"Loss/a": 3.0, "Loss/b": 4.0}
+    # Keys known from an earlier pass go through as they are, and a step of theirs that goes back is still reported.
+    recorder.add_scalars((perf_counter_ns(), {"Loss/d": 0.0, "Loss/e": 0.0}, 8, None, None))
+    pipeline.drain()
+    for values, step in [({"Loss/d": 1.0, "Loss/e": 2.0}, 9), ({"Loss/d": 3.0, "Loss/e": 4.0}, 3), ({"Loss/d": 5.0, "Loss/e": 6.0}, 10)]:
+        recorder.add_scalars((perf_counter_ns(), values, step, None, None))
+    sink.blocks.clear()
+    pipeline.drain()
+    records = [record for block in sink.blocks for record in block.records]
+    assert [(r.step, r.values["Loss/d"]) for r in records] == [(9, 1.0), (3, 3.0), (10, 5.0)]
+    (second,) = [e for e in sink.events if e.name == "step_regression" and e is not regression]
+    assert second.attributes == {"keys": ["Loss/d", "Loss/e"], "step": 3, "last_step": 9}
+    assert records[1].seq < second.seq < records[2].seq

@@ -491,7 +491,7 @@ class Pipeline:
         for time_ns, row, finite, step, iteration, env_steps in columns:
             values = dict(zip(names, row))
             if canonical and finite:
-                self._pending.append(ScalarsRecord(time_ns + offset, values, step, iteration, env_steps, next(self._seq)))
+                self._emit_scalars(ScalarsRecord(time_ns + offset, values, step, iteration, env_steps, next(self._seq)))
             else:
                 self._emit_scalars(self._scalars_record((time_ns, values, step, iteration, env_steps)))
 
