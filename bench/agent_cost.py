@@ -14,13 +14,16 @@ with ``time.process_time`` in the same run, so the figure is a ratio: agent
 CPU per iteration against the training thread's own recording cost. Expressed
 per 1,000 iterations per second it is the share of a core an agent needs at
 that rate (its writer threads, a few percent more, are not in it: the
-``agent CPU`` column of ``bench/overhead.py`` counts the whole process).
+``agent CPU`` column of ``bench/overhead.py`` counts the whole process). The
+process collects cyclic garbage as the agent process does
+(:data:`otel_rl.agent.service.GC_THRESHOLDS`), both sides alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import os
 import pstats
 import tempfile
@@ -31,6 +34,7 @@ from time import perf_counter_ns
 from rich.console import Console
 
 from otel_rl.agent.segment_source import SegmentSource
+from otel_rl.agent.service import GC_THRESHOLDS
 from otel_rl.background import Deadline
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.identity import RunIdentity
@@ -52,6 +56,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--parts", action="store_true", help="time each output's handlers and the segment's reading")
     args = parser.parse_args()
+    gc.set_threshold(*GC_THRESHOLDS)
     run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-agent-cost-")) / "run"
     config = TelemetryConfig.from_options(run_dir, None, jsonl=True, trace_enabled=True, panel=False, system_metrics_interval_s=0)
     clock = Clock()

@@ -24,6 +24,7 @@ producers still to come; ``otel-rl agent NAME`` serves until interrupted.
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import pickle
 import threading
@@ -48,6 +49,13 @@ RESCAN_S = 1.0
 """How often the directory is listed anyway (its time has a coarse clock: a segment made in the tick of a listing)."""
 NICENESS = 5
 """How much lower than training the agent process runs (``os.nice``)."""
+GC_THRESHOLDS = (20_000, 20, 100)
+"""The agent process's cyclic garbage collector thresholds (``gc.set_threshold``; Python's are 700, 10, 10).
+
+Its records die by reference counting at the end of each pass; collecting
+every 700 allocations only walked them (about a tenth of the agent's CPU).
+Cycles still go within 20,000 allocations.
+"""
 GROUP_WAIT_S = 3.0
 """How long a worker or a rank other than 0 waits for its learner's outputs before it is served alone."""
 WORKERS_WAIT_S = 5.0
@@ -112,6 +120,7 @@ class AgentService(Worker):
             os.nice(NICENESS)
         except OSError:
             pass
+        gc.set_threshold(*GC_THRESHOLDS)
         try:
             os.ftruncate(lock, 0)
             os.write(lock, str(os.getpid()).encode())
