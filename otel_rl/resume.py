@@ -134,15 +134,9 @@ class StepCheck:
         """Each key's last step, from records whose steps :meth:`rises` accepted (the same as checking each in turn)."""
         self._last.update(steps)
 
-    def check(self, values: dict[str, Any], step: int | None) -> dict[str, Any] | None:
-        """Note ``step`` for ``values``' keys; the attributes of a ``step_regression`` event when some went back for the first time."""
-        if step is None:
-            return None
+    def check(self, values: dict[str, Any], step: int) -> dict[str, Any] | None:
+        """Note ``step``, one :meth:`rises` refused, for ``values``' keys; the attributes of a ``step_regression`` event when some went back for the first time."""
         last = self._last
-        if self._highest is None or step >= self._highest:  # the steady state: no key's last step is above it
-            self._highest = step
-            last.update(dict.fromkeys(values, step))
-            return None
         back = [k for k in values if last.get(k, step) > step]
         previous = max((last[k] for k in back), default=None)
         last.update(dict.fromkeys(values, step))

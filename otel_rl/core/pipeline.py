@@ -63,11 +63,6 @@ def _plain_finite(values: Iterable[object]) -> bool:
     return type(total) is int or math.isfinite(total)
 
 
-def _step(record: ScalarsRecord) -> int | None:
-    """The step a scalars record is checked at: its step, else its env steps."""
-    return record.step if record.step is not None else record.env_steps
-
-
 def _in_range(value: int | None, fallback: int | None) -> int | None:
     """``value`` if it is in the signed 64-bit range the protocol carries, else ``fallback`` (one warning)."""
     if value is None or INT64_MIN <= value <= INT64_MAX:
@@ -529,7 +524,7 @@ class Pipeline:
 
     def _emit_scalars(self, record: ScalarsRecord) -> None:
         """Hold ``record`` to hand over with its neighbours (see :meth:`_fanout`); one whose step went back goes alone, with its event."""
-        step = _step(record)
+        step = record.axis_step
         if step is None or self.step_check.rises(step):
             self._pending.append(record)
             return
@@ -546,9 +541,9 @@ class Pipeline:
         block = ScalarsBlock(records, self._pending_finite)
         self._pending_finite = True
         self._fanout("on_scalars", block)
-        steps = [_step(r) for r in records]
+        steps = [r.axis_step for r in records]
         if None not in steps:  # each key's last step is that of the last record holding it
-            self.step_check.note({key: _step(record) for key, record in block.latest().items()})
+            self.step_check.note({key: record.axis_step for key, record in block.latest().items()})
             return
         for record, step in zip(records, steps):
             if step is not None:

@@ -123,6 +123,11 @@ class ScalarsRecord:
     env_steps: int | None
     seq: int = 0
 
+    @property
+    def axis_step(self) -> int | None:
+        """The step it is plotted and checked at: its step, else its env steps (the protocol's ``step``)."""
+        return self.step if self.step is not None else self.env_steps
+
 
 @dataclass(slots=True)
 class ScalarsBlock:

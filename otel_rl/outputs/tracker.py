@@ -122,7 +122,7 @@ class TrackerSink(RecordSink):
 
     def on_scalars(self, block: ScalarsBlock) -> None:
         for record in block.records:
-            step = record.step if record.step is not None else record.env_steps
+            step = record.axis_step
             self._put_events_before(record.time_ns)
             self._step = step if step is not None else self._step
             self.writer.put(("scalars", record.time_ns, step, record.values))

@@ -62,9 +62,7 @@ class ProfileWindow:
         self.done = False
 
     def around(self, iteration: Any) -> Any:
-        """``iteration`` (of an index at least :attr:`start`) as it is outside the window; inside it, a twin that starts and stops the profiler."""
-        if self.done:
-            return iteration
+        """``iteration`` (of an index at least :attr:`start`, the window not yet :attr:`done`) as it is outside the window; inside it, a twin that starts and stops the profiler."""
         if iteration.index < self.start + self.count:
             return _ProfiledIteration(self, iteration)
         if self._profiler is not None:

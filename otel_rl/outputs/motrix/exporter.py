@@ -131,9 +131,8 @@ class MotrixSink(RecordSink):
         run_id, writer, encode = self.run_id, self.writer, self.encode
         items = []
         for rec in block.records:
-            step = rec.step if rec.step is not None else rec.env_steps
             axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
-            item = encode(record(run_id, writer, rec.seq, rec.time_ns / 1e9, "scalars", step=step, axes=axes, values=rec.values))
+            item = encode(record(run_id, writer, rec.seq, rec.time_ns / 1e9, "scalars", step=rec.axis_step, axes=axes, values=rec.values))
             if item is not None:
                 items.append(item)
         for output in self.outputs:

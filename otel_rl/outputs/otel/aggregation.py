@@ -61,6 +61,18 @@ _GAMMA = (1 + QUANTILE_ACCURACY) / (1 - QUANTILE_ACCURACY)
 _LOG_GAMMA = math.log(_GAMMA)
 
 
+def bucket_counts(bounds: np.ndarray, values: np.ndarray) -> list[int]:
+    """How many of ``values`` fall in each explicit bucket of ascending ``bounds`` (one more bucket than bounds).
+
+    A value equal to a bound counts in that bound's bucket, as ``bisect_left``
+    puts it (OpenTelemetry's buckets are closed above).
+    """
+    return np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1).tolist()
+
+
+_DISTRIBUTION_BOUNDS = np.asarray(schema.DISTRIBUTION_BOUNDS, dtype=np.float64)
+
+
 class Bins:
     """Explicit-bucket histogram of one series, in milliseconds, with a quantile sketch beside it.
 
@@ -90,8 +102,7 @@ class Bins:
             return
         self.pending = []
         array = np.asarray(values, dtype=np.float64)
-        # side="left" puts a value equal to a bound in that bound's bucket, as bisect_left does.
-        self.counts = [a + b for a, b in zip(self.counts, np.bincount(np.searchsorted(bounds, array), minlength=len(self.counts)).tolist())]
+        self.counts = [a + b for a, b in zip(self.counts, bucket_counts(bounds, array))]
         self.total += sum(values)
         self.count += len(values)
         self.minimum = min(self.minimum, min(values))
@@ -250,20 +261,16 @@ class Aggregates:
 
     def record_distribution(self, key: str, values: Any) -> None:
         """Bin the finite values of one ``distribution()`` call (a numpy array) on :data:`schema.DISTRIBUTION_BOUNDS`."""
-        import numpy as np
-
         if not values.size:
             return
-        bounds = schema.DISTRIBUTION_BOUNDS
-        # searchsorted(side="left") puts a value equal to a bound in that bound's bucket, as bisect_left does.
-        counts = np.bincount(np.searchsorted(bounds, values, side="left"), minlength=len(bounds) + 1)
+        counts = bucket_counts(_DISTRIBUTION_BOUNDS, values)
         with self._lock:
             bins = self._distributions.get(key)
             if bins is None:
                 if len(self._distributions) >= MAX_GAUGE_KEYS:
                     return
-                bins = self._distributions[key] = Bins({**self._base, schema.ATTR_KEY: key}, len(bounds) + 1)
-            bins.counts = [a + int(b) for a, b in zip(bins.counts, counts)]
+                bins = self._distributions[key] = Bins({**self._base, schema.ATTR_KEY: key}, len(counts))
+            bins.counts = [a + b for a, b in zip(bins.counts, counts)]
             bins.total += float(values.sum())
             bins.count += int(values.size)
             bins.minimum = min(bins.minimum, float(values.min()))
