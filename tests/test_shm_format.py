@@ -112,3 +112,54 @@ def test_scalars_read_from_a_segment_arrive_as_recorded_in_order():
     (second,) = [e for e in sink.events if e.name == "step_regression" and e is not regression]
     assert second.attributes == {"keys": ["Loss/d", "Loss/e"], "step": 3, "last_step": 9}
     assert records[1].seq < second.seq < records[2].seq
+
+
+def test_rising_scalars_of_known_keys_go_through_as_one_table():
+    """The steady state: one block naming its keys, seqs in call order, and the steps noted for the next check."""
+    import itertools
+    from time import perf_counter_ns
+
+    from otel_rl.agent.segment_source import SegmentSource
+    from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
+    from otel_rl.training.segment_recorder import SegmentRecorder
+
+    class Keep(RecordSink):
+        def __init__(self):
+            self.blocks, self.events = [], []
+
+        def on_scalars(self, block):
+            self.blocks.append(block)
+
+        def on_event(self, event):
+            self.events.append(event)
+
+    segment = shm.Segment(None, b"", 64)
+    recorder = SegmentRecorder(segment, 64)
+    sink = Keep()
+    pipeline = Pipeline([SegmentSource(shm.SegmentReader(segment.buffer))], [sink], Clock(), itertools.count(1))
+    recorder.add_scalars((perf_counter_ns(), {"Loss/a": 0.0, "Loss/b": 0.0}, 0, None, None))  # the keys become known
+    pipeline.drain()
+    sink.blocks.clear()
+    for step in range(1, 6):
+        recorder.add_scalars((perf_counter_ns(), {"Loss/a": float(step), "Loss/b": -float(step)}, step, step, step * 8))
+    pipeline.drain()
+    (block,) = sink.blocks
+    assert block.names == ("Loss/a", "Loss/b") and block.finite
+    assert [(r.step, r.iteration, r.env_steps, r.values["Loss/a"]) for r in block.records] == [(s, s, s * 8, float(s)) for s in range(1, 6)]
+    seqs = [r.seq for r in block.records]
+    assert seqs == list(range(seqs[0], seqs[0] + 5))
+    assert block.latest() == {"Loss/a": block.records[-1], "Loss/b": block.records[-1]}
+    # Without a step, env steps are the axis; a table after other keys in the same pass leaves the block unnamed.
+    recorder.add_scalars((perf_counter_ns(), {"Loss/c": 1.0}, None, None, 100))
+    for env_steps in (101, 102):
+        recorder.add_scalars((perf_counter_ns(), {"Loss/a": 1.0, "Loss/b": 2.0}, None, None, env_steps))
+    sink.blocks.clear()
+    pipeline.drain()
+    records = [r for b in sink.blocks for r in b.records]
+    assert [r.env_steps for r in records] == [100, 101, 102] and all(b.names is None for b in sink.blocks)
+    assert not sink.events
+    # The table's last step was noted: a later call that goes back is reported.
+    recorder.add_scalars((perf_counter_ns(), {"Loss/a": 1.0, "Loss/b": 2.0}, 3, None, None))
+    pipeline.drain()
+    (regression,) = sink.events
+    assert regression.name == "step_regression" and regression.attributes["last_step"] == 102

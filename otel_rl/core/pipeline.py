@@ -322,6 +322,7 @@ class Pipeline:
         self._pending: list[ScalarsRecord] = []  # scalars records not yet handed over (see _hand_over_scalars)
         self._iterations: list[IterationRecord] = []  # iterations not yet handed over (see _fanout)
         self._pending_finite = True
+        self._pending_names: tuple[str, ...] | None = None  # the keys all of _pending hold, when they came as tables
         self._final = False
 
     _METHODS = (
@@ -482,6 +483,16 @@ class Pipeline:
         """Records of a :class:`ScalarRows`: rows of canonical keys and finite values as they are, the others checked."""
         names, offset = table.names, self._clock.offset_ns
         canonical = set(names) <= self._canonical_keys
+        if canonical and all(table.finite) and self._rows_rise(table):
+            # The steady state: a loop logging the same keys with rising steps, held as one run.
+            self._pending_names = names if not self._pending or self._pending_names == names else None
+            self._pending += [
+                ScalarsRecord(time_ns + offset, dict(zip(names, row)), step, iteration, env_steps, seq)
+                for time_ns, row, step, iteration, env_steps, seq in zip(
+                    table.times_ns, table.rows, table.steps, table.iterations, table.env_steps, self._seq
+                )
+            ]
+            return
         columns = zip(table.times_ns, table.rows, table.finite, table.steps, table.iterations, table.env_steps)
         for time_ns, row, finite, step, iteration, env_steps in columns:
             values = dict(zip(names, row))
@@ -489,6 +500,14 @@ class Pipeline:
                 self._emit_scalars(ScalarsRecord(time_ns + offset, values, step, iteration, env_steps, next(self._seq)))
             else:
                 self._emit_scalars(self._scalars_record((time_ns, values, step, iteration, env_steps)))
+
+    def _rows_rise(self, table: ScalarRows) -> bool:
+        """Whether every row's axis step (step, else env steps) is given and none goes back (then :meth:`StepCheck.rises` took the last)."""
+        steps = table.steps if None not in table.steps else [e if s is None else s for s, e in zip(table.steps, table.env_steps)]
+        if None in steps or any(a > b for a, b in zip(steps, steps[1:])) or not self.step_check.rises(steps[0]):
+            return False
+        self.step_check.rises(steps[-1])
+        return True
 
     def _key(self, raw_key: object) -> str:
         """The exported key of ``raw_key`` (remembered), "" when it is not exported (see :meth:`_accept_key`)."""
@@ -527,6 +546,7 @@ class Pipeline:
         step = record.axis_step
         if step is None or self.step_check.rises(step):
             self._pending.append(record)
+            self._pending_names = None
             return
         finite = self._pending_finite
         self._hand_over_scalars()  # the records before it first, their steps noted
@@ -538,9 +558,12 @@ class Pipeline:
     def _hand_over_scalars(self) -> None:
         """The pending scalars records to the sinks as one block, and their steps noted."""
         records, self._pending = self._pending, []
-        block = ScalarsBlock(records, self._pending_finite)
-        self._pending_finite = True
+        block = ScalarsBlock(records, self._pending_finite, self._pending_names)
+        self._pending_finite, self._pending_names = True, None
         self._fanout("on_scalars", block)
+        if block.names is not None:  # rows of one table: every record holds every key, each with its step
+            self.step_check.note(dict.fromkeys(block.names, records[-1].axis_step))
+            return
         steps = [r.axis_step for r in records]
         if None not in steps:  # each key's last step is that of the last record holding it
             self.step_check.note({key: record.axis_step for key, record in block.latest().items()})

@@ -134,15 +134,20 @@ class ScalarsBlock:
     """Consecutive :class:`ScalarsRecord` of one pipeline pass, in order, handed to sinks at once.
 
     ``finite``: no value in them is None, so a key's latest value is its value
-    in the last record that holds it.
+    in the last record that holds it. ``names``: the keys every record holds,
+    in this order, where the pipeline knows it (calls read as one table);
+    None otherwise.
     """
 
     records: list[ScalarsRecord]
     finite: bool
+    names: tuple[str, ...] | None = None
     _latest: dict[str, ScalarsRecord] | None = None
 
     def latest(self) -> dict[str, ScalarsRecord]:
         """The last record holding each key (computed once, shared by sinks)."""
+        if self._latest is None and self.names is not None:
+            self._latest = dict.fromkeys(self.names, self.records[-1])
         if self._latest is None:
             latest: dict[str, ScalarsRecord] = {}
             held = latest.keys()

@@ -156,7 +156,15 @@ class PanelState:
         """Latest values always; into the means, records of the same keys at most every :data:`SAMPLE_NS`."""
         self.latest.update(block.latest_values())
         keys, at_ns = self._sampled
-        for record in block.records:
+        records = block.records
+        if block.names is not None and records[0].values.keys() == keys:  # the same keys throughout: a sample by time
+            for record in records:
+                if record.time_ns - at_ns >= SAMPLE_NS:
+                    at_ns = record.time_ns
+                    self.scalars.add(at_ns, record.values)
+            self._sampled = (keys, at_ns)
+            return
+        for record in records:
             values = record.values
             if record.time_ns - at_ns < SAMPLE_NS and values.keys() == keys:
                 continue  # a loop that logs every iteration: a sample of its records makes the same 2-second means

@@ -1,9 +1,9 @@
 """The ``motrix.metrics/v1`` exporter: run lifecycle, scalars, events and phase timings as protocol records.
 
-Sits on the pipeline beside the OpenTelemetry sink. Each record gets its seq
-when it is made (scalars and events on the training thread, at the call) and
-the same record goes to every output: ``metrics.jsonl`` and the ingest
-service, each with its own thread and bounded queue. A record is encoded to
+Sits on the pipeline beside the OpenTelemetry sink. Records come with the
+seq the pipeline gave them (those made here take the next of the same
+counter), and the same record goes to every output: ``metrics.jsonl`` and
+the ingest service, each with its own thread and bounded queue. A record is encoded to
 JSON once, here, for every output; one that cannot be encoded is dropped
 alone (counted, one warning naming the field). Phase timings leave as
 ``Perf/*`` scalars, one record per ``perf_interval_s`` at most (averaged over
@@ -15,6 +15,8 @@ from __future__ import annotations
 import itertools
 import time
 from typing import Any
+
+import orjson
 
 from otel_rl._logging import logger, once
 from otel_rl.background import Deadline
@@ -128,13 +130,21 @@ class MotrixSink(RecordSink):
         self._emit(self.make("run", ts=ts, seq=run.seq if run.end_ns is None or seq is None else None, status=run.status, **fields))
 
     def on_scalars(self, block: ScalarsBlock) -> None:
-        run_id, writer, encode = self.run_id, self.writer, self.encode
+        run_id, writer, dumps = self.run_id, self.writer, orjson.dumps
         items = []
         for rec in block.records:
-            axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
-            item = encode(record(run_id, writer, rec.seq, rec.time_ns / 1e9, "scalars", step=rec.axis_step, axes=axes, values=rec.values))
-            if item is not None:
-                items.append(item)
+            # The record written out, its fields in record()'s order; a value orjson refuses takes encode()'s path.
+            fields = {
+                "run_id": run_id, "writer": writer, "seq": rec.seq, "ts": rec.time_ns / 1e9, "kind": "scalars",
+                "step": rec.step if rec.step is not None else rec.env_steps,
+                "axes": {"env_steps": rec.env_steps, "iteration": rec.iteration}, "values": rec.values,
+            }  # fmt: skip
+            try:
+                items.append(("scalars", dumps(fields).decode()))
+            except TypeError:
+                item = self.encode(fields)
+                if item is not None:
+                    items.append(item)
         for output in self.outputs:
             output.submit(items)
 
