@@ -144,6 +144,16 @@ def test_before_the_first_iteration_the_panel_says_it_waits():
     assert "waiting for the first iteration" in text and "(no data yet)" in text
 
 
+def test_a_loop_without_env_steps_shows_its_latest_iteration():
+    state = state_with_data()
+    for index in (41, 1_234):
+        cycles = CycleTotals()
+        cycles.cycles, cycles.wall_ns, cycles.index = 1, 1_000_000, index
+        state.add_pass(PassTotals(NOW, {"learner": cycles}))
+    text = render(state, 140)
+    assert "iteration 1,234" in text and "waiting for the first iteration" not in text
+
+
 def test_a_distribution_takes_one_row():
     state = state_with_data()
     stats = {name: 0.5 for name in schema.distribution_keys("Policy/action").values()}

@@ -623,7 +623,7 @@ class Pipeline:
         if state is None:
             state = self._lane_states[key] = _LaneState()
         offset = self._clock.offset_ns
-        children_by_depth = state.children_by_depth
+        children_by_depth, flows_by_depth, correlations_by_depth = state.children_by_depth, state.flows_by_depth, state.correlations_by_depth
         open_iterations = state.open_iterations
         for raw in records:
             head = raw[0]
@@ -631,8 +631,9 @@ class Pipeline:
                 self._mark(state, raw, thread_id, thread_name, offset)
                 continue
             _, start, end, depth, exc_type = raw
+            spec = head.spec
             phase = PhaseRecord(
-                head.spec,
+                spec,
                 start + offset,
                 end + offset,
                 depth,
@@ -641,23 +642,28 @@ class Pipeline:
                 exc_type if exc_type is None or type(exc_type) is str else exc_type.__name__,
                 children_by_depth.pop(depth + 1, None) if children_by_depth else None,
             )
-            if state.flows_by_depth:
-                phase.flows = state.flows_by_depth.pop(depth, None)
-            if state.correlations_by_depth:
-                phase.correlation = state.correlations_by_depth.pop(depth, 0)
+            if flows_by_depth:
+                phase.flows = flows_by_depth.pop(depth, None)
+            if correlations_by_depth:
+                phase.correlation = correlations_by_depth.pop(depth, 0)
             # A top-level phase (at the depth its iteration started at: a phase left open
             # before it costs only itself) belongs to the open iteration of its own timeline;
             # otherwise it is a loose phase (a collector without cycles, say).
-            opened = open_iterations.get(head.spec.timeline)
-            if depth > (opened[5] if opened is not None else 0):
-                children_by_depth.setdefault(depth, []).append(phase)
-            elif opened is not None and depth == opened[5] and phase.start_ns >= opened[0]:
+            opened = open_iterations.get(spec.timeline)
+            if opened is None:
+                if depth > 0:
+                    children_by_depth.setdefault(depth, []).append(phase)
+                    continue
+            elif depth == opened[5] and phase.start_ns >= opened[0]:
                 phase.iteration, phase.env_steps = opened[1], opened[2]
                 opened[3].append(phase)
-            else:
-                if self._want_totals:
-                    self._totals(head.spec.timeline).add_loose(phase)
-                self._fanout("on_phase", phase)
+                continue
+            elif depth > opened[5]:
+                children_by_depth.setdefault(depth, []).append(phase)
+                continue
+            if self._want_totals:
+                self._totals(spec.timeline).add_loose(phase)
+            self._fanout("on_phase", phase)
 
     def _mark(self, state: _LaneState, raw: tuple, thread_id: int, thread_name: str, offset: int) -> None:
         """A lane's mark: opens or closes an iteration, or notes a flow or a CUDA correlation for the open phase."""

@@ -126,6 +126,8 @@ class PanelState:
         """When the run started (epoch ns), None before."""
         self.total_steps: int | None = None
         self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)  # (time, env steps), one per pass
+        self.iteration: int | None = None
+        """The index of the latest local iteration (of the learner's, when there is one), None before any."""
 
     def add_pass(self, totals: PassTotals) -> None:
         """The cycles of one pipeline pass, local and relayed from workers; nanoseconds are kept, rendering converts."""
@@ -136,6 +138,8 @@ class PanelState:
                 target.add(totals.time_ns, {"wall": cycles.wall_ns}, cycles.top, cycles.nested, records=cycles.cycles)
             if cycles.env_steps is not None and (steps is None or cycles.env_steps > steps):
                 steps = cycles.env_steps
+            if cycles.index is not None and (timeline == schema.LEARNER or schema.LEARNER not in totals.timelines):
+                self.iteration = cycles.index
         if steps is not None and (not self._steps or steps > self._steps[-1][1]):
             self._steps.append((totals.time_ns, steps))
 
@@ -326,12 +330,16 @@ class PanelView:
         return Panel(body, title=title, title_align="left")
 
     def progress_parts(self) -> list[str]:
-        """Elapsed time, env steps (of the total, when known) and the ETA; "waiting for the first iteration" before any."""
+        """Elapsed time, env steps (of the total, when known) and the ETA; "waiting for the first iteration" before any.
+
+        A loop that gives no env steps shows its latest iteration instead.
+        """
         progress = self.state.progress()
         parts = [] if progress["elapsed_s"] is None else [_duration(progress["elapsed_s"])]
         steps, total = progress["env_steps"], progress["total_steps"]
         if steps is None:
-            return [*parts, "waiting for the first iteration"]
+            iteration = self.state.iteration
+            return [*parts, "waiting for the first iteration" if iteration is None else f"iteration {iteration:,}"]
         if total:
             parts.append(f"{_fmt(steps)}/{_fmt(total)} steps ({100 * min(steps / total, 1):.0f}%)")
             if progress["eta_s"] is not None:

@@ -52,7 +52,7 @@ MAX_GAUGE_KEYS = 2000
 
 
 FOLD_EVERY = 8192
-"""Durations held unbinned per series at most: binned in bulk once this many wait, or when a reader reads."""
+"""Durations a series holds unbinned before they are binned in bulk (at the end of the call that reached it), or when a reader reads."""
 
 
 QUANTILE_ACCURACY = 0.01
@@ -229,16 +229,28 @@ class Aggregates:
     def record_iterations(self, iterations: Iterable[IterationRecord]) -> None:
         """Bin cycles' wall times and their phases."""
         with self._lock:
+            host = self._by_spec["host"]
             for iteration in iterations:
                 timeline = iteration.timeline
                 bins = self._iterations.get(timeline)
                 if bins is None:
                     bins = self._iterations[timeline] = Bins({**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1)
-                self._add(bins, iteration.wall_ns / 1e6, iteration.end_ns, 0)
+                bins.pending.append((iteration.end_ns - iteration.start_ns) / 1e6)
                 self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
                 if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
                     self._env_steps[timeline] = iteration.env_steps
-                self._record_phases(iteration.phases)
+                for phase in iteration.phases:
+                    if phase.children or phase.span_id:  # nested phases, or an exemplar to keep
+                        self._record_phases((phase,))
+                    else:
+                        (host.get(id(phase.spec)) or self._phase_bins(phase.spec)).pending.append((phase.end_ns - phase.start_ns) / 1e6)
+            # Binned a pass at a time: a series holds at most a pass more than FOLD_EVERY.
+            for bins in self._iterations.values():
+                if len(bins.pending) >= FOLD_EVERY:
+                    bins.fold(self._bounds)
+            for bins in host.values():
+                if len(bins.pending) >= FOLD_EVERY:
+                    bins.fold(self._bounds)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int | Mapping[str, int]) -> None:
         """Latest value per scalar key, at ``time_ns`` (one time, or each key's); None (non-finite) keeps the last value."""
