@@ -1,10 +1,16 @@
 """The shared-memory records are defined once: the C structs and the Python layouts are checked against each other."""
 
+import itertools
+from time import perf_counter_ns
+
 import numpy as np
 import pytest
 
+from otel_rl.agent.segment_source import SegmentSource
+from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.shm import segment as shm
 from otel_rl.training import _hotpath  # the test command always builds it
+from otel_rl.training.segment_recorder import SegmentRecorder
 
 
 def _offsets(dtype: np.dtype) -> dict[str, int]:
@@ -42,27 +48,30 @@ def test_the_table_of_packed_scalars_agrees_with_its_struct():
     assert table.fields["entries"][1] == shm.SCALARS_HEADER.size
 
 
+class _Keep(RecordSink):
+    """The scalars blocks and events a pipeline hands over."""
+
+    def __init__(self):
+        self.blocks, self.events = [], []
+
+    def on_scalars(self, block):
+        self.blocks.append(block)
+
+    def on_event(self, event):
+        self.events.append(event)
+
+
+def _segment_pipeline():
+    """A recorder writing a segment, and a pipeline reading it into a :class:`_Keep`."""
+    segment = shm.Segment(None, b"", 64)
+    sink = _Keep()
+    pipeline = Pipeline([SegmentSource(shm.SegmentReader(segment.buffer))], [sink], Clock(), itertools.count(1))
+    return SegmentRecorder(segment, 64), pipeline, sink
+
+
 def test_scalars_read_from_a_segment_arrive_as_recorded_in_order():
     """Runs of one key set go through in bulk; every other record is read and checked alone, in its place."""
-    import itertools
-    from time import perf_counter_ns
-
-    from otel_rl.agent.segment_source import SegmentSource
-    from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
-    from otel_rl.training.segment_recorder import SegmentRecorder
-
-    class Keep(RecordSink):
-        def __init__(self):
-            self.blocks, self.events = [], []
-
-        def on_scalars(self, block):
-            self.blocks.append(block)
-
-        def on_event(self, event):
-            self.events.append(event)
-
-    segment = shm.Segment(None, b"", 64)
-    recorder = SegmentRecorder(segment, 64)
+    recorder, pipeline, sink = _segment_pipeline()
     calls = [
         ({"Loss/a": 1.0, "Loss/b": 2.0}, 1),
         ({"Loss/a": 3.0, "Loss/b": 4.0}, 2),
@@ -75,8 +84,6 @@ def test_scalars_read_from_a_segment_arrive_as_recorded_in_order():
     ]
     for values, step in calls:
         recorder.add_scalars((perf_counter_ns(), values, step, None, None))
-    sink = Keep()
-    pipeline = Pipeline([SegmentSource(shm.SegmentReader(segment.buffer))], [sink], Clock(), itertools.count(1))
     pipeline.drain()
     records = [record for block in sink.blocks for record in block.records]
     assert [r.values for r in records] == [
@@ -116,27 +123,7 @@ def test_scalars_read_from_a_segment_arrive_as_recorded_in_order():
 
 def test_rising_scalars_of_known_keys_go_through_as_one_table():
     """The steady state: one block naming its keys, seqs in call order, and the steps noted for the next check."""
-    import itertools
-    from time import perf_counter_ns
-
-    from otel_rl.agent.segment_source import SegmentSource
-    from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
-    from otel_rl.training.segment_recorder import SegmentRecorder
-
-    class Keep(RecordSink):
-        def __init__(self):
-            self.blocks, self.events = [], []
-
-        def on_scalars(self, block):
-            self.blocks.append(block)
-
-        def on_event(self, event):
-            self.events.append(event)
-
-    segment = shm.Segment(None, b"", 64)
-    recorder = SegmentRecorder(segment, 64)
-    sink = Keep()
-    pipeline = Pipeline([SegmentSource(shm.SegmentReader(segment.buffer))], [sink], Clock(), itertools.count(1))
+    recorder, pipeline, sink = _segment_pipeline()
     recorder.add_scalars((perf_counter_ns(), {"Loss/a": 0.0, "Loss/b": 0.0}, 0, None, None))  # the keys become known
     pipeline.drain()
     sink.blocks.clear()
