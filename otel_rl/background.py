@@ -77,6 +77,7 @@ class Worker:
         self._cond = threading.Condition()
         self._requested = 0  # rounds asked for (flush, wake, close)
         self._completed = 0  # the newest request a finished round started after
+        self._in_round = False
         self._stop_at: float | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
@@ -128,6 +129,12 @@ class Worker:
         stop_at = self._stop_at
         return None if stop_at is None else max(stop_at - time.monotonic(), 0.0)
 
+    @property
+    def settled(self) -> bool:
+        """No round running or asked for, and :meth:`has_work` False: for a worker whose pending work is all in it, everything handed to it is done."""
+        with self._cond:
+            return not self._in_round and self._completed >= self._requested and not self._safe_has_work()
+
     def flush(self, timeout_s: float) -> bool:
         """Wait until a round that started after this call finished; True if it did in time and no work is left."""
         with self._cond:
@@ -169,9 +176,11 @@ class Worker:
                         self._cond.wait(self.interval_s)
                     target = self._requested
                     stop_at = self._stop_at
+                    self._in_round = True
                 self._round()
                 with self._cond:
                     self._completed = max(self._completed, target)
+                    self._in_round = False
                     self._cond.notify_all()
                 if stop_at is not None:
                     if time.monotonic() >= stop_at or not self._safe_has_work():

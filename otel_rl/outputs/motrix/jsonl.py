@@ -53,6 +53,10 @@ class JsonlWriter(Worker):
     def has_work(self) -> bool:
         return len(self.queue) > 0
 
+    def flush(self, timeout_s: float) -> bool:
+        # Settled: every record submitted is in the file (a failed write stays queued), so no round is woken.
+        return self.settled or super().flush(timeout_s)
+
     @property
     def size(self) -> int:
         """Bytes of whole records in the file (before the first write: what an earlier process left)."""

@@ -628,6 +628,10 @@ class TraceWriter(Worker):
     def has_work(self) -> bool:
         return bool(self.queue)
 
+    def flush(self, timeout_s: float) -> bool:
+        # Settled: every packet queued is in the file, so no round is woken.
+        return self.settled or super().flush(timeout_s)
+
     def run_once(self) -> None:
         queue = self.queue
         chunks: list[bytes] = []
