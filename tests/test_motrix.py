@@ -380,3 +380,26 @@ def test_unwritable_directory(tmp_path, caplog):
         tel.flush(timeout_s=3)  # the writer tries (and fails) now
         tel.close(timeout_s=0.5)
     assert sum(str(blocker / "run" / "metrics.jsonl") in r.getMessage() for r in caplog.records) == 1
+
+
+def test_a_jsonl_flush_wakes_the_writer_only_when_something_is_left_to_write(tmp_path):
+    from otel_rl.outputs.motrix.jsonl import JsonlWriter
+
+    class Counting(JsonlWriter):
+        rounds = 0
+
+        def run_once(self):
+            Counting.rounds += 1
+            super().run_once()
+
+    writer = Counting(tmp_path / "metrics.jsonl", Drops(), interval_s=60.0)
+    try:
+        writer.submit([("scalars", '{"seq":1}'), ("scalars", '{"seq":2}')])
+        assert writer.flush(5.0) and Counting.rounds == 1
+        assert (tmp_path / "metrics.jsonl").read_text() == '{"seq":1}\n{"seq":2}\n'  # written when flush() returns
+        assert writer.settled and writer.flush(5.0) and Counting.rounds == 1  # nothing left: no round
+        writer.submit([("scalars", '{"seq":3}')])
+        assert not writer.settled and writer.flush(5.0) and Counting.rounds == 2
+        assert (tmp_path / "metrics.jsonl").read_text().endswith('{"seq":3}\n')
+    finally:
+        writer.shutdown(5.0)
