@@ -3,9 +3,9 @@
 Sits on the pipeline beside the OpenTelemetry sink. Records come with the
 seq the pipeline gave them (those made here take the next of the same
 counter), and the same record goes to every output: ``metrics.jsonl`` and
-the ingest service, each with its own thread and bounded queue. A record is encoded to
-JSON once, here, for every output; one that cannot be encoded is dropped
-alone (counted, one warning naming the field). Phase timings leave as
+the ingest service, each with its own thread and bounded queue. A record is
+encoded to JSON once, here, for every output; one that cannot be encoded is
+dropped alone (counted, one warning naming the field). Phase timings leave as
 ``Perf/*`` scalars, one record per ``perf_interval_s`` at most (averaged over
 the window when iterations are faster), aligned on ``axes.env_steps``.
 """
