@@ -71,6 +71,7 @@ def site(tmp_path_factory):
         finally:
             running.kill()
             running.wait(10)
+            wait_status(server.url, "sac-lr-5e-4", "killed")  # its agent delivered the end before the server stops
 
 
 def signed_in(server: IngestServer, browser: Browser, path: str) -> None:
