@@ -67,7 +67,8 @@ def check_once(run_dir: Path, found: list[dict], made: set[int]) -> None:
     assert len(steps) == len(set(steps)), "a scalar was written twice"
     assert set(range(len(made))) == made and set(steps) in (made, made | {len(made)})
     events = [r["attributes"]["iteration"] for r in found if r["kind"] == "event" and r["name"] == "checkpoint_saved"]
-    assert sorted(events) == sorted(set(events)) == [i for i in range(0, len(steps), 10)]
+    said = list(range(0, len(made), 10))  # the iteration after them may have died between its scalar and its event
+    assert sorted(events) == sorted(set(events)) and sorted(events) in (said, said + [len(made)])
     if steps or list(run_dir.glob("*.perfetto-trace")):  # a producer killed before its first phase has no trace
         model = protobuf_engine.read(trace_files(run_dir))
         # The last iteration's phase may be recorded without its scalar (killed in between).
