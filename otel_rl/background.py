@@ -81,6 +81,9 @@ class Worker:
         self._stop_at: float | None = None
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
+    queue_only = False
+    """A subclass whose :meth:`has_work` covers every pending item sets this: flushing it while :attr:`settled` wakes no round."""
+
     # -- subclass hooks ---------------------------------------------------
 
     def run_once(self) -> None:
@@ -136,7 +139,12 @@ class Worker:
             return not self._in_round and self._completed >= self._requested and not self._safe_has_work()
 
     def flush(self, timeout_s: float) -> bool:
-        """Wait until a round that started after this call finished; True if it did in time and no work is left."""
+        """Wait until a round that started after this call finished; True if it did in time and no work is left.
+
+        A :attr:`queue_only` worker that is :attr:`settled` has done everything handed to it: True at once.
+        """
+        if self.queue_only and self.settled:
+            return True
         with self._cond:
             self._requested += 1
             target = self._requested

@@ -15,6 +15,7 @@ one, which the folder's next run reuses and removes).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -93,11 +94,7 @@ def _same_file(fd: int, path: Path) -> bool:
 def release(held: Claim | None) -> None:
     """Remove the lock file, then let go of it (a process waiting on the removed file tries the path again)."""
     if held is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(held.path)
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(OSError):
             os.close(held.fd)
-        except OSError:
-            pass

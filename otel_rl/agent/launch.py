@@ -19,6 +19,7 @@ the agent's code, so the work is finished however the agent fared.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -210,10 +211,8 @@ class AgentHost:
             _logger.warning("otel-rl: the agent did not finish within the shutdown deadline; it goes on in the background")
         relay_logs(segment)
         if done:  # every record written: the segment is gone once close() returns (its agent removes it too, a moment later)
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(segment.path)  # type: ignore[arg-type]
-            except OSError:
-                pass
         self._user_providers.shutdown(deadline)
         segment.close()
 

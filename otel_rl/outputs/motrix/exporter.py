@@ -24,7 +24,7 @@ from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.record_queue import Item
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record
+from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record, scalars_record
 from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock
 
 _logger = logger(__name__)
@@ -133,15 +133,11 @@ class MotrixSink(RecordSink):
         run_id, writer, dumps = self.run_id, self.writer, orjson.dumps
         items = []
         for rec in block.records:
-            # The record written out, its fields in record()'s order; a value orjson refuses takes encode()'s path.
-            fields = {
-                "run_id": run_id, "writer": writer, "seq": rec.seq, "ts": rec.time_ns / 1e9, "kind": "scalars",
-                "step": rec.step if rec.step is not None else rec.env_steps,
-                "axes": {"env_steps": rec.env_steps, "iteration": rec.iteration}, "values": rec.values,
-            }  # fmt: skip
+            axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
+            fields = scalars_record(run_id, writer, rec.seq, rec.time_ns / 1e9, rec.axis_step, axes, rec.values)
             try:
                 items.append(("scalars", dumps(fields).decode()))
-            except TypeError:
+            except TypeError:  # a value orjson refuses: encode() says which, or falls back
                 item = self.encode(fields)
                 if item is not None:
                     items.append(item)

@@ -37,6 +37,8 @@ class JsonlWriter(Worker):
         interval_s: write period.
     """
 
+    queue_only = True  # a failed write stays queued
+
     def __init__(self, path: Path, drops: Drops, capacity: int = 100_000, interval_s: float = 2.0) -> None:
         super().__init__("otel-rl-jsonl", interval_s)
         self.path = Path(path)
@@ -53,9 +55,6 @@ class JsonlWriter(Worker):
     def has_work(self) -> bool:
         return len(self.queue) > 0
 
-    def flush(self, timeout_s: float) -> bool:
-        # Settled: every record submitted is in the file (a failed write stays queued), so no round is woken.
-        return self.settled or super().flush(timeout_s)
 
     @property
     def size(self) -> int:

@@ -47,6 +47,11 @@ def record(run_id: str, writer: str, seq: int, ts: float, kind: str, **fields: A
     return {"run_id": run_id, "writer": writer, "seq": seq, "ts": ts, "kind": kind, **fields}
 
 
+def scalars_record(run_id: str, writer: str, seq: int, ts: float, step: int | None, axes: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    """``record(..., "scalars", step=..., axes=..., values=...)`` without the keyword merge (a record per ``scalars()`` call)."""
+    return {"run_id": run_id, "writer": writer, "seq": seq, "ts": ts, "kind": "scalars", "step": step, "axes": axes, "values": values}
+
+
 def batch(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     return {"protocol": PROTOCOL, "records": list(records)}
 

@@ -13,6 +13,7 @@ by the run summary. All points are cumulative.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from bisect import bisect_left
@@ -245,10 +246,7 @@ class Aggregates:
                     else:
                         (host.get(id(phase.spec)) or self._phase_bins(phase.spec)).pending.append((phase.end_ns - phase.start_ns) / 1e6)
             # Binned a pass at a time: a series holds at most a pass more than FOLD_EVERY.
-            for bins in self._iterations.values():
-                if len(bins.pending) >= FOLD_EVERY:
-                    bins.fold(self._bounds)
-            for bins in host.values():
+            for bins in itertools.chain(self._iterations.values(), host.values()):
                 if len(bins.pending) >= FOLD_EVERY:
                     bins.fold(self._bounds)
 

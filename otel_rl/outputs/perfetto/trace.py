@@ -615,6 +615,8 @@ class PerfettoTraceSink(RecordSink):
 class TraceWriter(Worker):
     """Writes encoded packets (and rotates files at the marks) on its own thread: file IO only."""
 
+    queue_only = True
+
     def __init__(self, path: Path, writing: Path) -> None:
         super().__init__("otel-rl-perfetto", 0.5)
         self.path = path
@@ -628,9 +630,6 @@ class TraceWriter(Worker):
     def has_work(self) -> bool:
         return bool(self.queue)
 
-    def flush(self, timeout_s: float) -> bool:
-        # Settled: every packet queued is in the file, so no round is woken.
-        return self.settled or super().flush(timeout_s)
 
     def run_once(self) -> None:
         queue = self.queue
