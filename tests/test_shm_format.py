@@ -10,6 +10,8 @@ from otel_rl.agent.segment_source import SegmentSource
 from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.shm import segment as shm
 from otel_rl.training import _hotpath  # the test command always builds it
+from otel_rl.schema import phase_spec
+from otel_rl.training.recorder import Recorder
 from otel_rl.training.segment_recorder import SegmentRecorder
 
 
@@ -150,3 +152,87 @@ def test_rising_scalars_of_known_keys_go_through_as_one_table():
     pipeline.drain()
     (regression,) = sink.events
     assert regression.name == "step_regression" and regression.attributes["last_step"] == 102
+
+
+class _Assembled(RecordSink):
+    """The iterations and loose phases a pipeline hands over."""
+
+    def __init__(self):
+        self.iterations, self.loose = [], []
+
+    def on_iterations(self, iterations):
+        self.iterations += iterations
+
+    def on_phase(self, phase):
+        self.loose.append(phase)
+
+
+def _phase_shape(phase):
+    children = [_phase_shape(child) for child in phase.children or ()]
+    return phase.spec.name, phase.depth, phase.error, phase.iteration, phase.env_steps, children, phase.start_ns <= phase.end_ns
+
+
+def _iteration_shape(iteration):
+    phases = iteration.phases
+    inside = all(iteration.start_ns <= p.start_ns <= p.end_ns <= iteration.end_ns for p in phases)
+    accounted = iteration.accounted_ns == sum(p.end_ns - p.start_ns for p in phases)
+    cpu = iteration.thread_cpu_ns is not None and iteration.thread_cpu_ns >= 0
+    return iteration.timeline, iteration.index, iteration.env_steps, [_phase_shape(p) for p in phases], inside, accounted, cpu
+
+
+def _training_loop(recorder, drain):
+    """Iterations of the steady state, with passes begun mid-iteration and the cases that leave it between them."""
+    names = ("collector_wait", "inference", "replay_sample", "learning")
+    phases = {name: recorder.new_phase(phase_spec("learner", name)) for name in names}
+    forward = recorder.new_phase(phase_spec("learner", "inference_forward"))
+    iteration = recorder.iteration_factory(None, True)
+    for i in range(60):
+        with iteration("learner", i, None if i % 7 == 0 else i * 8):
+            for name, phase in phases.items():
+                if i in (11, 40) and name == "replay_sample":
+                    drain()  # the next pass begins inside this iteration
+                try:
+                    with phase:
+                        if i == 23 and name == "inference":
+                            with forward:  # a nested phase
+                                pass
+                        if i == 31 and name == "learning":
+                            raise ValueError("diverged")
+                except ValueError:
+                    pass
+        if i == 47:
+            with phases["collector_wait"]:  # a loose phase between iterations
+                pass
+        if i == 52:
+            drain()
+    drain()
+
+
+def test_iterations_held_as_columns_assemble_as_record_by_record():
+    """A segment's steady-state iterations go through as one table; they arrive as the in-process lanes' do, in order."""
+    segment = shm.Segment(None, b"", 4096)
+    from_segment, in_process = _Assembled(), _Assembled()
+    source = SegmentSource(shm.SegmentReader(segment.buffer))
+    segment_pipeline = Pipeline([source], [from_segment], Clock(), itertools.count(1))
+    runs = []
+    original = source._steady_runs
+
+    def kept(*args):  # what the source found, noted and returned unchanged
+        found = original(*args)
+        runs.extend(found)
+        return found
+
+    source._steady_runs = kept
+    _training_loop(SegmentRecorder(segment, 4096), segment_pipeline.drain)
+    recorder = Recorder()
+    memory_pipeline = Pipeline([recorder], [in_process], Clock(), itertools.count(1))
+    _training_loop(recorder, memory_pipeline.drain)
+    # Runs of 8 or more plain iterations went through as tables; a nested phase, an error, a loose phase, a pass's edge cut them.
+    assert [rows.indices for _, _, rows in runs] == [list(range(0, 11)), list(range(12, 23)), list(range(32, 40))]
+    shapes = [_iteration_shape(it) for it in from_segment.iterations]
+    assert shapes == [_iteration_shape(it) for it in in_process.iterations]
+    assert [s[1] for s in shapes] == list(range(60)) and all(s[4] and s[5] and s[6] for s in shapes)
+    assert shapes[23][3][1][5] == [("inference_forward", 1, None, None, None, [], True)]
+    assert shapes[31][3][3][2] == "ValueError"
+    assert [_phase_shape(p) for p in from_segment.loose] == [_phase_shape(p) for p in in_process.loose]
+    assert [p.spec.name for p in from_segment.loose] == ["collector_wait"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
+from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows
 from otel_rl.core.pipeline import Batch, ScalarRows
 from otel_rl.core.records import RunRecord
 from otel_rl.shm import segment as shm
@@ -33,6 +34,8 @@ _logger = logger(__name__)
 RECORDS_PER_PASS = 65_536
 """Lane records taken per lane and pass at most."""
 MESSAGE_BYTES_PER_PASS = 64 << 20
+MIN_RUN = 8
+"""Iterations a run needs to go through as columns (fewer cost less record by record)."""
 
 
 class _Replayed:
@@ -57,8 +60,8 @@ class SegmentSource:
         self._extra: list[RunRecord | tuple] = []
         self.run: RunRecord | None = None
         """The open run (its start record), None before it starts and after it ends."""
-        self.moved = 0
-        """Records the last :meth:`take` moved."""
+        self.behind = False
+        """Whether the last :meth:`take` stopped at its per-pass limit: more is waiting."""
         self.last_ns = 0
         """The producer's latest timestamp read (``perf_counter_ns()``)."""
         published = reader.run() if takeover else None
@@ -68,23 +71,23 @@ class SegmentSource:
     # -- the record source --------------------------------------------------
 
     def take(self, batch: Batch) -> None:
-        """Move what the producer wrote since the last call into ``batch``; :attr:`moved` counts it."""
+        """Move what the producer wrote since the last call (within the per-pass limits, see :attr:`behind`) into ``batch``."""
         reader = self.reader
-        moved = 0
+        behind = False
         names = reader.update_names()
         for index, (thread_id, thread_name, dropped) in enumerate(reader.lanes()):
             if index == len(self._lane_dropped):
                 self._lane_dropped.append(0)
             self._lane_dropped[index] = dropped
             records = reader.take_lane(index, RECORDS_PER_PASS)
-            moved += len(records)
+            behind |= len(records) == RECORDS_PER_PASS
             if len(records):
                 # Keyed by its thread too: the producer gives a lane to another thread once its own ended.
                 batch.lanes.append(((id(self), index, thread_id), thread_id, thread_name, self._decode(records, names)))
         ends, scalars = [], []
         for ring in (reader.control, reader.data):
             frames = ring.take(MESSAGE_BYTES_PER_PASS)
-            moved += len(frames)
+            behind |= ring.behind
             for kind, payload in frames:
                 if kind & ~shm.PICKLED in _SCALARS_KINDS:
                     scalars.append((kind, payload))  # scalars go to a list of their own: only their own order counts
@@ -101,7 +104,7 @@ class SegmentSource:
             self._route(batch, shm.RUN, record)
         batch.control.extend(self._extra)
         self._extra.clear()
-        self.moved = moved
+        self.behind = behind
 
     def commit(self) -> None:
         """The outputs wrote everything taken so far: the producer may reuse its room."""
@@ -199,16 +202,111 @@ class SegmentSource:
             batch.cuda_fallbacks.append(record)
 
     def _decode(self, records: np.ndarray, names: list[str]) -> list[tuple]:
+        """Lane records as the raw items the pipeline reads: runs of the steady state's complete iterations as
+        :class:`IterationRows`, every other record as a raw tuple, in order."""
+        kinds = records["kind"]
+        # The latest time read: a phase's end, an iteration mark's time (an iteration end's ``end`` is its CPU time).
+        stamps = np.where(kinds == shm.PHASE, records["end"], np.where((kinds == shm.ITERATION_START) | (kinds == shm.ITERATION_END), records["start"], 0))
+        self.last_ns = max(self.last_ns, int(stamps.max()))
+        out: list[tuple] = []
+        done = 0
+        for first, last, rows in self._steady_runs(records, names):
+            out += self._decode_records(records[done:first], names)
+            out.append((ITERATION_ROWS, rows))
+            done = last
+        return out + self._decode_records(records[done:], names) if done else self._decode_records(records, names)
+
+    def _steady_runs(self, records: np.ndarray, names: list[str]) -> list[tuple[int, int, IterationRows]]:
+        """Runs of :data:`MIN_RUN` or more adjacent complete iterations of one timeline that hold only phases of it at
+        their depth (no error, flow, correlation or nested phase), as ``(first, last, rows)``: ``records[first:last]``."""
+        kinds = records["kind"]
+        opens, closes = np.flatnonzero(kinds == shm.ITERATION_START), np.flatnonzero(kinds == shm.ITERATION_END)
+        if len(opens) < MIN_RUN or len(closes) < MIN_RUN:
+            return []
+        after = np.searchsorted(closes, opens)  # each start's first end, kept if no other start comes before it
+        opens, closes = opens[after < len(closes)], closes[after[after < len(closes)]]
+        paired = closes < np.append(opens[1:], len(records))
+        opens, closes = opens[paired], closes[paired]
+        starts, ends = records[opens], records[closes]
+        # Each record's iteration, if it lies inside one; one that is not a plain phase of it spoils it.
+        positions = np.arange(len(records))
+        owner = np.searchsorted(opens, positions, side="right") - 1
+        clamped = np.maximum(owner, 0)
+        inside = (owner >= 0) & (positions > opens[clamped]) & (positions < closes[clamped])
+        owner, held = owner[inside], records[inside]
+        timelines = self._timeline_codes(starts["name"], np.where(held["kind"] == shm.PHASE, held["name"], -1), names)
+        plain = (held["kind"] == shm.PHASE) & (held["exc"] == -1) & (held["depth"] == starts["depth"][owner])
+        plain &= (held["start"] >= starts["start"][owner]) & (timelines[1] == timelines[0][owner])
+        good = np.bincount(owner[~plain], minlength=len(opens)) == 0
+        good &= (ends["name"] == starts["name"]) & (ends["depth"] == starts["depth"])
+        # Adjacent good iterations of one timeline and depth join into a run.
+        joins = good[:-1] & good[1:] & (closes[:-1] + 1 == opens[1:])
+        joins &= (starts["name"][:-1] == starts["name"][1:]) & (starts["depth"][:-1] == starts["depth"][1:])
+        runs = []
+        i, count = 0, len(opens)
+        while i < count:
+            j = i
+            while good[i] and j + 1 < count and joins[j]:
+                j += 1
+            if good[i] and j + 1 - i >= MIN_RUN:
+                runs.append(self._rows(records, opens[i : j + 1], closes[i : j + 1], names))
+            i = j + 1
+        return runs
+
+    def _timeline_codes(self, mark_names: np.ndarray, phase_names: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """A number per timeline: of each iteration mark's, and of each phase's (-1: not a phase this source can read)."""
+        codes: dict[str, int] = {}
+        mark_ids, mark_index = np.unique(mark_names, return_inverse=True)
+        marks = np.array([codes.setdefault(_timeline(t, names), len(codes)) for t in mark_ids.tolist()])
+        phase_ids, phase_index = np.unique(phase_names, return_inverse=True)
+        own = []
+        for phase_id in phase_ids.tolist():
+            replayed = self._replayed(phase_id, names) if 0 <= phase_id < len(names) else None
+            own.append(codes.get(replayed.spec.timeline, -1) if replayed is not None else -1)
+        return marks[mark_index], np.array(own, dtype=np.int64)[phase_index]
+
+    def _rows(self, records: np.ndarray, opens: np.ndarray, closes: np.ndarray, names: list[str]) -> tuple[int, int, IterationRows]:
+        """The run of iterations between ``opens`` and ``closes`` (their marks' positions) as ``(first, last, rows)``."""
+        first, last = int(opens[0]), int(closes[-1]) + 1
+        region = records[first:last]
+        phases = region[region["kind"] == shm.PHASE]
+        starts, ends = records[opens], records[closes]
+        env_steps = starts["b"].tolist()
+        start_cpu, end_cpu = starts["end"], ends["end"]  # -1: not measured
+        measured = ((start_cpu >= 0) & (end_cpu >= 0)).tolist()
+        rows = IterationRows(
+            _timeline(int(starts["name"][0]), names),
+            int(starts["depth"][0]),
+            starts["a"].tolist(),
+            [None if steps == shm.NO_STEPS else steps for steps in env_steps] if shm.NO_STEPS in env_steps else env_steps,
+            starts["start"],
+            ends["start"],
+            [cpu if known else None for cpu, known in zip((end_cpu - start_cpu).tolist(), measured)],
+            closes - opens - 1,
+            {phase_id: self._phases[phase_id].spec for phase_id in np.unique(phases["name"]).tolist()},
+            phases["name"],
+            phases["start"],
+            phases["end"],
+            functools.partial(self._decode_records, region, names),
+        )
+        return first, last, rows
+
+    def _replayed(self, name_id: int, names: list[str]) -> _Replayed | None:
+        phases = self._phases
+        phase = phases.get(name_id)
+        if phase is None and name_id not in phases:
+            phase = phases[name_id] = _phase(name_id, names)
+        return phase
+
+    def _decode_records(self, records: np.ndarray, names: list[str]) -> list[tuple]:
         """Lane records as the raw tuples the pipeline reads."""
         out: list[tuple] = []
-        append, phases, known = out.append, self._phases, len(names)
+        append, replayed, known = out.append, self._replayed, len(names)
         phase_kind, start_kind, end_kind = shm.PHASE, shm.ITERATION_START, shm.ITERATION_END
         columns = [records[field].tolist() for field in _LANE_FIELDS]  # column by column: a third of the rows' tolist()
         for start, end, a, b, name, depth, kind, flags, exc in zip(*columns):
             if kind == phase_kind:
-                phase = phases.get(name)
-                if phase is None and name not in phases:
-                    phase = phases[name] = _phase(name, names)
+                phase = replayed(name, names)
                 if phase is not None:
                     append((phase, start, end, depth, names[exc] if 0 <= exc < known else None))
             elif kind == start_kind or kind == end_kind:
@@ -219,15 +317,16 @@ class SegmentSource:
                 append((FLOW, start, a % 2**64, bool(flags), depth))
             elif kind == shm.CORRELATE:
                 append((CORRELATE, a, depth))
-        kinds = records["kind"]
-        # The latest time read: a phase's end, an iteration mark's time (an iteration end's ``end`` is its CPU time).
-        stamps = np.where(kinds == phase_kind, records["end"], np.where((kinds == start_kind) | (kinds == end_kind), records["start"], 0))
-        self.last_ns = max(self.last_ns, int(stamps.max()))
         return out
 
 
 _SCALARS_KINDS = frozenset((shm.SCALARS, shm.SCALARS_PACKED))
 _LANE_FIELDS = ("start", "end", "a", "b", "name", "depth", "kind", "flags", "exc")
+
+
+def _timeline(name_id: int, names: list[str]) -> str:
+    """An iteration mark's timeline (the learner's when its name id is unknown, as for a record read alone)."""
+    return names[name_id] if 0 <= name_id < len(names) else schema.LEARNER
 
 
 def _phase(name_id: int, names: list[str]) -> _Replayed | None:

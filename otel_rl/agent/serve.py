@@ -42,7 +42,7 @@ _logger = logger(__name__)
 CONTROL_POLL_S = 0.05
 """How often the server reads the producer's requests (close, flush) between passes."""
 MAX_PASSES = 64
-"""Passes in a row while the producer writes faster than one pass reads (then the requests are read again)."""
+"""Passes in a row while each stops at its per-pass limits (then the requests are read again)."""
 
 
 class ProducerDeadline(Deadline):
@@ -190,11 +190,15 @@ class SegmentServer(Worker):
             reader.set("flush_done", request)
 
     def _passes(self) -> None:
-        """Passes until the segment is empty (or :data:`MAX_PASSES`), then commit what the files now hold."""
+        """A pass, more while one stopped at its limits (:data:`MAX_PASSES` at most), then commit what the files now hold.
+
+        What the producer writes during a pass waits for the next interval:
+        a pass reads an interval's records at once, not a trickle each.
+        """
         pipeline = self.outputs.pipeline
         for _ in range(MAX_PASSES):
             pipeline.drain()  # type: ignore[union-attr]
-            if not self.source.moved:
+            if not self.source.behind:
                 break
         if self.outputs.flush_files(1.0):
             self._commit_file_sizes()  # first: a death between the two re-reads (never skips) one pass

@@ -32,6 +32,7 @@ from otel_rl._logging import logger, once
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
+from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows, assemble
 from otel_rl.core.records import (
     DeviceIntervalRecord,
     DistributionRecord,
@@ -168,7 +169,9 @@ class Batch:
 
     * ``control``: :class:`RunRecord` (start or end) and events ``(time_ns, name, attributes)``;
     * ``lanes``: ``(lane key, thread id, thread name, raw lane records)`` (see
-      :class:`otel_rl.training.recorder.PyLane` for the record shapes);
+      :class:`otel_rl.training.recorder.PyLane` for the record shapes; a source
+      may hold complete iterations as one ``(ITERATION_ROWS, rows)``, see
+      :mod:`otel_rl.core.iteration_rows`);
     * ``scalars``: ``(time_ns, values, step, iteration, env_steps)``, or :class:`ScalarRows`;
     * ``distributions``: ``(time_ns, key, array, step, iteration, env_steps)``;
     * ``remote``: relayed worker cycles; ``intervals``: where CUDA-timed phases ran,
@@ -255,6 +258,14 @@ class CycleTotals:
                 for child in phase.walk()[1:]:
                     nested[child.spec.name] = nested.get(child.spec.name, 0) + child.end_ns - child.start_ns
         self.index, self.env_steps = iteration.index, iteration.env_steps
+
+    def add_rows(self, rows: IterationRows) -> None:
+        """Local cycles held as columns (their phases all top-level)."""
+        self.cycles += len(rows.indices)
+        self.wall_ns += int((rows.ends - rows.starts).sum())
+        for name, ns in rows.phase_totals().items():
+            self.top[name] = self.top.get(name, 0) + ns
+        self.index, self.env_steps = rows.indices[-1], rows.env_steps[-1]
 
     def add_loose(self, phase: PhaseRecord) -> None:
         loose, counts = self.loose, self.counts
@@ -483,6 +494,10 @@ class Pipeline:
         """Records of a :class:`ScalarRows`: rows of canonical keys and finite values as they are, the others checked."""
         names, offset = table.names, self._clock.offset_ns
         canonical = set(names) <= self._canonical_keys
+        if not canonical and len(self._accepted_keys) + len(names) <= MAX_SCALAR_KEYS:
+            for name in names:  # new keys accepted (and warned about) once, so that a first table is one too
+                self._key(name)
+            canonical = set(names) <= self._canonical_keys
         if canonical and all(table.finite) and self._rows_rise(table):
             # The steady state: a loop logging the same keys with rising steps, held as one run.
             self._pending_names = names if not self._pending or self._pending_names == names else None
@@ -622,6 +637,10 @@ class Pipeline:
         state = self._lane_states.get(key)
         if state is None:
             state = self._lane_states[key] = _LaneState()
+        self._assemble(state, records, thread_id, thread_name)
+
+    def _assemble(self, state: _LaneState, records: list[tuple], thread_id: int, thread_name: str) -> None:
+        """A lane's raw records, in order, into phases and iterations (``state`` carries what is open between passes)."""
         offset = self._clock.offset_ns
         children_by_depth, flows_by_depth, correlations_by_depth = state.children_by_depth, state.flows_by_depth, state.correlations_by_depth
         open_iterations = state.open_iterations
@@ -695,23 +714,44 @@ class Pipeline:
                 state.flows_by_depth.setdefault(open_phases - 1, []).append((flow_id, terminating))
             else:
                 _logger.warning("otel-rl: flow() called outside any phase; ignored")
+        elif head is ITERATION_ROWS:
+            self._iteration_rows(state, raw[1], thread_id, thread_name, offset)
+
+    def _iteration_rows(self, state: _LaneState, rows: IterationRows, thread_id: int, thread_name: str, offset: int) -> None:
+        """Complete iterations held as columns; record by record when the lane holds something open (a pass began mid-iteration)."""
+        if state.open_iterations or state.children_by_depth or state.flows_by_depth or state.correlations_by_depth:
+            self._assemble(state, rows.expand(), thread_id, thread_name)
+            return
+        iterations = assemble(rows, offset, thread_id, thread_name)
+        for iteration in iterations:
+            if iteration.accounted_ns > iteration.end_ns - iteration.start_ns:
+                self._warn_overlap(iteration)
+                break
+        if self._want_totals:
+            self._totals(rows.timeline).add_rows(rows)
+        if self._pending:
+            self._hand_over_scalars()
+        self._iterations += iterations
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
         if iteration.accounted_ns > iteration.wall_ns:
-            _logger.warning(
-                "otel-rl: contract warning: %s iteration %d accounts %.3f ms of phases in %.3f ms of wall time "
-                "(top-level phases overlap or run on other threads)",
-                iteration.timeline,
-                iteration.index,
-                iteration.accounted_ns / 1e6,
-                iteration.wall_ns / 1e6,
-                extra=once(f"contract:{iteration.timeline}"),
-            )
+            self._warn_overlap(iteration)
         if self._want_totals:
             self._totals(iteration.timeline).add_iteration(iteration)
         if self._pending:
             self._hand_over_scalars()
         self._iterations.append(iteration)  # handed over with its neighbours, before any other record
+
+    def _warn_overlap(self, iteration: IterationRecord) -> None:
+        _logger.warning(
+            "otel-rl: contract warning: %s iteration %d accounts %.3f ms of phases in %.3f ms of wall time "
+            "(top-level phases overlap or run on other threads)",
+            iteration.timeline,
+            iteration.index,
+            iteration.accounted_ns / 1e6,
+            iteration.wall_ns / 1e6,
+            extra=once(f"contract:{iteration.timeline}"),
+        )
 
     def _fanout(self, method: str, record: object) -> None:
         # Records held to be handed over together reach the sinks before any record made after them.

@@ -249,6 +249,8 @@ class _Ring:
         self.dropped = _u64(buffer, offset + _RING_DROPPED)
         self.taken: int | None = None
         """The reader's position past the frames it took and has not committed yet."""
+        self.behind = False
+        """Whether the last :meth:`take` stopped at its budget before the frames written when it began."""
 
     def put(self, kind: int, payload: bytes, limit: int) -> bool:
         """Append one frame (caller holds the writer's lock); False when it would pass ``limit`` bytes in use.
@@ -298,6 +300,7 @@ class _Ring:
             read += size
             taken += size
         self.taken = read
+        self.behind = read < write
         return frames
 
     def commit(self) -> None:
