@@ -1,6 +1,6 @@
 """Build hook for the optional C extensions; all metadata lives in pyproject.toml.
 
-Both are optional: without a compiler the pure-Python recorder and trace encoder are used.
+All are optional: without a compiler the pure-Python recorder, trace encoder and ring reader are used.
 """
 
 from setuptools import Extension, setup
@@ -9,5 +9,6 @@ setup(
     ext_modules=[
         Extension("otel_rl.training._hotpath", ["otel_rl/training/_hotpath.c"], optional=True),
         Extension("otel_rl.outputs.perfetto._slices", ["otel_rl/outputs/perfetto/_slices.c"], optional=True),
+        Extension("otel_rl.shm._frames", ["otel_rl/shm/_frames.c"], optional=True),
     ]
 )

@@ -1,14 +1,21 @@
-"""Self-aggregated histograms: batched binning gives exactly what binning one value at a time gives."""
+"""Self-aggregated histograms: batched binning, and binning from columns, give exactly what binning one value at a time gives."""
 
 from __future__ import annotations
 
+import itertools
 import random
+import time
 from bisect import bisect_left
 
 from otel_rl import schema
-from otel_rl.outputs.otel import aggregation
-from otel_rl.outputs.otel.aggregation import Aggregates
+from otel_rl.agent.segment_source import SegmentSource
+from otel_rl.core.iteration_rows import IterationRun
+from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
 from otel_rl.core.records import PhaseRecord
+from otel_rl.outputs.otel import aggregation
+from otel_rl.outputs.otel.aggregation import AggregatorSink, Aggregates
+from otel_rl.shm import segment as shm
+from otel_rl.training.segment_recorder import SegmentRecorder
 
 
 def phase(name: str, duration_ns: int, end_ns: int, span_id: int = 0, children=None) -> PhaseRecord:
@@ -44,3 +51,62 @@ def test_batched_bins_match_one_at_a_time(monkeypatch):
         assert durations[exemplar.span_id - 1] / 1e6 == exemplar.value
     summary = aggregates.phase_summary()["learner"]["phases"]["inference"]
     assert summary["count"] == 1000 and summary["max_ms"] == max(durations) / 1e6
+
+
+class _SpanIds(RecordSink):
+    """Gives every fifth iteration's phases span ids, as the span sink before the aggregates does; keeps what it saw."""
+
+    def __init__(self):
+        self.runs, self.iterations = 0, []
+
+    def on_iterations(self, iterations):
+        self.runs += type(iterations) is IterationRun
+        for iteration in iterations:
+            self.iterations.append(iteration)
+            for phase in iteration.phases:
+                phase.span_id = iteration.index + 1 if iteration.index % 5 == 0 else 0
+
+
+def test_iterations_read_as_columns_bin_as_their_records():
+    """A segment's steady-state iterations reach the aggregates as columns: the same bins, counts, sums and exemplars."""
+    segment = shm.Segment(None, b"", 4096)
+    recorder = SegmentRecorder(segment, 4096)
+    aggregates = Aggregates(0, {}, trace_id=1)
+    spans = _SpanIds()
+    source = SegmentSource(shm.SegmentReader(segment.buffer))
+    pipeline = Pipeline([source], [spans, AggregatorSink(aggregates, dict)], Clock(), itertools.count(1))
+    phases = [recorder.new_phase(schema.phase_spec("learner", name)) for name in ("inference", "learning")]
+    iteration = recorder.iteration_factory(None, False)
+    rng = random.Random(3)
+    for i in range(200):
+        with iteration("learner", i, i * 4):
+            for phase_ in phases:
+                with phase_:
+                    end = time.perf_counter_ns() + rng.randrange(1, 200_000)
+                    while time.perf_counter_ns() < end:
+                        pass
+        if i % 70 == 69:
+            pipeline.drain()
+    pipeline.drain()
+    assert spans.runs >= 2 and [it.index for it in spans.iterations] == list(range(200))
+    metrics = {m.name: m for m in aggregates.collect(time.time_ns())}
+    points = {p.attributes[schema.ATTR_PHASE]: p for p in metrics[schema.METRIC_PHASE_DURATION].data.data_points}
+    for name in ("inference", "learning"):
+        values = [(p.end_ns - p.start_ns) / 1e6 for it in spans.iterations for p in it.phases if p.spec.name == name]
+        expected = [0] * (len(schema.PHASE_BUCKETS_MS) + 1)
+        for value in values:
+            expected[bisect_left(schema.PHASE_BUCKETS_MS, value)] += 1
+        point = points[name]
+        assert list(point.bucket_counts) == expected and point.count == 200
+        assert abs(point.sum - sum(values)) < 1e-6 and (point.min, point.max) == (min(values), max(values))
+        assert point.exemplars and all((e.span_id - 1) % 5 == 0 for e in point.exemplars)
+        for exemplar in point.exemplars:  # each the value of the phase whose span it names
+            (phase_,) = [p for p in spans.iterations[exemplar.span_id - 1].phases if p.spec.name == name]
+            assert exemplar.value == (phase_.end_ns - phase_.start_ns) / 1e6
+    (cycles,) = metrics[schema.METRIC_ITERATION_DURATION].data.data_points
+    walls = [it.wall_ns / 1e6 for it in spans.iterations]
+    assert cycles.count == 200 and abs(cycles.sum - sum(walls)) < 1e-6
+    summary = aggregates.phase_summary()["learner"]
+    accounted = sum(it.accounted_ns for it in spans.iterations) / 1e6
+    assert abs(summary["accounted_share"] - accounted / sum(walls)) < 1e-9
+    assert aggregates.env_steps() == 199 * 4

@@ -144,7 +144,9 @@ def test_rotation_keeps_both_files_readable(tmp_path):
         trace = Trace.FromString(path.read_bytes())
         first = trace.packet[0]
         assert first.first_packet_on_sequence and first.sequence_flags & 1  # a fresh sequence state
-        assert any(p.HasField("track_descriptor") for p in trace.packet)
+        described = {p.track_descriptor.uuid for p in trace.packet if p.HasField("track_descriptor")}
+        used = {p.track_event.track_uuid for p in trace.packet if p.HasField("track_event")}
+        assert used and used <= described  # each file describes the tracks its slices are on
     assert os.path.getsize(files[0]) < 4096 + 4096
     model = protobuf_engine.read(files)
     assert 0 < sum(1 for s in model.slices if s.name == "Learning") <= 300

@@ -1,6 +1,7 @@
 """The shared-memory records are defined once: the C structs and the Python layouts are checked against each other."""
 
 import itertools
+import random
 from time import perf_counter_ns
 
 import numpy as np
@@ -8,7 +9,7 @@ import pytest
 
 from otel_rl.agent.segment_source import SegmentSource
 from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
-from otel_rl.shm import segment as shm
+from otel_rl.shm import _frames, segment as shm
 from otel_rl.training import _hotpath  # the test command always builds it
 from otel_rl.schema import phase_spec
 from otel_rl.training.recorder import Recorder
@@ -236,3 +237,24 @@ def test_iterations_held_as_columns_assemble_as_record_by_record():
     assert shapes[31][3][3][2] == "ValueError"
     assert [_phase_shape(p) for p in from_segment.loose] == [_phase_shape(p) for p in in_process.loose]
     assert [p.spec.name for p in from_segment.loose] == ["collector_wait"]
+
+
+def test_a_ring_reads_the_same_in_c_and_in_python():
+    """Frames of every size around the ring's end (SKIP frames, the tail too short for a header), with budgets cut short."""
+    assert _frames is not None  # the test command always builds it
+    buffer = bytearray(64 + 1024)
+    ring = shm._Ring(buffer, 0, 1024)
+    rng = random.Random(5)
+    read, pending = 0, []
+    for round_ in range(300):
+        for _ in range(rng.randrange(1, 6)):
+            payload = bytes([round_ % 251]) * rng.randrange(0, 90)
+            if ring.put(1 + len(payload) % 7, payload, 1024):
+                pending.append((1 + len(payload) % 7, payload))
+        budget = rng.choice([8, 64, 1 << 20])
+        frames, after, behind = _frames.take_frames(buffer, 0, 1024, read, budget)
+        assert (frames, after, behind) == ring.take_in_python(buffer, 0, 1024, read, budget)
+        assert frames == pending[: len(frames)] and behind == (len(frames) < len(pending))
+        pending = pending[len(frames) :]
+        read = after
+        ring.read.value = after  # committed: the writer may reuse the room

@@ -57,6 +57,7 @@ class SegmentSource:
         self._lane_dropped: list[int] = []
         self._decode_dropped = 0
         self._key_names: dict[tuple, tuple] = {}
+        self._phase_timelines = np.zeros(0, dtype=np.int64)
         self._extra: list[RunRecord | tuple] = []
         self.run: RunRecord | None = None
         """The open run (its start record), None before it starts and after it ends."""
@@ -227,66 +228,60 @@ class SegmentSource:
         opens, closes = opens[after < len(closes)], closes[after[after < len(closes)]]
         paired = closes < np.append(opens[1:], len(records))
         opens, closes = opens[paired], closes[paired]
-        starts, ends = records[opens], records[closes]
+        name, depth, start = records["name"], records["depth"], records["start"]
         # Each record's iteration, if it lies inside one; one that is not a plain phase of it spoils it.
         positions = np.arange(len(records))
-        owner = np.searchsorted(opens, positions, side="right") - 1
-        clamped = np.maximum(owner, 0)
-        inside = (owner >= 0) & (positions > opens[clamped]) & (positions < closes[clamped])
-        owner, held = owner[inside], records[inside]
-        timelines = self._timeline_codes(starts["name"], np.where(held["kind"] == shm.PHASE, held["name"], -1), names)
-        plain = (held["kind"] == shm.PHASE) & (held["exc"] == -1) & (held["depth"] == starts["depth"][owner])
-        plain &= (held["start"] >= starts["start"][owner]) & (timelines[1] == timelines[0][owner])
-        good = np.bincount(owner[~plain], minlength=len(opens)) == 0
-        good &= (ends["name"] == starts["name"]) & (ends["depth"] == starts["depth"])
+        owner = np.maximum(np.searchsorted(opens, positions, side="right") - 1, 0)
+        inside = (positions > opens[owner]) & (positions < closes[owner])
+        timeline_ids = self._timeline_ids(names)
+        phase_timeline = timeline_ids[np.where((name >= 0) & (name < len(names)), name, len(names))]
+        plain = (kinds == shm.PHASE) & (records["exc"] == -1) & (depth == depth[opens][owner])
+        plain &= (start >= start[opens][owner]) & (phase_timeline == name[opens][owner])
+        good = np.bincount(owner[inside & ~plain], minlength=len(opens)) == 0
+        good &= (name[closes] == name[opens]) & (depth[closes] == depth[opens])
         # Adjacent good iterations of one timeline and depth join into a run.
         joins = good[:-1] & good[1:] & (closes[:-1] + 1 == opens[1:])
-        joins &= (starts["name"][:-1] == starts["name"][1:]) & (starts["depth"][:-1] == starts["depth"][1:])
-        runs = []
-        i, count = 0, len(opens)
-        while i < count:
-            j = i
-            while good[i] and j + 1 < count and joins[j]:
-                j += 1
-            if good[i] and j + 1 - i >= MIN_RUN:
-                runs.append(self._rows(records, opens[i : j + 1], closes[i : j + 1], names))
-            i = j + 1
-        return runs
+        joins &= (name[opens][:-1] == name[opens][1:]) & (depth[opens][:-1] == depth[opens][1:])
+        firsts = np.flatnonzero(good & ~np.concatenate(([False], joins)))
+        lasts = np.flatnonzero(good & ~np.concatenate((joins, [False]))) + 1
+        return [
+            self._rows(records, opens[first:last], closes[first:last], names)
+            for first, last in zip(firsts.tolist(), lasts.tolist())
+            if last - first >= MIN_RUN
+        ]
 
-    def _timeline_codes(self, mark_names: np.ndarray, phase_names: np.ndarray, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """A number per timeline: of each iteration mark's, and of each phase's (-1: not a phase this source can read)."""
-        codes: dict[str, int] = {}
-        mark_ids, mark_index = np.unique(mark_names, return_inverse=True)
-        marks = np.array([codes.setdefault(_timeline(t, names), len(codes)) for t in mark_ids.tolist()])
-        phase_ids, phase_index = np.unique(phase_names, return_inverse=True)
-        own = []
-        for phase_id in phase_ids.tolist():
-            replayed = self._replayed(phase_id, names) if 0 <= phase_id < len(names) else None
-            own.append(codes.get(replayed.spec.timeline, -1) if replayed is not None else -1)
-        return marks[mark_index], np.array(own, dtype=np.int64)[phase_index]
+    def _timeline_ids(self, names: list[str]) -> np.ndarray:
+        """Per string id, the id of the timeline a phase name (``timeline\\tname``) names; -1 for other strings
+        and for a timeline no mark can name (one more entry, -1, for ids out of range)."""
+        if len(self._phase_timelines) != len(names) + 1:
+            ids = {text: index for index, text in enumerate(names)}
+            timelines = [ids.get(text.split("\t", 1)[0], -1) if "\t" in text else -1 for text in names]
+            self._phase_timelines = np.array([*timelines, -1], dtype=np.int64)
+        return self._phase_timelines
 
     def _rows(self, records: np.ndarray, opens: np.ndarray, closes: np.ndarray, names: list[str]) -> tuple[int, int, IterationRows]:
         """The run of iterations between ``opens`` and ``closes`` (their marks' positions) as ``(first, last, rows)``."""
         first, last = int(opens[0]), int(closes[-1]) + 1
         region = records[first:last]
-        phases = region[region["kind"] == shm.PHASE]
-        starts, ends = records[opens], records[closes]
-        env_steps = starts["b"].tolist()
-        start_cpu, end_cpu = starts["end"], ends["end"]  # -1: not measured
-        measured = ((start_cpu >= 0) & (end_cpu >= 0)).tolist()
+        phase = region["kind"] == shm.PHASE
+        phase_ids = region["name"][phase]
+        env_steps = records["b"][opens].tolist()
+        start_cpu, end_cpu = records["end"][opens], records["end"][closes]  # -1: not measured
+        measured = (start_cpu >= 0) & (end_cpu >= 0)
+        cpu_ns = (end_cpu - start_cpu).tolist()
         rows = IterationRows(
-            _timeline(int(starts["name"][0]), names),
-            int(starts["depth"][0]),
-            starts["a"].tolist(),
+            _timeline(int(records["name"][first]), names),
+            int(records["depth"][first]),
+            records["a"][opens].tolist(),
             [None if steps == shm.NO_STEPS else steps for steps in env_steps] if shm.NO_STEPS in env_steps else env_steps,
-            starts["start"],
-            ends["start"],
-            [cpu if known else None for cpu, known in zip((end_cpu - start_cpu).tolist(), measured)],
+            records["start"][opens],
+            records["start"][closes],
+            cpu_ns if measured.all() else [cpu if known else None for cpu, known in zip(cpu_ns, measured.tolist())],
             closes - opens - 1,
-            {phase_id: self._phases[phase_id].spec for phase_id in np.unique(phases["name"]).tolist()},
-            phases["name"],
-            phases["start"],
-            phases["end"],
+            {phase_id: self._replayed(phase_id, names).spec for phase_id in np.flatnonzero(np.bincount(phase_ids)).tolist()},
+            phase_ids,
+            region["start"][phase],
+            region["end"][phase],
             functools.partial(self._decode_records, region, names),
         )
         return first, last, rows

@@ -48,16 +48,32 @@ class IterationRows:
     phase_ends: np.ndarray
     expand: Callable[[], list[tuple]]
 
+    def phase_durations(self) -> list[tuple[PhaseSpec, np.ndarray]]:
+        """Each phase's durations (nanoseconds, in order), per phase."""
+        durations = self.phase_ends - self.phase_starts
+        return [(spec, durations[self.phase_ids == phase_id]) for phase_id, spec in self.specs.items()]
+
     def phase_totals(self) -> dict[str, int]:
         """Nanoseconds per phase name over all these iterations."""
-        durations = self.phase_ends - self.phase_starts
         totals: dict[str, int] = {}
-        for phase_id, spec in self.specs.items():
-            totals[spec.name] = totals.get(spec.name, 0) + int(durations[self.phase_ids == phase_id].sum())
+        for spec, durations in self.phase_durations():
+            totals[spec.name] = totals.get(spec.name, 0) + int(durations.sum())
         return totals
 
 
-def assemble(rows: IterationRows, offset_ns: int, thread_id: int, thread_name: str) -> list[IterationRecord]:
+class IterationRun(list):
+    """The records of one :class:`IterationRows`, as ``on_iterations`` gets them: a list of
+    :class:`IterationRecord` whose ``rows`` a sink may read instead (their times plus ``offset_ns``)."""
+
+    __slots__ = ("rows", "offset_ns")
+
+    def __init__(self, records: list[IterationRecord], rows: IterationRows, offset_ns: int) -> None:
+        super().__init__(records)
+        self.rows = rows
+        self.offset_ns = offset_ns
+
+
+def assemble(rows: IterationRows, offset_ns: int, thread_id: int, thread_name: str) -> IterationRun:
     """The records of ``rows``, times moved by ``offset_ns`` (to epoch nanoseconds)."""
     counts = rows.counts
     bounds = np.concatenate(([0], np.cumsum(counts)))
@@ -91,7 +107,8 @@ def assemble(rows: IterationRows, offset_ns: int, thread_id: int, thread_name: s
         accounted,
         rows.cpu_ns,
     )
-    return [
+    records = [
         IterationRecord(timeline, index, env_steps, start, end, thread_id, thread_name, phases[first:last], spent, cpu)
         for index, env_steps, start, end, first, last, spent, cpu in columns
     ]
+    return IterationRun(records, rows, offset_ns)

@@ -116,7 +116,10 @@ class RecordSink:
         """Run started (``run.end_ns is None``) or ended."""
 
     def on_iterations(self, iterations: list[IterationRecord]) -> None:
-        """Completed cycles and their phases, consecutive ones of one pass at once, in order."""
+        """Completed cycles and their phases, consecutive ones of one pass at once, in order.
+
+        An :class:`otel_rl.core.iteration_rows.IterationRun` also holds them as columns.
+        """
 
     def on_phase(self, phase: PhaseRecord) -> None:
         """A top-level phase recorded outside any iteration of its thread."""
@@ -729,9 +732,10 @@ class Pipeline:
                 break
         if self._want_totals:
             self._totals(rows.timeline).add_rows(rows)
-        if self._pending:
-            self._hand_over_scalars()
-        self._iterations += iterations
+        if self._iterations:  # the iterations before these first
+            earlier, self._iterations = self._iterations, []
+            self._fanout("on_iterations", earlier)
+        self._fanout("on_iterations", iterations)  # alone, so that sinks can read its columns
 
     def _emit_iteration(self, iteration: IterationRecord) -> None:
         if iteration.accounted_ns > iteration.wall_ns:

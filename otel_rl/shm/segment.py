@@ -39,6 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+try:
+    from otel_rl.shm._frames import take_frames as _c_take_frames
+except ImportError:  # not built (no compiler): _Ring.take_in_python
+    _c_take_frames = None
+
 
 
 MAGIC = b"OTELRL\x00\x01"
@@ -281,27 +286,32 @@ class _Ring:
 
         The writer may reuse their bytes only once :meth:`commit` publishes the new position.
         """
+        read = self.read.value if self.taken is None else self.taken
+        take = _c_take_frames or self.take_in_python
+        frames, self.taken, self.behind = take(self.buffer, self.offset, self.capacity, read, budget)
+        return frames
+
+    def take_in_python(self, buffer: mmap.mmap, offset: int, capacity: int, read: int, budget: int) -> tuple[list, int, bool]:
+        """``otel_rl.shm._frames.take_frames``, the pure-Python twin: (frames past ``read``, the position past them, behind)."""
         frames = []
-        read, write = (self.read.value if self.taken is None else self.taken), self.write.value
+        data, write = offset + RING_HEADER_BYTES, self.write.value
         taken = 0
         while read < write and taken < budget:
-            position = read % self.capacity
-            if self.capacity - position < _FRAME.size:
-                read += self.capacity - position
+            position = read % capacity
+            if capacity - position < _FRAME.size:
+                read += capacity - position
                 continue
-            length, kind = _FRAME.unpack_from(self.buffer, self.data + position)
+            length, kind = _FRAME.unpack_from(buffer, data + position)
             if kind == SKIP:
-                read += self.capacity - position
+                read += capacity - position
                 continue
-            start = self.data + position + _FRAME.size
-            frames.append((kind, self.buffer[start : start + length]))
+            start = data + position + _FRAME.size
+            frames.append((kind, bytes(buffer[start : start + length])))
             size = _FRAME.size + length
             size += -size % 8
             read += size
             taken += size
-        self.taken = read
-        self.behind = read < write
-        return frames
+        return frames, read, read < write
 
     def commit(self) -> None:
         """Publish the position past everything taken: the writer may reuse those bytes now."""

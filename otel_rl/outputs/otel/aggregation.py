@@ -40,6 +40,7 @@ from opentelemetry.sdk.metrics.export import (
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from otel_rl import schema
+from otel_rl.core.iteration_rows import IterationRun
 from otel_rl.core.pipeline import RecordSink
 from otel_rl._logging import logger
 from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
@@ -187,10 +188,12 @@ class Aggregates:
     def _add(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
         bins.pending.append(value_ms)
         if span_id:
-            bucket = bisect_left(self.bounds, value_ms)
-            bins.exemplars[bucket] = Exemplar({}, value_ms, time_ns, span_id, self._trace_id)
+            self._exemplar(bins, value_ms, time_ns, span_id)
         if len(bins.pending) >= FOLD_EVERY:
             bins.fold(self._bounds)
+
+    def _exemplar(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
+        bins.exemplars[bisect_left(self.bounds, value_ms)] = Exemplar({}, value_ms, time_ns, span_id, self._trace_id)
 
     def fold(self) -> None:
         """Bin every pending value (readers do, before they read)."""
@@ -231,11 +234,12 @@ class Aggregates:
         """Bin cycles' wall times and their phases."""
         with self._lock:
             host = self._by_spec["host"]
+            if type(iterations) is IterationRun:
+                self._record_run(iterations)
+                iterations = ()
             for iteration in iterations:
                 timeline = iteration.timeline
-                bins = self._iterations.get(timeline)
-                if bins is None:
-                    bins = self._iterations[timeline] = Bins({**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1)
+                bins = self._iteration_bins(timeline)
                 bins.pending.append((iteration.end_ns - iteration.start_ns) / 1e6)
                 self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
                 if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
@@ -249,6 +253,25 @@ class Aggregates:
             for bins in itertools.chain(self._iterations.values(), host.values()):
                 if len(bins.pending) >= FOLD_EVERY:
                     bins.fold(self._bounds)
+
+    def _iteration_bins(self, timeline: str) -> Bins:
+        bins = self._iterations.get(timeline)
+        if bins is None:
+            bins = self._iterations[timeline] = Bins({**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1)
+        return bins
+
+    def _record_run(self, run: IterationRun) -> None:
+        """Iterations assembled from columns: binned from the columns, exemplars from the records that have span ids."""
+        rows, timeline, host = run.rows, run.rows.timeline, self._by_spec["host"]
+        self._iteration_bins(timeline).pending += ((rows.ends - rows.starts) / 1e6).tolist()
+        self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + int((rows.phase_ends - rows.phase_starts).sum()) / 1e6
+        steps = [s for s in rows.env_steps if s is not None]
+        if steps and max(steps) > self._env_steps.get(timeline, -1):
+            self._env_steps[timeline] = max(steps)
+        for spec, durations in rows.phase_durations():
+            (host.get(id(spec)) or self._phase_bins(spec)).pending += (durations / 1e6).tolist()
+        for phase in [phase for iteration in run for phase in iteration.phases if phase.span_id]:
+            self._exemplar(host[id(phase.spec)], (phase.end_ns - phase.start_ns) / 1e6, phase.end_ns, phase.span_id)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int | Mapping[str, int]) -> None:
         """Latest value per scalar key, at ``time_ns`` (one time, or each key's); None (non-finite) keeps the last value."""

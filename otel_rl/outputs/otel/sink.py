@@ -196,8 +196,9 @@ class OpenTelemetrySink(RecordSink):
     def on_iterations(self, iterations: list[IterationRecord]) -> None:
         if not self._span_processors:
             return
+        now_s, take = time.monotonic(), self.budget.take  # one pass's records come at one time
         for iteration in iterations:
-            if self.budget.take(1 + count_nodes(iteration.phases), time.monotonic()):
+            if take(1 + count_nodes(iteration.phases), now_s):
                 self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))
                 self._remember_correlations(iteration.phases)
 
