@@ -10,6 +10,8 @@ import threading
 import time
 from collections import Counter
 
+import numpy as np
+
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
 
 import pytest
@@ -19,6 +21,7 @@ from otel_rl import schema
 from otel_rl.readers.analysis import analyze, protobuf_engine, trace_files
 from otel_rl.outputs.perfetto import trace as perfetto
 from otel_rl.outputs.perfetto.trace import PerfettoTraceSink, TraceEncoder
+from otel_rl.core.iteration_rows import IterationRows, IterationRun
 from otel_rl.core.records import IterationRecord, PhaseRecord
 
 from synthetic_trace import write_trace
@@ -201,3 +204,54 @@ def test_worker_fragments_are_merged_into_the_learner_trace(tmp_path):
     assert processes == {"learner", "collector 0"}
     steps = [s for s in model.slices if s.name == "Env Step" and s.process == "collector 0"]
     assert len(steps) == 10 and all(s.duration_ns >= 2_000_000 for s in steps)
+
+
+def _iteration_run() -> IterationRun:
+    """Eight iterations of 0 to 3 phases (two specs), env steps on every other one, as a segment's source holds them."""
+    specs = {3: schema.phase_spec("learner", "inference"), 5: schema.phase_spec("learner", "learning")}
+    counts = np.array([2, 0, 3, 1, 2, 2, 1, 3])
+    phase_ids = np.array([3, 5, 5, 3, 5, 3, 3, 5, 5, 3, 5, 3, 3, 5])
+    starts = np.arange(8, dtype=np.int64) * 1_000_000 + 10**9
+    phase_starts = np.concatenate([start + 1_000 + np.arange(n) * 200_000 for start, n in zip(starts, counts)])
+    rows = IterationRows(
+        "learner", 0, list(range(100, 108)), [i * 8 if i % 2 else None for i in range(8)], starts, starts + 900_000,
+        [None] * 8, counts, specs, phase_ids, phase_starts, phase_starts + 150_000, list,
+    )  # fmt: skip
+    return IterationRun(rows, 5 * 10**17, 77, "main")
+
+
+def test_iterations_encoded_from_columns_are_the_packets_of_their_records():
+    """``encode_rows`` (one C call for a run) writes byte for byte what the records' encoding writes, in pieces too."""
+    run = _iteration_run()
+    columns, records = TraceEncoder(1, "learner"), TraceEncoder(1, "learner")
+    assert columns.columns
+    encoded = []
+    for enc in (columns, records):
+        track, _ = enc.thread_track(77, "main")
+        body, _ = enc.iteration_body(track, "learner iteration", "learner")
+        for spec in run.rows.specs.values():
+            enc._phase_body(track, spec)  # the names interned alike, before either encodes
+        encoded.append((enc, track, body))
+    (enc, track, body), (twin, twin_track, twin_body) = encoded
+    pieces = enc.iteration_rows(track, run, 0, 3, body) + enc.iteration_rows(track, run, 3, 8, body)
+    expected = b""
+    for record in run:
+        annotations = ((perfetto._ITERATION, record.index),)
+        if record.env_steps is not None:
+            annotations += ((perfetto._ENV_STEPS, record.env_steps),)
+        expected += twin.phases(twin_track, record.phases, (record.start_ns, record.end_ns, twin_body, annotations))
+    assert pieces == expected
+    events = [p.track_event for p in Trace.FromString(pieces).packet]
+    assert sum(e.type == TrackEvent.TYPE_SLICE_BEGIN for e in events) == 8 + 14
+
+
+def test_a_run_builds_only_the_records_a_sink_reads():
+    """One record built alone is the one the whole run holds later; the rest are built only when read."""
+    run = _iteration_run()
+    sampled = run.record(5)
+    assert list(run.built()) == [sampled]
+    assert [p.spec.name for p in sampled.phases] == ["learning", "inference"]  # phases 8 and 9 of the run
+    assert (sampled.index, sampled.env_steps, sampled.accounted_ns) == (105, 40, 300_000)
+    assert run[5] is sampled and len(run) == 8 and [r.index for r in run] == list(range(100, 108))
+    assert all(p.iteration == r.index and p.env_steps == r.env_steps for r in run for p in r.phases)
+    assert run.first_overlap() is None

@@ -4,13 +4,14 @@ A record source that holds a lane as arrays (a shared-memory segment) hands
 the pipeline a run of iterations that hold only top-level phases, each at its
 iteration's depth and without an error, a flow or a CUDA correlation, as one
 :class:`IterationRows` item (``(ITERATION_ROWS, rows)`` among the lane's raw
-records). :func:`assemble` builds their records with a few array and list
-operations, where record by record a pass spends most of its time.
+records). An :class:`IterationRun` builds their records with a few array and
+list operations (record by record, a pass spent most of its time there), and
+only for the sinks that read records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import repeat
 
@@ -61,54 +62,97 @@ class IterationRows:
         return totals
 
 
-class IterationRun(list):
-    """The records of one :class:`IterationRows`, as ``on_iterations`` gets them: a list of
-    :class:`IterationRecord` whose ``rows`` a sink may read instead (their times plus ``offset_ns``)."""
+class IterationRun(Sequence[IterationRecord]):
+    """The iterations of one :class:`IterationRows` as ``on_iterations`` gets them: a sequence of
+    :class:`IterationRecord` built when first read (all of them, or one with :meth:`record`).
 
-    __slots__ = ("rows", "offset_ns")
+    A sink that reads ``rows`` instead (times plus ``offset_ns`` are epoch nanoseconds) needs no
+    records: the aggregates and the trace read the columns, a span sink builds the iterations it samples.
+    """
 
-    def __init__(self, records: list[IterationRecord], rows: IterationRows, offset_ns: int) -> None:
-        super().__init__(records)
+    def __init__(self, rows: IterationRows, offset_ns: int, thread_id: int, thread_name: str) -> None:
         self.rows = rows
         self.offset_ns = offset_ns
+        self.thread_id = thread_id
+        self.thread_name = thread_name
+        self._built: dict[int, IterationRecord] = {}
+        self._all: list[IterationRecord] | None = None
 
+    def __len__(self) -> int:
+        return len(self.rows.indices)
 
-def assemble(rows: IterationRows, offset_ns: int, thread_id: int, thread_name: str) -> IterationRun:
-    """The records of ``rows``, times moved by ``offset_ns`` (to epoch nanoseconds)."""
-    counts = rows.counts
-    bounds = np.concatenate(([0], np.cumsum(counts)))
-    durations = np.concatenate(([0], np.cumsum(rows.phase_ends - rows.phase_starts)))
-    accounted = (durations[bounds[1:]] - durations[bounds[:-1]]).tolist()
-    specs = list(map(rows.specs.__getitem__, rows.phase_ids.tolist()))
-    phase_env_steps = [steps for steps, n in zip(rows.env_steps, counts.tolist()) for _ in range(n)]
-    phases = list(
-        map(
-            PhaseRecord,
-            specs,
-            (rows.phase_starts + offset_ns).tolist(),
-            (rows.phase_ends + offset_ns).tolist(),
-            repeat(rows.depth),
-            repeat(thread_id),
-            repeat(thread_name),
-            repeat(None),
-            repeat(None),
-            np.repeat(rows.indices, counts).tolist(),
-            phase_env_steps,
+    def __getitem__(self, index):  # type: ignore[override]
+        return self.records()[index]
+
+    def __iter__(self) -> Iterator[IterationRecord]:
+        return iter(self.records())
+
+    def record(self, index: int) -> IterationRecord:
+        """Iteration ``index``, built alone (the same object :meth:`records` holds later)."""
+        if self._all is not None:
+            return self._all[index]
+        record = self._built.get(index)
+        if record is None:
+            record = self._built[index] = self._assemble(index, index + 1)[0]
+        return record
+
+    def records(self) -> list[IterationRecord]:
+        """Every iteration, built once."""
+        if self._all is None:
+            self._all = self._assemble(0, len(self))
+            for index, record in self._built.items():
+                self._all[index] = record
+        return self._all
+
+    def built(self) -> Iterable[IterationRecord]:
+        """The records built so far (by a span sink, say)."""
+        return self._all if self._all is not None else self._built.values()
+
+    def first_overlap(self) -> int | None:
+        """The first iteration whose phases account for more than its wall time (they overlap), if any."""
+        rows = self.rows
+        bounds = np.concatenate(([0], np.cumsum(rows.counts)))
+        spent = np.concatenate(([0], np.cumsum(rows.phase_ends - rows.phase_starts)))
+        over = np.flatnonzero(spent[bounds[1:]] - spent[bounds[:-1]] > rows.ends - rows.starts)
+        return int(over[0]) if len(over) else None
+
+    def _assemble(self, first: int, last: int) -> list[IterationRecord]:
+        """The records of iterations ``first`` to ``last`` (excluded)."""
+        rows, offset_ns, thread_id, thread_name = self.rows, self.offset_ns, self.thread_id, self.thread_name
+        counts = rows.counts[first:last]
+        below = int(rows.counts[:first].sum())
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        phase_starts = rows.phase_starts[below : below + bounds[-1]]
+        phase_ends = rows.phase_ends[below : below + bounds[-1]]
+        spent = np.concatenate(([0], np.cumsum(phase_ends - phase_starts)))
+        indices, env_steps = rows.indices[first:last], rows.env_steps[first:last]
+        phases = list(
+            map(
+                PhaseRecord,
+                map(rows.specs.__getitem__, rows.phase_ids[below : below + bounds[-1]].tolist()),
+                (phase_starts + offset_ns).tolist(),
+                (phase_ends + offset_ns).tolist(),
+                repeat(rows.depth),
+                repeat(thread_id),
+                repeat(thread_name),
+                repeat(None),
+                repeat(None),
+                np.repeat(indices, counts).tolist(),
+                [steps for steps, n in zip(env_steps, counts.tolist()) for _ in range(n)],
+            )
         )
-    )
-    timeline = rows.timeline
-    columns = zip(
-        rows.indices,
-        rows.env_steps,
-        (rows.starts + offset_ns).tolist(),
-        (rows.ends + offset_ns).tolist(),
-        bounds[:-1].tolist(),
-        bounds[1:].tolist(),
-        accounted,
-        rows.cpu_ns,
-    )
-    records = [
-        IterationRecord(timeline, index, env_steps, start, end, thread_id, thread_name, phases[first:last], spent, cpu)
-        for index, env_steps, start, end, first, last, spent, cpu in columns
-    ]
-    return IterationRun(records, rows, offset_ns)
+        columns = zip(
+            indices,
+            env_steps,
+            (rows.starts[first:last] + offset_ns).tolist(),
+            (rows.ends[first:last] + offset_ns).tolist(),
+            bounds[:-1].tolist(),
+            bounds[1:].tolist(),
+            (spent[bounds[1:]] - spent[bounds[:-1]]).tolist(),
+            rows.cpu_ns[first:last],
+        )
+        timeline = rows.timeline
+        return [
+            IterationRecord(timeline, index, steps, start, end, thread_id, thread_name, phases[a:b], accounted, cpu)
+            for index, steps, start, end, a, b, accounted, cpu in columns
+        ]

@@ -32,7 +32,7 @@ from otel_rl._logging import logger, once
 from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
-from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows, assemble
+from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows, IterationRun
 from otel_rl.core.records import (
     DeviceIntervalRecord,
     DistributionRecord,
@@ -725,11 +725,10 @@ class Pipeline:
         if state.open_iterations or state.children_by_depth or state.flows_by_depth or state.correlations_by_depth:
             self._assemble(state, rows.expand(), thread_id, thread_name)
             return
-        iterations = assemble(rows, offset, thread_id, thread_name)
-        for iteration in iterations:
-            if iteration.accounted_ns > iteration.end_ns - iteration.start_ns:
-                self._warn_overlap(iteration)
-                break
+        iterations = IterationRun(rows, offset, thread_id, thread_name)
+        overlap = iterations.first_overlap()
+        if overlap is not None:
+            self._warn_overlap(iterations.record(overlap))
         if self._want_totals:
             self._totals(rows.timeline).add_rows(rows)
         if self._iterations:  # the iterations before these first

@@ -261,7 +261,7 @@ class Aggregates:
         return bins
 
     def _record_run(self, run: IterationRun) -> None:
-        """Iterations assembled from columns: binned from the columns, exemplars from the records that have span ids."""
+        """Iterations held as columns: binned from the columns; exemplars from the records a span sink built."""
         rows, timeline, host = run.rows, run.rows.timeline, self._by_spec["host"]
         self._iteration_bins(timeline).pending += ((rows.ends - rows.starts) / 1e6).tolist()
         self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + int((rows.phase_ends - rows.phase_starts).sum()) / 1e6
@@ -270,7 +270,7 @@ class Aggregates:
             self._env_steps[timeline] = max(steps)
         for spec, durations in rows.phase_durations():
             (host.get(id(spec)) or self._phase_bins(spec)).pending += (durations / 1e6).tolist()
-        for phase in [phase for iteration in run for phase in iteration.phases if phase.span_id]:
+        for phase in [phase for iteration in run.built() for phase in iteration.phases if phase.span_id]:
             self._exemplar(host[id(phase.spec)], (phase.end_ns - phase.start_ns) / 1e6, phase.end_ns, phase.span_id)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int | Mapping[str, int]) -> None:

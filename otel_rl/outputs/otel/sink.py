@@ -26,6 +26,7 @@ from otel_rl import run_metadata, schema
 from otel_rl.outputs.otel import otlp
 from otel_rl.outputs.otel.aggregation import Aggregates, MergingMetricExporter
 from otel_rl.background import Deadline, run_bounded
+from otel_rl.core.iteration_rows import IterationRun
 from otel_rl.core.pipeline import Clock, RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
 from otel_rl.outputs.otel.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
@@ -197,6 +198,12 @@ class OpenTelemetrySink(RecordSink):
         if not self._span_processors:
             return
         now_s, take = time.monotonic(), self.budget.take  # one pass's records come at one time
+        if type(iterations) is IterationRun:  # only the sampled iterations are built (nothing nested, no correlations)
+            parent = self._run_context or self._remote_parent
+            for index, phases in enumerate(iterations.rows.counts.tolist()):
+                if take(1 + phases, now_s):
+                    self._end_spans(self._builder.iteration_spans(iterations.record(index), parent))
+            return
         for iteration in iterations:
             if take(1 + count_nodes(iteration.phases), now_s):
                 self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))

@@ -161,6 +161,18 @@ static int encode_phase(Buffer *b, Context *ctx, PyObject *phase, int depth) {
     return put_packet(b, ctx, end, ctx->end_body, ctx->end_len, NULL, NULL, 0);
 }
 
+/* One debug annotation (field 4) of an integer value: ``name`` is its name field, as it precedes the value. */
+static int put_annotation(Buffer *b, const char *name, Py_ssize_t name_len, long long value) {
+    if (buffer_reserve(b, name_len + 32) < 0) return -1;
+    Py_ssize_t inner = name_len + 1 + varint_size((unsigned long long)value);
+    b->data[b->len++] = 0x22;  /* field 4, length-delimited */
+    put_varint(b, (unsigned long long)inner);
+    put_bytes(b, name, name_len);
+    b->data[b->len++] = 0x20;  /* int_value, varint (two's complement when negative) */
+    put_varint(b, (unsigned long long)value);
+    return 0;
+}
+
 static PyObject *encode_phases(PyObject *module, PyObject *args) {
     PyObject *out, *phases, *bodies, *outer = Py_None;
     Py_buffer end_body, tail;
@@ -186,16 +198,10 @@ static PyObject *encode_phases(PyObject *module, PyObject *args) {
             PyObject *pair = PyTuple_GET_ITEM(annotations, i), *name;
             long long value;
             if (!PyArg_ParseTuple(pair, "O!L;an annotation is (name field bytes, int)", &PyBytes_Type, &name, &value)
-                || buffer_reserve(&event, PyBytes_GET_SIZE(name) + 32) < 0) {
+                || put_annotation(&event, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name), value) < 0) {
                 PyMem_Free(event.data);
                 goto done;
             }
-            Py_ssize_t inner = PyBytes_GET_SIZE(name) + 1 + varint_size((unsigned long long)value);
-            event.data[event.len++] = 0x22;  /* field 4, length-delimited */
-            put_varint(&event, (unsigned long long)inner);
-            put_bytes(&event, PyBytes_AS_STRING(name), PyBytes_GET_SIZE(name));
-            event.data[event.len++] = 0x20;  /* int_value, varint (two's complement when negative) */
-            put_varint(&event, (unsigned long long)value);
         }
         int r = put_packet(&b, &ctx, outer_start, event.data, event.len, NULL, NULL, 0);
         PyMem_Free(event.data);
@@ -228,6 +234,83 @@ done:
     return result;
 }
 
+/* encode_rows(out, starts, ends, indices, env_steps, counts, phase_starts, phase_ends, phase_bodies,
+ *             outer_body, end_body, sequence_tail, iteration_name, env_steps_name) -> None
+ * Iterations held as columns (otel_rl.core.iteration_rows), each an enclosing slice with its index
+ * (and env steps, unless None) as annotations around its ``counts[i]`` phases without nested phases
+ * or flows: the same packets as encode_phases of their records, one call for all of them. */
+static PyObject *encode_rows(PyObject *module, PyObject *args) {
+    PyObject *out, *columns[8];
+    Py_buffer outer_body, end_body, tail, iteration_name, env_name;
+    if (!PyArg_ParseTuple(args, "O!OOOOOOOOy*y*y*y*y*", &PyByteArray_Type, &out, &columns[0], &columns[1], &columns[2],
+                          &columns[3], &columns[4], &columns[5], &columns[6], &columns[7], &outer_body, &end_body, &tail,
+                          &iteration_name, &env_name))
+        return NULL;
+    PyObject *seq[8] = {NULL};
+    Buffer b = {NULL, 0, 0}, event = {NULL, 0, 0};
+    PyObject *result = NULL;
+    Context ctx = {NULL, end_body.buf, tail.buf, end_body.len, tail.len, NULL};
+    for (int k = 0; k < 8; k++)
+        if ((seq[k] = PySequence_Fast(columns[k], "encode_rows takes lists")) == NULL) goto done;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq[0]), phases = PySequence_Fast_GET_SIZE(seq[5]);
+    if (PySequence_Fast_GET_SIZE(seq[1]) != n || PySequence_Fast_GET_SIZE(seq[2]) != n || PySequence_Fast_GET_SIZE(seq[3]) != n
+        || PySequence_Fast_GET_SIZE(seq[4]) != n || PySequence_Fast_GET_SIZE(seq[6]) != phases
+        || PySequence_Fast_GET_SIZE(seq[7]) != phases) {
+        PyErr_SetString(PyExc_ValueError, "encode_rows: columns of different lengths");
+        goto done;
+    }
+    PyObject **starts = PySequence_Fast_ITEMS(seq[0]), **ends = PySequence_Fast_ITEMS(seq[1]),
+             **indices = PySequence_Fast_ITEMS(seq[2]), **envs = PySequence_Fast_ITEMS(seq[3]),
+             **counts = PySequence_Fast_ITEMS(seq[4]), **phase_starts = PySequence_Fast_ITEMS(seq[5]),
+             **phase_ends = PySequence_Fast_ITEMS(seq[6]), **bodies = PySequence_Fast_ITEMS(seq[7]);
+    Py_ssize_t p = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        unsigned long long start = PyLong_AsUnsignedLongLongMask(starts[i]), end = PyLong_AsUnsignedLongLongMask(ends[i]);
+        long long index = PyLong_AsLongLong(indices[i]), count = PyLong_AsLongLong(counts[i]);
+        if (PyErr_Occurred()) goto done;
+        if (count < 0 || p + count > phases) {
+            PyErr_SetString(PyExc_ValueError, "encode_rows: counts past the phases");
+            goto done;
+        }
+        event.len = 0;
+        if (buffer_reserve(&event, outer_body.len) < 0) goto done;
+        put_bytes(&event, outer_body.buf, outer_body.len);
+        if (put_annotation(&event, iteration_name.buf, iteration_name.len, index) < 0) goto done;
+        if (envs[i] != Py_None) {
+            long long steps = PyLong_AsLongLong(envs[i]);
+            if ((steps == -1 && PyErr_Occurred()) || put_annotation(&event, env_name.buf, env_name.len, steps) < 0) goto done;
+        }
+        if (put_packet(&b, &ctx, start, event.data, event.len, NULL, NULL, 0) < 0) goto done;
+        for (Py_ssize_t k = 0; k < count; k++, p++) {
+            unsigned long long phase_start = PyLong_AsUnsignedLongLongMask(phase_starts[p]);
+            unsigned long long phase_end = PyLong_AsUnsignedLongLongMask(phase_ends[p]);
+            if (PyErr_Occurred()) goto done;
+            if (!PyBytes_Check(bodies[p])) {
+                PyErr_SetString(PyExc_TypeError, "slice bodies must be bytes");
+                goto done;
+            }
+            if (put_packet(&b, &ctx, phase_start, PyBytes_AS_STRING(bodies[p]), PyBytes_GET_SIZE(bodies[p]), NULL, NULL, 0) < 0
+                || put_packet(&b, &ctx, phase_end, ctx.end_body, ctx.end_len, NULL, NULL, 0) < 0)
+                goto done;
+        }
+        if (put_packet(&b, &ctx, end, ctx.end_body, ctx.end_len, NULL, NULL, 0) < 0) goto done;
+    }
+    Py_ssize_t old = PyByteArray_GET_SIZE(out);
+    if (PyByteArray_Resize(out, old + b.len) < 0) goto done;
+    memcpy(PyByteArray_AS_STRING(out) + old, b.data, (size_t)b.len);
+    result = Py_NewRef(Py_None);
+done:
+    for (int k = 0; k < 8; k++) Py_XDECREF(seq[k]);
+    PyMem_Free(b.data);
+    PyMem_Free(event.data);
+    PyBuffer_Release(&outer_body);
+    PyBuffer_Release(&end_body);
+    PyBuffer_Release(&tail);
+    PyBuffer_Release(&iteration_name);
+    PyBuffer_Release(&env_name);
+    return result;
+}
+
 static PyMethodDef module_methods[] = {
     {"encode_phases", encode_phases, METH_VARARGS,
      "encode_phases(out, phases, bodies, end_body, sequence_tail, outer=None) -> None or the first spec without a body.\n\n"
@@ -235,6 +318,11 @@ static PyMethodDef module_methods[] = {
      "inside an enclosing slice when ``outer`` is (start_ns, end_ns, BEGIN body, annotations), annotations\n"
      "being (name field bytes, int) pairs; ``bodies`` maps\n"
      "id(spec) to the BEGIN body. Appends nothing when a spec is missing from ``bodies``."},
+    {"encode_rows", encode_rows, METH_VARARGS,
+     "encode_rows(out, starts, ends, indices, env_steps, counts, phase_starts, phase_ends, phase_bodies, outer_body,\n"
+     "            end_body, sequence_tail, iteration_name, env_steps_name) -> None\n\n"
+     "Appends what encode_phases appends for each of these iterations' records (lists, one entry per iteration\n"
+     "and per phase; env_steps None where absent): the iteration's slice around its phases' slices."},
     {NULL}
 };
 

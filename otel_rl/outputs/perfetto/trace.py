@@ -52,14 +52,16 @@ from otel_rl.run_folder import TRACE_FILE
 from otel_rl.schema import PhaseSpec
 
 try:
-    from otel_rl.outputs.perfetto._slices import encode_phases as _c_encode_phases
+    from otel_rl.outputs.perfetto._slices import encode_phases as _c_encode_phases, encode_rows as _c_encode_rows
 except ImportError:  # not built (no compiler): the pure-Python twin below
-    _c_encode_phases = None
+    _c_encode_phases = _c_encode_rows = None
 
 _logger = logger(__name__)
 
 _ROTATE = object()  # a mark in the writer's queue: start the next file here
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
+RUN_PIECE = 64
+"""Iterations of a run encoded in one piece at first; then as many as the file has room for, at the size they took."""
 QUEUE_CAPACITY = 100_000
 COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_", "Perf/queue")
 MAX_COUNTER_TRACKS = 64
@@ -178,9 +180,11 @@ class TraceEncoder:
         self.pid = pid
         if native is None:
             native = _c_encode_phases is not None and os.environ.get(OTEL_RL_PURE_PYTHON, "").lower() not in ("1", "true")
-        if native and _c_encode_phases is None:
+        if native and (_c_encode_phases is None or _c_encode_rows is None):
             raise RuntimeError("otel_rl.outputs.perfetto._slices is not built")
         self._encode_phases = _c_encode_phases if native else encode_phases
+        self.columns = native
+        """Whether :meth:`iteration_rows` encodes runs of iterations from their columns (in C)."""
         self.process_name = process_name
         self.sequence_id = (pid % 0x7FFF0000) + 1
         self.reset()
@@ -325,10 +329,47 @@ class TraceEncoder:
             missing = self._encode_phases(out, phases, bodies, end_body, self._sequence_tail, outer)
             if missing is None:
                 return bytes(out)
-            body, interned = self._begin_body(track, missing.title, missing.timeline)
-            bodies[id(missing)] = body
-            self._spec_refs.append(missing)  # keeps the id valid while the body is cached
+            out += b"".join(self._phase_body(track, missing)[1])
+
+    def _phase_body(self, track: int, spec: PhaseSpec) -> tuple[bytes, list[bytes]]:
+        """The BEGIN body of ``spec``'s slices on ``track``, and the interning packets it needs first."""
+        bodies = self._bodies.setdefault(track, {})
+        body = bodies.get(id(spec))
+        if body is not None:
+            return body, []
+        body, interned = self._begin_body(track, spec.title, spec.timeline)
+        bodies[id(spec)] = body
+        self._spec_refs.append(spec)  # keeps the id valid while the body is cached
+        return body, interned
+
+    def iteration_rows(self, track: int, run: IterationRun, first: int, last: int, body: bytes) -> bytes:
+        """Slice packets of iterations ``first`` to ``last`` of ``run`` on ``track`` (``body``: their slices' BEGIN),
+        encoded from the run's columns: what :meth:`phases` gives for their records. Interning packets come first."""
+        rows, offset = run.rows, run.offset_ns
+        out = bytearray()
+        bodies = {}
+        for phase_id, spec in rows.specs.items():
+            bodies[phase_id], interned = self._phase_body(track, spec)
             out += b"".join(interned)
+        below = int(rows.counts[:first].sum())
+        above = below + int(rows.counts[first:last].sum())
+        _c_encode_rows(
+            out,
+            (rows.starts[first:last] + offset).tolist(),
+            (rows.ends[first:last] + offset).tolist(),
+            rows.indices[first:last],
+            rows.env_steps[first:last],
+            rows.counts[first:last].tolist(),
+            (rows.phase_starts[below:above] + offset).tolist(),
+            (rows.phase_ends[below:above] + offset).tolist(),
+            list(map(bodies.__getitem__, rows.phase_ids[below:above].tolist())),
+            body,
+            self._end_body(track),
+            self._sequence_tail,
+            _ITERATION,
+            _ENV_STEPS,
+        )
+        return bytes(out)
 
     def iteration_body(self, track: int, name: str, category: str) -> tuple[bytes, list[bytes]]:
         """The BEGIN body of an enclosing slice (an iteration), and the interning packets it needs first."""
@@ -478,7 +519,12 @@ class PerfettoTraceSink(RecordSink):
         # Encoded now, so the records die now: records that wait for another
         # thread survive garbage collections and make every later one slower.
         self._flush_loose()
-        self._emit(iterations, encode=self._run_encoder(iterations[0]) if type(iterations) is IterationRun else None)
+        if type(iterations) is not IterationRun:
+            self._emit(iterations)
+        elif self._encoder.columns and not self._thread_time:
+            self._emit_run(iterations)
+        else:
+            self._emit(iterations, encode=self._run_encoder(iterations[0]))
         if self._kept is not None:
             for iteration in iterations:
                 self._keep(iteration)
@@ -562,6 +608,24 @@ class PerfettoTraceSink(RecordSink):
         if self._writer.queue:
             self._writer.wake()
 
+    def _emit_run(self, run: IterationRun) -> None:
+        """A run's iterations encoded from its columns, in pieces so that the file rotates between iterations."""
+        enc, first, total, each = self._encoder, 0, len(run), 0
+        while first < total:
+            last = min(total, first + (max(1, (self._max_bytes - self._encoded) // each) if each else RUN_PIECE))
+            state_before = enc.state_packets
+            try:
+                track, out = enc.thread_track(run.thread_id, run.thread_name)
+                body, interned = enc.iteration_body(track, f"{run.rows.timeline} iteration", run.rows.timeline)
+                out += interned
+                out.append(enc.iteration_rows(track, run, first, last, body))
+            except Exception:
+                _logger.warning("otel-rl: could not encode a trace record; skipped", exc_info=True)
+            else:
+                self._put(out, last - first, enc.state_packets != state_before)
+                each = max(1, sum(map(len, out)) // (last - first))
+            first = last
+
     def _run_encoder(self, first: IterationRecord) -> Callable[[IterationRecord], list[bytes]]:
         """An encoder of one run's iterations (one thread and timeline): their track and slice body found once per file."""
         enc, track, body = self._encoder, None, b""
@@ -638,7 +702,7 @@ class PerfettoTraceSink(RecordSink):
 
 
 class TraceWriter(Worker):
-    """Writes encoded packets (and rotates files at the marks) on its own thread: file IO only."""
+    """Writes encoded packets (and rotates files at the marks, once packets follow) on its own thread: file IO only."""
 
     queue_only = True
 
@@ -648,6 +712,7 @@ class TraceWriter(Worker):
         self._writing = writing
         self.queue: deque = deque()  # encoded packets (bytes) and rotation marks
         self._file = None
+        self._rotation_due = False
         self.size = 0
         """Bytes in the file being written."""
         self.start()
@@ -664,8 +729,11 @@ class TraceWriter(Worker):
             if data is _ROTATE:
                 self._write(b"".join(chunks))
                 chunks = []
-                self._rotate()
+                self._rotation_due = True
             else:
+                if self._rotation_due:  # rotated once packets follow the mark: a run's last file is never the .1
+                    self._rotate()
+                    self._rotation_due = False
                 chunks.append(data)
         if chunks:
             self._write(b"".join(chunks))
