@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 import pytest
 
 import otel_rl
 from otel_rl.outputs.otel import otlp
+from otel_rl.outputs.otel.spans import SpanBudget
 
 from otlp_receivers import GrpcReceiver, HttpReceiver
 
@@ -123,6 +125,18 @@ def test_span_budget_samples_whole_iterations(receiver):
     metrics = {m.name: m for _, m in receiver.received.metric_list()}
     points = metrics["rl.phase.duration"].histogram.data_points
     assert {p.count for p in points} == {50}  # histograms still see every phase
+
+
+def test_a_budget_samples_a_run_as_it_samples_its_iterations_one_by_one():
+    """``take_each`` at one time takes exactly what ``take`` of each count in turn takes, and counts the rest."""
+    rng = random.Random(11)
+    for rate in (0, 7, 40, 1000, float("inf")):
+        alone, at_once = SpanBudget(rate), SpanBudget(rate)
+        for now_s in (0.0, 0.05, 0.3, 0.31, 2.0):
+            counts = [rng.choice([1, 3, 5, 5, 5]) for _ in range(rng.randrange(0, 30))]
+            taken = [index for index, count in enumerate(counts) if alone.take(count, now_s)]
+            assert at_once.take_each(counts, now_s) == taken
+            assert at_once.sampled_out == alone.sampled_out
 
 
 def test_collector_down_never_blocks_or_raises(monkeypatch):

@@ -89,12 +89,18 @@ class IterationRun(Sequence[IterationRecord]):
 
     def record(self, index: int) -> IterationRecord:
         """Iteration ``index``, built alone (the same object :meth:`records` holds later)."""
+        return self.build([index])[0]
+
+    def build(self, indices: list[int]) -> list[IterationRecord]:
+        """Iterations ``indices`` (ascending), built in one go (the same objects :meth:`records` holds later)."""
         if self._all is not None:
-            return self._all[index]
-        record = self._built.get(index)
-        if record is None:
-            record = self._built[index] = self._assemble(index, index + 1)[0]
-        return record
+            return [self._all[index] for index in indices]
+        missing = [index for index in indices if index not in self._built]
+        if missing:
+            first = missing[0]
+            for offset, record in enumerate(self._assemble(first, missing[-1] + 1)):
+                self._built.setdefault(first + offset, record)
+        return [self._built[index] for index in indices]
 
     def records(self) -> list[IterationRecord]:
         """Every iteration, built once."""

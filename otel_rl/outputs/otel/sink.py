@@ -200,9 +200,8 @@ class OpenTelemetrySink(RecordSink):
         now_s, take = time.monotonic(), self.budget.take  # one pass's records come at one time
         if type(iterations) is IterationRun:  # only the sampled iterations are built (nothing nested, no correlations)
             parent = self._run_context or self._remote_parent
-            for index, phases in enumerate(iterations.rows.counts.tolist()):
-                if take(1 + phases, now_s):
-                    self._end_spans(self._builder.iteration_spans(iterations.record(index), parent))
+            for iteration in iterations.build(self.budget.take_each((iterations.rows.counts + 1).tolist(), now_s)):
+                self._end_spans(self._builder.iteration_spans(iteration, parent))
             return
         for iteration in iterations:
             if take(1 + count_nodes(iteration.phases), now_s):

@@ -67,6 +67,23 @@ class SpanBudget:
         self.sampled_out += count
         return False
 
+    def take_each(self, counts: list[int], now_s: float) -> list[int]:
+        """:meth:`take` of each of ``counts`` in turn, at one time: the indices of those that got their tokens."""
+        if self.rate == float("inf"):
+            return list(range(len(counts)))
+        self.take(0, now_s)  # the refill
+        taken, tokens = [], self._tokens
+        fewest = min(counts, default=0)
+        for index, count in enumerate(counts):
+            if tokens < fewest:  # nothing more fits: the rest are sampled out at once
+                break
+            if tokens >= count:
+                tokens -= count
+                taken.append(index)
+        self._tokens = tokens
+        self.sampled_out += sum(counts) - sum(counts[i] for i in taken)
+        return taken
+
 
 class SpanBuilder:
     """Builds finished spans of one trace, sharing one resource and scope.
