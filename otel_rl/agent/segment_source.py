@@ -305,7 +305,7 @@ class SegmentSource:
                 if phase is not None:
                     append((phase, start, end, depth, names[exc] if 0 <= exc < known else None))
             elif kind == start_kind or kind == end_kind:
-                timeline = names[name] if 0 <= name < known else schema.LEARNER
+                timeline = _timeline(name, names)
                 tag = ITERATION_START if kind == start_kind else ITERATION_END
                 append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end, depth))
             elif kind == shm.FLOW:

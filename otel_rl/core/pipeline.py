@@ -115,10 +115,11 @@ class RecordSink:
     def on_run(self, run: RunRecord) -> None:
         """Run started (``run.end_ns is None``) or ended."""
 
-    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+    def on_iterations(self, iterations: Sequence[IterationRecord]) -> None:
         """Completed cycles and their phases, consecutive ones of one pass at once, in order.
 
-        An :class:`otel_rl.core.iteration_rows.IterationRun` also holds them as columns.
+        A sequence: a list, or an :class:`otel_rl.core.iteration_rows.IterationRun`, which
+        builds its records when first read and also holds them as columns.
         """
 
     def on_phase(self, phase: PhaseRecord) -> None:

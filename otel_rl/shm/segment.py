@@ -45,7 +45,6 @@ except ImportError:  # not built (no compiler): _Ring.take_in_python
     _c_take_frames = None
 
 
-
 MAGIC = b"OTELRL\x00\x01"
 HEADER_BYTES = 4096
 NAMES_BYTES = 1 << 20
