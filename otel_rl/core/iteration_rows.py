@@ -117,9 +117,7 @@ class IterationRun(Sequence[IterationRecord]):
     def first_overlap(self) -> int | None:
         """The first iteration whose phases account for more than its wall time (they overlap), if any."""
         rows = self.rows
-        bounds = np.concatenate(([0], np.cumsum(rows.counts)))
-        spent = np.concatenate(([0], np.cumsum(rows.phase_ends - rows.phase_starts)))
-        over = np.flatnonzero(spent[bounds[1:]] - spent[bounds[:-1]] > rows.ends - rows.starts)
+        over = np.flatnonzero(_accounted(rows.counts, rows.phase_starts, rows.phase_ends) > rows.ends - rows.starts)
         return int(over[0]) if len(over) else None
 
     def _assemble(self, first: int, last: int) -> list[IterationRecord]:
@@ -130,7 +128,6 @@ class IterationRun(Sequence[IterationRecord]):
         bounds = np.concatenate(([0], np.cumsum(counts)))
         phase_starts = rows.phase_starts[below : below + bounds[-1]]
         phase_ends = rows.phase_ends[below : below + bounds[-1]]
-        spent = np.concatenate(([0], np.cumsum(phase_ends - phase_starts)))
         indices, env_steps = rows.indices[first:last], rows.env_steps[first:last]
         phases = list(
             map(
@@ -154,7 +151,7 @@ class IterationRun(Sequence[IterationRecord]):
             (rows.ends[first:last] + offset_ns).tolist(),
             bounds[:-1].tolist(),
             bounds[1:].tolist(),
-            (spent[bounds[1:]] - spent[bounds[:-1]]).tolist(),
+            _accounted(counts, phase_starts, phase_ends).tolist(),
             rows.cpu_ns[first:last],
         )
         timeline = rows.timeline
@@ -162,3 +159,10 @@ class IterationRun(Sequence[IterationRecord]):
             IterationRecord(timeline, index, steps, start, end, thread_id, thread_name, phases[a:b], accounted, cpu)
             for index, steps, start, end, a, b, accounted, cpu in columns
         ]
+
+
+def _accounted(counts: np.ndarray, phase_starts: np.ndarray, phase_ends: np.ndarray) -> np.ndarray:
+    """Each iteration's phase time: the durations of its ``counts[i]`` phases summed."""
+    bounds = np.concatenate(([0], np.cumsum(counts)))
+    spent = np.concatenate(([0], np.cumsum(phase_ends - phase_starts)))
+    return spent[bounds[1:]] - spent[bounds[:-1]]

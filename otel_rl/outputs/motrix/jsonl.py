@@ -55,7 +55,6 @@ class JsonlWriter(Worker):
     def has_work(self) -> bool:
         return len(self.queue) > 0
 
-
     @property
     def size(self) -> int:
         """Bytes of whole records in the file (before the first write: what an earlier process left)."""

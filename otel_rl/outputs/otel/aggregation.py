@@ -265,9 +265,9 @@ class Aggregates:
         rows, timeline, host = run.rows, run.rows.timeline, self._by_spec["host"]
         self._iteration_bins(timeline).pending += ((rows.ends - rows.starts) / 1e6).tolist()
         self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + int((rows.phase_ends - rows.phase_starts).sum()) / 1e6
-        steps = [s for s in rows.env_steps if s is not None]
-        if steps and max(steps) > self._env_steps.get(timeline, -1):
-            self._env_steps[timeline] = max(steps)
+        steps = max((s for s in rows.env_steps if s is not None), default=None)
+        if steps is not None and steps > self._env_steps.get(timeline, -1):
+            self._env_steps[timeline] = steps
         for spec, durations in rows.phase_durations():
             (host.get(id(spec)) or self._phase_bins(spec)).pending += (durations / 1e6).tolist()
         for phase in [phase for iteration in run.built() for phase in iteration.phases if phase.span_id]:

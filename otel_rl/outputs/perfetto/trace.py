@@ -31,9 +31,8 @@ import os
 import re
 import shutil
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 
@@ -235,10 +234,6 @@ class TraceEncoder:
             d.process.process_name = self.process_name
 
         return uuid, self._descriptor(uuid, fill)
-
-    def described(self, track: int) -> bool:
-        """Whether this file holds ``track``'s descriptor (a rotated file starts without any)."""
-        return track in self._tracks
 
     def thread_track(self, tid: int, name: str) -> tuple[int, list[bytes]]:
         uuid = self._thread_uuids.get(tid)
@@ -484,20 +479,18 @@ class PerfettoTraceSink(RecordSink):
             self._encoder.reset()
             self._encoded = 0
 
-    def _emit(self, items: list, records: int | None = None, encode: Callable[[Any], list[bytes]] | None = None) -> None:
-        """Encode ``items`` (with ``encode``, default :meth:`_encode`) and queue their packets together
-        (``records``: how many records they are, default one each).
+    def _emit(self, items: Sequence, records: int | None = None) -> None:
+        """Encode ``items`` and queue their packets together (``records``: how many records they are, default one each).
 
         An item that cannot be encoded is skipped alone. Packets are queued
         early where the file would pass its size, so it rotates between records.
         """
-        encode = encode or self._encode
         state_before = self._encoder.state_packets
         chunks: list[bytes] = []
         size = held = 0
         for item in items:
             try:
-                encoded = encode(item)
+                encoded = self._encode(item)
             except Exception:
                 _logger.warning("otel-rl: could not encode a trace record; skipped", exc_info=True)
                 continue
@@ -519,12 +512,10 @@ class PerfettoTraceSink(RecordSink):
         # Encoded now, so the records die now: records that wait for another
         # thread survive garbage collections and make every later one slower.
         self._flush_loose()
-        if type(iterations) is not IterationRun:
-            self._emit(iterations)
-        elif self._encoder.columns and not self._thread_time:
+        if type(iterations) is IterationRun and self._encoder.columns and not self._thread_time:
             self._emit_run(iterations)
         else:
-            self._emit(iterations, encode=self._run_encoder(iterations[0]))
+            self._emit(iterations)
         if self._kept is not None:
             for iteration in iterations:
                 self._keep(iteration)
@@ -626,37 +617,21 @@ class PerfettoTraceSink(RecordSink):
                 each = max(1, sum(map(len, out)) // (last - first))
             first = last
 
-    def _run_encoder(self, first: IterationRecord) -> Callable[[IterationRecord], list[bytes]]:
-        """An encoder of one run's iterations (one thread and timeline): their track and slice body found once per file."""
-        enc, track, body = self._encoder, None, b""
-
-        def encode(item: IterationRecord) -> list[bytes]:
-            nonlocal track, body
-            if track is not None and enc.described(track):
-                return self._iteration(item, track, body, [])
-            track, out = enc.thread_track(first.thread_id, first.thread_name)
-            body, interned = enc.iteration_body(track, f"{first.timeline} iteration", first.timeline)
-            return self._iteration(item, track, body, out + interned)
-
-        return encode
-
-    def _iteration(self, item: IterationRecord, track: int, body: bytes, out: list[bytes]) -> list[bytes]:
-        """``out``, then an iteration's slice with its phases on ``track`` (``body``: the slice's BEGIN), then its CPU share."""
-        enc = self._encoder
-        annotations = ((_ITERATION, item.index),) if item.env_steps is None else ((_ITERATION, item.index), (_ENV_STEPS, item.env_steps))
-        out.append(enc.phases(track, item.phases, (item.start_ns, item.end_ns, body, annotations)))
-        if self._thread_time and item.thread_cpu_ns is not None and item.wall_ns > 0:
-            counter, descriptors = enc.counter_track(f"{item.thread_name} CPU", "%")
-            out += descriptors
-            out.append(enc.counter(counter, item.end_ns, 100.0 * item.thread_cpu_ns / item.wall_ns))
-        return out
-
     def _encode(self, item: object) -> list[bytes]:
         enc = self._encoder
         if isinstance(item, IterationRecord):
             track, out = enc.thread_track(item.thread_id, item.thread_name)
+            annotations = ((_ITERATION, item.index),)
+            if item.env_steps is not None:
+                annotations += ((_ENV_STEPS, item.env_steps),)
             body, interned = enc.iteration_body(track, f"{item.timeline} iteration", item.timeline)
-            return self._iteration(item, track, body, out + interned)
+            out += interned
+            out.append(enc.phases(track, item.phases, (item.start_ns, item.end_ns, body, annotations)))
+            if self._thread_time and item.thread_cpu_ns is not None and item.wall_ns > 0:
+                counter, descriptors = enc.counter_track(f"{item.thread_name} CPU", "%")
+                out += descriptors
+                out.append(enc.counter(counter, item.end_ns, 100.0 * item.thread_cpu_ns / item.wall_ns))
+            return out
         if isinstance(item, list):  # loose phases of one thread
             track, out = enc.thread_track(item[0].thread_id, item[0].thread_name)
             out.append(enc.phases(track, item))
@@ -719,7 +694,6 @@ class TraceWriter(Worker):
 
     def has_work(self) -> bool:
         return bool(self.queue)
-
 
     def run_once(self) -> None:
         queue = self.queue
