@@ -556,3 +556,30 @@ def test_a_configuration_with_the_users_own_classes_still_reaches_an_agent_or_st
     tel.close()
     assert any("_Scheme" in r.getMessage() and "run on a thread" in r.getMessage() for r in caplog.records)
     assert records(tmp_path / "meta-2")[0]["status"] == "pending"
+
+
+def test_a_backlog_larger_than_the_jsonl_queue_reaches_the_file_whole(tmp_path):
+    """An agent that finds more records than ``metrics.jsonl``'s queue holds (it took over from one that died) writes them pass by pass: none dropped."""
+    from otel_rl.agent.serve import serve_segment
+    from otel_rl.config import TelemetryConfig
+    from otel_rl.core.identity import RunIdentity
+    from otel_rl.core.pipeline import Clock
+
+    config = TelemetryConfig.from_options(tmp_path / "run", None, jsonl=True, trace_enabled=False, panel=False, system_metrics_interval_s=0)
+    clock = Clock()
+    identity = RunIdentity(config, 0x1234, None, os.getpid(), clock.now_ns(), clock.offset_ns)
+    segment = shm.Segment(None, b"", 64, data_bytes=32 << 20)
+    recorder = SegmentRecorder(segment, 64)
+    calls = 150_000  # past the queue's 100,000
+    for step in range(calls):
+        recorder.add_scalars((time.perf_counter_ns(), {"Loss/critic": float(step)}, step, None, None))
+    server = serve_segment(shm.SegmentReader(segment.buffer), identity)
+    jsonl = tmp_path / "run" / "metrics.jsonl"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and (not jsonl.exists() or jsonl.read_bytes().count(b"\n") < calls):
+        time.sleep(0.2)
+    segment.set("state", shm.CLOSING)
+    assert server.done.wait(30)
+    steps = [json.loads(line)["step"] for line in jsonl.read_text().splitlines() if '"kind":"scalars"' in line]
+    assert steps == list(range(calls))
+    assert not {k: v for k, v in server.outputs.pipeline.dropped().items() if v}

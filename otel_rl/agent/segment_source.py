@@ -33,7 +33,9 @@ _logger = logger(__name__)
 
 RECORDS_PER_PASS = 65_536
 """Lane records taken per lane and pass at most."""
-MESSAGE_BYTES_PER_PASS = 64 << 20
+MESSAGE_BYTES_PER_PASS = 4 << 20
+"""Message bytes taken per ring and pass at most: at 64 bytes for the smallest ``scalars()`` frame, fewer
+records than ``metrics.jsonl``'s queue holds (100,000), which its writer empties before the next pass."""
 MIN_RUN = 8
 """Iterations a run needs to go through as columns (fewer cost less record by record)."""
 

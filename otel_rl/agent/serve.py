@@ -190,21 +190,27 @@ class SegmentServer(Worker):
             reader.set("flush_done", request)
 
     def _passes(self) -> None:
-        """A pass, more while one stopped at its limits (:data:`MAX_PASSES` at most), then commit what the files now hold.
+        """A pass, more while one stopped at its limits (:data:`MAX_PASSES` at most), each followed by a commit of what the files now hold.
 
         What the producer writes during a pass waits for the next interval:
-        a pass reads an interval's records at once, not a trickle each.
+        a pass reads an interval's records at once, not a trickle each. A
+        backlog (an agent that took over, say) is written pass by pass, so
+        that no output's queue is handed more than one pass holds.
         """
         pipeline = self.outputs.pipeline
         for _ in range(MAX_PASSES):
             pipeline.drain()  # type: ignore[union-attr]
+            self._commit()
             if not self.source.behind:
                 break
+        self.publish()
+
+    def _commit(self) -> None:
+        """Commit what the pipeline read, once the files hold it."""
         if self.outputs.flush_files(1.0):
             self._commit_file_sizes()  # first: a death between the two re-reads (never skips) one pass
             self.source.commit()
             self.reader.set("commits", self.reader.get("commits") + 1)
-        self.publish()
 
     def _end(self, ended: tuple[str, str] | None) -> None:
         """The producer closed (or died: its open run ends, or its timeline): close every output within its deadline."""
