@@ -9,10 +9,12 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import otel_rl
-from otel_rl.outputs.motrix import protocol
+from otel_rl.core.scalar_rows import ScalarRows, ScalarRun
+from otel_rl.outputs.motrix import protocol, scalar_lines
 from otel_rl.outputs.motrix.delivery import retry_after_s
 from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.record_queue import RecordQueue
@@ -403,3 +405,51 @@ def test_a_jsonl_flush_wakes_the_writer_only_when_something_is_left_to_write(tmp
         assert (tmp_path / "metrics.jsonl").read_text().endswith('{"seq":3}\n')
     finally:
         writer.shutdown(5.0)
+
+
+def test_lines_of_a_run_are_the_bytes_of_its_records():
+    """The C line splicer and its Python twin give, byte for byte, orjson's encoding of each record's dictionary."""
+    rng = np.random.default_rng(7)
+    names = ("Loss/a", "Train/mean_reward", "custom/höhe ✓", "x" * 300, 'quote"and\\slash')
+    values = rng.standard_normal((64, len(names))) * 10.0 ** rng.integers(-30, 30, (64, len(names)))
+    values[0] = [0.0, -0.0, 1e16, 1e-5, 5e-324]
+    values[1] = [1.7976931348623157e308, 123456789012345678.0, 0.1, 100.0, -1e-320]
+    rows = ScalarRows(
+        times_ns=rng.integers(0, 10**12, 64).astype(np.int64),
+        names=names,
+        values=values,
+        finite=[True] * 64,
+        steps=[None if i % 3 == 0 else i for i in range(64)],
+        iterations=[None if i % 5 == 0 else 2**62 + i for i in range(64)],
+        env_steps=[None if i % 7 == 0 else -i for i in range(64)],
+    )
+    run = ScalarRun(rows, 1_764_650_000_123_456_789, list(range(10**9, 10**9 + 64)))
+    made = scalar_lines.run_lines("run-ü", "writer-1", run)
+    assert scalar_lines.NATIVE  # the test command builds the extension
+    assert made == scalar_lines.python_lines("run-ü", "writer-1", run)
+    for (kind, line), rec in zip(made, run):
+        expected = protocol.scalars_record("run-ü", "writer-1", rec.seq, rec.time_ns / 1e9, rec.axis_step, {"env_steps": rec.env_steps, "iteration": rec.iteration}, rec.values)
+        assert kind == "scalars" and json.loads(line) == expected
+    # Keys the columns do not match are refused, not spliced wrongly.
+    rows.names = names[:-1]
+    with pytest.raises(ValueError):
+        scalar_lines.run_lines("run", "w", ScalarRun(rows, 0, list(range(64))))
+
+
+def test_a_steady_loop_writes_the_same_jsonl_through_the_agent_as_in_process(tmp_path):
+    """Scalars read from the segment as columns give the lines the in-process pipeline gives record by record."""
+    files = {}
+    for agent in ("process", "off"):
+        run_dir = tmp_path / agent
+        tel = otel_rl.init(run_dir=run_dir, run_id="same-run", agent=agent, trace_enabled=False, system_metrics_interval_s=0)
+        with tel.run():
+            for i in range(300):
+                with tel.iteration(i, env_steps=i * 4):
+                    pass
+                tel.scalars({"Loss/a": i / 7, "Loss/b": -1e16 * i, "Train/mean_reward": 2.0**-i}, step=i)
+        tel.close()
+        files[agent] = [r for r in read_jsonl(run_dir) if r["kind"] == "scalars" and not any(k.startswith("Perf/") for k in r["values"])]
+    for records in files.values():
+        for r in records:
+            r.pop("ts"), r.pop("seq"), r.pop("writer")
+    assert len(files["process"]) == 300 and files["process"] == files["off"]

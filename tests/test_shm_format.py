@@ -9,6 +9,7 @@ import pytest
 
 from otel_rl.agent.segment_source import SegmentSource
 from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
+from otel_rl.core.scalar_rows import ScalarRun
 from otel_rl.shm import _frames, segment as shm
 from otel_rl.training import _hotpath  # the test command always builds it
 from otel_rl.schema import phase_spec
@@ -139,14 +140,15 @@ def test_rising_scalars_of_known_keys_go_through_as_one_table():
     seqs = [r.seq for r in block.records]
     assert seqs == list(range(seqs[0], seqs[0] + 5))
     assert block.latest() == {"Loss/a": block.records[-1], "Loss/b": block.records[-1]}
-    # Without a step, env steps are the axis; a table after other keys in the same pass leaves the block unnamed.
+    # Without a step, env steps are the axis; each table is a block of its own.
     recorder.add_scalars((perf_counter_ns(), {"Loss/c": 1.0}, None, None, 100))
     for env_steps in (101, 102):
         recorder.add_scalars((perf_counter_ns(), {"Loss/a": 1.0, "Loss/b": 2.0}, None, None, env_steps))
     sink.blocks.clear()
     pipeline.drain()
     records = [r for b in sink.blocks for r in b.records]
-    assert [r.env_steps for r in records] == [100, 101, 102] and all(b.names is None for b in sink.blocks)
+    assert [r.env_steps for r in records] == [100, 101, 102]
+    assert [b.names for b in sink.blocks] == [("Loss/c",), ("Loss/a", "Loss/b")] and all(isinstance(b.records, ScalarRun) for b in sink.blocks)
     assert not sink.events
     # The table's last step was noted: a later call that goes back is reported.
     recorder.add_scalars((perf_counter_ns(), {"Loss/a": 1.0, "Loss/b": 2.0}, 3, None, None))

@@ -23,8 +23,9 @@ import numpy as np
 from otel_rl import schema
 from otel_rl._logging import logger, once
 from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows
-from otel_rl.core.pipeline import Batch, ScalarRows
+from otel_rl.core.pipeline import Batch
 from otel_rl.core.records import RunRecord
+from otel_rl.core.scalar_rows import ScalarRows
 from otel_rl.shm import segment as shm
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
 from otel_rl.values import StandIn
@@ -183,7 +184,7 @@ class SegmentSource:
                         self._route(batch, *decoded)
                 continue
             batch.scalars.append(rows)
-            self.last_ns = max(self.last_ns, rows.times_ns[-1])
+            self.last_ns = max(self.last_ns, int(rows.times_ns[-1]))
 
     def _route(self, batch: Batch, kind: int, record: Any) -> None:
         if kind == shm.SCALARS:
@@ -348,12 +349,12 @@ def _scalar_rows(payloads: list[bytes], reader: shm.SegmentReader, key_names: di
     keys = entries["key"]
     if entries["tag"].any() or not (keys == keys[0]).all():
         return None
-    values = entries["value"]
+    values = np.ascontiguousarray(entries["value"])
     axes = [column.tolist() for column in (table["step"], table["iteration"], table["env_steps"])]
     return ScalarRows(
-        table["time"].tolist(),
+        table["time"].copy(),
         _key_names(tuple(keys[0].tolist()), reader, key_names),
-        values.tolist(),
+        values,
         np.isfinite(values).all(axis=1).tolist(),
         *([None if v == shm.NO_STEPS else v for v in column] if shm.NO_STEPS in column else column for column in axes),
     )

@@ -18,6 +18,7 @@ files of their final records.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import threading
@@ -33,6 +34,7 @@ from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
 from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows, IterationRun
+from otel_rl.core.scalar_rows import ScalarRows, ScalarRun
 from otel_rl.core.records import (
     DeviceIntervalRecord,
     DistributionRecord,
@@ -192,23 +194,6 @@ class Batch:
     cuda_fallbacks: list = field(default_factory=list)
 
 
-@dataclass(slots=True)
-class ScalarRows:
-    """Consecutive ``scalars()`` calls of one key set, column by column (as a segment holds them).
-
-    ``rows`` are the calls' float values in ``names``' order; ``finite`` says
-    per call that every one of them is finite; axes are None where absent.
-    """
-
-    times_ns: list[int]
-    names: tuple[str, ...]
-    rows: list[list[float]]
-    finite: list[bool]
-    steps: list[int | None]
-    iterations: list[int | None]
-    env_steps: list[int | None]
-
-
 class RecordSource(Protocol):
     """Where a pipeline's raw records come from: in-memory lanes and queues, or a shared-memory segment."""
 
@@ -337,7 +322,6 @@ class Pipeline:
         self._pending: list[ScalarsRecord] = []  # scalars records not yet handed over (see _hand_over_scalars)
         self._iterations: list[IterationRecord] = []  # iterations not yet handed over (see _fanout)
         self._pending_finite = True
-        self._pending_names: tuple[str, ...] | None = None  # the keys all of _pending hold, when they came as tables
         self._final = False
 
     _METHODS = (
@@ -503,16 +487,14 @@ class Pipeline:
                 self._key(name)
             canonical = set(names) <= self._canonical_keys
         if canonical and all(table.finite) and self._rows_rise(table):
-            # The steady state: a loop logging the same keys with rising steps, held as one run.
-            self._pending_names = names if not self._pending or self._pending_names == names else None
-            self._pending += [
-                ScalarsRecord(time_ns + offset, dict(zip(names, row)), step, iteration, env_steps, seq)
-                for time_ns, row, step, iteration, env_steps, seq in zip(
-                    table.times_ns, table.rows, table.steps, table.iterations, table.env_steps, self._seq
-                )
-            ]
+            # The steady state: a loop logging the same keys with rising steps, handed on as one run.
+            if self._pending:
+                self._hand_over_scalars()
+            run = ScalarRun(table, offset, list(itertools.islice(self._seq, len(table.finite))))
+            self._fanout("on_scalars", ScalarsBlock(run, True, names))
+            self.step_check.note(dict.fromkeys(names, run.axis_steps()[-1]))
             return
-        columns = zip(table.times_ns, table.rows, table.finite, table.steps, table.iterations, table.env_steps)
+        columns = zip(table.times_ns.tolist(), table.values.tolist(), table.finite, table.steps, table.iterations, table.env_steps)
         for time_ns, row, finite, step, iteration, env_steps in columns:
             values = dict(zip(names, row))
             if canonical and finite:
@@ -565,7 +547,6 @@ class Pipeline:
         step = record.axis_step
         if step is None or self.step_check.rises(step):
             self._pending.append(record)
-            self._pending_names = None
             return
         finite = self._pending_finite
         self._hand_over_scalars()  # the records before it first, their steps noted
@@ -577,12 +558,9 @@ class Pipeline:
     def _hand_over_scalars(self) -> None:
         """The pending scalars records to the sinks as one block, and their steps noted."""
         records, self._pending = self._pending, []
-        block = ScalarsBlock(records, self._pending_finite, self._pending_names)
-        self._pending_finite, self._pending_names = True, None
+        block = ScalarsBlock(records, self._pending_finite)
+        self._pending_finite = True
         self._fanout("on_scalars", block)
-        if block.names is not None:  # rows of one table: every record holds every key, each with its step
-            self.step_check.note(dict.fromkeys(block.names, records[-1].axis_step))
-            return
         steps = [r.axis_step for r in records]
         if None not in steps:  # each key's last step is that of the last record holding it
             self.step_check.note({key: record.axis_step for key, record in block.latest().items()})

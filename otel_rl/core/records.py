@@ -6,6 +6,7 @@ process). Records are built once and shared read-only by all sinks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -133,13 +134,15 @@ class ScalarsRecord:
 class ScalarsBlock:
     """Consecutive :class:`ScalarsRecord` of one pipeline pass, in order, handed to sinks at once.
 
-    ``finite``: no value in them is None, so a key's latest value is its value
-    in the last record that holds it. ``names``: the keys every record holds,
-    in this order, where the pipeline knows it (calls read as one table);
-    None otherwise.
+    ``records``: a list, or a :class:`otel_rl.core.scalar_rows.ScalarRun`
+    (calls read as one table: its records are built when read, its columns
+    can be read instead). ``finite``: no value in them is None, so a key's
+    latest value is its value in the last record that holds it. ``names``: the
+    keys every record holds, in this order, where the pipeline knows it (a
+    run); None otherwise.
     """
 
-    records: list[ScalarsRecord]
+    records: Sequence[ScalarsRecord]
     finite: bool
     names: tuple[str, ...] | None = None
     _latest: dict[str, ScalarsRecord] | None = None

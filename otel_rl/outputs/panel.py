@@ -26,6 +26,7 @@ from otel_rl import schema
 from otel_rl.background import Worker
 from otel_rl.core.pipeline import PassTotals, RecordSink
 from otel_rl.core.records import RunRecord, ScalarsBlock
+from otel_rl.core.scalar_rows import ScalarRun
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
@@ -161,11 +162,11 @@ class PanelState:
         self.latest.update(block.latest_values())
         keys, at_ns = self._sampled
         records = block.records
-        if block.names is not None and records[0].values.keys() == keys:  # the same keys throughout: a sample by time
-            for record in records:
-                if record.time_ns - at_ns >= SAMPLE_NS:
-                    at_ns = record.time_ns
-                    self.scalars.add(at_ns, record.values)
+        if isinstance(records, ScalarRun) and records[0].values.keys() == keys:  # the same keys throughout: a sample by time
+            for index, time_ns in enumerate(records.times_ns()):
+                if time_ns - at_ns >= SAMPLE_NS:
+                    at_ns = time_ns
+                    self.scalars.add(at_ns, records[index].values)  # only the sampled records are built
             self._sampled = (keys, at_ns)
             return
         for record in records:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -25,7 +26,9 @@ from otel_rl.outputs.motrix.record_queue import Item
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
 from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record, scalars_record
-from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock
+from otel_rl.outputs.motrix.scalar_lines import run_lines
+from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock, ScalarsRecord
+from otel_rl.core.scalar_rows import ScalarRun
 
 _logger = logger(__name__)
 
@@ -130,9 +133,20 @@ class MotrixSink(RecordSink):
         self._emit(self.make("run", ts=ts, seq=run.seq if run.end_ns is None or seq is None else None, status=run.status, **fields))
 
     def on_scalars(self, block: ScalarsBlock) -> None:
+        items = self._run_lines(block.records) if type(block.records) is ScalarRun else self._lines(block.records)
+        for output in self.outputs:
+            output.submit(items)
+
+    def _run_lines(self, run: ScalarRun) -> list[Item]:
+        try:
+            return run_lines(self.run_id, self.writer, run)
+        except (TypeError, ValueError, OverflowError):  # a value orjson refuses: record by record says which
+            return self._lines(run)
+
+    def _lines(self, records: Iterable[ScalarsRecord]) -> list[Item]:
         run_id, writer, dumps = self.run_id, self.writer, orjson.dumps
         items = []
-        for rec in block.records:
+        for rec in records:
             axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
             fields = scalars_record(run_id, writer, rec.seq, rec.time_ns / 1e9, rec.axis_step, axes, rec.values)
             try:
@@ -141,8 +155,7 @@ class MotrixSink(RecordSink):
                 item = self.encode(fields)
                 if item is not None:
                     items.append(item)
-        for output in self.outputs:
-            output.submit(items)
+        return items
 
     def on_event(self, event: EventRecord) -> None:
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))

@@ -538,7 +538,7 @@ class PerfettoTraceSink(RecordSink):
             if len(self._classified) < MAX_CLASSIFIED_KEYS:
                 self._classified |= new
             self._counter_keys |= {k for k in new if k.startswith(COUNTER_PREFIXES)}
-        if not self._counter_keys:
+        if not self._counter_keys or (block.names is not None and self._counter_keys.isdisjoint(block.names)):
             return
         for record in block.records:
             counters = record.values.keys() & self._counter_keys
