@@ -26,6 +26,7 @@ import cProfile
 import gc
 import os
 import pstats
+import random
 import tempfile
 import time
 from pathlib import Path
@@ -71,6 +72,8 @@ def main() -> None:
     parts: dict[str, float] = {}
     if args.parts:
         timed_parts(outputs.pipeline, source, parts)
+    rng = random.Random(0)  # values that change every call, as losses do: a constant one would flatter the encoders
+    pool = [{key: rng.random() * 10 ** rng.randint(-3, 3) for key in KEYS} for _ in range(997)]
     profile = cProfile.Profile()
     training_s = agent_s = 0.0
     for start in range(0, args.iterations, PASS_ITERATIONS):
@@ -80,7 +83,7 @@ def main() -> None:
                 for phase in phases:
                     with phase:
                         pass
-            recorder.add_scalars((perf_counter_ns(), {key: float(i) for key in KEYS}, None, i, i))
+            recorder.add_scalars((perf_counter_ns(), pool[i % len(pool)], None, i, i))
         training_s += time.process_time() - began
         began = time.process_time()
         if args.profile:

@@ -11,7 +11,8 @@ servers) run in their own processes.
 
 Arms: off; off again (the noise control); otel-rl with every output on (OTLP
 to a local receiver, live stream to a local ingest server, JSONL, Perfetto
-trace, system metrics, the panel); otel-rl with each fault (ingest hung,
+trace, system metrics, the panel; ``otel-rl: no-live``, all but the live
+stream); otel-rl with each fault (ingest hung,
 ingest refusing, collector down, disk stalled, disk erroring, and all of them
 at once); otel-rl with its outputs in an agent process (``agent="process"``,
 healthy and with every fault); the OpenTelemetry SDK used directly (a span per phase through
@@ -149,10 +150,12 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         tb_iteration = TbPhase("iteration")
         return TbPhase, lambda index: tb_iteration, scalars, writer.close, lambda: {}
 
-    # otel-rl with every output on, pointed at healthy or failing peers; "agent": the outputs in an agent process.
+    # otel-rl with every output on, pointed at healthy or failing peers; "agent": the outputs in an agent process;
+    # "no-live": without the live stream (the others still on).
     faults = set(arm.removeprefix("otel-rl").removeprefix(COMPARE_SUFFIX).strip(": ").split("+")) - {""}
     agent = "process" if "agent" in faults else "off"
-    faults.discard("agent")
+    live = "no-live" not in faults
+    faults -= {"agent", "no-live"}
     if "all-faults" in faults:
         faults = {"ingest-hung", "ingest-refused", "collector-down", "disk-stalled", "disk-erroring"}
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -160,7 +163,7 @@ def build_arm(arm: str, peers: dict, tmp: Path):
         os.mkfifo(run_dir / "metrics.jsonl")
     elif "disk-erroring" in faults:
         (run_dir / "metrics.jsonl").symlink_to("/dev/full")
-    ingest = peers["ingest"]
+    ingest = peers["ingest"] if live else None
     if "ingest-hung" in faults:
         ingest = peers["hung"]
     elif "ingest-refused" in faults:
@@ -235,7 +238,9 @@ def child(spec: dict) -> dict:
     work = make_work(spec["workload"], spec["units"])
     make_phase, iteration, scalars, close, delivered = build_arm(spec["arm"], spec["peers"], tmp)
     phases = [(make_phase(name), share) for name, share in PHASES]
-    values = {k: float(i) for i, k in enumerate(KEYS)}
+    # Values that change every call, as losses do (a constant dict would flatter every encoder and compressor).
+    rng = random.Random(0)
+    pool = [{k: rng.random() * 10 ** rng.randint(-3, 3) for k in KEYS} for _ in range(997)]
     phase_ns: list[int] = []
     scalars_ns: list[int] = []
     iterations = 0
@@ -274,7 +279,7 @@ def child(spec: dict) -> dict:
         if iterations % spec["scalars_every"] == 0:
             produced_scalars += 1
             t0 = perf()
-            scalars(values, step=iterations)
+            scalars(pool[iterations % len(pool)], step=iterations)
             scalars_ns.append(perf() - t0)
         iterations += 1
     elapsed = time.monotonic() - start
@@ -377,6 +382,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=None, help="seconds measured per child")
     parser.add_argument("--arms", help="comma-separated arms to run (default: all)")
     parser.add_argument("--no-demo", action="store_true", help="skip the demo's training loop")
+    parser.add_argument("--scalars-every", default="1,50", help="comma-separated: scalars() every N iterations (default: 1,50)")
     parser.add_argument(
         "--compare",
         metavar="CHECKOUT",
@@ -402,7 +408,7 @@ def main() -> None:
         arms.insert(3, "otel-rl" + COMPARE_SUFFIX)
     lengths = {"200us": 200e-6, "2ms": 2e-3, "20ms": 20e-3}
     workloads = [("numpy", "200us"), ("python", "200us"), ("numpy", "2ms"), ("python", "2ms"), ("numpy", "20ms"), ("python", "20ms")]
-    scalars_every = [1, 50]
+    scalars_every = [int(every) for every in args.scalars_every.split(",")]
     if quick:
         workloads = [("numpy", "200us"), ("python", "200us"), ("python", "2ms")]
     if args.workloads:

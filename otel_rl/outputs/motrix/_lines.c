@@ -15,6 +15,9 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <string.h>
+#ifdef __SSE2__
+#include <emmintrin.h>
+#endif
 
 typedef struct {
     char *data;
@@ -53,20 +56,39 @@ static int put_int(Buffer *buffer, PyObject *value) {
         return -1;
     }
     if (number == -1 && PyErr_Occurred()) return -1;
-    char text[24];
-    return put(buffer, text, snprintf(text, sizeof text, "%lld", number));
+    char text[24], *end = text + sizeof text, *p = end;
+    unsigned long long magnitude = number < 0 ? 0ULL - (unsigned long long)number : (unsigned long long)number;
+    do {
+        *--p = (char)('0' + magnitude % 10);
+        magnitude /= 10;
+    } while (magnitude);
+    if (number < 0) *--p = '-';
+    return put(buffer, p, end - p);
 }
 
-/* The next number of a JSON array of numbers at *cursor, which then points past the ',' or ']' after it. */
-static int next_number(const char **cursor, const char *end, const char **start, Py_ssize_t *length) {
-    const char *p = *cursor;
-    *start = p;
-    while (p < end && *p != ',' && *p != ']') p++;
-    if (p == end || p == *start) {
+/* The longest number orjson writes (-1.7976931348623157e+308 is 24 characters). */
+#define MAX_NUMBER 32
+
+/* Copies the next number of a JSON array of numbers at *cursor into the buffer (room reserved by the
+ * caller); *cursor then points past the ',' or ']' after it. */
+static int copy_number(Buffer *buffer, const char **cursor, const char *end) {
+    const char *start = *cursor, *p = start, *stop = end - start > MAX_NUMBER ? start + MAX_NUMBER : end;
+#ifdef __SSE2__
+    if (stop - start == MAX_NUMBER) {  /* the common case: two 16-byte compares find the end of the number */
+        const __m128i comma = _mm_set1_epi8(','), bracket = _mm_set1_epi8(']');
+        __m128i low = _mm_loadu_si128((const __m128i *)start), high = _mm_loadu_si128((const __m128i *)(start + 16));
+        unsigned mask = (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(low, comma), _mm_cmpeq_epi8(low, bracket))) |
+                        (unsigned)_mm_movemask_epi8(_mm_or_si128(_mm_cmpeq_epi8(high, comma), _mm_cmpeq_epi8(high, bracket))) << 16;
+        p = mask ? start + __builtin_ctz(mask) : stop;
+    } else
+#endif
+        while (p < stop && *p != ',' && *p != ']') p++;
+    if (p == stop || p == start) {
         PyErr_SetString(PyExc_ValueError, "not a JSON array of numbers");
         return -1;
     }
-    *length = p - *start;
+    memcpy(buffer->data + buffer->length, start, p - start);
+    buffer->length += p - start;
     *cursor = p + 1;
     return 0;
 }
@@ -80,28 +102,24 @@ static int expect(const char **cursor, const char *end, char c) {
     return 0;
 }
 
-/* One line: head, seq, ts, step, axes, then the row's values after their keys. */
-static int put_line(Buffer *line, const char *head, Py_ssize_t head_length, PyObject *seq, const char *ts, Py_ssize_t ts_length,
-                    PyObject *step, PyObject *env_steps, PyObject *iteration, PyObject *keys, const char **row, const char *end) {
-    if (put(line, head, head_length) < 0 || put_int(line, seq) < 0 || PUT_LITERAL(line, ",\"ts\":") < 0 ||
-        put(line, ts, ts_length) < 0 || PUT_LITERAL(line, ",\"kind\":\"scalars\",\"step\":") < 0 ||
-        put_int(line, step == Py_None ? env_steps : step) < 0 || PUT_LITERAL(line, ",\"axes\":{\"env_steps\":") < 0 ||
-        put_int(line, env_steps) < 0 || PUT_LITERAL(line, ",\"iteration\":") < 0 || put_int(line, iteration) < 0 ||
-        PUT_LITERAL(line, "},\"values\":{") < 0 || expect(row, end, '[') < 0)
-        return -1;
+/* One line: head, seq, ts, step, axes, then the row's values after their keys (``keys_length``: their sum). */
+static int put_line(Buffer *line, const char *head, Py_ssize_t head_length, PyObject *seq, const char **ts, const char *ts_end,
+                    PyObject *step, PyObject *env_steps, PyObject *iteration, PyObject *keys, Py_ssize_t keys_length,
+                    const char **row, const char *end) {
     Py_ssize_t count = PyTuple_GET_SIZE(keys);
+    if (reserve(line, head_length + 256 + keys_length + count * (MAX_NUMBER + 1)) < 0 || put(line, head, head_length) < 0 ||
+        put_int(line, seq) < 0 || PUT_LITERAL(line, ",\"ts\":") < 0 || copy_number(line, ts, ts_end) < 0 ||
+        PUT_LITERAL(line, ",\"kind\":\"scalars\",\"step\":") < 0 || put_int(line, step == Py_None ? env_steps : step) < 0 ||
+        PUT_LITERAL(line, ",\"axes\":{\"env_steps\":") < 0 || put_int(line, env_steps) < 0 || PUT_LITERAL(line, ",\"iteration\":") < 0 ||
+        put_int(line, iteration) < 0 || PUT_LITERAL(line, "},\"values\":{") < 0 || expect(row, end, '[') < 0)
+        return -1;
     if (count == 0 && expect(row, end, ']') < 0) return -1;
-    for (Py_ssize_t k = 0; k < count; k++) {
-        const char *number;
-        Py_ssize_t length;
+    for (Py_ssize_t k = 0; k < count; k++) {  /* room for all of it was reserved above */
         PyObject *key = PyTuple_GET_ITEM(keys, k);
-        if (!PyBytes_Check(key)) {
-            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
-            return -1;
-        }
-        if ((k && PUT_LITERAL(line, ",") < 0) || put(line, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key)) < 0 ||
-            next_number(row, end, &number, &length) < 0 || put(line, number, length) < 0)
-            return -1;
+        if (k) line->data[line->length++] = ',';
+        memcpy(line->data + line->length, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key));
+        line->length += PyBytes_GET_SIZE(key);
+        if (copy_number(line, row, end) < 0) return -1;
     }
     return PUT_LITERAL(line, "}}");
 }
@@ -123,18 +141,24 @@ static PyObject *scalar_lines(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "columns of different lengths");
         return NULL;
     }
+    Py_ssize_t keys_length = 0;
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(keys); k++) {
+        PyObject *key = PyTuple_GET_ITEM(keys, k);
+        if (!PyBytes_Check(key)) {
+            PyErr_SetString(PyExc_TypeError, "keys must be bytes");
+            return NULL;
+        }
+        keys_length += PyBytes_GET_SIZE(key) + 1;
+    }
     const char *ts_cursor = ts, *ts_end = ts + ts_length, *row = values, *values_end = values + values_length;
     if (expect(&ts_cursor, ts_end, '[') < 0 || expect(&row, values_end, '[') < 0) return NULL;
     Buffer line = {NULL, 0, 0};
     PyObject *lines = PyList_New(n);
     for (Py_ssize_t i = 0; lines != NULL && i < n; i++) {
-        const char *time;
-        Py_ssize_t time_length;
         line.length = 0;
         PyObject *item = NULL;
-        if (next_number(&ts_cursor, ts_end, &time, &time_length) == 0 &&
-            put_line(&line, head, head_length, PyList_GET_ITEM(seqs, i), time, time_length, PyList_GET_ITEM(steps, i),
-                     PyList_GET_ITEM(env_steps, i), PyList_GET_ITEM(iterations, i), keys, &row, values_end) == 0 &&
+        if (put_line(&line, head, head_length, PyList_GET_ITEM(seqs, i), &ts_cursor, ts_end, PyList_GET_ITEM(steps, i),
+                     PyList_GET_ITEM(env_steps, i), PyList_GET_ITEM(iterations, i), keys, keys_length, &row, values_end) == 0 &&
             expect(&row, values_end, i + 1 < n ? ',' : ']') == 0) {
             PyObject *text = PyUnicode_DecodeUTF8(line.data, line.length, "strict");
             item = text == NULL ? NULL : PyTuple_Pack(2, kind, text);

@@ -140,7 +140,7 @@ class MotrixSink(RecordSink):
     def _run_lines(self, run: ScalarRun) -> list[Item]:
         try:
             return run_lines(self.run_id, self.writer, run)
-        except (TypeError, ValueError, OverflowError):  # a value orjson refuses: record by record says which
+        except (TypeError, ValueError, OverflowError):  # columns the splicer cannot read: record by record, as any block
             return self._lines(run)
 
     def _lines(self, records: Iterable[ScalarsRecord]) -> list[Item]:

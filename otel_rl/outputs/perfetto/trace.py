@@ -47,6 +47,7 @@ from otel_rl.outputs.protowire import varint as _varint
 from otel_rl.core.iteration_rows import IterationRun
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
+from otel_rl.core.scalar_rows import ScalarRun
 from otel_rl.run_folder import TRACE_FILE
 from otel_rl.schema import PhaseSpec
 
@@ -538,7 +539,10 @@ class PerfettoTraceSink(RecordSink):
             if len(self._classified) < MAX_CLASSIFIED_KEYS:
                 self._classified |= new
             self._counter_keys |= {k for k in new if k.startswith(COUNTER_PREFIXES)}
-        if not self._counter_keys or (block.names is not None and self._counter_keys.isdisjoint(block.names)):
+        if not self._counter_keys:
+            return
+        if isinstance(block.records, ScalarRun):
+            self._run_counters(block.records)
             return
         for record in block.records:
             counters = record.values.keys() & self._counter_keys
@@ -547,6 +551,14 @@ class PerfettoTraceSink(RecordSink):
                 if values:
                     self._flush_loose()
                     self._emit([(record.time_ns, values)])
+
+    def _run_counters(self, run: ScalarRun) -> None:
+        """The counter keys of a run (finite throughout), read from its columns."""
+        columns = [index for index, key in enumerate(run.names) if key in self._counter_keys]
+        if columns:
+            names = [run.names[index] for index in columns]
+            self._flush_loose()
+            self._emit([(time_ns, dict(zip(names, row))) for time_ns, row in zip(run.times_ns(), run.values[:, columns].tolist())])
 
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_TORCH_PROFILE:
