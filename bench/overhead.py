@@ -22,8 +22,8 @@ healthy and with every fault); the OpenTelemetry SDK used directly (a span per p
 Workloads: ``numpy`` (matrix products release the GIL) and ``python``
 (a pure-Python loop holds it), at iterations of about 200 us, 2 ms and 20 ms
 with 4 phases inside an iteration (each arm instruments the iteration too:
-``tel.iteration``, a parent span, a TensorBoard timing); scalars (40 keys)
-every iteration and every 50. Plus the real demo training loop.
+``tel.iteration``, a parent span, a TensorBoard timing); scalars (40 keys,
+values that change every call) every iteration and every 50. Plus the real demo training loop.
 
 Each child also reports the CPU time of its threads other than the training
 thread while the loop ran: the time a GIL-holding loop has to give up.

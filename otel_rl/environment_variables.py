@@ -63,7 +63,7 @@ OTEL_RL_PROFILE = "OTEL_RL_PROFILE"
 OTEL_RL_TRACE_PROCESSOR = "OTEL_RL_TRACE_PROCESSOR"
 """Path of a ``trace_processor_shell`` binary for the SQL engine of ``otel-rl analyze``."""
 OTEL_RL_PURE_PYTHON = "OTEL_RL_PURE_PYTHON"
-"""``1``: use the pure-Python recorder even when the C hot path is built."""
+"""``1``: use the pure-Python recorder, trace encoder and scalars line encoder even where their C extensions are built."""
 
 # The motrix.metrics/v1 live-metrics protocol.
 MOTRIX_METRICS_URL = "MOTRIX_METRICS_URL"

@@ -10,11 +10,13 @@ call), used when the extension is not built; both give the bytes
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import orjson
 
 from otel_rl.core.scalar_rows import ScalarRun
+from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.outputs.motrix.protocol import scalars_record
 
 try:
@@ -22,8 +24,8 @@ try:
 except ImportError:  # no compiler at install time
     _c_scalar_lines = None
 
-NATIVE = _c_scalar_lines is not None
-"""Whether the lines are made in C."""
+NATIVE = _c_scalar_lines is not None and os.environ.get(OTEL_RL_PURE_PYTHON, "").lower() not in ("1", "true")
+"""Whether the lines are made in C (built, and ``OTEL_RL_PURE_PYTHON`` not set)."""
 
 
 def run_lines(run_id: str, writer: str, run: ScalarRun, native: bool = NATIVE) -> list[tuple[str, str]]:
