@@ -486,13 +486,14 @@ class Pipeline:
             for name in names:  # new keys accepted (and warned about) once, so that a first table is one too
                 self._key(name)
             canonical = set(names) <= self._canonical_keys
-        if canonical and all(table.finite) and self._rows_rise(table):
+        steps = table.axis_steps()
+        if canonical and all(table.finite) and self._rises(steps):
             # The steady state: a loop logging the same keys with rising steps, handed on as one run.
             if self._pending:
                 self._hand_over_scalars()
-            run = ScalarRun(table, offset, list(itertools.islice(self._seq, len(table.finite))))
-            self._fanout("on_scalars", ScalarsBlock(run, True, names))
-            self.step_check.note(dict.fromkeys(names, run.axis_steps()[-1]))
+            run = ScalarRun(table, offset, list(itertools.islice(self._seq, len(steps))))
+            self._fanout("on_scalars", ScalarsBlock(run, True))
+            self.step_check.note(dict.fromkeys(names, steps[-1]))
             return
         columns = zip(table.times_ns.tolist(), table.values.tolist(), table.finite, table.steps, table.iterations, table.env_steps)
         for time_ns, row, finite, step, iteration, env_steps in columns:
@@ -502,9 +503,8 @@ class Pipeline:
             else:
                 self._emit_scalars(self._scalars_record((time_ns, values, step, iteration, env_steps)))
 
-    def _rows_rise(self, table: ScalarRows) -> bool:
-        """Whether every row's axis step (step, else env steps) is given and none goes back (then :meth:`StepCheck.rises` took the last)."""
-        steps = table.steps if None not in table.steps else [e if s is None else s for s, e in zip(table.steps, table.env_steps)]
+    def _rises(self, steps: list[int | None]) -> bool:
+        """Whether every row's axis step is given and none goes back (then :meth:`StepCheck.rises` took the last)."""
         if None in steps or any(a > b for a, b in zip(steps, steps[1:])) or not self.step_check.rises(steps[0]):
             return False
         self.step_check.rises(steps[-1])

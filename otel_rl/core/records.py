@@ -137,20 +137,23 @@ class ScalarsBlock:
     ``records``: a list, or a :class:`otel_rl.core.scalar_rows.ScalarRun`
     (calls read as one table: its records are built when read, its columns
     can be read instead). ``finite``: no value in them is None, so a key's
-    latest value is its value in the last record that holds it. ``names``: the
-    keys every record holds, in this order, where the pipeline knows it (a
-    run); None otherwise.
+    latest value is its value in the last record that holds it.
     """
 
     records: Sequence[ScalarsRecord]
     finite: bool
-    names: tuple[str, ...] | None = None
     _latest: dict[str, ScalarsRecord] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...] | None:
+        """The keys every record holds, in this order, where the block is a run's; None otherwise."""
+        return getattr(self.records, "names", None)
 
     def latest(self) -> dict[str, ScalarsRecord]:
         """The last record holding each key (computed once, shared by sinks)."""
-        if self._latest is None and self.names is not None:
-            self._latest = dict.fromkeys(self.names, self.records[-1])
+        names = self.names
+        if self._latest is None and names is not None:
+            self._latest = dict.fromkeys(names, self.records[-1])
         if self._latest is None:
             latest: dict[str, ScalarsRecord] = {}
             held = latest.keys()

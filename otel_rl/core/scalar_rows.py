@@ -35,6 +35,12 @@ class ScalarRows:
     iterations: list[int | None]
     env_steps: list[int | None]
 
+    def axis_steps(self) -> list[int | None]:
+        """Each call's protocol ``step``: its step, else its env steps."""
+        if None not in self.steps:
+            return self.steps
+        return [e if s is None else s for s, e in zip(self.steps, self.env_steps)]
+
 
 class ScalarRun(Sequence[ScalarsRecord]):
     """The calls of one :class:`ScalarRows`, with their epoch times and seqs, as a block's ``records``.
@@ -80,10 +86,6 @@ class ScalarRun(Sequence[ScalarsRecord]):
         if self._times is None:
             self._times = self.epoch_ns.tolist()
         return self._times
-
-    def axis_steps(self) -> list[int | None]:
-        """Each call's protocol ``step``: its step, else its env steps."""
-        return [e if s is None else s for s, e in zip(self.steps, self.env_steps)]
 
     def _record(self, index: int, row: list[float]) -> ScalarsRecord:
         values = dict(zip(self.names, row))

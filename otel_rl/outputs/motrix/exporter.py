@@ -25,8 +25,8 @@ from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.record_queue import Item
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record, scalars_record
-from otel_rl.outputs.motrix.scalar_lines import run_lines
+from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record
+from otel_rl.outputs.motrix.scalar_lines import record_fields, run_lines
 from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock, ScalarsRecord
 from otel_rl.core.scalar_rows import ScalarRun
 
@@ -147,8 +147,7 @@ class MotrixSink(RecordSink):
         run_id, writer, dumps = self.run_id, self.writer, orjson.dumps
         items = []
         for rec in records:
-            axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
-            fields = scalars_record(run_id, writer, rec.seq, rec.time_ns / 1e9, rec.axis_step, axes, rec.values)
+            fields = record_fields(run_id, writer, rec)
             try:
                 items.append(("scalars", dumps(fields).decode()))
             except TypeError:  # a value orjson refuses: encode() says which, or falls back

@@ -15,6 +15,7 @@ import os
 import numpy as np
 import orjson
 
+from otel_rl.core.records import ScalarsRecord
 from otel_rl.core.scalar_rows import ScalarRun
 from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.outputs.motrix.protocol import scalars_record
@@ -43,11 +44,13 @@ def run_lines(run_id: str, writer: str, run: ScalarRun, native: bool = NATIVE) -
 
 def python_lines(run_id: str, writer: str, run: ScalarRun) -> list[tuple[str, str]]:
     """:func:`run_lines` made record by record."""
-    dumps = orjson.dumps
-    return [
-        ("scalars", dumps(scalars_record(run_id, writer, rec.seq, rec.time_ns / 1e9, rec.axis_step, {"env_steps": rec.env_steps, "iteration": rec.iteration}, rec.values)).decode())
-        for rec in run
-    ]
+    return [("scalars", orjson.dumps(record_fields(run_id, writer, rec)).decode()) for rec in run]
+
+
+def record_fields(run_id: str, writer: str, rec: ScalarsRecord) -> dict:
+    """One record's protocol fields (:func:`scalars_record`)."""
+    axes = {"env_steps": rec.env_steps, "iteration": rec.iteration}
+    return scalars_record(run_id, writer, rec.seq, rec.time_ns / 1e9, rec.axis_step, axes, rec.values)
 
 
 @functools.lru_cache(maxsize=16)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry import trace as trace_api
@@ -194,7 +194,7 @@ class OpenTelemetrySink(RecordSink):
         self._end_spans([span])
         self._run_context = None
 
-    def on_iterations(self, iterations: list[IterationRecord]) -> None:
+    def on_iterations(self, iterations: Sequence[IterationRecord]) -> None:
         if not self._span_processors:
             return
         now_s, take = time.monotonic(), self.budget.take  # one pass's records come at one time
