@@ -88,6 +88,7 @@ def init(
     Raises:
         TypeError: an unknown option, or an option of the wrong type.
         ValueError: an option with an invalid value.
+        ImportError: an output switched on whose package is not installed (the message names the extra).
         RunFolderInUse: another live process writes ``run_dir``.
     """
     given = {name: value for name, value in locals().items() if value is not DEFAULT and name not in _POSITIONAL}

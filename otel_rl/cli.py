@@ -12,6 +12,9 @@ import logging
 import os
 import sys
 
+from otel_rl import extras
+from otel_rl.extras import MissingExtra, require
+
 DESCRIPTION = "otel-rl: OpenTelemetry-native telemetry for reinforcement-learning training loops."
 
 
@@ -23,6 +26,19 @@ def _port(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; its exit status (a closed pipe on stdout, as in ``| head``, ends it quietly)."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away: say nothing more (Python would report the pipe again at exit).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except MissingExtra as exc:
+        print(f"otel-rl: {exc}", file=sys.stderr)
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     from otel_rl.version import __version__
 
     parser = argparse.ArgumentParser(prog="otel-rl", description=DESCRIPTION)
@@ -83,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         return _agent(args)
     token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
     if args.command == "serve":
+        require(extras.POSTGRES if args.db.startswith(("postgresql:", "postgres:")) else extras.SERVE)
+        require(extras.SERVE)
         from otel_rl.readers.server import serve_forever
 
         if args.require_token and not token:
@@ -140,6 +158,8 @@ def _analyze(args) -> int:
 
     from google.protobuf.message import DecodeError
 
+    if args.plot:
+        require(extras.PLOT)
     if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
         print(f"otel-rl analyze: --plot {args.plot}: no such folder", file=sys.stderr)
         return 2

@@ -20,7 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl import environment_variables as env
+from otel_rl import extras
+from otel_rl._logging import logger, once
 from otel_rl.values import clean_text
+
+_logger = logger(__name__)
 
 
 class _Default:
@@ -255,6 +259,9 @@ class TelemetryConfig:
             raise ValueError("tensorboard=True needs a run_dir to write event files into")
         if self.resume and self.run_dir is None:
             raise ValueError("resume=True needs the run_dir of the run to continue")
+        missing = extras.missing_outputs(self) if self.enabled else []
+        if missing:  # here, in the training process: an agent could only leave the output out
+            raise extras.MissingExtra(missing[0].message())
         if self.run_id is None:
             if self.run_dir is not None:
                 self.run_id = self.run_dir.resolve().name
@@ -307,7 +314,38 @@ class TelemetryConfig:
         if options.get("enabled") is None or not defaults["enabled"]:
             # OTEL_SDK_DISABLED=true is the operator's kill switch: it wins over code, as in OpenTelemetry.
             merged["enabled"] = defaults["enabled"]
+        for name, variable in _ENVIRONMENT_OUTPUTS.items():
+            if name == "resume" and merged.get("role", "learner") != "learner":
+                merged[name] = False  # a worker continues whatever its learner resumed
+            elif name not in options and merged[name]:
+                why = _not_applicable(name, run_dir, merged)
+                if why:  # a job-wide setting this process cannot use: ignored, not fatal
+                    if merged["enabled"]:
+                        _logger.warning("otel-rl: %s=%s is ignored here: %s", variable, os.environ.get(variable, ""), why, extra=once(variable))
+                    merged[name] = None if name in ("trace_enabled", "profile") else False
         return cls(run_dir=run_dir, service_name=service_name, **merged)
+
+
+_ENVIRONMENT_OUTPUTS = {
+    "resume": env.OTEL_RL_RESUME,
+    "tensorboard": env.OTEL_RL_TENSORBOARD,
+    "wandb": env.OTEL_RL_WANDB,
+    "trace_enabled": env.OTEL_RL_TRACE_ENABLED,
+    "profile": env.OTEL_RL_PROFILE,
+}
+"""Options an environment variable can switch on that need a folder (or a package) a process may not have."""
+
+
+def _not_applicable(name: str, run_dir: Any, merged: dict[str, Any]) -> str | None:
+    """Why the option ``name``, switched on by its environment variable, cannot apply to this process (None: it can)."""
+    folder = run_dir is not None or merged.get("trace_output_dir") is not None
+    if name in ("resume", "tensorboard") and run_dir is None:
+        return "this process has no run_dir"
+    if name in ("trace_enabled", "profile") and not folder:
+        return "this process has no run_dir or trace_output_dir"
+    if name in extras.OUTPUTS and extras.OUTPUTS[name].missing():
+        return extras.OUTPUTS[name].message()
+    return None
 
 
 def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str, valid=None) -> None:

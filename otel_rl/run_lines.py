@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from otel_rl.config import TelemetryConfig
@@ -42,14 +43,16 @@ def started(config: TelemetryConfig) -> None:
         files.insert(1, trace.name)
     if config.tensorboard:
         files.append("tensorboard/")
+    if config.wandb:
+        files.append("wandb/")
     if config.profile is not None:
         start, count = config.profile
         files.append(f"profile/: torch.profiler over learner iterations {start} to {start + count - 1}")
     _say(f"run {config.run_id} records into {config.run_dir} ({', '.join(files)})")
 
 
-def ended(config: TelemetryConfig, status: str | None, seconds: float) -> None:
-    """How the run ended, and the commands that read what it wrote."""
+def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = ()) -> None:
+    """How the run ended, and the commands that read what it wrote (only files that are there)."""
     if config.quiet or config.run_dir is None:
         return
     folder = shlex.quote(str(config.run_dir))
@@ -57,8 +60,11 @@ def ended(config: TelemetryConfig, status: str | None, seconds: float) -> None:
         head = f"run {config.run_id} ended without a run being opened (tel.run(), tel.start_run() or an integration opens one)"
     else:
         head = f"run {config.run_id} {status} after {seconds:.1f} s"
-    hint = f"`otel-rl analyze {folder}` says where the time went"
+    if failed_outputs:
+        head += f" without {', '.join(failed_outputs)} (could not start; see the warning above)"
     trace = trace_path(config)
-    if trace is not None:
-        hint += f"; open {shlex.quote(str(trace))} in https://ui.perfetto.dev"
+    if trace is not None and trace.exists():
+        hint = f"`otel-rl analyze {folder}` says where the time went; open {shlex.quote(str(trace))} in https://ui.perfetto.dev"
+    else:
+        hint = f"no trace was written; the records are in {folder}"
     _say(f"{head}: {hint}")

@@ -405,10 +405,6 @@ class Telemetry:
         record = (perf_counter_ns(), key, array, step, self._last_iteration, self._last_env_steps)
         self._recorder.add_distribution(record, array.nbytes)
 
-    def _system_scalars(self, values: dict[str, float]) -> None:
-        if not self._closed:
-            self.scalars(values)
-
     def event(self, name: str, **attributes: Any) -> None:
         """Record a named event (``warmup_done``, ``checkpoint_saved``...).
 
@@ -738,7 +734,8 @@ class Telemetry:
             self._sigterm.restore()
             run_folder.release(self._run_folder)
         if self._run_folder is not None:
-            run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9)
+            failed = self._host.counts().get("failed_outputs", ())
+            run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, failed)
 
     def _close_at_exit(self) -> None:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere

@@ -46,6 +46,8 @@ OWN_AGENT_LINGER_S = 1.0
 NAMED_AGENT_LINGER_S = 10.0
 """How long an agent started by name waits, once idle: the other ranks of a job start within seconds."""
 POLL_S = 0.005
+MAX_RESTARTS = 2
+"""Agents the watcher starts for one training process at most (one that keeps failing is not restarted in a loop)."""
 
 
 def segment_path(config: Any, directory: Path) -> Path:
@@ -61,13 +63,18 @@ working directory, which ``python -m`` would put first, cannot shadow it); the w
 this process's, where a relative ``run_dir`` points."""
 
 
-def spawn(directory: Path, linger_s: float | None) -> subprocess.Popen:
-    """An agent process serving ``directory`` (``linger_s`` once idle; None: until interrupted)."""
+def spawn(directory: Path, linger_s: float | None, quiet: bool = False) -> subprocess.Popen:
+    """An agent process serving ``directory`` (``linger_s`` once idle; None: until interrupted).
+
+    ``quiet``: its standard error goes nowhere (an agent finishing another process's runs
+    must not print their warnings in this one's output).
+    """
     command = [sys.executable, "-c", _AGENT_MAIN, "--dir", str(directory)]
     if linger_s is not None:
         command += ["--linger", str(linger_s)]
+    stderr = subprocess.DEVNULL if quiet else None
     # A session of its own: a Ctrl-C meant for training does not stop it before it wrote what training recorded.
-    return subprocess.Popen(command, stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+    return subprocess.Popen(command, stdin=subprocess.DEVNULL, stderr=stderr, start_new_session=True, close_fds=True)
 
 
 def recover_orphans() -> None:
@@ -78,7 +85,7 @@ def recover_orphans() -> None:
     for directory in orphaned:
         _logger.warning("otel-rl: a training process and its agent both died leaving records in %s; a new agent finishes them", directory)
         try:
-            spawn(directory, OWN_AGENT_LINGER_S)
+            spawn(directory, OWN_AGENT_LINGER_S, quiet=True)
         except OSError as exc:
             _logger.warning("otel-rl: no agent for %s (%s)", directory, exc)
 
@@ -236,13 +243,15 @@ class AgentHost:
             reader.close()
             _wait(self._done, deadline)
             return
+        served = False
         try:
             server = serve_segment(reader, self.identity)
+            served = True
             server.done.wait(deadline.left())
-        except Exception:
-            _logger.exception("otel-rl: the agent's work could not be finished")
+        except Exception as exc:  # no outputs can be built here either: the run's records cannot be written
+            _logger.warning("otel-rl: the run's outputs could not be built (%s: %s); its records are not written", type(exc).__name__, exc)
         finally:
-            if self._done():
+            if self._done() or not served:  # served, or never servable: the segment goes with the run
                 reader.close()
                 Path(self.segment.path).unlink(missing_ok=True)  # type: ignore[arg-type]
                 agents.remove_if_empty(self.directory)
@@ -290,18 +299,15 @@ class AgentWatch(Worker):
         relay_logs(host.segment)
         host.recorder.publish_unlaned()
         state = host.segment.get("agent_state")
-        if state == shm.AGENT_DONE or host.alive() or self.restarts > 1:
-            return
-        if state == shm.AGENT_ATTACHED:  # the agent serving this process died
-            if self.restarts:
-                self.restarts += 1  # the second one died too: close() finishes the work
-                return
+        if state == shm.AGENT_DONE or host.alive() or self.restarts >= MAX_RESTARTS:
+            return  # past MAX_RESTARTS an agent that cannot serve this process is not started again: close() finishes
+        if state == shm.AGENT_ATTACHED and not self.restarts:  # the agent serving this process died
             _logger.warning(
                 "otel-rl: the agent process ended (exit code %s) while training runs; starting a new one",
                 None if host.process is None else host.process.returncode,
             )
-            self.restarts += 1
-        host._restart()  # else the agent ended before it saw this segment (it was idle): a new one serves it
+        self.restarts += 1
+        host._restart()  # or the agent ended before it saw this segment (it was idle): a new one serves it
 
 
 def _wait(condition, deadline: Deadline) -> bool:

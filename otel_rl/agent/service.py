@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from otel_rl import schema
+from otel_rl import extras, schema
 from otel_rl._logging import logger
 from otel_rl.agent import directory as agents
 from otel_rl.agent.serve import LogForwarder, SegmentServer, serve_segment
@@ -104,6 +104,7 @@ class AgentService(Worker):
         self.directory = directory
         self.linger_s = linger_s
         self._served: dict[Path, Served] = {}
+        self._unservable: set[Path] = set()  # orphans whose outputs need a package this process lacks
         self._lock = threading.Lock()
         self._logs = LogForwarder.install()
         self._listed_ns = -1
@@ -160,7 +161,7 @@ class AgentService(Worker):
             return
         for path in paths:
             with self._lock:
-                known = path in self._served
+                known = path in self._served or path in self._unservable
             if known:
                 continue
             try:
@@ -178,6 +179,10 @@ class AgentService(Worker):
                 if not pid_alive(reader.get("pid")):  # no agent will ever read it: its memory goes
                     path.unlink(missing_ok=True)
                 reader.close()
+                continue
+            if not pid_alive(identity.pid) and extras.missing_outputs(identity.config):
+                reader.close()  # a dead producer's run is finished only where all its outputs can be built
+                self._unservable.add(path)
                 continue
             served = Served(path, reader, identity)
             with self._lock:
@@ -201,8 +206,8 @@ class AgentService(Worker):
             served.server = serve_segment(reader, replace(identity, config=config), sinks, before_close)
             served.built.set()
             served.server.done.wait()
-        except Exception:
-            _logger.exception("otel-rl: agent: serving %s failed", served.path.name)
+        except Exception as exc:  # the producer serves its segment itself at close, or says it cannot
+            _logger.warning("otel-rl: agent: serving %s failed (%s: %s)", served.path.name, type(exc).__name__, exc)
         finally:
             served.built.set()
             self._logs.remove(reader)

@@ -318,6 +318,8 @@ class Pipeline:
         self.seen_nonfinite: set[str] = set()
         self._accepted_keys: dict[str, str] = {}
         self._pass_totals: dict[str, CycleTotals] = {}
+        self.latest_axes: tuple[int | None, int | None] = (None, None)
+        """The run's latest iteration and env steps, as passes saw them: the axes of records made beside the run (system metrics)."""
         self._canonical_keys: set[str] = set()  # accepted as they are (the scalars fast path)
         self._pending: list[ScalarsRecord] = []  # scalars records not yet handed over (see _hand_over_scalars)
         self._iterations: list[IterationRecord] = []  # iterations not yet handed over (see _fanout)
@@ -437,6 +439,7 @@ class Pipeline:
             self._distribution(raw)
         now_ns = self._clock.now_ns()
         if self._pass_totals:
+            self._note_axes(self._pass_totals)
             totals, self._pass_totals = PassTotals(now_ns, self._pass_totals), {}
             self._fanout("on_cycles", totals)
         self._report_drops(now_ns)
@@ -456,6 +459,14 @@ class Pipeline:
         if totals is None:
             totals = self._pass_totals[timeline] = CycleTotals()
         return totals
+
+    def _note_axes(self, totals: dict[str, CycleTotals]) -> None:
+        """Keep the latest iteration and env steps of the pass (the learner's, else another timeline's)."""
+        for timeline in (schema.LEARNER, *totals):
+            cycle = totals.get(timeline)
+            if cycle is not None and cycle.index is not None:
+                self.latest_axes = (cycle.index, cycle.env_steps)
+                return
 
     def _scalars_record(self, raw: tuple) -> ScalarsRecord:
         time_ns, values, step, iteration, env_steps = raw

@@ -10,7 +10,7 @@ that travels to an agent inside the segment.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
@@ -97,6 +97,7 @@ class Outputs:
         self._jsonl_writer = None  # the writers of the run folder's records, flushed by flush_files()
         self._trace_sink = None
         self._sinks: list[RecordSink] = []
+        self.failed: list[str] = []  # outputs that could not start
         self._sources = [*sources, self.inbox]
         try:
             self._build(list(sinks))
@@ -134,22 +135,17 @@ class Outputs:
             self._sinks.append(SummarySink(config, self.aggregates, identity.trace_id, resumes))
         self._add_motrix()
         if config.trace_enabled:
-            trace = self._perfetto()
-            self._sinks.append(trace)
-            self._trace_sink = trace
+            self._trace_sink = self._optional("the Perfetto trace", self._perfetto)
         if config.tensorboard:
-            from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
-
-            self._sinks.append(tensorboard_sink(config.run_dir / TENSORBOARD_DIR, self.drops, config.perf_interval_s))
+            self._optional("TensorBoard", self._tensorboard)
         if config.wandb:
             from otel_rl.outputs.wandb import wandb_sink
 
-            self._sinks.append(wandb_sink(config, self.drops, identity.pid))
+            self._optional("W&B", lambda: wandb_sink(config, self.drops, identity.pid))
         if config.panel:
             from otel_rl.outputs.panel import PanelSink
 
-            self.panel = PanelSink(config.run_id)
-            self._sinks.append(self.panel)
+            self.panel = self._optional("the panel", lambda: PanelSink(config.run_id))
         self._sinks.extend(extra_sinks)
         self.pipeline = Pipeline(
             self._sources,
@@ -161,6 +157,22 @@ class Outputs:
         )
         if config.system_metrics_interval_s:
             self._start_system_metrics()
+
+    def _optional(self, name: str, build: Callable[[], RecordSink]) -> RecordSink | None:
+        """Add the output ``build`` makes; one that cannot start costs only itself (one warning naming it)."""
+        try:
+            sink = build()
+        except Exception as exc:
+            self.failed.append(name)
+            _logger.warning("otel-rl: %s could not start (%s: %s); the run's other outputs go on", name, type(exc).__name__, exc)
+            return None
+        self._sinks.append(sink)
+        return sink
+
+    def _tensorboard(self) -> RecordSink:
+        from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
+
+        return tensorboard_sink(self.config.run_dir / TENSORBOARD_DIR, self.drops, self.config.perf_interval_s)
 
     def _add_motrix(self) -> None:
         """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
@@ -190,7 +202,11 @@ class Outputs:
         if config.motrix_url:
             from otel_rl.outputs.motrix.http_sender import HttpSender
 
-            sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self.drops))
+            try:
+                sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self.drops))
+            except Exception as exc:
+                self.failed.append("the live stream")
+                _logger.warning("otel-rl: the live stream could not start (%s: %s); the run's other outputs go on", type(exc).__name__, exc)
         if not self._announced:  # an agent taking over continues a run whose pending record is out
             sink.pending(self.identity.started_ns / 1e9)
 
@@ -235,7 +251,9 @@ class Outputs:
 
     def _system_scalars(self, values: dict[str, float]) -> None:
         # perf_counter_ns() is CLOCK_MONOTONIC, one clock for every process of the machine: the producer's timebase.
-        self.inbox.add_scalars((perf_counter_ns(), values, None, None, None))
+        # They carry the run's latest iteration and env steps, so that they plot against the run's axes.
+        iteration, env_steps = self.pipeline.latest_axes if self.pipeline is not None else (None, None)
+        self.inbox.add_scalars((perf_counter_ns(), values, None, iteration, env_steps))
 
     def continue_run(self, run: RunRecord) -> None:
         """A run another agent started (its start record is out): what the spans and the panel need of it."""
@@ -270,6 +288,7 @@ class Outputs:
             "totals": self.aggregates.totals(),
             "dropped": {k: v for k, v in dropped.items() if k != "span_budget"},
             "spans_sampled_out": dropped.get("span_budget", 0),
+            "failed_outputs": list(self.failed),
         }
 
     def flush(self, timeout_s: float) -> bool:

@@ -32,6 +32,8 @@ def trace_files(path: Path | str) -> list[Path]:
         return files
     if not path.exists():
         raise FileNotFoundError(f"no trace at {path}")
+    if not path.is_file():  # a FIFO or a device would be read forever
+        raise ValueError(f"{path} is not a trace file or a run folder")
     return [path]
 
 

@@ -1,0 +1,57 @@
+"""Which optional package each feature needs, and the one error that names its extra.
+
+The training process checks an output's package before anything starts
+(``init(tensorboard=True)`` without tensorboard raises here, not in the agent),
+an agent checks it before it finishes another process's run, and the command
+line names the extra of a subcommand in one line.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Extra:
+    """An optional feature: the module it imports and the extra that installs it."""
+
+    feature: str
+    module: str
+    extra: str
+
+    def missing(self) -> bool:
+        """True when the module cannot be imported here."""
+        try:
+            return importlib.util.find_spec(self.module) is None
+        except (ImportError, ValueError):  # a parent package missing, or a module without a spec
+            return True
+
+    def message(self) -> str:
+        return f"{self.feature} needs the {self.module} package: pip install 'otel-rl[{self.extra}]'"
+
+
+OUTPUTS = {
+    "tensorboard": Extra("tensorboard=True", "tensorboard", "tensorboard"),
+    "wandb": Extra("wandb=True", "wandb", "wandb"),
+}
+"""The options of :class:`otel_rl.TelemetryConfig` that switch on an output with a package of its own."""
+
+SERVE = Extra("otel-rl serve", "aiohttp", "serve")
+POSTGRES = Extra("otel-rl serve --db postgresql://", "psycopg", "serve")
+PLOT = Extra("otel-rl analyze --plot", "matplotlib", "analysis")
+
+
+class MissingExtra(ImportError):
+    """An optional package a requested feature needs is not installed; the message names the extra."""
+
+
+def require(extra: Extra) -> None:
+    """Raise :class:`MissingExtra` naming ``extra`` when its module is missing."""
+    if extra.missing():
+        raise MissingExtra(extra.message())
+
+
+def missing_outputs(config: object) -> list[Extra]:
+    """The outputs ``config`` switches on whose package this process cannot import."""
+    return [extra for option, extra in OUTPUTS.items() if getattr(config, option, False) and extra.missing()]
