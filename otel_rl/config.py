@@ -207,6 +207,10 @@ class TelemetryConfig:
             self.run_dir = Path(self.run_dir)
         if self.trace_output_dir is not None:
             self.trace_output_dir = Path(self.trace_output_dir)
+        for name in ("run_dir", "trace_output_dir"):
+            folder = getattr(self, name)
+            if folder is not None and folder.exists() and not folder.is_dir():
+                raise ValueError(f"{name} {str(folder)!r} is a file, not a folder")
         for name in ("enabled", "strict", "panel", "quiet", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
             _check(name, getattr(self, name), bool, "True or False")
         for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):

@@ -78,9 +78,26 @@ def claim(run_dir: Path) -> Claim | None:
         if _same_file(fd, path):
             break
         os.close(fd)  # the holder before us removed the file we opened: lock the one there now
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, str(os.getpid()).encode(), 0)
-    return Claim(fd, path)
+    with contextlib.suppress(OSError):  # a full /dev/shm: the lock holds, a refusal just cannot name this process
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+    held = Claim(fd, path)
+    _held.add(held)
+    return held
+
+
+_held: set[Claim] = set()
+"""Locks this process holds: a forked child lets go of its copies (the lock stays its parent's alone)."""
+
+
+def _after_fork_in_child() -> None:
+    for held in list(_held):
+        with contextlib.suppress(OSError):
+            os.close(held.fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _same_file(fd: int, path: Path) -> bool:
@@ -93,7 +110,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def release(held: Claim | None) -> None:
     """Remove the lock file, then let go of it (a process waiting on the removed file tries the path again)."""
-    if held is not None:
+    if held is not None and held in _held:
+        _held.discard(held)
         with contextlib.suppress(OSError):
             os.unlink(held.path)
         with contextlib.suppress(OSError):

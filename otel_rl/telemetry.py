@@ -546,11 +546,15 @@ class Telemetry:
     def end_run(self, error: BaseException | None = None) -> None:
         """End the run :meth:`start_run` opened: finished, or as ``error`` ends it (failed, or killed by SIGTERM or Ctrl-C).
 
-        Does nothing when no such run is open.
+        Does nothing when no such run is open. Anything else than an exception or None
+        (a message, say) ends the run as failed with its text as the reason, with one warning.
         """
         scope, self._started_run = self._started_run, None
         if scope is None:
             return
+        if error is not None and not isinstance(error, BaseException):
+            _logger.warning("otel-rl: end_run() takes an exception or None, got %s; the run ends as failed with it as the reason", describe(error))
+            error = RuntimeError(clean_text(str(error) if isinstance(error, str) else describe(error), NAME_LIMIT))
         if error is None:
             scope.__exit__(None, None, None)
             return

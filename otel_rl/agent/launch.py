@@ -238,7 +238,10 @@ class AgentHost:
     def _serve_here(self, deadline: Deadline) -> None:
         from otel_rl.agent.serve import serve_segment
 
-        reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
+        try:
+            reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
+        except (OSError, ValueError):  # its file was removed (or replaced): this process's own mapping still holds the records
+            reader = shm.SegmentReader(self.segment.buffer)
         if not reader.claim():  # an agent took it after all (one started by another producer): it finishes the work
             reader.close()
             _wait(self._done, deadline)

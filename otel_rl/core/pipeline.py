@@ -690,7 +690,9 @@ class Pipeline:
             opened = state.open_iterations.pop(timeline, None)
             if opened is None:  # its start was dropped with an overflow
                 return
-            start_ns, index, env_steps, phases, start_cpu, _ = opened
+            start_ns, index, env_steps, phases, start_cpu, base_depth = opened
+            if state.children_by_depth:
+                self._adopt(state.children_by_depth, phases, opened, timeline)
             state.children_by_depth.clear()
             accounted = sum([phase.end_ns - phase.start_ns for phase in phases])
             cpu_ns = None if cpu is None or start_cpu is None else cpu - start_cpu
@@ -709,6 +711,31 @@ class Pipeline:
                 _logger.warning("otel-rl: flow() called outside any phase; ignored")
         elif head is ITERATION_ROWS:
             self._iteration_rows(state, raw[1], thread_id, thread_name, offset)
+
+    def _adopt(self, leftovers: dict[int, list[PhaseRecord]], phases: list[PhaseRecord], opened: tuple, timeline: str) -> None:
+        """Phases of an ending iteration whose enclosing phase was never exited become the iteration's own.
+
+        The phase left open is lost (counted as ``phase_misuse``, one warning);
+        what ran inside it was recorded and counts as the iteration's time.
+        """
+        start_ns, index, env_steps, _, _, base_depth = opened
+        adopted = [
+            phase for depth, level in leftovers.items() if depth > base_depth for phase in level
+            if phase.spec.timeline == timeline and phase.start_ns >= start_ns
+        ]  # fmt: skip
+        if not adopted:
+            return
+        for phase in adopted:
+            phase.depth, phase.iteration, phase.env_steps = base_depth, index, env_steps
+        phases.extend(adopted)
+        phases.sort(key=lambda phase: phase.start_ns)
+        self._drops.add("phase_misuse", "unclosed phases")
+        _logger.warning(
+            "otel-rl: a phase of %s iteration %d was never exited; it is not recorded, the phases inside it count as the iteration's",
+            timeline,
+            index,
+            extra=once(f"unclosed:{timeline}"),
+        )
 
     def _iteration_rows(self, state: _LaneState, rows: IterationRows, thread_id: int, thread_name: str, offset: int) -> None:
         """Complete iterations held as columns; record by record when the lane holds something open (a pass began mid-iteration)."""

@@ -184,7 +184,7 @@ class Outputs:
 
         sink = MotrixSink(
             config.run_id,
-            protocol.writer_id(),
+            protocol.writer_id(config.run_id, self.identity.pid, self.identity.started_ns),
             self.seq,
             self.drops,
             project=config.project,

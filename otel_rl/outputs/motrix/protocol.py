@@ -1,6 +1,6 @@
 """The ``motrix.metrics/v1`` live-metrics protocol: record shapes, shared by client and server.
 
-A record is a JSON object with ``run_id``, ``writer`` (``<hostname>:<pid>``),
+A record is a JSON object with ``run_id``, ``writer`` (``<hostname>:<tag>:<pid>``),
 ``seq`` (unique and increasing per writer, starting at the wall clock in
 microseconds), ``ts`` (unix seconds) and ``kind``: ``run``, ``scalars``,
 ``event`` or ``heartbeat`` (``eval`` and ``media`` are reserved). Batches are
@@ -10,9 +10,9 @@ microseconds), ``ts`` (unix seconds) and ``kind``: ``run``, ``scalars``,
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
-import os
 import socket
 import time
 from collections.abc import Mapping
@@ -27,9 +27,16 @@ INGEST_PATH = "/api/v1/ingest"
 REASON_LIMIT_BYTES = 2048
 
 
-def writer_id() -> str:
-    """``<hostname>:<pid>`` of this process (a forked child gets its own)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+def writer_id(run_id: str, pid: int, started_ns: int) -> str:
+    """``<hostname>:<tag>:<pid>`` of the producer ``pid`` writing run ``run_id``, which it started at ``started_ns``.
+
+    The tag (a hash of the run and the start) makes it unique per run and per
+    process: two runs served by one agent, or a pid reused, never share a
+    writer, so the service's (writer, seq) de-duplication never mistakes one
+    run's records for another's. Every agent serving the producer derives the same id.
+    """
+    tag = hashlib.blake2b(f"{run_id}\0{pid}\0{started_ns}".encode("utf-8", "surrogatepass"), digest_size=4).hexdigest()
+    return f"{socket.gethostname()}:{tag}:{pid}"  # the pid last, as the protocol's pattern has it
 
 
 def seq_counter() -> itertools.count:

@@ -24,6 +24,7 @@ from otel_rl.readers.server.storage import (
     read_blocks,
     run_dict,
     status_order,
+    unique_rows,
 )
 
 _SCHEMA = """
@@ -69,7 +70,7 @@ CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, fir
 _INSERT_RECORDS = (
     "INSERT INTO records (writer, seq, run_id, kind, ts, body)"
     " SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::float8[], %s::jsonb[])"
-    " ON CONFLICT DO NOTHING"
+    " ON CONFLICT DO NOTHING RETURNING writer, seq"
 )
 _TOUCH_RUNS = (
     "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen)"
@@ -122,8 +123,8 @@ class PostgresStorage:
     def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
         now = time.time() if now is None else now
         psycopg = self._psycopg
+        given = len(rows)
         with self._lock:
-            fresh = self._known.new(rows)
             try:
                 conn = self._connection()
                 with conn.transaction(), conn.cursor() as cursor:
@@ -138,7 +139,10 @@ class PostgresStorage:
                             [r.body for r in rows],
                         ),
                     )
-                    accepted = cursor.rowcount
+                    inserted = set(cursor.fetchall())
+                    rows = unique_rows([r for r in rows if (r.writer, r.seq) in inserted], set())  # a duplicate changes nothing
+                    accepted = len(rows)
+                    fresh = self._known.new(rows)
                     cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
                     for r in rows:
                         if r.kind == "run":
@@ -163,7 +167,7 @@ class PostgresStorage:
                     psycopg.errors.DiskFull, psycopg.errors.AdminShutdown) as exc:  # fmt: skip
                 raise self._unavailable(exc) from exc
             self._known.remember(fresh)
-        return accepted, len(rows) - accepted
+        return accepted, given - accepted
 
     def health(self) -> str | None:
         with self._lock:

@@ -319,6 +319,36 @@ _SET_STATUS = (
 )
 
 
+def unique_rows(rows: list[Row], stored: set[tuple[str, int]]) -> list[Row]:
+    """The rows to store: each (writer, seq) once (its first row), none already ``stored``.
+
+    Only these touch a run, its status, its keys and its points: a duplicate
+    (a retried batch, or a record reusing a stored id) changes nothing.
+    """
+    kept, seen = [], set(stored)
+    for row in rows:
+        pair = (row.writer, row.seq)
+        if pair not in seen:
+            seen.add(pair)
+            kept.append(row)
+    return kept
+
+
+def _stored_pairs(db: sqlite3.Connection, rows: list[Row]) -> set[tuple[str, int]]:
+    """The (writer, seq) pairs of ``rows`` already stored: one primary-key range read per writer."""
+    ranges: dict[str, tuple[int, int]] = {}
+    for row in rows:
+        low, high = ranges.get(row.writer, (row.seq, row.seq))
+        ranges[row.writer] = (min(low, row.seq), max(high, row.seq))
+    wanted = {(row.writer, row.seq) for row in rows}
+    stored = set()
+    for writer, (low, high) in ranges.items():
+        for (seq,) in db.execute("SELECT seq FROM records WHERE writer = ? AND seq BETWEEN ? AND ?", (writer, low, high)):
+            if (writer, seq) in wanted:
+                stored.add((writer, seq))
+    return stored
+
+
 def status_order(row: Row, now: float) -> float:
     """The time a run record counts at for ordering statuses: its own, but never later than its arrival."""
     return min(row.ts, now)
@@ -354,9 +384,9 @@ class SqliteStorage:
             db = self._db
             try:
                 db.execute("BEGIN IMMEDIATE")
-                before = db.total_changes
+                given, rows = len(rows), unique_rows(rows, _stored_pairs(db, rows))  # a duplicate changes nothing
                 db.executemany(_INSERT_RECORD, [r[:6] for r in rows])
-                accepted = db.total_changes - before
+                accepted = len(rows)
                 first_status = [r for r in rows if r.kind == "run"]
                 db.executemany(_TOUCH_RUN, [(run_id, now, now) for run_id in dict.fromkeys(r.run_id for r in rows)])
                 for r in first_status:
@@ -377,7 +407,7 @@ class SqliteStorage:
                     raise StorageUnavailable(str(exc)) from exc
                 raise
             self._known.remember(fresh)
-        return accepted, len(rows) - accepted
+        return accepted, given - accepted
 
     def health(self) -> str | None:
         with self._lock:
