@@ -85,6 +85,11 @@ RETRY_AFTER_S = 5
 HEALTH_PROBE_S = 5.0
 
 
+def _run_id(request: web.Request) -> str:
+    """The run a read request names: in its path, else its ``run_id`` parameter."""
+    return request.match_info.get("run_id") or request.query.get("run_id", "")
+
+
 def _error(status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
     body: dict[str, Any] = {"error": message}
     if field is not None:
@@ -294,19 +299,26 @@ def create_app(
         return web.json_response({"runs": page, "next": page[-1]["run_id"] if page and more else None})
 
     async def one_run(request: web.Request) -> web.Response:
-        run_id = request.match_info["run_id"]
+        run_id = _run_id(request)
+        try:
+            latest = queries.events_limit(request.query)
+        except queries.BadQuery as exc:
+            return _error(400, str(exc), exc.field)
         info = await run(database, storage.run, run_id)
         if info is None:
             return _error(404, f"no run {run_id!r}")
         info["started"], info["env_steps"] = await run(database, described, run_id)
-        events = await run(database, storage.records, run_id, "event")
-        return web.json_response({"run": info, "events": events})
+        if latest is None:
+            events = await run(database, storage.records, run_id, "event")
+            return web.json_response({"run": info, "events": events, "events_total": len(events)})
+        events, total = await run(database, storage.events, run_id, latest)
+        return web.json_response({"run": info, "events": events, "events_total": total})
 
     async def keys(request: web.Request) -> web.Response:
-        return web.json_response({"keys": await run(database, storage.keys, request.match_info["run_id"])})
+        return web.json_response({"keys": await run(database, storage.keys, _run_id(request))})
 
     async def scalars(request: web.Request) -> web.Response:
-        run_id = request.match_info["run_id"]
+        run_id = _run_id(request)
         if "max_points" not in request.query and "x" not in request.query and len(request.query.getall("key", [])) == 1:
             key = request.query["key"]  # one key, as stored: every point with its axes
             return web.json_response({"key": key, "points": await run(database, storage.series, run_id, key)})
@@ -374,9 +386,13 @@ def create_app(
     app.router.add_get("/api/v1/runs/{run_id}", one_run)
     app.router.add_get("/api/v1/runs/{run_id}/keys", keys)
     app.router.add_get("/api/v1/runs/{run_id}/scalars", scalars)
+    # The same with the run id as ?run_id=: a run named "." or ".." has no path of its own (URLs drop dot segments).
+    app.router.add_get("/api/v1/run", one_run)
+    app.router.add_get("/api/v1/run/keys", keys)
+    app.router.add_get("/api/v1/run/scalars", scalars)
     app.router.add_get("/api/v1/server", server_info)
     app.router.add_get("/healthz", healthz)
-    for path in ("/", "/runs/{run_id}", "/compare"):
+    for path in ("/", "/runs/{run_id}", "/run", "/compare"):
         app.router.add_get(path, page)
     app.router.add_static("/static", STATIC)
     return app

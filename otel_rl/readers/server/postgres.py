@@ -213,6 +213,15 @@ class PostgresStorage:
         query = "SELECT body FROM records WHERE run_id = %s" + (" AND kind = %s" if kind else "") + " ORDER BY ts, seq"
         return [r[0] for r in self._query(query, (run_id, kind) if kind else (run_id,))]
 
+    def events(self, run_id: str, latest: int) -> tuple[list[dict[str, Any]], int]:
+        rows = self._query(
+            "SELECT body FROM (SELECT body, ts, seq FROM records WHERE run_id = %s AND kind = 'event'"
+            " ORDER BY ts DESC, seq DESC LIMIT %s) AS newest ORDER BY ts, seq",
+            (run_id, latest),
+        )
+        total = self._query("SELECT count(*) FROM records WHERE run_id = %s AND kind = 'event'", (run_id,))[0][0]
+        return [r[0] for r in rows], total
+
     def series(self, run_id: str, key: str) -> list[dict[str, Any]]:
         rows = self._query(
             "SELECT (body->>'step')::bigint, (body->'axes'->>'env_steps')::bigint, (body->'axes'->>'iteration')::bigint,"

@@ -40,6 +40,20 @@ def run_filter(query: Mapping[str, str]) -> RunFilter:
     return RunFilter(query.get("project") or None, query.get("group") or None, statuses, query.get("q") or None)
 
 
+def events_limit(query: Mapping[str, str]) -> int | None:
+    """``events=N`` of a run request: its newest N events (None: all of them)."""
+    raw = query.get("events")
+    if raw is None:
+        return None
+    try:
+        latest = int(raw)
+    except ValueError:
+        raise BadQuery("events", "events must be a number of events") from None
+    if latest < 0:
+        raise BadQuery("events", "events must be a number of events (0 or more)")
+    return latest
+
+
 def curve_request(query: Any) -> tuple[list[str], str, int]:
     """The keys, the x axis and the point bound of a curves request."""
     keys = list(dict.fromkeys(query.getall("key", [])))

@@ -206,6 +206,10 @@ class Storage(Protocol):
 
     def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]: ...
 
+    def events(self, run_id: str, latest: int) -> tuple[list[dict[str, Any]], int]:
+        """The run's newest ``latest`` events, oldest first, and how many it has."""
+        ...
+
     def series(self, run_id: str, key: str) -> list[dict[str, Any]]: ...
 
     def curve(self, run_id: str, key: str) -> dict[str, Any]:
@@ -470,6 +474,15 @@ class SqliteStorage:
     def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
         query = "SELECT body FROM records WHERE run_id = ?" + (" AND kind = ?" if kind else "") + " ORDER BY ts, seq"
         return [json.loads(r[0]) for r in self._read(query, (run_id, kind) if kind else (run_id,))]
+
+    def events(self, run_id: str, latest: int) -> tuple[list[dict[str, Any]], int]:
+        rows = self._read(
+            "SELECT body FROM (SELECT body, ts, seq FROM records WHERE run_id = ? AND kind = 'event'"
+            " ORDER BY ts DESC, seq DESC LIMIT ?) ORDER BY ts, seq",
+            (run_id, latest),
+        )
+        total = self._read("SELECT count(*) FROM records WHERE run_id = ? AND kind = 'event'", (run_id,))[0][0]
+        return [json.loads(r[0]) for r in rows], total
 
     def series(self, run_id: str, key: str) -> list[dict[str, Any]]:
         rows = self._read(

@@ -9,7 +9,7 @@ const AXES = { env_steps: "env steps", step: "step", ts: "time" };
 const COLORS = ["#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#97bbf5", "#9c6b4e", "#9498a0"];
 
 // What the page drew, for tests and the curious: points per chart, refreshes done.
-const drawn = { charts: {}, refreshes: 0 };
+const drawn = { charts: Object.create(null), refreshes: 0 };
 window.otelRl = drawn;
 
 class NeedsToken extends Error {}
@@ -67,7 +67,8 @@ function number(value) {
   return Math.abs(value) >= 1000 ? Math.round(value).toLocaleString() : String(+value.toPrecision(4));
 }
 
-function flatten(object, prefix = "", out = {}) {
+// Nested settings as "a.b" keys, in an object without a prototype (a setting may be named "constructor").
+function flatten(object, prefix = "", out = Object.create(null)) {
   for (const [key, value] of Object.entries(object || {})) {
     if (value && typeof value === "object" && !Array.isArray(value)) flatten(value, prefix + key + ".", out);
     else out[prefix + key] = Array.isArray(value) ? JSON.stringify(value) : value;
@@ -183,7 +184,7 @@ function runsView() {
       } });
       return el("tr", { "data-run-id": run.run_id, "data-status": run.status },
         el("td", {}, box), el("td", {}, badge(run.status, run.reason)),
-        el("td", {}, el("a", { href: "/runs/" + encodeURIComponent(run.run_id) }, run.run_id)),
+        el("td", {}, el("a", { href: runHref(run.run_id) }, run.run_id)),
         el("td", {}, run.project || "-"), el("td", {}, run.group || "-"), el("td", {}, when(run.created)),
         el("td", { title: when(run.last_seen) }, ago(run.last_seen)), el("td", { class: "num" }, number(run.env_steps)),
         el("td", {}, fraction === null ? "-" : el("span", { class: "progress", title: Math.round(100 * fraction) + "%" },
@@ -258,6 +259,82 @@ function family(key) {
   return key.includes("/") ? key.split("/")[0] + "/" : "other";
 }
 
+// -- reading a run -----------------------------------------------------------------------
+
+const KEYS_PER_REQUEST = 50; // the server's bound on keys per curves request
+const EVENTS_SHOWN = 500; // the newest events a run page reads (list and chart marks); the total is shown
+const MAX_COMPARED = 20;
+
+// A run's API, with the run id as a parameter: a run named "." or ".." has no path of its own.
+function runApi(runId, what = "", query = {}) {
+  const search = new URLSearchParams(query);
+  search.set("run_id", runId);
+  return api("/api/v1/run" + what + "?" + search);
+}
+
+function runHref(runId) {
+  return runId === "." || runId === ".." ? "/run?id=" + encodeURIComponent(runId) : "/runs/" + encodeURIComponent(runId);
+}
+
+// The curves of `keys`, KEYS_PER_REQUEST at a time, as a Map (a key may be any text: "constructor", "__proto__").
+async function fetchCurves(runId, keys, x) {
+  const requests = [];
+  for (let i = 0; i < keys.length; i += KEYS_PER_REQUEST) {
+    const query = new URLSearchParams({ x, max_points: String(MAX_POINTS) });
+    keys.slice(i, i + KEYS_PER_REQUEST).forEach((k) => query.append("key", k));
+    requests.push(runApi(runId, "/scalars", query));
+  }
+  const curves = new Map();
+  for (const answer of await Promise.all(requests)) for (const [k, v] of Object.entries(answer.series)) curves.set(k, v);
+  return curves;
+}
+
+// Which chart holders are on screen (or about to be): only those are read and drawn, so any number of keys opens.
+function visibility(onShow) {
+  const shown = new Set();
+  const observer = new IntersectionObserver((entries) => {
+    let appeared = false;
+    for (const entry of entries) {
+      const key = entry.target.dataset.key;
+      if (entry.isIntersecting) {
+        appeared ||= !shown.has(key);
+        shown.add(key);
+      } else shown.delete(key);
+    }
+    if (appeared) onShow();
+  }, { rootMargin: "300px 0px" });
+  return { shown, observe: (node) => observer.observe(node) };
+}
+
+// One holder per key, grouped by family, created once; a chart is drawn in it when it scrolls into view.
+function chartHolders(charts, view) {
+  const holders = new Map();
+  const sections = new Map();
+  return {
+    holders,
+    place(keys, grouped = true) {
+      for (const key of keys) {
+        if (holders.has(key)) continue;
+        let parent = charts;
+        if (grouped) {
+          const name = family(key);
+          if (!sections.has(name)) {
+            const section = el("div", { class: "family", "data-family": name }, el("h2", {}, name), el("div", { class: "grid" }));
+            sections.set(name, section);
+            const after = [...sections.keys()].sort().find((other) => other > name);
+            after ? sections.get(after).before(section) : charts.append(section);
+          }
+          parent = sections.get(name).lastChild;
+        }
+        const holder = el("div", { class: "chart", "data-key": key }, el("h3", {}, key));
+        holders.set(key, holder);
+        parent.append(holder);
+        view.observe(holder);
+      }
+    },
+  };
+}
+
 // -- one run ----------------------------------------------------------------------------
 
 function runView(runId) {
@@ -272,82 +349,100 @@ function runView(runId) {
   const smoothing = el("input", { id: "smoothing", type: "range", min: 0, max: 0.99, step: 0.01, value: params().get("smooth") || 0,
     oninput: () => { setParams({ smooth: smoothing.value === "0" ? "" : smoothing.value }); refresh(); } });
   controls.append(el("label", {}, "x axis ", axis), el("label", {}, " smoothing ", smoothing));
-  const holders = {};
+  const view = visibility(() => draw(false).catch(() => {}));
+  const board = chartHolders(charts, view);
+  const stackHolders = new Map();
+  const drawnAt = new Map(); // key -> the refresh it was last drawn in
+  let keys = [];
+  let events = [];
+  let round = 0;
 
   async function refresh() {
-    const [info, keyList] = await Promise.all([api("/api/v1/runs/" + encodeURIComponent(runId)), api("/api/v1/runs/" + encodeURIComponent(runId) + "/keys")]);
+    const [info, keyList] = await Promise.all([runApi(runId, "", { events: EVENTS_SHOWN }), runApi(runId, "/keys")]);
     const run = info.run;
     const started = run.started || {};
     header.replaceChildren(el("h1", {}, runId, " ", badge(run.status, run.reason)),
       run.reason ? el("p", { id: "reason", class: "reason" }, run.reason) : "",
       el("p", { class: "muted" }, [run.project && "project " + run.project, run.group && "group " + run.group,
         "started " + when(run.created), "last seen " + ago(run.last_seen),
-        "env steps " + number(run.env_steps) + (started.total_steps ? " of " + number(started.total_steps) : "")].filter(Boolean).join(" · ")));
-    const keys = keyList.keys;
+        "env steps " + number(run.env_steps) + (started.total_steps ? " of " + number(started.total_steps) : ""),
+        keyList.keys.length + " keys"].filter(Boolean).join(" · ")));
+    keys = keyList.keys;
+    events = info.events;
+    board.place(keys);
+    round += 1;
+    await draw(true);
+    eventList(details, events, info.events_total);
+    detailTables(details, started);
+  }
+
+  // Reads and draws the charts on screen (`all`: every one of them, a refresh; else those not drawn this round).
+  async function draw(all) {
     const x = params().get("x") || "env_steps";
     const weight = Number(params().get("smooth") || 0);
-    const query = new URLSearchParams({ x, max_points: String(MAX_POINTS) });
-    keys.forEach((k) => query.append("key", k));
-    const curves = keys.length ? (await api("/api/v1/runs/" + encodeURIComponent(runId) + "/scalars?" + query)).series : {};
-    const events = info.events;
-    const byFamily = {};
-    for (const key of keys) (byFamily[family(key)] ||= []).push(key);
-    for (const [name, members] of Object.entries(byFamily).sort()) {
-      let section = holders["family:" + name];
-      if (!section) {
-        section = holders["family:" + name] = el("div", { class: "family", "data-family": name }, el("h2", {}, name), el("div", { class: "grid" }));
-        charts.append(section);
-      }
-      for (const key of members) {
-        let holder = holders[key];
-        if (!holder) {
-          holder = holders[key] = el("div", { class: "chart", "data-key": key }, el("h3", {}, key));
-          section.lastChild.append(holder);
-        }
-        const c = curves[key];
-        chart(holder, key, [c.x, smooth(c.y, weight)], [key], eventXs(events, c, x), false, x);
-      }
+    const wanted = keys.filter((k) => view.shown.has(k) && (all || drawnAt.get(k) !== round));
+    const stacks = all ? perfLayers(keys) : new Map();
+    const needed = [...new Set([...wanted, ...[...stacks.values()].flat()])];
+    if (!needed.length) return;
+    const thisRound = round;
+    wanted.forEach((k) => drawnAt.set(k, thisRound));
+    const curves = await fetchCurves(runId, needed, x);
+    for (const key of wanted) {
+      const c = curves.get(key);
+      if (c) chart(board.holders.get(key), key, [c.x, smooth(c.y, weight)], [key], eventXs(events, c, x), false, x);
     }
-    stackedPerf(curves, keys, charts, holders, x);
-    eventList(details, events);
-    detailTables(details, started);
+    stackedPerf(stacks, curves, charts, stackHolders, x);
   }
   live(refresh);
 }
 
-// The Perf/* phase timings of each timeline, stacked: where a cycle's time goes, over the run.
-// Top-level phases only (nested ones are inside their parent's time), each in milliseconds.
-function stackedPerf(curves, keys, charts, holders, x) {
+function phaseOf(key) {
+  return Object.hasOwn(server.phases, key) ? server.phases[key] : null;
+}
+
+// The top-level Perf/* phase keys of each timeline (nested ones are inside their parent's time).
+function perfLayers(keys) {
+  const layers = new Map();
   for (const timeline of ["learner", "collector"]) {
-    const known = (k) => server.phases[k];
-    const parts = keys.filter((k) => known(k) ? known(k).timeline === timeline && !known(k).nested
+    const parts = keys.filter((k) => phaseOf(k) ? phaseOf(k).timeline === timeline && !phaseOf(k).nested
       : k.startsWith("Perf/" + timeline + "_") && k.endsWith("_ms"));
-    if (!parts.length) continue;
-    const toMs = (k) => (known(k) ? known(k).to_ms : 1);
-    const title = (k) => (known(k) ? known(k).title : k.slice(5 + timeline.length + 1, -3));
-    const base = curves[parts[0]];
+    if (parts.length) layers.set(timeline, parts);
+  }
+  return layers;
+}
+
+// The Perf/* phase timings of each timeline, stacked: where a cycle's time goes, over the run, each in milliseconds.
+function stackedPerf(stacks, curves, charts, holders, x) {
+  for (const [timeline, parts] of stacks) {
+    const present = parts.filter((k) => curves.has(k));
+    if (!present.length) continue;
+    const toMs = (k) => (phaseOf(k) ? phaseOf(k).to_ms : 1);
+    const title = (k) => (phaseOf(k) ? phaseOf(k).title : k.slice(5 + timeline.length + 1, -3));
+    const base = curves.get(present[0]);
     const index = new Map(base.x.map((v, i) => [v, i]));
     let sums = base.x.map(() => 0);
-    const layers = parts.map((k) => {
+    const layers = present.map((k) => {
       const values = base.x.map(() => null);
-      curves[k].x.forEach((v, i) => { if (index.has(v)) values[index.get(v)] = curves[k].y[i] * toMs(k); });
+      curves.get(k).x.forEach((v, i) => { if (index.has(v)) values[index.get(v)] = curves.get(k).y[i] * toMs(k); });
       sums = sums.map((s, i) => s + (values[i] || 0));
       return sums.slice();
     });
-    let holder = holders["stack:" + timeline];
+    let holder = holders.get(timeline);
     if (!holder) {
-      holder = holders["stack:" + timeline] = el("div", { class: "chart wide", "data-key": "stack:" + timeline, id: "stack-" + timeline },
+      holder = el("div", { class: "chart wide", "data-key": "stack:" + timeline, id: "stack-" + timeline },
         el("h3", {}, "Perf: " + timeline + " time per cycle by phase (ms, stacked)"));
+      holders.set(timeline, holder);
       charts.prepend(holder);
     }
-    chart(holder, "stack:" + timeline, [base.x, ...layers.reverse()], parts.map(title).reverse(), [], true, x);
+    chart(holder, "stack:" + timeline, [base.x, ...layers.reverse()], present.map(title).reverse(), [], true, x);
   }
 }
 
-function eventList(details, events) {
+function eventList(details, events, total) {
   const list = el("table", { id: "events" }, el("tr", {}, el("th", {}, "time"), el("th", {}, "event"), el("th", {}, "attributes")),
     events.slice(-200).map((e) => el("tr", {}, el("td", {}, when(e.ts)), el("td", {}, e.name), el("td", { class: "mono" }, JSON.stringify(e.attributes || {})))));
-  replaceSection(details, "events-section", el("div", { id: "events-section" }, el("h2", {}, "Events (" + events.length + ")"), list));
+  const count = total > 200 ? "the newest 200 of " + number(total) : String(total);
+  replaceSection(details, "events-section", el("div", { id: "events-section" }, el("h2", {}, "Events (" + count + ")"), list));
 }
 
 function detailTables(details, started) {
@@ -367,41 +462,67 @@ function replaceSection(parent, id, section) {
 // -- runs compared --------------------------------------------------------------------
 
 function compareView() {
-  const ids = (params().get("runs") || "").split(",").filter(Boolean);
+  const asked = [...new Set((params().get("runs") || "").split(",").filter(Boolean))];
+  const ids = asked.slice(0, MAX_COMPARED);
   crumbs(el("a", { href: "/" }, "runs"), "compare " + ids.length + " runs");
+  const note = asked.length > ids.length ? el("p", { id: "compare-note", class: "warning" },
+    "Showing the first " + ids.length + " of the " + asked.length + " runs asked for.") : "";
   const charts = el("section", { id: "charts" });
   const diff = el("section", { id: "diff" });
-  app(diff, charts);
-  const holders = {};
+  app(note, diff, charts);
+  const view = visibility(() => draw(false).catch(() => {}));
+  const board = chartHolders(charts, view);
+  let keysOf = new Map(); // run id -> its keys (runs found only)
+  let keys = [];
+  const drawnAt = new Map();
+  let round = 0;
 
   async function refresh() {
-    const infos = await Promise.all(ids.map((id) => api("/api/v1/runs/" + encodeURIComponent(id))));
-    const keyLists = await Promise.all(ids.map((id) => api("/api/v1/runs/" + encodeURIComponent(id) + "/keys")));
-    const keys = [...new Set(keyLists.flatMap((k) => k.keys))].sort();
-    const curves = await Promise.all(ids.map((id, i) => {
-      const query = new URLSearchParams({ x: "env_steps", max_points: String(MAX_POINTS) });
-      keyLists[i].keys.forEach((k) => query.append("key", k));
-      return keyLists[i].keys.length ? api("/api/v1/runs/" + encodeURIComponent(id) + "/scalars?" + query).then((a) => a.series) : {};
-    }));
-    for (const key of keys) {
-      let holder = holders[key];
-      if (!holder) {
-        holder = holders[key] = el("div", { class: "chart", "data-key": key }, el("h3", {}, key));
-        charts.append(holder);
-      }
-      const tables = ids.map((id, i) => (curves[i][key] ? [curves[i][key].x, curves[i][key].y] : [[], []]));
-      chart(holder, key, uPlot.join(tables), ids, [], false);
-    }
-    const configs = infos.map((info) => flatten((info.run.started || {}).config));
-    const names = [...new Set(configs.flatMap(Object.keys))].sort();
+    // A run that cannot be read (a wrong id, a deleted run) is marked; the others are compared all the same.
+    const [infos, keyLists] = await Promise.all([settled(ids.map((id) => runApi(id, "", { events: 0 }))),
+      settled(ids.map((id) => runApi(id, "/keys")))]);
+    keysOf = new Map(ids.flatMap((id, i) => (infos[i].ok && keyLists[i].ok ? [[id, new Set(keyLists[i].value.keys)]] : [])));
+    keys = [...new Set([...keysOf.values()].flatMap((k) => [...k]))].sort();
+    board.place(keys, false);
+    round += 1;
+    await draw(true);
+    const found = ids.filter((id) => keysOf.has(id));
+    const configs = new Map(found.map((id) => [id, flatten((infos[ids.indexOf(id)].value.run.started || {}).config)]));
+    const names = [...new Set([...configs.values()].flatMap(Object.keys))].sort();
     const rows = names.map((name) => {
-      const values = configs.map((c) => (name in c ? String(c[name]) : "(not set)"));
+      const values = found.map((id) => (Object.hasOwn(configs.get(id), name) ? String(configs.get(id)[name]) : "(not set)"));
       return el("tr", { class: new Set(values).size > 1 ? "differs" : "same", "data-setting": name }, el("th", {}, name), values.map((v) => el("td", { class: "mono" }, v)));
     });
-    diff.replaceChildren(el("h2", {}, "Configuration"), el("table", { id: "config-diff", class: "kv" },
-      el("tr", {}, el("th", {}, ""), infos.map((info, i) => el("th", {}, el("span", { class: "swatch", style: "background:" + COLORS[i % COLORS.length] }), ids[i], " ", badge(info.run.status)))), rows));
+    const missing = ids.filter((id) => !keysOf.has(id));
+    diff.replaceChildren(el("h2", {}, "Configuration"),
+      missing.length ? el("p", { id: "missing-runs", class: "error" }, "Could not read " + missing.join(", ") + ": " +
+        (infos[ids.indexOf(missing[0])].error || keyLists[ids.indexOf(missing[0])].error)) : "",
+      el("table", { id: "config-diff", class: "kv" },
+        el("tr", {}, el("th", {}, ""), found.map((id) => el("th", {}, el("span", { class: "swatch", style: "background:" + COLORS[ids.indexOf(id) % COLORS.length] }),
+          id, " ", badge(infos[ids.indexOf(id)].value.run.status)))), rows));
+  }
+
+  async function draw(all) {
+    const wanted = keys.filter((k) => view.shown.has(k) && (all || drawnAt.get(k) !== round));
+    if (!wanted.length) return;
+    const thisRound = round;
+    wanted.forEach((k) => drawnAt.set(k, thisRound));
+    const found = [...keysOf.keys()];
+    const answers = await settled(found.map((id) => fetchCurves(id, wanted.filter((k) => keysOf.get(id).has(k)), "env_steps")));
+    for (const key of wanted) {
+      const tables = answers.map((a) => (a.ok && a.value.has(key) ? [a.value.get(key).x, a.value.get(key).y] : [[], []]));
+      chart(board.holders.get(key), key, uPlot.join(tables), found, [], false);
+    }
   }
   live(refresh);
+}
+
+// Each promise's outcome as {ok, value} or {ok: false, error}; a missing token still stops the view.
+async function settled(promises) {
+  const outcomes = await Promise.allSettled(promises);
+  const denied = outcomes.find((o) => o.status === "rejected" && o.reason instanceof NeedsToken);
+  if (denied) throw denied.reason;
+  return outcomes.map((o) => (o.status === "fulfilled" ? { ok: true, value: o.value } : { ok: false, error: o.reason.message }));
 }
 
 // -- start ----------------------------------------------------------------------------
@@ -420,8 +541,17 @@ async function start() {
   }
   const path = location.pathname;
   if (path.startsWith("/runs/")) runView(decodeURIComponent(path.slice("/runs/".length)));
+  else if (path === "/run") runView(params().get("id") || "");
   else if (path === "/compare") compareView();
   else runsView();
 }
+
+// A #token= link pasted into a tab already open signs it in too (the page starts again with the token).
+window.addEventListener("hashchange", () => {
+  if (/(?:^#|&)token=/.test(location.hash)) {
+    takeTokenFromLink();
+    location.reload();
+  }
+});
 
 start();

@@ -1,0 +1,23 @@
+"""A run streaming to an ingest server with many keys and many events.
+
+    python wide_target.py URL RUN_ID KEYS EVENTS
+"""
+
+from __future__ import annotations
+
+import sys
+
+import otel_rl
+
+url, run_id, key_count, event_count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+keys = [f"Metric/{i:04d}" for i in range(key_count)]
+tel = otel_rl.init(run_id=run_id, motrix_url=url, perf_interval_s=0.2, system_metrics_interval_s=0, quiet=True)
+with tel.run(config={"constructor": 1, "__proto__": {"x": 2}}):
+    for i in range(12):
+        with tel.iteration(i, env_steps=8 * i):
+            with tel.phase("learning"):
+                pass
+        tel.scalars({key: float(i + n) for n, key in enumerate(keys)})
+    for n in range(event_count):
+        tel.event("note", n=n)
+tel.close()
