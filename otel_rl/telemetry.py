@@ -247,10 +247,12 @@ class Telemetry:
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
         from otel_rl.agent.directory import wait_for_agents
+        from otel_rl.agent.launch import recover_orphans
         from otel_rl.outputs.motrix.jsonl import JSONL_FILE
         from otel_rl.outputs.summary import CONFIG_FILE
         from otel_rl.resume import previous_run
 
+        recover_orphans()  # a previous process whose agent died too: a new agent writes its records first
         if not wait_for_agents(self.config.run_id, self.config.shutdown_timeout_s):  # type: ignore[arg-type]
             _logger.warning("otel-rl: the agent of the run's previous process is still writing its outputs; resuming anyway")
         return previous_run(self.config.run_dir, self.config.run_id, CONFIG_FILE, JSONL_FILE)  # type: ignore[arg-type]

@@ -45,3 +45,27 @@ def test_wrong_input_gets_one_line_and_a_non_zero_exit(tmp_path, args, says, cod
     result = cli(*[named.get(a, a) for a in args], timeout_s=180)
     assert result.returncode == code, result.stderr
     assert says.lower() in result.stderr.lower() and "Traceback" not in result.stderr
+
+
+def test_analyze_into_a_pipe_closed_early_ends_without_a_traceback(tmp_path):
+    import otel_rl
+
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0, quiet=True)
+    with tel.run():
+        for i in range(50):
+            with tel.iteration(i, env_steps=i):
+                with tel.phase("learning"):
+                    pass
+    tel.close()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    # `true` reads nothing and is gone before analyze prints: every write meets a closed pipe, as `| head` does past its lines.
+    piped = subprocess.run(f"{sys.executable} -m otel_rl.cli analyze {tmp_path} | true", shell=True, capture_output=True, text=True,
+                           timeout=120, env=env)  # fmt: skip
+    assert piped.stderr == ""
+
+
+def test_analyze_refuses_a_fifo_instead_of_reading_it_forever(tmp_path):
+    fifo = tmp_path / "trace.fifo"
+    os.mkfifo(fifo)
+    result = cli("analyze", str(fifo), timeout_s=60)
+    assert result.returncode == 2 and result.stderr.strip() == f"otel-rl analyze: {fifo} is not a trace file or a run folder"

@@ -597,3 +597,53 @@ def test_slow_clients_are_closed_and_never_starve_legitimate_uploads(tmp_path):
         assert closed == 300
         points = requests.get(srv.url + "/api/v1/runs/legit/scalars", params={"key": "Loss/critic"}).json()["points"]
         assert len(points) == 79
+
+
+def test_a_duplicate_changes_nothing_on_the_server(server):
+    base = {"writer": "host:1", "ts": time.time()}
+    first = [{**base, "run_id": "a", "seq": 1, "kind": "run", "status": "running"},
+             {**base, "run_id": "a", "seq": 2, "kind": "scalars", "step": 1, "axes": {"env_steps": 1}, "values": {"Loss/critic": 1.0}},
+             {**base, "run_id": "a", "seq": 3, "kind": "run", "status": "finished", "ts": base["ts"] + 1}]  # fmt: skip
+    assert post(server.url, {"protocol": "motrix.metrics/v1", "records": first}).json() == {"accepted": 3, "duplicates": 0}
+    # The same (writer, seq) pairs with another run id, another status, other values: duplicates, and nothing more.
+    reused = [{**base, "run_id": "phantom", "seq": 1, "kind": "run", "status": "running"},
+              {**base, "run_id": "a", "seq": 2, "kind": "scalars", "step": 1, "axes": {"env_steps": 1}, "values": {"Loss/critic": 9.0}},
+              {**base, "run_id": "a", "seq": 3, "kind": "run", "status": "failed", "ts": base["ts"] + 2, "reason": "no"}]  # fmt: skip
+    assert post(server.url, {"protocol": "motrix.metrics/v1", "records": reused}).json() == {"accepted": 0, "duplicates": 3}
+    runs = {r["run_id"]: r for r in requests.get(server.url + "/api/v1/runs").json()["runs"]}
+    assert list(runs) == ["a"] and runs["a"]["status"] == "finished"
+    curve = requests.get(server.url + "/api/v1/runs/a/scalars", params={"key": "Loss/critic", "x": "step"}).json()
+    assert curve["series"]["Loss/critic"]["y"] == [1.0]
+    # Within one batch too: the first of two records with one (writer, seq) is stored, the second changes nothing.
+    twice = [{**base, "run_id": "b", "seq": 7, "kind": "run", "status": "running"}, {**base, "run_id": "c", "seq": 7, "kind": "run", "status": "failed"}]
+    assert post(server.url, {"protocol": "motrix.metrics/v1", "records": twice}).json() == {"accepted": 1, "duplicates": 1}
+    assert "c" not in {r["run_id"] for r in requests.get(server.url + "/api/v1/runs").json()["runs"]}
+
+
+def test_two_runs_on_one_named_agent_keep_every_record_on_the_server(tmp_path, server):
+    script = textwrap.dedent("""
+        import sys, otel_rl
+        tel = otel_rl.init(run_id=sys.argv[1], motrix_url=sys.argv[2], agent="shared-writer-test", quiet=True, system_metrics_interval_s=0)
+        with tel.run():
+            for i in range(1500):
+                tel.scalars({"Loss/critic": float(i)}, step=i)
+            for i in range(15):
+                tel.event("note", n=i)
+        tel.close()
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    runs = [subprocess.Popen([sys.executable, "-c", script, f"shared-{n}", server.url], env=env) for n in range(2)]
+    assert [p.wait(120) for p in runs] == [0, 0]
+    writers = []
+    for n in range(2):
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            one = requests.get(f"{server.url}/api/v1/runs/shared-{n}").json()
+            if one.get("run", {}).get("status") == "finished":
+                break
+            time.sleep(0.2)
+        curve = requests.get(f"{server.url}/api/v1/runs/shared-{n}/scalars", params={"key": "Loss/critic", "x": "step", "max_points": 20000}).json()
+        assert curve["series"]["Loss/critic"]["count"] == 1500
+        assert len([e for e in one["events"] if e["name"] == "note"]) == 15
+        writers.append({e["writer"] for e in one["events"]})
+    assert len(writers[0]) == len(writers[1]) == 1 and writers[0] != writers[1]  # one writer per run, though one agent wrote both

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
@@ -85,3 +86,24 @@ def test_an_unwritable_folder_costs_only_the_tensorboard_output(tmp_path, caplog
 def test_tensorboard_needs_a_run_folder():
     with pytest.raises(ValueError, match="tensorboard"):
         otel_rl.init(tensorboard=True)
+
+
+def test_system_metrics_are_at_the_runs_latest_step_in_tensorboard_and_the_jsonl(tmp_path):
+    tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, system_metrics_interval_s=0.1)
+    tel.flush(timeout_s=30)  # the agent, which samples, is up
+    with tel.run():
+        for i in range(40):
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                with tel.phase("learning"):
+                    time.sleep(0.03)
+            tel.scalars({"Loss/critic": 1.0})
+    tel.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    system = [r for r in records if r["kind"] == "scalars" and "sys/process_rss_bytes" in r["values"]]
+    later = system[1:]  # the first sample may come before the first iteration
+    assert len(later) >= 3 and all(r["step"] == r["axes"]["env_steps"] for r in later)
+    assert all(8 <= r["axes"]["env_steps"] <= 320 and r["axes"]["iteration"] is not None for r in later)
+    steps = [r["axes"]["env_steps"] for r in later]
+    assert steps == sorted(steps) and steps[-1] > steps[0]  # they move with the run, never backwards
+    tensorboard = [e.step for e in read(tmp_path / "tensorboard").Scalars("sys/process_rss_bytes")]
+    assert len(set(tensorboard)) >= 3 and tensorboard == sorted(tensorboard)  # not every point at step 0

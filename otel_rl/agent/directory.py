@@ -91,7 +91,9 @@ def wait_for_agents(run_id: str, timeout_s: float) -> bool:
     """Wait while an agent still finishes the outputs of ``run_id`` for a producer that died; True when none does.
 
     A run resumed right after a SIGKILL would otherwise write its folder while
-    the dead producer's agent is still writing its end there.
+    the dead producer's agent is still writing its end there, or before an agent
+    that is still starting (or one started for the orphan) has written any of it.
+    A segment that no agent may try any more (:data:`MAX_RECOVERIES`) is not waited for.
     """
     prefix = run_prefix(run_id)
     deadline = time.monotonic() + timeout_s
@@ -102,8 +104,8 @@ def wait_for_agents(run_id: str, timeout_s: float) -> bool:
                 header = peek_header(path)
             except (OSError, struct.error):
                 continue
-            if header is not None and header["agent_state"] != AGENT_DONE:
-                busy = busy or (not pid_alive(header["pid"]) and pid_alive(header["agent_pid"]))
+            if header is not None and header["agent_state"] != AGENT_DONE and header["agents"] < MAX_RECOVERIES:
+                busy = busy or not pid_alive(header["pid"])
         if not busy:
             return True
         if time.monotonic() >= deadline:
