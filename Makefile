@@ -10,7 +10,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# TORCH_INDEX: a wheel index for torch (https://download.pytorch.org/whl/cpu on a machine without a GPU).
 demo: $(BIN)/python
+	$(if $(TORCH_INDEX),$(BIN)/pip install -q torch --index-url $(TORCH_INDEX))
 	$(BIN)/pip install -q -e '.[demo]'
 	$(BIN)/otel-rl demo
 

@@ -11,7 +11,7 @@ import otel_rl
 from otel_rl.integrations.rllib import TelemetryCallbacks
 
 ray.init()
-tel = otel_rl.init(run_dir="runs/rllib-ppo", algorithm="ppo", jsonl=True, trace_enabled=True)
+tel = otel_rl.init(run_dir="runs/rllib-ppo", algorithm="ppo")
 with tel.run(family="rl.onpolicy"):
     config = (
         PPOConfig()

@@ -50,7 +50,7 @@ train_cfg = {
     "actor": {"class_name": "MLPModel", "hidden_dims": [64, 64], "distribution_cfg": {"class_name": "GaussianDistribution"}},
     "critic": {"class_name": "MLPModel", "hidden_dims": [64, 64]},
 }
-tel = otel_rl.init(run_dir="runs/rsl-rl-ppo", algorithm="ppo", jsonl=True, trace_enabled=True)
+tel = otel_rl.init(run_dir="runs/rsl-rl-ppo", algorithm="ppo")
 with tel.run(family="rl.onpolicy", config=train_cfg):
     runner = OnPolicyRunner(PointMass(), train_cfg, log_dir="runs/rsl-rl-ppo/rsl_rl", device="cpu")
     instrument(runner, tel).learn(num_learning_iterations=50)

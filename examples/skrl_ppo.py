@@ -43,7 +43,7 @@ agent = PPO(
     cfg=PPO_CFG(rollouts=128, learning_epochs=4, mini_batches=4, experiment={"directory": "runs/skrl-ppo/skrl"}),
     **spaces,
 )
-tel = otel_rl.init(run_dir="runs/skrl-ppo", algorithm="ppo", jsonl=True, trace_enabled=True)
+tel = otel_rl.init(run_dir="runs/skrl-ppo", algorithm="ppo")
 with tel.run(family="rl.onpolicy"):
     trainer = SequentialTrainer(env=env, agents=agent, cfg={"timesteps": 20_000, "headless": True})
     instrument(trainer, tel).train()

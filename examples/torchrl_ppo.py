@@ -14,7 +14,7 @@ from torchrl.objectives.value import GAE
 import otel_rl
 from otel_rl.integrations.torchrl import TelemetryLogger, iterate
 
-tel = otel_rl.init(run_dir="runs/torchrl-ppo", algorithm="ppo", jsonl=True, trace_enabled=True)
+tel = otel_rl.init(run_dir="runs/torchrl-ppo", algorithm="ppo")
 with tel.run(family="rl.onpolicy"):
     env = TransformedEnv(GymEnv("CartPole-v1"), StepCounter())
     logits = TensorDictModule(MLP(in_features=4, out_features=2, num_cells=[64]), in_keys=["observation"], out_keys=["logits"])

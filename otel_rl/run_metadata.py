@@ -12,6 +12,7 @@ Prometheus and Grafana can join runs with their settings.
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shlex
@@ -89,13 +90,26 @@ def git_state(timeout_s: float = 1.0) -> dict[str, Any] | None:
 
 
 def collect() -> dict[str, Any]:
-    """The provenance of this process's run: git, command line, host, versions."""
+    """The provenance of this process's run: git, command line (and its program, arguments and working directory), host, versions."""
     return {
         "git": git_state(),
         "command": shlex.join(sys.argv) if sys.argv and sys.argv[0] else sys.executable,
+        "program": _program(),
+        "args": list(sys.argv[1:]),
+        "cwd": os.getcwd(),
         "host": socket.gethostname(),
         "versions": package_versions(),
     }
+
+
+def _program() -> str | None:
+    """The training script's path (or ``-m module``), as W&B and the like name a run's program; None in an interactive session."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if path:
+        return os.path.abspath(path)
+    spec = getattr(main, "__spec__", None)
+    return f"-m {spec.name}" if spec is not None else None
 
 
 def info_labels(config: dict[str, Any] | None, provenance: dict[str, Any]) -> dict[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -566,17 +567,21 @@ class Telemetry:
             if raised is not error:
                 raise
 
-    def describe_system(self, system: str, environment: str | None = None) -> None:
-        """Name the RL framework training runs on and, when known, its environment (the integrations call it).
+    def describe_system(self, system: str, environment: str | None = None, algorithm: str | None = None) -> None:
+        """Name the RL framework training runs on and, when known, its environment and algorithm (the integrations call it).
 
-        They become the resource attributes ``rl.system`` and
-        ``rl.environment.name`` of the proposed ``rl.*`` conventions on what
-        is exported from then on (OTLP spans, metrics and logs), and a
-        ``framework`` event. A value that is not a string is dropped with one
-        warning; a repeated description records nothing.
+        They become the resource attributes ``rl.system``,
+        ``rl.environment.name`` and ``rl.algorithm`` of the proposed ``rl.*``
+        conventions on what is exported from then on (OTLP spans, metrics and
+        logs), and a ``framework`` event; the algorithm is also the run
+        summary's. An algorithm given to :func:`otel_rl.init` wins. A value
+        that is not a string is dropped with one warning; a repeated
+        description records nothing.
         """
         described = {}
-        for name, value in (("system", system), ("environment", environment)):
+        if self.config.algorithm:
+            algorithm = None
+        for name, value in (("system", system), ("environment", environment), ("algorithm", algorithm)):
             if value is None:
                 continue
             if not isinstance(value, str) or not value.strip():
@@ -722,8 +727,7 @@ class Telemetry:
         if self._hurried:
             deadline.shorten(HURRY_S)
         if self._profile is not None:  # training ended inside the window: what was profiled is still written
-            # In half the deadline at most (the outputs need the rest); at exit no thread can start any more.
-            self._profile.finish(None if self._at_exit else deadline.left() / 2)
+            self._profile.finish(deadline.left() / 2)  # in half the deadline at most: the outputs need the rest
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
         self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
         try:
@@ -740,8 +744,20 @@ class Telemetry:
             self._sigterm.restore()
             run_folder.release(self._run_folder)
         if self._run_folder is not None:
-            failed = self._host.counts().get("failed_outputs", ())
-            run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, failed)
+            counts = self._host.counts()
+            run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, counts.get("failed_outputs", ()))
+        self._report_undelivered(self._host.counts().get("live_undelivered", 0))
+
+    def _report_undelivered(self, count: int) -> None:
+        """One warning when the live service did not get every record by the close deadline, with how to send them."""
+        if not count:
+            return
+        config = self.config
+        if config.jsonl and config.run_dir is not None:
+            how = f"metrics.jsonl holds them: otel-rl backfill {shlex.quote(str(config.run_dir))} --url {shlex.quote(str(config.motrix_url))}"
+        else:
+            how = "without a run folder they are lost"
+        _logger.warning("otel-rl: the live service did not get %d of run %s's records by the close deadline; %s", count, config.run_id, how)
 
     def _close_at_exit(self) -> None:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere
@@ -897,7 +913,7 @@ class NoOpTelemetry:
     def end_run(self, error: BaseException | None = None) -> None:
         pass
 
-    def describe_system(self, system: str, environment: str | None = None) -> None:
+    def describe_system(self, system: str, environment: str | None = None, algorithm: str | None = None) -> None:
         pass
 
     def traceparent(self) -> str:

@@ -48,6 +48,6 @@ def counts(run_dir: Path) -> dict[str, dict]:
 
 
 def framework(run_dir: Path) -> dict:
-    """What the integration said the run trains on (its ``framework`` event: ``rl.system`` and ``rl.environment.name``)."""
+    """What the integration said the run trains on (its ``framework`` event: ``rl.system``, ``rl.environment.name`` and ``rl.algorithm``)."""
     (described,) = [r["attributes"] for r in records(run_dir) if r["kind"] == "event" and r["name"] == "framework"]
     return described

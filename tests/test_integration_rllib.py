@@ -49,7 +49,7 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
     assert set(found["processes"]) == {"learner", "env runner 1"}
     (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
     assert running["num_envs"] == 2 and running["config"]["algorithm"] == "PPO" and running["family"] == "rl.onpolicy"
-    assert framework(tmp_path) == {"system": "rllib", "environment": "CartPole-v1"}
+    assert framework(tmp_path) == {"system": "rllib", "environment": "CartPole-v1", "algorithm": "PPO"}
     assert receiver.received.wait_for(lambda r: any(
         {a.key: a.value.string_value for a in res.attributes}.get("rl.system") == "rllib" for res, _ in r.spans()
     ))  # fmt: skip

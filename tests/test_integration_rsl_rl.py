@@ -72,7 +72,7 @@ def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp
     (running,) = [r for r in records(tmp_path / "run") if r["kind"] == "run" and r["status"] == "running"]
     assert running["total_steps"] == 4 * 24 * 64 and running["num_envs"] == 64
     assert running["config"]["num_steps_per_env"] == 24
-    assert framework(tmp_path / "run") == {"system": "rsl_rl"}  # an environment of its own: no name to give
+    assert framework(tmp_path / "run") == {"system": "rsl_rl", "algorithm": "PPO"}  # an environment of its own: no name to give
     found = check_run(
         tmp_path / "run",
         {"learner": {"Learning", "Policy Inference", "Env Step", "Replay Write"}},

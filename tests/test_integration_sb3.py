@@ -26,7 +26,7 @@ def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path, capfd
     (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
     assert running["total_steps"] == 2048 and running["num_envs"] == 1 and running["family"] == "rl.onpolicy"
     assert running["config"]["algorithm"] == "PPO" and running["config"]["n_steps"] == 256
-    assert framework(tmp_path) == {"system": "stable_baselines3", "environment": "CartPole-v1"}
+    assert framework(tmp_path) == {"system": "stable_baselines3", "environment": "CartPole-v1", "algorithm": "PPO"}
     found = check_run(
         tmp_path,
         BOTH_TIMELINES,
@@ -110,3 +110,57 @@ def test_a_learn_that_raises_ends_the_run_as_failed_at_exit(tmp_path):
     summary = json.loads((tmp_path / "run_summary.json").read_text())
     assert summary["status"] == "failed" and summary["reason"] == "RuntimeError: the simulator crashed"
     assert f"run {tmp_path.name} failed after" in result.stderr
+
+
+def test_a_callback_reused_after_a_learn_that_raised_counts_each_call_once(tmp_path):
+    import json
+
+    import gymnasium as gym
+
+    class Broken(gym.Wrapper):
+        fail = True
+
+        def step(self, action):
+            if Broken.fail and Broken.steps_left <= 0:
+                Broken.fail = False
+                raise RuntimeError("the simulator crashed")
+            Broken.steps_left -= 1
+            return self.env.step(action)
+
+    Broken.steps_left = 150
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)
+    model = PPO("MlpPolicy", Broken(gym.make("CartPole-v1")), n_steps=64, n_epochs=1, device="cpu")
+    callback = TelemetryCallback(tel)
+    with pytest.raises(RuntimeError, match="the simulator crashed"):
+        model.learn(256, callback=callback)
+    model.learn(256, callback=callback, reset_num_timesteps=True)  # the same callback again
+    tel.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    ends = [(r["status"], r.get("reason")) for r in records if r["kind"] == "run" and r["status"] not in ("pending", "running")]
+    assert ends == [("failed", "RuntimeError: model.learn() raised before its training ended"), ("finished", None)]
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    learner, collector = summary["timelines"]["learner"], summary["timelines"]["collector"]
+    # 2 train() calls and 151 env steps (the last one raised) in the first learn(), 4 and 256 in the second: each timed once.
+    assert learner["phases"]["learning"]["count"] == 2 + 4
+    assert collector["phases"]["env_step"]["count"] == 151 + 256
+    assert 0 < learner["accounted_share"] <= 1 and 0 < collector["accounted_share"] <= 1
+
+
+def test_the_run_records_the_whole_configuration_and_the_algorithm(tmp_path):
+    import json
+
+    import gymnasium as gym
+    import torch
+
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)
+    kwargs = {"net_arch": [64, 64], "activation_fn": torch.nn.ReLU}
+    model = SAC("MlpPolicy", gym.make("Pendulum-v1"), policy_kwargs=kwargs, train_freq=(2, "step"), seed=3, learning_starts=50, device="cpu")
+    model.learn(120, callback=TelemetryCallback(tel))
+    tel.close()
+    run_config = json.loads((tmp_path / "run_config.json").read_text())
+    config = run_config["config"]
+    assert config["policy_kwargs"] == {"net_arch": [64, 64], "activation_fn": "torch.nn.modules.activation.ReLU", "use_sde": False}
+    assert config["train_freq"] == {"frequency": 2, "unit": "STEP"} and config["seed"] == 3 and config["device"] == "cpu"
+    assert "policy" not in config and "env" not in config and "replay_buffer" not in config  # objects, not settings
+    assert run_config["algorithm"] == "SAC"
+    assert json.loads((tmp_path / "run_summary.json").read_text())["algorithm"] == "SAC"

@@ -89,7 +89,7 @@ def test_skrl_agents_record_both_timelines_and_their_tracking_data(tmp_path, alg
     (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
     assert running["total_steps"] == steps and running["num_envs"] == 2 and running["config"]["agent"] == algorithm.upper()
     assert running["family"] == ("rl.onpolicy" if algorithm == "ppo" else "rl.offpolicy")
-    assert framework(tmp_path) == {"system": "skrl", "environment": env_id}
+    assert framework(tmp_path) == {"system": "skrl", "environment": env_id, "algorithm": algorithm.upper()}
     found = check_run(
         tmp_path,
         {"learner": {"Learning", "Policy Inference", "Env Step", "Replay Write"}},

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import textwrap
 import time
 from pathlib import Path
 
@@ -318,3 +319,26 @@ def test_a_window_open_at_close_is_written_within_the_shutdown_deadline(tmp_path
     (exporting,) = [t for t in threading.enumerate() if t.name == "otel-rl-torch.profiler export"]
     exporting.join(30)
     assert not exporting.is_alive() and list((tmp_path / "run" / "profile").glob("*.pt.trace.json"))
+
+
+def test_an_exit_inside_the_window_keeps_the_shutdown_deadline(tmp_path):
+    script = textwrap.dedent("""
+        import sys, time, torch, otel_rl
+        export = torch.profiler.profile.export_chrome_trace
+        def slow_export(self, path):
+            time.sleep(6)  # a huge window
+            return export(self, path)
+        torch.profiler.profile.export_chrome_trace = slow_export
+        tel = otel_rl.init(run_dir=sys.argv[1], quiet=True, profile=(0, 100_000), shutdown_timeout_s=2, system_metrics_interval_s=0)
+        tel.start_run()
+        for i in range(20):
+            with tel.iteration(i), tel.phase("learning"):
+                torch.ones(4).sum()
+        print(time.monotonic(), flush=True)  # the script ends inside the window, without close()
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    exiting = float(process.stdout.readline())
+    assert process.wait(30) == 0
+    assert time.monotonic() - exiting < 2.0 + 1.0  # the deadline, and the interpreter's own teardown
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"

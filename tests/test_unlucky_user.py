@@ -235,3 +235,28 @@ def test_a_resume_right_after_an_early_sigkill_continues_the_killed_run(tmp_path
     first = protobuf_engine.read([run_dir / "trace.perfetto-trace"])  # the killed part's trace, kept
     assert sum(1 for s in first.slices if s.name == "Learning") >= 11
     assert (run_dir / "trace.resume-1.perfetto-trace").exists()
+
+
+def test_records_the_live_service_did_not_get_by_the_deadline_are_counted_and_the_backfill_named(tmp_path, caplog):
+    from otel_rl.readers.server import IngestServer
+
+    server = IngestServer(tmp_path / "ingest.sqlite3").__enter__()
+    url = server.url
+    tel = otel_rl.init(run_dir=tmp_path / "run", motrix_url=url, shutdown_timeout_s=2, system_metrics_interval_s=0)
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        with tel.run():
+            for i in range(200):
+                tel.scalars({"Loss/critic": float(i)})
+            assert tel.flush(30)
+            server.__exit__(None, None, None)  # the service goes down for the rest of the run
+            for i in range(200, 5000):
+                tel.scalars({"Loss/critic": float(i)})
+        tel.close()
+    said = [r.getMessage() for r in caplog.records if "the live service did not get" in r.getMessage()]
+    assert len(said) == 1
+    count = int(said[0].split("did not get ")[1].split()[0])
+    assert count > 4000  # what was queued for it since it went down, the end of the run among them
+    assert f"otel-rl backfill {tmp_path / 'run'} --url {url}" in said[0]
+    assert tel.stats()["dropped"]["http"] >= count
+    stored = [r for r in jsonl(tmp_path / "run") if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert len(stored) == 5000  # metrics.jsonl has every one

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -113,3 +116,21 @@ def test_wandb_from_the_environment(tmp_path, monkeypatch):
     tel.close()
     state = summary(run_dirs(tmp_path)[0])
     assert state["project"] == "my-project" and state["summary"]["Loss/critic"] == 1.0
+
+
+def test_the_wandb_run_describes_the_training_script_not_the_agent(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import sys, otel_rl\n"
+        "tel = otel_rl.init(run_dir=sys.argv[1], wandb=True, system_metrics_interval_s=0, quiet=True)\n"
+        "with tel.run():\n"
+        "    tel.scalars({'Loss/critic': 1.0})\n"
+        "tel.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true")
+    subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "--lr", "3e-4"], check=True, timeout=120, env=env, cwd=tmp_path)
+    (run,) = run_dirs(tmp_path / "run")
+    (environment,) = [r["environment"] for r in records(run) if r["type"] == "environment" and "program" in r["environment"]]
+    assert environment["program"] == str(script)
+    assert environment["args"] == [str(tmp_path / "run"), "--lr", "3e-4"]

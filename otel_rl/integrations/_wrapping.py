@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any
@@ -10,11 +11,26 @@ from typing import Any
 from otel_rl import schema
 
 
+_ORIGINAL = "__otel_rl_original__"
+"""Set on a wrapper: what it wraps, and whether that was the instance's own attribute (a second
+instrumentation replaces the first wrapper instead of stacking on it)."""
+
+
 def wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> Callable[[], None]:
-    """Replace ``owner.name`` by ``make(original)`` on the instance; returns the function that undoes it."""
-    original = getattr(owner, name)
-    had_own = name in getattr(owner, "__dict__", {})
-    setattr(owner, name, make(original))
+    """Replace ``owner.name`` by ``make(original)`` on the instance; returns the function that undoes it.
+
+    ``original`` is what the instance had before any otel-rl wrapper: wrapping
+    an instrumented method again (an integration set up twice, or left in place
+    by a training call that raised) replaces the wrapper, so nothing is timed twice.
+    """
+    current = getattr(owner, name)
+    original, had_own = getattr(current, _ORIGINAL, (current, name in getattr(owner, "__dict__", {})))
+    wrapper = make(original)
+    try:
+        setattr(wrapper, _ORIGINAL, (original, had_own))
+    except (AttributeError, TypeError):  # a wrapper that takes no attributes is not recognised later
+        pass
+    setattr(owner, name, wrapper)
 
     def undo() -> None:
         if had_own:
@@ -130,12 +146,48 @@ def settings(config: Any) -> dict[str, Any]:
 
 
 def plain_settings(settings: Mapping[str, Any], skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    """The plain public entries of a library's settings (numbers, strings, booleans): its configuration as the run records it."""
-    return {
-        name: value
-        for name, value in settings.items()
-        if not str(name).startswith("_") and name not in skip and type(value) in (int, float, str, bool)
-    }
+    """The public entries of a library's settings that are configuration, not objects: its configuration as the run records it.
+
+    Kept: None, numbers, strings, booleans, enums, devices, classes (by their
+    qualified name) and lists, tuples (named tuples as mappings) and mappings
+    of these (``policy_kwargs``, ``net_arch``, ``train_freq``, ``seed``);
+    left out: everything else (the policy, the environment, buffers, loggers).
+    """
+    kept = {}
+    for name, value in settings.items():
+        if str(name).startswith("_") or name in skip:
+            continue
+        plain = _plain(value, _SETTING_DEPTH)
+        if plain is not _NOT_PLAIN:
+            kept[name] = plain
+    return kept
+
+
+_SETTING_DEPTH = 4
+_NOT_PLAIN = object()
+
+
+def _plain(value: Any, depth: int) -> Any:
+    """``value`` as configuration (see :func:`plain_settings`), or ``_NOT_PLAIN``."""
+    if value is None or type(value) in (int, float, str, bool):
+        return value
+    if isinstance(value, enum.Enum):
+        return value.name
+    if isinstance(value, type):
+        return f"{value.__module__}.{value.__qualname__}"
+    if type(value).__name__ == "device" and type(value).__module__ == "torch":
+        return str(value)
+    if depth == 0:
+        return _NOT_PLAIN
+    if isinstance(value, tuple) and hasattr(value, "_asdict"):
+        value = value._asdict()
+    if isinstance(value, Mapping):
+        items = {str(k): _plain(v, depth - 1) for k, v in value.items()}
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in items.values()) else items
+    if isinstance(value, (list, tuple)):
+        items = [_plain(v, depth - 1) for v in value]
+        return _NOT_PLAIN if any(v is _NOT_PLAIN for v in items) else items
+    return _NOT_PLAIN
 
 
 _INNER = ("base_env", "venv", "_env", "env")

@@ -103,7 +103,7 @@ class TelemetryCallbacks(RLlibCallback):
             return not state["syncing"]
 
         config = algorithm.config
-        tel.describe_system(SYSTEM, _environment_name(config))
+        tel.describe_system(SYSTEM, _environment_name(config), type(algorithm).__name__)
         runners_count = max(1, int(getattr(config, "num_env_runners", 0) or 0))
         if tel.start_run(
             family="rl.onpolicy" if type(algorithm).__name__ in _ON_POLICY else "rl.offpolicy",

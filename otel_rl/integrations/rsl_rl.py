@@ -117,6 +117,6 @@ def instrument(runner: Any, tel: Any) -> Any:
             "config": settings(runner.cfg),
         }
 
-    tel.describe_system(SYSTEM, environment_name(env))
+    tel.describe_system(SYSTEM, environment_name(env), type(alg).__name__)
     wrap(runner, "learn", lambda learn: opens_run(tel, learn, run_metadata))
     return runner

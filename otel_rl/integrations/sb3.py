@@ -73,22 +73,26 @@ class TelemetryCallback(BaseCallback):
         self._rollout = Cycle(tel)
         self._updates = 0
         self._restore: list[Any] = []
+        self._formats: list[Any] = []  # the output formats of the logger this callback writes into
         self._opened_run = False
 
     # -- lifecycle -----------------------------------------------------------
 
     def _on_training_start(self) -> None:
+        if self._restore:  # the previous learn() raised: SB3 never ended its training
+            self._end_abandoned()
         model = self.model
         on_policy = not hasattr(model, "_sample_action")
-        self.tel.describe_system(SYSTEM, environment_name(self.training_env))
+        self.tel.describe_system(SYSTEM, environment_name(self.training_env), type(model).__name__)
         self._opened_run = self.tel.start_run(
             family="rl.onpolicy" if on_policy else "rl.offpolicy",
             total_steps=getattr(model, "_total_timesteps", None),
             num_envs=model.n_envs,
             config={"algorithm": type(model).__name__, **plain_settings(vars(model), _CHANGING)},
         )
-        if self._output not in model.logger.output_formats:
-            model.logger.output_formats.append(self._output)
+        self._formats = model.logger.output_formats
+        if self._output not in self._formats:
+            self._formats.append(self._output)
         self._restore.append(wrap(model, "train", self._timed_train))
         self._restore.append(wrap(self.training_env, "step", lambda step: timed(self.tel, "env_step", step)))
         collecting = self._collecting  # inference is timed only inside rollouts, not in evaluation
@@ -97,16 +101,20 @@ class TelemetryCallback(BaseCallback):
         else:  # on-policy: from calling the policy module
             self._restore.append(time_forward(self.tel, model.policy, "policy_inference", collecting))
 
-    def _on_training_end(self) -> None:
+    def _on_training_end(self, error: BaseException | None = None) -> None:
         self._rollout.end()  # learn() stopped by a callback mid-rollout
         for undo in reversed(self._restore):
             undo()
         self._restore.clear()
-        if self._output in self.model.logger.output_formats:
-            self.model.logger.output_formats.remove(self._output)
+        if self._output in self._formats:
+            self._formats.remove(self._output)
         if self._opened_run:
             self._opened_run = False
-            self.tel.end_run()
+            self.tel.end_run(error)
+
+    def _end_abandoned(self) -> None:
+        """A learn() that raised left its timers in place and its run open: they go, and the run ends as failed."""
+        self._on_training_end(RuntimeError("model.learn() raised before its training ended"))
 
     # -- the collector's rollouts ------------------------------------------------
 

@@ -107,7 +107,7 @@ def instrument(trainer: Any, tel: Any) -> Any:
             "config": {"agent": type(agent).__name__, **settings(getattr(agent, "cfg", None))},
         }
 
-    tel.describe_system(SYSTEM, environment_name(env))
+    tel.describe_system(SYSTEM, environment_name(env), type(agent).__name__)
     wrap(trainer, "train", lambda train: opens_run(tel, train, run_metadata))
     if getattr(agent, "write_interval", 1) == 0:
         _logger.warning("otel-rl: the skrl agent's experiment.write_interval is 0: its tracking data is not recorded, only phases")

@@ -28,7 +28,7 @@ from torchrl.record.loggers import Logger
 
 from otel_rl import schema
 from otel_rl._logging import logger, once
-from otel_rl.integrations._wrapping import environment_name, time_forward, timed, wrap
+from otel_rl.integrations._wrapping import environment_name, plain_settings, time_forward, timed, wrap
 
 SYSTEM = "torchrl"
 """``rl.system`` of runs trained with TorchRL."""
@@ -95,7 +95,11 @@ def iterate(collector: Any, tel: Any) -> Iterator[Any]:
     learning = tel.phase("learning")
     total = getattr(collector, "total_frames", None)
     tel.describe_system(SYSTEM, environment_name(collector.env))
-    opened = tel.start_run(total_steps=total if isinstance(total, int) and total > 0 else None, num_envs=_num_envs(collector.env))
+    opened = tel.start_run(
+        total_steps=total if isinstance(total, int) and total > 0 else None,
+        num_envs=_num_envs(collector.env),
+        config={"collector": type(collector).__name__, **plain_settings({name: getattr(collector, name, None) for name in _COLLECTOR_SETTINGS})},
+    )
     try:
         for index, batch in enumerate(collector):
             state["frames"] += int(batch.numel())
@@ -113,6 +117,11 @@ def iterate(collector: Any, tel: Any) -> Iterator[Any]:
             restore()
         if opened:
             tel.end_run()
+
+
+_COLLECTOR_SETTINGS = ("frames_per_batch", "total_frames", "init_random_frames", "max_frames_per_traj", "reset_at_each_iter",
+                       "split_trajs", "exploration_type", "device", "policy_device", "env_device")  # fmt: skip
+"""A TorchRL collector's settings a run records (its other attributes are state)."""
 
 
 def _num_envs(env: Any) -> int | None:

@@ -98,6 +98,7 @@ class Outputs:
         self._trace_sink = None
         self._sinks: list[RecordSink] = []
         self.failed: list[str] = []  # outputs that could not start
+        self._live = None  # the live stream's sender
         self._sources = [*sources, self.inbox]
         try:
             self._build(list(sinks))
@@ -203,7 +204,8 @@ class Outputs:
             from otel_rl.outputs.motrix.http_sender import HttpSender
 
             try:
-                sink.outputs.append(HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self.drops))
+                self._live = HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self.drops)
+                sink.outputs.append(self._live)
             except Exception as exc:
                 self.failed.append("the live stream")
                 _logger.warning("otel-rl: the live stream could not start (%s: %s); the run's other outputs go on", type(exc).__name__, exc)
@@ -289,6 +291,7 @@ class Outputs:
             "dropped": {k: v for k, v in dropped.items() if k != "span_budget"},
             "spans_sampled_out": dropped.get("span_budget", 0),
             "failed_outputs": list(self.failed),
+            "live_undelivered": 0 if self._live is None else self._live.undelivered,
         }
 
     def flush(self, timeout_s: float) -> bool:

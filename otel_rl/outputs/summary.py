@@ -20,7 +20,7 @@ from otel_rl._logging import logger
 from otel_rl.outputs.otel.aggregation import Aggregates
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import RunRecord, ScalarsBlock
+from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock
 from otel_rl.run_folder import CONFIG_FILE, SUMMARY_FILE
 
 _logger = logger(__name__)
@@ -39,13 +39,14 @@ class SummarySink(RecordSink):
         self._start_ns: int | None = None
         self._end_ns: int | None = None
         self._last_scalars: dict[str, Any] = {}
+        self._algorithm = config.algorithm  # else the one an integration names (a framework event)
 
     def on_run(self, run: RunRecord) -> None:
         if run.end_ns is None:
             self._start_ns, self._status = run.start_ns, run.status
             document = {
                 "run_id": self._config.run_id,
-                "algorithm": self._config.algorithm,
+                "algorithm": self._algorithm,
                 "trace_id": f"{self._trace_id:032x}",
                 "resumes": self._resumes,
             }
@@ -56,6 +57,10 @@ class SummarySink(RecordSink):
         else:
             self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
 
+    def on_event(self, event: EventRecord) -> None:
+        if event.name == schema.EVENT_FRAMEWORK and not self._config.algorithm and event.attributes.get("algorithm"):
+            self._algorithm = event.attributes["algorithm"]
+
     def on_scalars(self, block: ScalarsBlock) -> None:
         self._last_scalars.update(block.latest_values())
 
@@ -64,7 +69,7 @@ class SummarySink(RecordSink):
         return {
             "metric_schema_version": schema.SCHEMA_VERSION,
             "run_id": self._config.run_id,
-            "algorithm": self._config.algorithm,
+            "algorithm": self._algorithm,
             "status": self._status,
             "reason": self._reason,
             "start_time_unix_nano": self._start_ns,

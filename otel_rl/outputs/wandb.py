@@ -35,8 +35,12 @@ queue, failures counted and warned once, within the shutdown deadline).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,12 +154,24 @@ class WandbWriter(TrackerWriter):
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
         # W&B's own features stay as the user set them (WANDB_CONSOLE, WANDB_SILENT, WANDB_X_DISABLE_STATS...).
+        provenance = attributes.get("provenance") or {}
+        program = provenance.get("program")
         settings = wandb.Settings(
             x_stats_pid=self.pid,  # its System tab samples the training process, wherever this output runs
             disable_git=True,  # provenance is in the config
             init_timeout=60,
+            # The run describes the training script, not the process this output runs in (an agent).
+            program=program,
+            program_abspath=program if program and os.path.isabs(program) else None,
         )
-        self._run = wandb.init(
+        with _ARGV_LOCK, _argv(provenance.get("args")):  # W&B reads a run's arguments from sys.argv
+            self._run = self._init(wandb, config, attributes, mode, settings)
+        self._run.define_metric(STEP_METRIC)
+        self._run.define_metric("*", step_metric=STEP_METRIC)
+        return self._run
+
+    def _init(self, wandb: Any, config: dict[str, Any], attributes: dict[str, Any], mode: str | None, settings: Any) -> Any:
+        return wandb.init(
             id=wandb_run_id(self.run_id),
             name=self.run_id,
             project=self.project or os.environ.get("WANDB_PROJECT") or "otel-rl",
@@ -167,9 +183,6 @@ class WandbWriter(TrackerWriter):
             reinit="create_new",  # several Telemetry objects in one process each get their own run
             settings=settings,
         )
-        self._run.define_metric(STEP_METRIC)
-        self._run.define_metric("*", step_metric=STEP_METRIC)
-        return self._run
 
     def _finish(self, status: str, reason: str | None) -> None:
         run = self._run
@@ -189,6 +202,24 @@ class WandbWriter(TrackerWriter):
                 self._run.finish(exit_code=0)
             except Exception:  # W&B failing on the way out: nothing left to save
                 _logger.warning("otel-rl: the W&B run did not finish cleanly", exc_info=True)
+
+
+_ARGV_LOCK = threading.Lock()
+"""One W&B run starts at a time in a process: each with its own training script's arguments in ``sys.argv``."""
+
+
+@contextlib.contextmanager
+def _argv(args: list[str] | None) -> Iterator[None]:
+    """``sys.argv[1:]`` is ``args`` (when given) inside the block."""
+    if args is None:
+        yield
+        return
+    saved = sys.argv
+    sys.argv = [saved[0] if saved else "", *map(str, args)]
+    try:
+        yield
+    finally:
+        sys.argv = saved
 
 
 def _provenance(attributes: dict[str, Any]) -> dict[str, Any]:

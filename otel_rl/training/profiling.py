@@ -117,8 +117,11 @@ class ProfileWindow:
             return
         if timeout_s is None:
             self._write(profiler)
-        else:
+            return
+        try:
             run_bounded(lambda: self._write(profiler), timeout_s, "torch.profiler export")
+        except RuntimeError as exc:  # the interpreter is exiting and starts no thread: an unbounded export would overrun
+            self._fail("could not be written within the shutdown deadline", exc)
 
     def _write(self, profiler: Any) -> None:
         try:

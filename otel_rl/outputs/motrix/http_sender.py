@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from otel_rl._logging import EVERY_TIME, logger, once
-from otel_rl.background import Worker
+from otel_rl.background import Deadline, Worker
 from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.delivery import Outcome, send
 from otel_rl.outputs.motrix.http_post import Poster
@@ -36,6 +36,8 @@ _logger = logger(__name__)
 
 BACKOFF_BASE_S = 0.5
 BACKOFF_CAP_S = 10.0
+FINISH_S = 0.2
+"""How long before its close deadline the sender stops trying, to count what it did not deliver in time."""
 
 
 class HttpSender(Worker):
@@ -78,6 +80,7 @@ class HttpSender(Worker):
         self._stall_warning_s = stall_warning_s
         self.sent = 0
         self.rejected = 0
+        self.undelivered = 0  # records still queued when the sender closed
         self._last_sent = time.monotonic()
         self._stalled = False
         self.start()
@@ -105,7 +108,17 @@ class HttpSender(Worker):
                 return
             self._check_stall()
 
+    def close(self, deadline: Deadline | float) -> None:
+        """Deliver what is queued until :data:`FINISH_S` before ``deadline``: what is left is then counted within it."""
+        at = deadline.at if isinstance(deadline, Deadline) else time.monotonic() + max(deadline, 0.0)
+        super().close(max(at - FINISH_S - time.monotonic(), 0.0))
+
     def finish(self) -> None:
+        """The close deadline passed, or the queue is empty: what is left was not delivered (counted as ``http`` drops)."""
+        left = self.queue.take()
+        for kind, _ in left:
+            self._drops.add("http", kind)
+        self.undelivered += len(left)
         self._poster.close()
 
     # -- delivery --------------------------------------------------------------

@@ -305,7 +305,7 @@ class OpenTelemetrySink(RecordSink):
             yield "logs", self.logger_provider
 
 
-_DESCRIBED = {"system": schema.ATTR_SYSTEM, "environment": schema.ATTR_ENVIRONMENT}
+_DESCRIBED = {"system": schema.ATTR_SYSTEM, "environment": schema.ATTR_ENVIRONMENT, "algorithm": schema.ATTR_ALGORITHM}
 """The attributes of a framework event, and the resource attributes they become."""
 
 
