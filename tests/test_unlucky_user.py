@@ -260,3 +260,36 @@ def test_records_the_live_service_did_not_get_by_the_deadline_are_counted_and_th
     assert tel.stats()["dropped"]["http"] >= count
     stored = [r for r in jsonl(tmp_path / "run") if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     assert len(stored) == 5000  # metrics.jsonl has every one
+
+
+def test_in_a_containers_64_mib_dev_shm_the_segment_leaves_a_dataloader_its_room(tmp_path):
+    script = textwrap.dedent("""
+        import glob, os, sys, torch, otel_rl
+        from torch.utils.data import DataLoader, Dataset
+
+        class Samples(Dataset):  # 8 MiB a sample: the workers hand them over through /dev/shm
+            def __len__(self):
+                return 16
+            def __getitem__(self, i):
+                return torch.full((2 * 1024 * 1024,), float(i))
+
+        tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0, quiet=True)
+        segment = max(os.path.getsize(p) for p in glob.glob(f"/dev/shm/otel-rl-{os.getuid()}/*/*.seg"))
+        batches = 0
+        with tel.run():
+            for i, batch in enumerate(DataLoader(Samples(), batch_size=1, num_workers=2)):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        batches += int(batch.numel() == 2 * 1024 * 1024)
+        tel.close()
+        print(segment, batches, tel.stats()["agent"])
+    """)
+    (tmp_path / "train.py").write_text(script)
+    shell = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {sys.executable} {tmp_path / 'train.py'} {tmp_path / 'run'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    result = subprocess.run(["unshare", "--mount", "sh", "-c", shell], capture_output=True, text=True, timeout=180, env=env)
+    assert result.returncode == 0, result.stderr
+    segment_bytes, batches, host = result.stdout.split()
+    assert int(segment_bytes) <= 8 << 20 and batches == "16" and host == "process"
+    summary = json.loads((tmp_path / "run" / "run_summary.json").read_text())
+    assert summary["status"] == "finished" and summary["timelines"]["learner"]["phases"]["learning"]["count"] == 16

@@ -138,14 +138,21 @@ def start_agent(identity: RunIdentity) -> AgentHost | None:
         return None
     try:
         payload = pickle.dumps(identity)
+        sizes = shm.fitted_sizes(config.lane_capacity, _free_bytes(directory))
         try:
-            segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, config.lane_capacity)
+            segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, *sizes)
         except FileNotFoundError:  # its idle agent removed the directory just now: the watcher starts a new one
-            segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, config.lane_capacity)
+            segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, *sizes)
     except (OSError, AttributeError) as exc:  # AttributeError: no os.posix_fallocate on this platform
         _logger.warning("otel-rl: no shared memory for the agent (%s); the outputs run on a thread", exc)
         return None  # the agent started for it ends idle
     return AgentHost(identity, segment, name, linger_s, process)
+
+
+def _free_bytes(directory: Path) -> int:
+    """Free space of the filesystem the segments live on (/dev/shm, shared with every process of the machine)."""
+    stats = os.statvfs(directory)
+    return stats.f_bavail * stats.f_frsize
 
 
 class AgentHost:

@@ -27,6 +27,7 @@ copying). Lanes are written by ``otel_rl.training._hotpath`` (or
 from __future__ import annotations
 
 import ctypes
+import errno
 import fcntl
 import functools
 import mmap
@@ -56,7 +57,40 @@ MAX_LANES = 8
 """Recording threads per process with a lane; the records of further threads are dropped (one warning)."""
 MAX_LANE_CAPACITY = 65_536
 """Records per lane at most (3 MiB, several seconds of phases: what waits while the agent starts up);
-the segment's memory (about 42 MiB) is reserved up front."""
+the segment's memory (about 42 MiB at full size) is reserved up front."""
+CONTROL_BYTES = 2 << 20
+DATA_BYTES = 16 << 20
+"""The message rings' sizes at full size."""
+SHARE_OF_FREE = 1 / 8
+"""The most of the shared-memory filesystem's free space a segment takes: the rest is the machine's
+(a DataLoader's workers pass their batches through the same /dev/shm, 64 MiB in a container by default)."""
+MIN_LANE_CAPACITY, MIN_CONTROL_BYTES, MIN_DATA_BYTES = 4096, 256 << 10, 1 << 20
+"""The smallest segment (about 3 MiB): below it the outputs run on a thread of the producer instead."""
+
+
+def fitted_sizes(lane_capacity: int, free_bytes: int) -> tuple[int, int, int]:
+    """``(lane_capacity, control_bytes, data_bytes)`` of a segment that takes at most :data:`SHARE_OF_FREE` of ``free_bytes``.
+
+    Full size when it fits; else lanes and rings shrink in proportion, down to the minimum.
+
+    Raises:
+        OSError: (ENOSPC) not even the smallest segment fits.
+    """
+    lane_capacity = min(lane_capacity, MAX_LANE_CAPACITY)
+    budget = free_bytes * SHARE_OF_FREE
+    full = _Layout(lane_capacity, CONTROL_BYTES, DATA_BYTES)
+    if full.total <= budget:
+        return lane_capacity, CONTROL_BYTES, DATA_BYTES
+    fixed = _Layout(0, 0, 0).total
+    scale = max(budget - fixed, 0) / (full.total - fixed)
+    sizes = (
+        min(lane_capacity, max(MIN_LANE_CAPACITY, int(lane_capacity * scale))),
+        max(MIN_CONTROL_BYTES, int(CONTROL_BYTES * scale) & ~4095),
+        max(MIN_DATA_BYTES, int(DATA_BYTES * scale) & ~4095),
+    )
+    if _Layout(*sizes).total > budget:
+        raise OSError(errno.ENOSPC, f"{free_bytes >> 20} MiB free in the shared-memory filesystem: too little for a segment")
+    return sizes
 
 RECORD = np.dtype(
     [
@@ -334,8 +368,8 @@ class Segment:
         path: Path | None,
         config: bytes,
         lane_capacity: int,
-        control_bytes: int = 2 << 20,
-        data_bytes: int = 16 << 20,
+        control_bytes: int = CONTROL_BYTES,
+        data_bytes: int = DATA_BYTES,
     ) -> None:
         if len(config) > CONFIG_BYTES:
             raise ValueError(f"the outputs' configuration is {len(config)} bytes; at most {CONFIG_BYTES} fit")
