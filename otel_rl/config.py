@@ -2,7 +2,9 @@
 
 Precedence: an argument beats its environment variable, which beats the
 default. Bad arguments raise at construction; bad environment values warn once
-and fall back to the default.
+and fall back to the default, and a variable that switches on what this
+process cannot use (a resume without a run folder, an output without its
+package) is ignored with one warning.
 """
 
 from __future__ import annotations
@@ -318,15 +320,7 @@ class TelemetryConfig:
         if options.get("enabled") is None or not defaults["enabled"]:
             # OTEL_SDK_DISABLED=true is the operator's kill switch: it wins over code, as in OpenTelemetry.
             merged["enabled"] = defaults["enabled"]
-        for name, variable in _ENVIRONMENT_OUTPUTS.items():
-            if name == "resume" and merged.get("role", "learner") != "learner":
-                merged[name] = False  # a worker continues whatever its learner resumed
-            elif name not in options and merged[name]:
-                why = _not_applicable(name, run_dir, merged)
-                if why:  # a job-wide setting this process cannot use: ignored, not fatal
-                    if merged["enabled"]:
-                        _logger.warning("otel-rl: %s=%s is ignored here: %s", variable, os.environ.get(variable, ""), why, extra=once(variable))
-                    merged[name] = None if name in ("trace_enabled", "profile") else False
+        _ignore_inapplicable(merged, options, run_dir)
         return cls(run_dir=run_dir, service_name=service_name, **merged)
 
 
@@ -338,6 +332,25 @@ _ENVIRONMENT_OUTPUTS = {
     "profile": env.OTEL_RL_PROFILE,
 }
 """Options an environment variable can switch on that need a folder (or a package) a process may not have."""
+
+
+def _ignore_inapplicable(merged: dict[str, Any], options: dict[str, Any], run_dir: Any) -> None:
+    """Switch off what an environment variable switched on that this process cannot use, with one warning each.
+
+    Such a variable is set for a whole job (``OTEL_RL_RESUME=1`` for every
+    worker of a restarted one): it applies where it can and is ignored
+    elsewhere, never fatal. A worker resumes nothing (its learner does);
+    with the kill switch on nothing is said.
+    """
+    for name, variable in _ENVIRONMENT_OUTPUTS.items():
+        if name == "resume" and merged.get("role", "learner") != "learner":
+            merged[name] = False
+        elif name not in options and merged[name]:
+            why = _not_applicable(name, run_dir, merged)
+            if why:
+                if merged["enabled"]:
+                    _logger.warning("otel-rl: %s=%s is ignored here: %s", variable, os.environ.get(variable, ""), why, extra=once(variable))
+                merged[name] = None if name in ("trace_enabled", "profile") else False
 
 
 def _not_applicable(name: str, run_dir: Any, merged: dict[str, Any]) -> str | None:

@@ -140,12 +140,13 @@ def test_a_forked_child_outliving_its_killed_parent_does_not_hold_the_run_folder
         tel = otel_rl.init(run_dir=sys.argv[1], quiet=True)
         tel.start_run()
         if os.fork() == 0:  # a child (a data loader's, say) that lives on
+            os.write(1, b"child\\n")  # past its fork handlers (one write: the lines cannot interleave)
             time.sleep(60)
             os._exit(0)
-        print("forked", flush=True)
+        os.write(1, b"parent\\n")
         time.sleep(60)
         """), str(run_dir)], stdout=subprocess.PIPE, text=True)  # fmt: skip
-    assert parent.stdout.readline().strip() == "forked"
+    assert {parent.stdout.readline().strip(), parent.stdout.readline().strip()} == {"parent", "child"}
     parent.send_signal(signal.SIGKILL)
     parent.wait(10)
     try:
