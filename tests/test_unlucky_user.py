@@ -294,3 +294,35 @@ def test_in_a_containers_64_mib_dev_shm_the_segment_leaves_a_dataloader_its_room
     assert int(segment_bytes) <= 8 << 20 and batches == "16" and host == "process"
     summary = json.loads((tmp_path / "run" / "run_summary.json").read_text())
     assert summary["status"] == "finished" and summary["timelines"]["learner"]["phases"]["learning"]["count"] == 16
+
+
+@pytest.mark.parametrize("implementation", ["c", "python"])
+@pytest.mark.parametrize("length", [0, 4096, 1 << 20])
+def test_a_segment_truncated_by_another_process_costs_training_nothing_and_ends_the_run(tmp_path, implementation, length):
+    result = python(
+        f"""
+        import subprocess, sys, otel_rl
+        tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+        with tel.run():
+            for i in range(3000):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        pass
+                tel.scalars({{"Loss/critic": float(i)}})
+                if i == 1000:
+                    tel.flush()
+                    subprocess.run(["truncate", "-s", "{length}", tel._host.segment.path], check=True)  # another process
+        tel.close()
+        print("training survived")
+        """,
+        str(tmp_path / "run"),
+        env={"OTEL_RL_PURE_PYTHON": "1"} if implementation == "python" else {},
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "training survived", result.stderr
+    assert "truncated this run's shared-memory segment" in result.stderr
+    records = jsonl(tmp_path / "run")
+    steps = [r["step"] for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert steps[:1001] == list(range(1001))  # everything flushed before it
+    (end,) = [r for r in records if r["kind"] == "run" and r["status"] not in ("pending", "running")]
+    assert end["status"] == "failed" and "truncated by another process" in end["reason"]
+    assert not list(Path(f"/dev/shm/otel-rl-{os.getuid()}").glob(f"*/{tmp_path.name}*.seg"))

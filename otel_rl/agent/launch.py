@@ -172,8 +172,20 @@ class AgentHost:
         self.directory = Path(segment.path).parent  # type: ignore[arg-type]
         self.linger_s = linger_s
         self.process = process
+        self.detached = False  # the segment was damaged: this process writes into it no more
         self._user_providers = UserProviders(lambda: resource(identity.config, identity.service_name))
         self._watcher = AgentWatch(self)
+
+    def check_segment(self) -> None:
+        """Stop writing into the segment once another process truncated it (one warning): training goes on."""
+        if not self.detached and self.segment.damaged():
+            self.detached = True
+            _logger.warning(
+                "otel-rl: another process truncated this run's shared-memory segment %s; training goes on, "
+                "its telemetry from then on is not recorded (the run ends as failed)",
+                self.segment.path,
+            )
+            self.recorder.after_fork()  # as in a forked child: nothing more is written into it
 
     def alive(self) -> bool:
         return (self.process is not None and self.process.poll() is None) or agents.agent_running(self.directory)
@@ -208,6 +220,7 @@ class AgentHost:
         from otel_rl.agent.serve import relay_logs
 
         self._watcher.shutdown(deadline.left(cap_s=1.0))
+        self.check_segment()
         self.recorder.publish_unlaned()
         segment = self.segment
         self._set_deadline(deadline)
@@ -292,7 +305,7 @@ class AgentHost:
 
 
 class AgentWatch(Worker):
-    """Once a second: relays the agent's warnings, and starts a new agent (once) if the one serving this producer died."""
+    """Once a second: checks the segment, relays the agent's warnings, and starts a new agent (once) if the one serving this producer died."""
 
     def __init__(self, host: AgentHost) -> None:
         super().__init__("otel-rl-agent-watch", 1.0)
@@ -306,6 +319,7 @@ class AgentWatch(Worker):
         host = self._host
         if self.stopping or host.segment.control is None:
             return
+        host.check_segment()
         relay_logs(host.segment)
         host.recorder.publish_unlaned()
         state = host.segment.get("agent_state")

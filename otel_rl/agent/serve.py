@@ -42,6 +42,8 @@ _logger = logger(__name__)
 CONTROL_POLL_S = 0.05
 """How often the server reads the producer's requests (close, flush) between passes."""
 MAX_PASSES = 64
+TRUNCATED = ("failed", "the run's shared-memory segment was truncated by another process; records after that were lost")
+"""How a run ends whose segment another process shrank (training goes on; its later records cannot be read)."""
 """Passes in a row while each stops at its per-pass limits (then the requests are read again)."""
 
 
@@ -175,6 +177,11 @@ class SegmentServer(Worker):
         if self.stopping:  # served to the end
             return
         reader = self.reader
+        if reader.damaged():  # what it holds from now on cannot be trusted: the run ends with what was read
+            _logger.warning("otel-rl: the segment of process %d was truncated by another process; its run ends here", self.outputs.identity.pid)
+            self._end(TRUNCATED)
+            self.close(0)
+            return
         closing = reader.get("state") == shm.CLOSING
         ended = None if closing else self.watch.ended()
         request = reader.get("flush_request")

@@ -26,6 +26,7 @@ copying). Lanes are written by ``otel_rl.training._hotpath`` (or
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -44,6 +45,10 @@ try:
     from otel_rl.shm._frames import take_frames as _c_take_frames
 except ImportError:  # not built (no compiler): _Ring.take_in_python
     _c_take_frames = None
+try:
+    from otel_rl.shm import _guard
+except ImportError:  # not built: a segment shrunk by another process is still noticed, but a write past its end faults
+    _guard = None
 
 
 MAGIC = b"OTELRL\x00\x01"
@@ -274,6 +279,52 @@ class _Layout:
         return self.lanes + index * self.lane_bytes
 
 
+class FileMapping:
+    """A shared mapping of a segment's file, which the file being shrunk by another process cannot fault.
+
+    Another process of the user may truncate the file; an access past its new
+    end would be a SIGBUS, the death of training or of its agent. ``_guard.c``
+    gives the file its length back on such a fault (what was cut reads as
+    zeros) and counts it; :meth:`shrunk` tells the owner, which then stops
+    trusting what the segment holds. The mapping keeps ``fd``.
+    """
+
+    def __init__(self, fd: int, length: int) -> None:
+        self.buffer = mmap.mmap(fd, length)
+        self.length = length
+        self._fd = fd
+        self._address = None
+        if _guard is not None:
+            _guard.protect(self.buffer, fd)
+            self._address = _guard.address(self.buffer)
+
+    def shrunk(self) -> bool:
+        """Whether the file was made shorter than the mapping since it was mapped (by what either end of it sees).
+
+        The end that noticed it first (a fault here, or the file's length)
+        clears the segment's magic, which tells the other end.
+        """
+        try:
+            shrunk = bool(self._address is not None and _guard.faults(self._address)) or os.fstat(self._fd).st_size < self.length
+        except OSError:
+            return False
+        if shrunk:
+            self.buffer[: len(MAGIC)] = bytes(len(MAGIC))  # guarded: a store past the end is given its page back
+        return shrunk or self.buffer[: len(MAGIC)] != MAGIC
+
+    def close(self) -> None:
+        """Unmap and let the file go; a mapping a C lane still holds stays (and stays guarded) until the lane goes."""
+        try:
+            self.buffer.close()
+        except BufferError:
+            return
+        if self._address is not None:
+            _guard.release(self._address)
+            self._address = None
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
 class _Ring:
     """A byte ring of length-prefixed frames; either end (writer or reader) of it."""
 
@@ -377,6 +428,7 @@ class Segment:
         lane_capacity = min(lane_capacity, MAX_LANE_CAPACITY)
         self.lane_capacity = lane_capacity
         self.layout = layout = _Layout(lane_capacity, control_bytes, data_bytes)
+        self._mapping: FileMapping | None = None
         if path is None:
             self.buffer = mmap.mmap(-1, layout.total)
         else:
@@ -384,12 +436,12 @@ class Segment:
             try:
                 # Reserve the memory now: touching a page the tmpfs cannot back later would be a SIGBUS.
                 os.posix_fallocate(fd, 0, layout.total)
-                self.buffer = mmap.mmap(fd, layout.total)
+                self._mapping = FileMapping(fd, layout.total)
             except BaseException:
                 os.close(fd)
                 path.unlink(missing_ok=True)
                 raise
-            os.close(fd)
+            self.buffer = self._mapping.buffer
         buffer = self.buffer
         header = {name: _i64(buffer, offset) for name, offset in _FIELDS.items()}
         header["pid"].value = os.getpid()
@@ -496,16 +548,24 @@ class Segment:
             self._final_totals = _read_slot(self.buffer, self.layout.totals)
         self.header.clear()
         self.control = self.data = self.logs = None  # type: ignore[assignment]
+        if self._mapping is not None:
+            self._mapping.close()
+            return
         try:
             self.buffer.close()
         except BufferError:  # a C lane still holds it; freed with the lane
             pass
+
+    def damaged(self) -> bool:
+        """Whether another process shrank the segment's file: what it held is no longer to be trusted."""
+        return self._mapping is not None and self._mapping.shrunk()
 
 
 class SegmentReader:
     """The agent's end of a :class:`Segment` (the file, or the producer's own mapping)."""
 
     def __init__(self, source: Path | mmap.mmap) -> None:
+        self._mapping: FileMapping | None = None
         if isinstance(source, mmap.mmap):
             self.path = None
             buffer = source
@@ -513,10 +573,14 @@ class SegmentReader:
             self.path = Path(source)
             fd = os.open(self.path, os.O_RDWR)
             try:
-                buffer = mmap.mmap(fd, os.fstat(fd).st_size)
-            finally:
+                self._mapping = FileMapping(fd, os.fstat(fd).st_size)
+            except BaseException:
                 os.close(fd)
-        if bytes(buffer[: len(MAGIC)]) != MAGIC:
+                raise
+            buffer = self._mapping.buffer
+        if len(buffer) < HEADER_BYTES or bytes(buffer[: len(MAGIC)]) != MAGIC:
+            if self._mapping is not None:
+                self._mapping.close()
             raise ValueError(f"{source} is not an otel-rl segment (or not initialised yet)")
         self.buffer = buffer
         self.header = {name: _i64(buffer, offset) for name, offset in _FIELDS.items()}
@@ -636,8 +700,9 @@ class SegmentReader:
         self._lanes.clear()
         self.header.clear()
         self.control = self.data = self.logs = None  # type: ignore[assignment]
-        if self.path is not None:
-            try:
-                self.buffer.close()
-            except BufferError:
-                pass
+        if self._mapping is not None:
+            self._mapping.close()
+
+    def damaged(self) -> bool:
+        """Whether another process shrank the segment's file: what it holds is no longer to be trusted."""
+        return self._mapping is not None and self._mapping.shrunk()
