@@ -92,3 +92,18 @@ def test_reward_terms_map_to_the_reward_family():
     assert schema.library_key("rsl_rl", "Episode_Reward/track_lin_vel") == "reward/track_lin_vel"
     assert schema.library_key("rsl_rl", "Episode/rew_feet_air_time") == "reward/feet_air_time"
     assert schema.library_key("rsl_rl", "Loss/value_function") == "Loss/value"
+
+
+def test_a_runner_instrumented_twice_times_each_call_once(tmp_path):
+    import json
+
+    tel = otel_rl.init(run_dir=tmp_path / "run", system_metrics_interval_s=0)
+    runner = OnPolicyRunner(PointMass(num_envs=8), dict(TRAIN_CFG), log_dir=str(tmp_path / "rsl_rl"), device="cpu")
+    instrument(runner, tel)
+    instrument(runner, tel).learn(num_learning_iterations=2)  # set up again: the wrappers are replaced, not stacked
+    tel.close()
+    summary = json.loads((tmp_path / "run" / "run_summary.json").read_text())
+    collector = summary["timelines"]["collector"]
+    assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == 2
+    assert collector["phases"]["env_step"]["count"] == 2 * 24
+    assert collector["accounted_share"] <= 1
