@@ -66,7 +66,10 @@ class Outputs:
     those records again. ``announced``: the run's ``pending`` record is out
     (default: when another agent served the producer before).
 
-    A bad option raises here, with whatever was started stopped again.
+    An optional output that cannot start (the trace, TensorBoard, W&B, the
+    panel, the live stream) costs only itself: one warning, its name in
+    :attr:`failed` and in :meth:`counts`. Anything else that fails raises
+    here, with whatever was started stopped again.
     """
 
     def __init__(
