@@ -260,3 +260,29 @@ def test_a_ring_reads_the_same_in_c_and_in_python():
         pending = pending[len(frames) :]
         read = after
         ring.read.value = after  # committed: the writer may reuse the room
+
+
+def test_any_number_of_segments_map_in_one_process_and_their_guards_are_freed_with_them(tmp_path):
+    import gc
+    import os
+
+    from otel_rl.shm import segment as shm
+
+    def mapped(n: int) -> shm.FileMapping:
+        path = tmp_path / f"{n}.seg"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(fd, 4096)
+        return shm.FileMapping(fd, 4096)
+
+    held = mapped(0)
+    view = memoryview(held.buffer)  # held, as a C lane holds its segment's mapping past close()
+    held.close()
+    for n in range(1, 3000):  # more than the guard's table holds, one after the other
+        mapping = mapped(n)
+        assert mapping._address is not None or shm._guard is None
+        mapping.close()
+    assert held._address is not None and not held.buffer.closed  # still mapped, still guarded
+    view.release()
+    del held, view, mapping
+    gc.collect()
+    assert len(os.listdir(f"/proc/{os.getpid()}/fd")) < 200  # every descriptor went with its mapping

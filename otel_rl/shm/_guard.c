@@ -19,7 +19,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#define MAX_GUARDED 64
+#define MAX_GUARDED 1024
 
 typedef struct {
     volatile sig_atomic_t used;
@@ -79,9 +79,17 @@ static PyObject *protect(PyObject *module, PyObject *args) {
     size_t length = (size_t)view.len;
     PyBuffer_Release(&view);
     if (install() != 0) return PyErr_SetFromErrno(PyExc_OSError);
+    int slot = -1;
     for (int i = 0; i < MAX_GUARDED; i++) {
-        Guarded *g = &guarded[i];
-        if (g->used) continue;
+        if (guarded[i].used && guarded[i].start == start) { /* a mapping at the address of one gone unreleased */
+            guarded[i].used = 0;
+            slot = i;
+            break;
+        }
+        if (!guarded[i].used && slot < 0) slot = i;
+    }
+    if (slot >= 0) {
+        Guarded *g = &guarded[slot];
         g->start = start;
         g->length = length;
         g->fd = fd;

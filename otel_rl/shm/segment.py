@@ -37,14 +37,19 @@ import re
 import struct
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
+
+from otel_rl._logging import logger, once
 
 try:
     from otel_rl.shm._frames import take_frames as _c_take_frames
 except ImportError:  # not built (no compiler): _Ring.take_in_python
     _c_take_frames = None
+_logger = logger(__name__)
+
 try:
     from otel_rl.shm import _guard
 except ImportError:  # not built: a segment shrunk by another process is still noticed, but a write past its end faults
@@ -295,8 +300,14 @@ class FileMapping:
         self._fd = fd
         self._address = None
         if _guard is not None:
-            _guard.protect(self.buffer, fd)
+            try:
+                _guard.protect(self.buffer, fd)
+            except RuntimeError as exc:  # its table is full: this mapping goes unguarded, as without the extension
+                _logger.warning("otel-rl: a segment's mapping is not guarded against truncation (%s)", exc, extra=once("guard-full"))
+                return
             self._address = _guard.address(self.buffer)
+            # Released with the mapping, also when a C lane holding it outlives close() (see close()).
+            self._release = weakref.finalize(self.buffer, _release_guard, self._address, fd)
 
     def shrunk(self) -> bool:
         """Whether the file was made shorter than the mapping since it was mapped (by what either end of it sees).
@@ -319,10 +330,18 @@ class FileMapping:
         except BufferError:
             return
         if self._address is not None:
-            _guard.release(self._address)
-            self._address = None
-        with contextlib.suppress(OSError):
-            os.close(self._fd)
+            self._release()  # the guard and the descriptor
+        else:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+
+
+def _release_guard(address: int, fd: int) -> None:
+    """A guarded mapping is gone: its guard's slot is free and its file's descriptor closed."""
+    with contextlib.suppress(KeyError):
+        _guard.release(address)
+    with contextlib.suppress(OSError):
+        os.close(fd)
 
 
 class _Ring:
