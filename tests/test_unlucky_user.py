@@ -326,3 +326,27 @@ def test_a_segment_truncated_by_another_process_costs_training_nothing_and_ends_
     (end,) = [r for r in records if r["kind"] == "run" and r["status"] not in ("pending", "running")]
     assert end["status"] == "failed" and "truncated by another process" in end["reason"]
     assert not list(Path(f"/dev/shm/otel-rl-{os.getuid()}").glob(f"*/{tmp_path.name}*.seg"))
+
+
+@pytest.mark.parametrize("implementation", ["c", "python"])
+def test_a_sweep_of_runs_in_one_process_keeps_none_of_their_segments_mapped(tmp_path, implementation):
+    result = python(
+        """
+        import sys, otel_rl
+        for trial in range(4):  # an Optuna-style sweep: one run after the other in one process
+            tel = otel_rl.init(run_dir=f"{sys.argv[1]}/{trial}", quiet=True, system_metrics_interval_s=0)
+            with tel.run():
+                for i in range(20):
+                    with tel.iteration(i, env_steps=i):
+                        with tel.phase("learning"):
+                            pass
+            tel.close()
+        print(sum(1 for line in open("/proc/self/maps") if ".seg" in line))
+        """,
+        str(tmp_path),
+        env={"OTEL_RL_PURE_PYTHON": "1"} if implementation == "python" else {},
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "0", result.stderr  # 44 MiB of /dev/shm each, else
+    for trial in range(4):
+        summary = json.loads((tmp_path / str(trial) / "run_summary.json").read_text())
+        assert summary["status"] == "finished" and summary["timelines"]["learner"]["phases"]["learning"]["count"] == 20

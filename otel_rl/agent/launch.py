@@ -185,7 +185,7 @@ class AgentHost:
                 "its telemetry from then on is not recorded (the run ends as failed)",
                 self.segment.path,
             )
-            self.recorder.after_fork()  # as in a forked child: nothing more is written into it
+            self.recorder.detach()  # nothing more is written into it
 
     def alive(self) -> bool:
         return (self.process is not None and self.process.poll() is None) or agents.agent_running(self.directory)
@@ -241,6 +241,7 @@ class AgentHost:
             with contextlib.suppress(OSError):
                 os.unlink(segment.path)  # type: ignore[arg-type]
         self._user_providers.shutdown(deadline)
+        self.recorder.detach()  # the lanes let the mapping go: a process that runs many runs keeps none of their segments
         segment.close()
 
     def hurry(self, deadline: Deadline) -> None:

@@ -181,6 +181,10 @@ class SegmentRecorder(Recorder):
 
     def after_fork(self) -> None:
         """In a forked child: the segment belongs to the parent, whose only writer each lane and ring must stay."""
+        self.detach()
+
+    def detach(self) -> None:
+        """Write nothing more into the segment (a forked child's, a damaged one, or one whose run is over): its lanes let its mapping go."""
         self._forked = True
         for lane in self.snapshot_lanes():
             if hasattr(lane, "detach"):
