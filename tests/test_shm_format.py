@@ -274,6 +274,7 @@ def test_any_number_of_segments_map_in_one_process_and_their_guards_are_freed_wi
         os.ftruncate(fd, 4096)
         return shm.FileMapping(fd, 4096)
 
+    descriptors = len(os.listdir(f"/proc/{os.getpid()}/fd"))
     held = mapped(0)
     view = memoryview(held.buffer)  # held, as a C lane holds its segment's mapping past close()
     held.close()
@@ -285,4 +286,4 @@ def test_any_number_of_segments_map_in_one_process_and_their_guards_are_freed_wi
     view.release()
     del held, view, mapping
     gc.collect()
-    assert len(os.listdir(f"/proc/{os.getpid()}/fd")) < 200  # every descriptor went with its mapping
+    assert len(os.listdir(f"/proc/{os.getpid()}/fd")) <= descriptors  # every descriptor went with its mapping
