@@ -99,8 +99,9 @@ def _main(argv: list[str] | None) -> int:
         return _agent(args)
     token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
     if args.command == "serve":
-        require(extras.POSTGRES if args.db.startswith(("postgresql:", "postgres:")) else extras.SERVE)
         require(extras.SERVE)
+        if args.db.startswith(("postgresql:", "postgres:")):
+            require(extras.POSTGRES)
         from otel_rl.readers.server import serve_forever
 
         if args.require_token and not token:

@@ -743,10 +743,10 @@ class Telemetry:
         finally:
             self._sigterm.restore()
             run_folder.release(self._run_folder)
+        counts = self._host.counts()  # what the outputs said last, once they closed
         if self._run_folder is not None:
-            counts = self._host.counts()
             run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, counts.get("failed_outputs", ()))
-        self._report_undelivered(self._host.counts().get("live_undelivered", 0))
+        self._report_undelivered(counts.get("live_undelivered", 0))
 
     def _report_undelivered(self, count: int) -> None:
         """One warning when the live service did not get every record by the close deadline, with how to send them."""

@@ -42,9 +42,9 @@ _logger = logger(__name__)
 CONTROL_POLL_S = 0.05
 """How often the server reads the producer's requests (close, flush) between passes."""
 MAX_PASSES = 64
+"""Passes in a row while each stops at its per-pass limits (then the requests are read again)."""
 TRUNCATED = ("failed", "the run's shared-memory segment was truncated by another process; records after that were lost")
 """How a run ends whose segment another process shrank (training goes on; its later records cannot be read)."""
-"""Passes in a row while each stops at its per-pass limits (then the requests are read again)."""
 
 
 class ProducerDeadline(Deadline):

@@ -690,7 +690,7 @@ class Pipeline:
             opened = state.open_iterations.pop(timeline, None)
             if opened is None:  # its start was dropped with an overflow
                 return
-            start_ns, index, env_steps, phases, start_cpu, base_depth = opened
+            start_ns, index, env_steps, phases, start_cpu, _ = opened
             if state.children_by_depth:
                 self._adopt(state.children_by_depth, phases, opened, timeline)
             state.children_by_depth.clear()

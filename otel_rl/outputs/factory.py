@@ -9,6 +9,7 @@ that travels to an agent inside the segment.
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -139,17 +140,17 @@ class Outputs:
             self._sinks.append(SummarySink(config, self.aggregates, identity.trace_id, resumes))
         self._add_motrix()
         if config.trace_enabled:
-            self._trace_sink = self._optional("the Perfetto trace", self._perfetto)
+            self._trace_sink = self._optional("the Perfetto trace", self._perfetto, self._sinks)
         if config.tensorboard:
-            self._optional("TensorBoard", self._tensorboard)
+            self._optional("TensorBoard", self._tensorboard, self._sinks)
         if config.wandb:
             from otel_rl.outputs.wandb import wandb_sink
 
-            self._optional("W&B", lambda: wandb_sink(config, self.drops, identity.pid))
+            self._optional("W&B", lambda: wandb_sink(config, self.drops, identity.pid), self._sinks)
         if config.panel:
             from otel_rl.outputs.panel import PanelSink
 
-            self.panel = self._optional("the panel", lambda: PanelSink(config.run_id))
+            self.panel = self._optional("the panel", lambda: PanelSink(config.run_id), self._sinks)
         self._sinks.extend(extra_sinks)
         self.pipeline = Pipeline(
             self._sources,
@@ -162,16 +163,16 @@ class Outputs:
         if config.system_metrics_interval_s:
             self._start_system_metrics()
 
-    def _optional(self, name: str, build: Callable[[], RecordSink]) -> RecordSink | None:
-        """Add the output ``build`` makes; one that cannot start costs only itself (one warning naming it)."""
+    def _optional(self, name: str, build: Callable[[], Any], into: list) -> Any:
+        """Add to ``into`` the output ``build`` makes and return it; one that cannot start costs only itself (one warning naming it, None)."""
         try:
-            sink = build()
+            output = build()
         except Exception as exc:
             self.failed.append(name)
             _logger.warning("otel-rl: %s could not start (%s: %s); the run's other outputs go on", name, type(exc).__name__, exc)
             return None
-        self._sinks.append(sink)
-        return sink
+        into.append(output)
+        return output
 
     def _tensorboard(self) -> RecordSink:
         from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
@@ -206,12 +207,8 @@ class Outputs:
         if config.motrix_url:
             from otel_rl.outputs.motrix.http_sender import HttpSender
 
-            try:
-                self._live = HttpSender(config.motrix_url, config.motrix_token, sink.heartbeat, self.drops)
-                sink.outputs.append(self._live)
-            except Exception as exc:
-                self.failed.append("the live stream")
-                _logger.warning("otel-rl: the live stream could not start (%s: %s); the run's other outputs go on", type(exc).__name__, exc)
+            sender = functools.partial(HttpSender, config.motrix_url, config.motrix_token, sink.heartbeat, self.drops)
+            self._live = self._optional("the live stream", sender, sink.outputs)
         if not self._announced:  # an agent taking over continues a run whose pending record is out
             sink.pending(self.identity.started_ns / 1e9)
 

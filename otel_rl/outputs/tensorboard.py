@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from otel_rl import run_metadata
+from otel_rl import extras, run_metadata
 from otel_rl.drops import Drops
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
 
@@ -39,10 +39,7 @@ def tensorboard_sink(log_dir: Path, drops: Drops, perf_interval_s: float = 1.0) 
     Raises:
         ImportError: the ``tensorboard`` package is not installed (``pip install 'otel-rl[tensorboard]'``).
     """
-    try:
-        import tensorboard  # noqa: F401 - checked here, on init(), rather than failing later on a thread
-    except ImportError as exc:
-        raise ImportError("tensorboard=True needs the tensorboard package: pip install 'otel-rl[tensorboard]'") from exc
+    extras.require(extras.OUTPUTS["tensorboard"])  # here, rather than failing later on the writer's thread
     return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s)
 
 

@@ -44,6 +44,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from otel_rl import extras
 from otel_rl._logging import logger
 from otel_rl.drops import Drops
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
@@ -74,10 +75,7 @@ def wandb_sink(config: Any, drops: Drops, pid: int) -> TrackerSink:
     Raises:
         ImportError: the ``wandb`` package is not installed (``pip install 'otel-rl[wandb]'``).
     """
-    try:
-        import wandb  # noqa: F401 - checked here, on init(), rather than failing later on a thread
-    except ImportError as exc:
-        raise ImportError("wandb=True needs the wandb package: pip install 'otel-rl[wandb]'") from exc
+    extras.require(extras.OUTPUTS["wandb"])  # here, rather than failing later on the writer's thread
     writer = WandbWriter(config.run_id, config.run_dir, drops, project=config.project, group=config.group, resume=config.resume, pid=pid)
     return TrackerSink(writer, config.perf_interval_s)
 
