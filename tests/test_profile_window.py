@@ -339,6 +339,7 @@ def test_an_exit_inside_the_window_keeps_the_shutdown_deadline(tmp_path):
     process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
     exiting = float(process.stdout.readline())
     assert process.wait(30) == 0
-    assert time.monotonic() - exiting < 2.0 + 1.0  # the deadline, and the interpreter's own teardown
+    # The 2 s deadline and the interpreter's own teardown, never the 6 s export: a loaded machine's teardown takes seconds.
+    assert time.monotonic() - exiting < 5.0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"
