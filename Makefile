@@ -21,6 +21,7 @@ test: $(BIN)/python
 	command -v prometheus >/dev/null && command -v chromium-headless-shell >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15 chromium-headless-shell)
 	bash collector-config/build.sh
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/python

@@ -36,13 +36,13 @@ from rich.console import Console
 
 from otel_rl.agent.segment_source import SegmentSource
 from otel_rl.agent.service import GC_THRESHOLDS
-from otel_rl.background import Deadline
+from otel_rl.base.clock import Clock
+from otel_rl.base.deadline import Deadline
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.identity import RunIdentity
-from otel_rl.core.pipeline import Clock
+from otel_rl.formats.schema import phase_spec
 from otel_rl.outputs.factory import Outputs
 from otel_rl.outputs.panel import PanelSink
-from otel_rl.schema import phase_spec
 from otel_rl.shm import segment as shm
 from otel_rl.training.segment_recorder import SegmentRecorder
 

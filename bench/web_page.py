@@ -30,7 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from browser import Browser  # noqa: E402
 
 from otel_rl.readers.server import IngestServer  # noqa: E402
-from otel_rl.readers.server.storage import Row, open_storage  # noqa: E402
+from otel_rl.readers.server.backends import open_storage  # noqa: E402
+from otel_rl.readers.server.storage import Row  # noqa: E402
 
 KEYS = ("Loss/critic", "Train/mean_reward", "Policy/entropy")
 BATCH = 20_000

@@ -6,7 +6,7 @@
 Metric names are the Prometheus names of what the otel-rl pipeline exports
 (through collector-config/otelcol.yaml): ``rl.phase.duration`` in ms becomes
 ``rl_phase_duration_milliseconds_*``, attribute ``rl.phase`` becomes label
-``rl_phase``. Phase names come from otel_rl.schema, never spelled here.
+``rl_phase``. Phase names come from otel_rl.formats.schema, never spelled here.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import StackingMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, ValueMap, ValueMappingResult
 
-from otel_rl import schema
+from otel_rl.formats import schema
 
 HERE = Path(__file__).parent
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -20,8 +20,8 @@ from typing import Any
 
 from otel_rl.api import TrainingTelemetry
 from otel_rl.config import DEFAULT, TelemetryConfig
-from otel_rl.run_folder import RunFolderInUse
-from otel_rl.schema import SchemaError
+from otel_rl.formats.schema import SchemaError
+from otel_rl.run.folder import RunFolderInUse
 from otel_rl.telemetry import NoOpTelemetry, Telemetry
 from otel_rl.version import __version__
 

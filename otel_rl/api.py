@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from otel_rl import schema
+from otel_rl.formats import schema
 
 
 class TrainingTelemetry(Protocol):

@@ -12,8 +12,8 @@ import logging
 import os
 import sys
 
-from otel_rl import extras
-from otel_rl.extras import MissingExtra, require
+from otel_rl.base import extras
+from otel_rl.base.extras import MissingExtra, require
 
 DESCRIPTION = "otel-rl: OpenTelemetry-native telemetry for reinforcement-learning training loops."
 
@@ -153,11 +153,11 @@ def _agent(args) -> int:
 def _analyze(args) -> int:
     import json
 
+    from google.protobuf.message import DecodeError
+
     from otel_rl.readers.analysis import read_trace
     from otel_rl.readers.analysis.report import analyze_model, render_text
     from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
-
-    from google.protobuf.message import DecodeError
 
     if args.plot:
         require(extras.PLOT)

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl import environment_variables as env
-from otel_rl import extras
-from otel_rl._logging import logger, once
-from otel_rl.values import clean_text
+from otel_rl.base import environment_variables as env
+from otel_rl.base import extras
+from otel_rl.base.log import logger, once
+from otel_rl.base.values import clean_text
 
 _logger = logger(__name__)
 
@@ -107,7 +107,7 @@ class TelemetryConfig:
     """How often the pipeline thread drains the buffers."""
 
     strict: bool = False
-    """Reject scalar keys and phases outside the canonical schema with :class:`otel_rl.schema.SchemaError`."""
+    """Reject scalar keys and phases outside the canonical schema with :class:`otel_rl.formats.schema.SchemaError`."""
 
     shutdown_timeout_s: float = 5.0
     """Upper bound of :meth:`Telemetry.close` (and of the exit hook)."""

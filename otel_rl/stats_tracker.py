@@ -50,7 +50,7 @@ from contextlib import contextmanager
 from enum import Enum
 from typing import Any, TypeVar
 
-from otel_rl._logging import logger
+from otel_rl.base.log import logger
 
 _logger = logger(__name__)
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -19,20 +19,22 @@ from contextlib import contextmanager
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import run_folder, run_lines, run_metadata, schema
-from otel_rl._logging import logger, once
-from otel_rl.background import Deadline
+from otel_rl.agent.hosts import Host, start_host
+from otel_rl.base.clock import Clock
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.log import logger, once
+from otel_rl.base.values import INT64_MAX, INT64_MIN, NAME_LIMIT, as_step, clean_text, describe, json_safe, shorten, snapshot
 from otel_rl.config import TelemetryConfig
-from otel_rl.hosts import Host, start_host
+from otel_rl.core.distributions import to_host_array
 from otel_rl.core.identity import RunIdentity, service_name
-from otel_rl.core.pipeline import Clock, RecordSink
+from otel_rl.core.ids import new_span_id, new_trace_id
+from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import RunRecord
-from otel_rl.distributions import to_host_array
-from otel_rl.outputs.motrix import protocol
-from otel_rl.outputs.otel.spans import new_span_id, new_trace_id
-from otel_rl.run_metadata import redact
+from otel_rl.formats import protocol, schema
+from otel_rl.run import files, notices, provenance
+from otel_rl.run import folder as run_folder
+from otel_rl.run.provenance import redact
 from otel_rl.training.recorder import FLOW, Iteration, Phase
-from otel_rl.values import INT64_MAX, INT64_MIN, NAME_LIMIT, as_step, clean_text, describe, json_safe, shorten, snapshot
 
 _logger = logger(__name__)
 
@@ -162,7 +164,7 @@ class Telemetry:
     training once construction succeeded, except the documented argument
     errors (unknown timeline, malformed phase name, strict-mode schema
     errors). Values that are not plain JSON (numpy and torch values, paths,
-    enums, dates, NaN...) are converted by the rules of :mod:`otel_rl.values`,
+    enums, dates, NaN...) are converted by the rules of :mod:`otel_rl.base.values`,
     with one warning naming what was changed.
 
     Public attributes: ``enabled``, ``config``, ``run_id``, ``trace_id`` and
@@ -214,7 +216,7 @@ class Telemetry:
         atexit.register(self._atexit)
         _live.add(self)
         if self._run_folder is not None:
-            run_lines.started(config)
+            notices.started(config)
 
     def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None, started_ns: int) -> None:
         """The trace, the run being resumed, the configuration made plain data, the host and its recorder."""
@@ -240,23 +242,21 @@ class Telemetry:
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
         self._profile = None
         if config.profile is not None:
-            from otel_rl.training.profiling import FOLDER, ProfileWindow
+            from otel_rl.training.profiling import ProfileWindow
 
-            folder = (config.run_dir or config.trace_output_dir) / FOLDER  # type: ignore[operator]
+            folder = (config.run_dir or config.trace_output_dir) / files.PROFILE_DIR  # type: ignore[operator]
             self._profile = ProfileWindow(*config.profile, folder, self._internal_event)
 
     def _previous_run(self):
         """The run this one resumes (read from its folder), or None when there is nothing to resume."""
         from otel_rl.agent.directory import wait_for_agents
         from otel_rl.agent.launch import recover_orphans
-        from otel_rl.outputs.motrix.jsonl import JSONL_FILE
-        from otel_rl.outputs.summary import CONFIG_FILE
-        from otel_rl.resume import previous_run
+        from otel_rl.run.resume import previous_run
 
         recover_orphans()  # a previous process whose agent died too: a new agent writes its records first
         if not wait_for_agents(self.config.run_id, self.config.shutdown_timeout_s):  # type: ignore[arg-type]
             _logger.warning("otel-rl: the agent of the run's previous process is still writing its outputs; resuming anyway")
-        return previous_run(self.config.run_dir, self.config.run_id, CONFIG_FILE, JSONL_FILE)  # type: ignore[arg-type]
+        return previous_run(self.config.run_dir, self.config.run_id)  # type: ignore[arg-type]
 
     @property
     def run_id(self) -> str:
@@ -277,7 +277,7 @@ class Telemetry:
         its spans say so.
 
         Raises:
-            otel_rl.schema.SchemaError: unknown timeline, malformed name, or a
+            otel_rl.formats.schema.SchemaError: unknown timeline, malformed name, or a
                 non-canonical phase in strict mode.
         """
         if cuda or stream is not None:
@@ -390,7 +390,7 @@ class Telemetry:
 
         ``values`` is a tensor, array, sequence or number of any shape. The
         training thread makes one host copy (one transfer for a tensor; inputs
-        over :data:`otel_rl.distributions.MAX_VALUES` elements are evenly
+        over :data:`otel_rl.core.distributions.MAX_VALUES` elements are evenly
         strided on their device first); the rest happens off it: a histogram
         for TensorBoard and W&B, the OpenTelemetry histogram
         ``rl.distribution``, and ``<key>/min``, ``/mean``, ``/max``, ``/std``
@@ -412,7 +412,7 @@ class Telemetry:
         """Record a named event (``warmup_done``, ``checkpoint_saved``...).
 
         Attributes may hold any value: they are made JSON-safe by the rules of
-        :mod:`otel_rl.values`. A name that is not a non-empty string, or is
+        :mod:`otel_rl.base.values`. A name that is not a non-empty string, or is
         longer than the protocol allows, is fixed with one warning.
         """
         if self._closed:
@@ -464,7 +464,7 @@ class Telemetry:
             num_envs: parallel environments.
             config: the resolved training configuration: a mapping (or a
                 dataclass, ``argparse.Namespace``...) of any values, made
-                JSON-safe by the rules of :mod:`otel_rl.values`.
+                JSON-safe by the rules of :mod:`otel_rl.base.values`.
             handle_sigterm: on the main thread, and when SIGTERM has its default
                 action, turn SIGTERM into :class:`Terminated` for the run's
                 duration so the run ends as ``killed`` and telemetry is
@@ -488,7 +488,7 @@ class Telemetry:
             "total_steps": _count("total_steps", total_steps),
             "num_envs": num_envs,
             "config": redact(_config_document(config, self._nonfinite)),
-            "provenance": run_metadata.collect(),
+            "provenance": provenance.collect(),
         }
         self._recorder.add_control(
             RunRecord(
@@ -598,7 +598,7 @@ class Telemetry:
         attributes: dict[str, Any] = {}
         if status == "failed" and self.config.run_dir is not None:
             try:
-                attributes["error_logs"] = sorted(str(p) for p in (self.config.run_dir / "errors").glob("*.log"))
+                attributes["error_logs"] = sorted(str(p) for p in (self.config.run_dir / files.ERRORS_DIR).glob("*.log"))
             except OSError:
                 attributes["error_logs"] = []
         self._recorder.add_control(
@@ -635,13 +635,13 @@ class Telemetry:
         ``values`` (``Perf/total_fps``, losses...) join this rank's learner
         timings of the window; with an initialised ``torch.distributed`` and a
         ``group`` they are reduced across ranks with one packed all-reduce
-        (see :func:`otel_rl.distributed.reduce_across_ranks`).
+        (see :func:`otel_rl.training.distributed.reduce_across_ranks`).
         Rank 0 records the result as scalars; every rank gets it back.
         """
         local = {**self.window_timings(), **snapshot(values or {})}
         reduced = local
         if group is not None:
-            from otel_rl.distributed import reduce_across_ranks
+            from otel_rl.training.distributed import reduce_across_ranks
 
             reduced = reduce_across_ranks(local, group)
         if self.config.rank == 0:
@@ -668,7 +668,7 @@ class Telemetry:
         """
         import multiprocessing
 
-        from otel_rl.worker_processes import RELAY_CAPACITY, RelayReceiver, WorkerSpec
+        from otel_rl.training.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
 
         # A worker records into this process's agent, unless a relay is given (a Ray actor may be on another machine).
         agent = self._host.workers_agent if relay is None else None
@@ -691,7 +691,7 @@ class Telemetry:
 
     def watch_worker(self, process: Any, role: str) -> None:
         """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""
-        from otel_rl.worker_processes import WorkerMonitor
+        from otel_rl.training.workers import WorkerMonitor
 
         with self._phases_lock:
             if self._monitor is None:
@@ -745,7 +745,7 @@ class Telemetry:
             run_folder.release(self._run_folder)
         counts = self._host.counts()  # what the outputs said last, once they closed
         if self._run_folder is not None:
-            run_lines.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, counts.get("failed_outputs", ()))
+            notices.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, counts.get("failed_outputs", ()))
         self._report_undelivered(counts.get("live_undelivered", 0))
 
     def _report_undelivered(self, count: int) -> None:
@@ -933,7 +933,7 @@ class NoOpTelemetry:
 
     def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
         """A spec that makes the worker's telemetry disabled too."""
-        from otel_rl.worker_processes import WorkerSpec
+        from otel_rl.training.workers import WorkerSpec
 
         return WorkerSpec(role=role, run_id="", traceparent="", relay=None, options={"enabled": False})
 

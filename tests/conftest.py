@@ -15,10 +15,10 @@ def clean_environment(monkeypatch):
     for name in list(os.environ):
         if name.startswith(_OTEL_PREFIXES):
             monkeypatch.delenv(name)
-    from otel_rl import environment_variables
+    from otel_rl.base import environment_variables
 
     environment_variables._warned.clear()
-    from otel_rl._logging import DEDUP
+    from otel_rl.base.log import DEDUP
 
     DEDUP.reset()
     yield

@@ -122,7 +122,7 @@ def areal_parity(rank: int, world: int, extra) -> dict:
 
 def window_keys_differ(rank: int, world: int, extra) -> list:
     """Log windows whose keys differ across ranks (an empty window on one rank, a phase only rank 0 runs)."""
-    from otel_rl.distributed import reduce_across_ranks
+    from otel_rl.training.distributed import reduce_across_ranks
 
     first = reduce_across_ranks({} if rank == 1 else {"Perf/learning_time": 2.0 * (rank + 1)}, dist.group.WORLD)
     second = reduce_across_ranks(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 import json
 
-from otel_rl.drops import Drops
-from otel_rl.outputs.motrix.exporter import MotrixSink
+from otel_rl.base.drops import Drops
 from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock, ScalarsRecord
+from otel_rl.outputs.motrix.exporter import MotrixSink
 
 FIXED_TS = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 FIXED_VERSIONS = {"python": "3.11.7", "otel_rl": "0.1.0"}

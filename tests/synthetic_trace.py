@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from otel_rl import schema
-from otel_rl.outputs.perfetto.trace import PerfettoTraceSink
 from otel_rl.core.records import DeviceIntervalRecord, IterationRecord, PhaseRecord
+from otel_rl.formats import schema
+from otel_rl.outputs.perfetto.trace import PerfettoTraceSink
 
 MS = 1_000_000
 T0 = 1_767_225_600 * 10**9

@@ -19,12 +19,13 @@ import requests
 
 import otel_rl
 from otel_rl.agent import directory as agents
-from otel_rl.shm import segment as shm
-from otel_rl.training.segment_recorder import PyShmLane, SegmentRecorder
+from otel_rl.formats.schema import phase_spec
 from otel_rl.readers.analysis import protobuf_engine, trace_files
-from otel_rl.training.recorder import IMPLEMENTATIONS
-from otel_rl.schema import phase_spec
 from otel_rl.readers.server import IngestServer
+from otel_rl.shm import segment as shm
+from otel_rl.shm.layout import MessageKind, RecordKind
+from otel_rl.training.recorder import IMPLEMENTATIONS
+from otel_rl.training.segment_recorder import PyShmLane, SegmentRecorder
 
 TARGET = Path(__file__).parent / "agent_target.py"
 KILLED_AFTER = 60  # iterations the target finishes before it is killed
@@ -187,7 +188,7 @@ def test_python_and_c_lanes_write_the_same_records(tmp_path):
         assert names[written[implementation][1][1]] == "learner\tlearning" and "KeyError" in names
     assert written["c"] == written["python"]
     kinds = [r[0] for r in written["c"]]
-    assert kinds == [shm.ITERATION_START, shm.PHASE, shm.ITERATION_END, shm.FLOW]
+    assert kinds == [RecordKind.ITERATION_START, RecordKind.PHASE, RecordKind.ITERATION_END, RecordKind.FLOW]
     assert written["c"][0][3:5] == (-1, 5)
 
 
@@ -259,7 +260,7 @@ def test_a_forked_child_writes_nothing_into_its_parents_segment(implementation, 
 def test_message_rings_wrap_fill_and_agree_between_c_and_python():
     from otel_rl.training import _hotpath
 
-    frames = [(shm.SCALARS, bytes([i]) * (100 + 37 * i)) for i in range(40)]
+    frames = [(MessageKind.SCALARS, bytes([i]) * (100 + 37 * i)) for i in range(40)]
     taken = {}
     for writer in ("c", "python"):
         segment = shm.Segment(None, b"", 64, control_bytes=4096, data_bytes=4096)
@@ -305,7 +306,7 @@ def test_odd_keys_and_values_reach_the_agent_as_what_they_were(tmp_path, caplog)
     # The agent's warnings are logged in this process, under the loggers that raised them, by close().
     logged = {(r.name, r.getMessage()) for r in caplog.records}
     assert ("otel_rl.core.pipeline", "otel-rl: scalars()/distribution() key _Algo.SAC (_Algo) is not a string; its value is dropped") in logged
-    assert ("otel_rl.values", "otel-rl: scalars(): 'Loss/path' is PosixPath, not a number; dropped") in logged
+    assert ("otel_rl.base.values", "otel-rl: scalars(): 'Loss/path' is PosixPath, not a number; dropped") in logged
     assert any("'Loss/bytes' is bytes, not a number" in message for _, message in logged)
 
 
@@ -561,9 +562,9 @@ def test_a_configuration_with_the_users_own_classes_still_reaches_an_agent_or_st
 def test_a_backlog_larger_than_the_jsonl_queue_reaches_the_file_whole(tmp_path):
     """An agent that finds more records than ``metrics.jsonl``'s queue holds (it took over from one that died) writes them pass by pass: none dropped."""
     from otel_rl.agent.serve import serve_segment
+    from otel_rl.base.clock import Clock
     from otel_rl.config import TelemetryConfig
     from otel_rl.core.identity import RunIdentity
-    from otel_rl.core.pipeline import Clock
 
     config = TelemetryConfig.from_options(tmp_path / "run", None, jsonl=True, trace_enabled=False, panel=False, system_metrics_interval_s=0)
     clock = Clock()

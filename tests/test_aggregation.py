@@ -7,13 +7,15 @@ import random
 import time
 from bisect import bisect_left
 
-from otel_rl import schema
 from otel_rl.agent.segment_source import SegmentSource
+from otel_rl.base.clock import Clock
 from otel_rl.core.iteration_rows import IterationRun
-from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
+from otel_rl.core.pipeline import Pipeline, RecordSink
 from otel_rl.core.records import PhaseRecord
-from otel_rl.outputs.otel import aggregation
-from otel_rl.outputs.otel.aggregation import AggregatorSink, Aggregates
+from otel_rl.formats import schema
+from otel_rl.outputs import aggregates as aggregation
+from otel_rl.outputs.aggregates import Aggregates, AggregatorSink
+from otel_rl.outputs.otel.metrics import collect
 from otel_rl.shm import segment as shm
 from otel_rl.training.segment_recorder import SegmentRecorder
 
@@ -27,14 +29,14 @@ def phase(name: str, duration_ns: int, end_ns: int, span_id: int = 0, children=N
 def test_batched_bins_match_one_at_a_time(monkeypatch):
     monkeypatch.setattr(aggregation, "FOLD_EVERY", 100)  # also fold inside a pass, as a long pass would
     rng = random.Random(7)
-    aggregates = Aggregates(0, {}, trace_id=1)
+    aggregates = Aggregates(0, {})
     durations = [int(rng.lognormvariate(13, 1.5)) for _ in range(1000)]  # ~0.01 ms .. ~100 ms
     for i, ns in enumerate(durations):
         forward = phase("inference_forward", ns // 2, 10**9 + i * 10**6)
         aggregates.record_phases([phase("inference", ns, 10**9 + i * 10**6, span_id=i + 1 if i % 97 == 0 else 0, children=[forward])])
         if i % 300 == 0:
             aggregates.fold()  # a pipeline pass ends
-    metric = next(m for m in aggregates.collect(2 * 10**9) if m.name == schema.METRIC_PHASE_DURATION)
+    metric = next(m for m in collect(aggregates.snapshot(2 * 10**9), 1) if m.name == schema.METRIC_PHASE_DURATION)
     points = {p.attributes[schema.ATTR_PHASE]: p for p in metric.data.data_points}
     for name, values in (("inference", [ns / 1e6 for ns in durations]), ("inference_forward", [(ns // 2) / 1e6 for ns in durations])):
         expected = [0] * (len(schema.PHASE_BUCKETS_MS) + 1)
@@ -71,7 +73,7 @@ def test_iterations_read_as_columns_bin_as_their_records():
     """A segment's steady-state iterations reach the aggregates as columns: the same bins, counts, sums and exemplars."""
     segment = shm.Segment(None, b"", 4096)
     recorder = SegmentRecorder(segment, 4096)
-    aggregates = Aggregates(0, {}, trace_id=1)
+    aggregates = Aggregates(0, {})
     spans = _SpanIds()
     source = SegmentSource(shm.SegmentReader(segment.buffer))
     pipeline = Pipeline([source], [spans, AggregatorSink(aggregates, dict)], Clock(), itertools.count(1))
@@ -89,7 +91,7 @@ def test_iterations_read_as_columns_bin_as_their_records():
             pipeline.drain()
     pipeline.drain()
     assert spans.runs >= 2 and [it.index for it in spans.iterations] == list(range(200))
-    metrics = {m.name: m for m in aggregates.collect(time.time_ns())}
+    metrics = {m.name: m for m in collect(aggregates.snapshot(time.time_ns()), 1)}
     points = {p.attributes[schema.ATTR_PHASE]: p for p in metrics[schema.METRIC_PHASE_DURATION].data.data_points}
     for name in ("inference", "learning"):
         values = [(p.end_ns - p.start_ns) / 1e6 for it in spans.iterations for p in it.phases if p.spec.name == name]

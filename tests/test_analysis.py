@@ -10,13 +10,12 @@ import sys
 import time
 
 import pytest
+from synthetic_trace import write_trace
 
 import otel_rl
 from otel_rl.readers.analysis import analyze, read_trace
 from otel_rl.readers.analysis.report import analyze_model
 from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
-
-from synthetic_trace import write_trace
 
 COLLECTOR_BOUND = dict(
     learner=[("collector_wait", 6.0, []), ("inference", 0.5, []), ("learning", 2.0, [])],
@@ -158,7 +157,7 @@ def test_the_run_summary_quantiles_agree_with_analyze(tmp_path):
     """One method, nearest rank: exact in analyze, within 1% in run_summary.json (a sketch of the stream)."""
     import random
 
-    from otel_rl.outputs.otel.aggregation import QUANTILE_ACCURACY
+    from otel_rl.outputs.aggregates import QUANTILE_ACCURACY
 
     rng = random.Random(7)
     tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)

@@ -17,13 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
-
 from pipeline_harness import COLLECTOR_CONFIG, REPO, Collector, Prometheus, collector_binary, wait_until
 
 sys.path.insert(0, str(REPO / "dashboards"))
 import generate as dashboards  # noqa: E402
 
-from otel_rl import schema  # noqa: E402
+from otel_rl.formats import schema  # noqa: E402
 
 SLEEP_MS = {"collector_wait": 3.0, "learning": 12.0, "env_step": 7.0, "learner_action_wait": 1.5}
 LOOP = textwrap.dedent(

@@ -9,7 +9,6 @@ test counts every scalar, event and Learning slice the producer made in
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys

@@ -8,12 +8,11 @@ from __future__ import annotations
 import logging
 
 import pytest
+from otlp_receivers import HttpReceiver
 
 import otel_rl
+from otel_rl.formats.schema import phase_spec
 from otel_rl.training.cuda_timing import Anchor, EventPool, PendingPair, PendingPairs, cuda_unavailable_reason, drift_ns
-from otel_rl.schema import phase_spec
-
-from otlp_receivers import HttpReceiver
 
 
 class HostEvent:

@@ -16,10 +16,10 @@ import textwrap
 import time
 from pathlib import Path
 
+from fault_servers import SilentServer
+
 import otel_rl
 from otel_rl.agent import directory as agents
-
-from fault_servers import SilentServer
 
 CONFIGURED_S = 60.0
 

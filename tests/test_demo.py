@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
-
-from otel_rl.readers.analysis import protobuf_engine, trace_files
-from otel_rl.schema import check_schema_version
-
 from otlp_receivers import HttpReceiver
+
+from otel_rl.formats.schema import check_schema_version
+from otel_rl.readers.analysis import protobuf_engine, trace_files
 
 LEARNER_PHASES = {"Collector Wait", "Inference", "H2D", "Forward", "D2H", "Collector Release", "Replay Sample", "Learning"}
 COLLECTOR_PHASES = {"Inference Request", "Learner Action Wait", "Env Step", "Replay Write"}

@@ -65,9 +65,9 @@ def test_skrl_ppo(tmp_path, slow):
     from skrl.envs.wrappers.torch import wrap_env
     from skrl.memories.torch import RandomMemory
     from skrl.trainers.torch import SequentialTrainer
+    from test_integration_skrl import Policy, Value
 
     from otel_rl.integrations.skrl import instrument
-    from test_integration_skrl import Policy, Value
 
     tel = otel_rl.init(run_dir=tmp_path)
     wrappers = [SlowStep] if slow == "collection" else None

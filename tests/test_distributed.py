@@ -9,11 +9,10 @@ import socket
 import pytest
 import torch
 import torch.multiprocessing as mp
-
-from otel_rl.stats_tracker import ReduceType, StatsError, StatsTracker, merge_worker_stats, publishable
-
 from dist_workers import rank_data
 from otlp_receivers import HttpReceiver
+
+from otel_rl.stats_tracker import ReduceType, StatsError, StatsTracker, merge_worker_stats, publishable
 
 
 def _free_port() -> int:

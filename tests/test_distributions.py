@@ -9,13 +9,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from otlp_receivers import HttpReceiver
 
 import otel_rl
-from otel_rl import schema
-from otel_rl.distributions import MAX_VALUES, summarize, to_host_array
+from otel_rl.core.distributions import MAX_VALUES, summarize, to_host_array
+from otel_rl.formats import schema
 from otel_rl.training.recorder import DISTRIBUTION_BYTES, Recorder
-
-from otlp_receivers import HttpReceiver
 
 
 def jsonl(run_dir) -> list[dict]:

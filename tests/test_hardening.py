@@ -25,16 +25,15 @@ import time
 import numpy as np
 import pytest
 import torch
+from fault_servers import ScriptedIngest, SilentServer, TrickleServer
 
 import otel_rl
+from otel_rl.base.drops import Drops
 from otel_rl.outputs.motrix.backfill import backfill
-from otel_rl.drops import Drops
 from otel_rl.outputs.motrix.http_sender import HttpSender
 from otel_rl.outputs.motrix.jsonl import JsonlWriter
 from otel_rl.readers.server import IngestServer
 from otel_rl.telemetry import NoOpTelemetry, failure_reason
-
-from fault_servers import ScriptedIngest, SilentServer, TrickleServer
 
 
 class Algo(enum.Enum):
@@ -626,10 +625,10 @@ class StandInCuda:
 
 
 def test_cuda_timing_calibrates_on_its_own_thread_and_places_device_intervals():
+    from otel_rl.base.clock import Clock
+    from otel_rl.formats.schema import phase_spec
     from otel_rl.training.cuda_timing import CudaPhase, CudaTimer
-    from otel_rl.core.pipeline import Clock
     from otel_rl.training.recorder import Recorder
-    from otel_rl.schema import phase_spec
 
     recorder = Recorder()
     clock = Clock()
@@ -656,10 +655,10 @@ def test_cuda_timing_calibrates_on_its_own_thread_and_places_device_intervals():
 
 
 def test_a_failing_device_query_does_not_stop_the_resolver(caplog):
+    from otel_rl.base.clock import Clock
+    from otel_rl.formats.schema import phase_spec
     from otel_rl.training.cuda_timing import CudaPhase, CudaTimer
-    from otel_rl.core.pipeline import Clock
     from otel_rl.training.recorder import Recorder
-    from otel_rl.schema import phase_spec
 
     class Flaky(StandInEvent):
         failures = [1]
@@ -707,8 +706,8 @@ def crashing_worker(spec) -> None:
 def test_a_crashed_workers_trace_is_merged_and_marked(tmp_path):
     import multiprocessing as mp
 
-    from otel_rl.readers.analysis import protobuf_engine, trace_files
     from otel_rl.outputs.perfetto.trace import CRASH_MARK
+    from otel_rl.readers.analysis import protobuf_engine, trace_files
 
     tel = otel_rl.init(run_dir=tmp_path, trace_enabled=True, system_metrics_interval_s=0)
     context = mp.get_context("spawn")

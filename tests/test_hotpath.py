@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from otel_rl.base.log import DEDUP
+from otel_rl.formats.schema import phase_spec
 from otel_rl.training import recorder as recorder_module
-from otel_rl._logging import DEDUP
 from otel_rl.training.recorder import IMPLEMENTATIONS, ITERATION_END, ITERATION_START, Recorder
-from otel_rl.schema import phase_spec
 
 IMPLS = sorted(IMPLEMENTATIONS)
 

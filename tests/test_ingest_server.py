@@ -4,23 +4,22 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import signal
 import subprocess
 import sys
-import logging
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import requests
+from motrix_golden import golden_records
 
 import otel_rl
 from otel_rl.outputs.motrix.backfill import backfill
 from otel_rl.readers.server import IngestServer
-
-from motrix_golden import golden_records
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics_v1"
 TOKEN = "server-t0ken"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 import ray
+from integration_checks import check_run, counts, framework, records
+from otlp_receivers import HttpReceiver
 from ray.rllib.algorithms.ppo import PPOConfig
 
 import otel_rl
 from otel_rl.integrations.rllib import TelemetryCallbacks
 
-from integration_checks import check_run, counts, framework, records
-from otlp_receivers import HttpReceiver
 
 @pytest.fixture
 def receiver(monkeypatch):

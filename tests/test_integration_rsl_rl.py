@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import torch
+from integration_checks import check_run, counts, framework, records
 from rsl_rl.env import VecEnv
 from rsl_rl.runners import OnPolicyRunner
 from tensordict import TensorDict
 
 import otel_rl
-from otel_rl import schema
+from otel_rl.formats import schema
 from otel_rl.integrations.rsl_rl import instrument
-
-from integration_checks import check_run, counts, framework, records
 
 
 class PointMass(VecEnv):

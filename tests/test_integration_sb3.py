@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from integration_checks import check_run, counts, framework, records
 from stable_baselines3 import DQN, PPO, SAC
 
 import otel_rl
-from otel_rl import schema
+from otel_rl.formats import schema
 from otel_rl.integrations.sb3 import TelemetryCallback, TelemetryOutput
-
-from integration_checks import check_run, counts, framework, records
 
 BOTH_TIMELINES = {"learner": {"Learning", "Policy Inference", "Env Step"}}
 

@@ -6,6 +6,7 @@ import gymnasium as gym
 import pytest
 import torch
 import torch.nn as nn
+from integration_checks import check_run, counts, framework, records
 from skrl.agents.torch.ppo import PPO, PPO_CFG
 from skrl.agents.torch.sac import SAC, SAC_CFG
 from skrl.envs.wrappers.torch import wrap_env
@@ -15,8 +16,6 @@ from skrl.trainers.torch import SequentialTrainer
 
 import otel_rl
 from otel_rl.integrations.skrl import instrument
-
-from integration_checks import check_run, counts, framework, records
 
 
 class Policy(CategoricalMixin, Model):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from integration_checks import check_run, counts, framework, records
 from tensordict.nn import TensorDictModule
 from torchrl.collectors import Collector
 from torchrl.envs import GymEnv, StepCounter, TransformedEnv
@@ -12,8 +13,6 @@ from torchrl.objectives.value import GAE
 
 import otel_rl
 from otel_rl.integrations.torchrl import TelemetryLogger, iterate
-
-from integration_checks import check_run, counts, framework, records
 
 FRAMES_PER_BATCH, TOTAL_FRAMES = 256, 2048
 

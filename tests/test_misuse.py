@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import logging
+import os
 import subprocess
 import sys
 
 import pytest
+from fault_servers import HtmlPage
 
 import otel_rl
-
-from fault_servers import HtmlPage
 
 
 def jsonl(run_dir) -> list[dict]:
@@ -316,7 +315,7 @@ def test_the_standard_kill_switch_wins_over_code(monkeypatch, tmp_path):
 
 
 def test_a_run_folder_lock_is_removed_when_its_run_ends_and_a_stale_one_is_reused(tmp_path):
-    from otel_rl import run_folder
+    from otel_rl.run import folder as run_folder
 
     run_dir = tmp_path / "run"
     lock = run_folder._lock_path(run_dir)  # noqa: SLF001 - where the lock lives is what is checked

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-import otel_rl
-from otel_rl.core.scalar_rows import ScalarRows, ScalarRun
-from otel_rl.outputs.motrix import protocol, scalar_lines
-from otel_rl.outputs.motrix.delivery import retry_after_s
-from otel_rl.drops import Drops
-from otel_rl.outputs.motrix.record_queue import RecordQueue
-
 from fault_servers import ScriptedIngest, SilentServer, refused_url
 from motrix_golden import golden_records
+
+import otel_rl
+from otel_rl.base.drops import Drops
+from otel_rl.core.scalar_rows import ScalarRows, ScalarRun
+from otel_rl.formats import protocol
+from otel_rl.outputs.motrix import scalar_lines
+from otel_rl.outputs.motrix.delivery import retry_after_s
+from otel_rl.outputs.motrix.record_queue import RecordQueue
 
 FIXTURES = Path(__file__).parent / "fixtures" / "metrics_v1"
 TOKEN = "s3cr3t-t0ken-value"

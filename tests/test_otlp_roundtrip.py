@@ -7,12 +7,11 @@ import random
 import time
 
 import pytest
+from otlp_receivers import GrpcReceiver, HttpReceiver
 
 import otel_rl
 from otel_rl.outputs.otel import otlp
 from otel_rl.outputs.otel.spans import SpanBudget
-
-from otlp_receivers import GrpcReceiver, HttpReceiver
 
 SLEEP_S = {"collector_wait": 0.004, "learning": 0.02, "inference_forward": 0.003}
 

@@ -6,10 +6,10 @@ import io
 
 from rich.console import Console
 
-from otel_rl import schema
-from otel_rl.outputs.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
 from otel_rl.core.pipeline import CycleTotals, PassTotals
 from otel_rl.core.records import IterationRecord, PhaseRecord, ScalarsBlock, ScalarsRecord
+from otel_rl.formats import schema
+from otel_rl.outputs.panel import PanelSink, PanelState, PanelView, round_to_total, timing_rows
 
 NOW = 1_000_000_000_000
 

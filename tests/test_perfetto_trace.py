@@ -11,20 +11,17 @@ import time
 from collections import Counter
 
 import numpy as np
-
-from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
-
 import pytest
+from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TrackEvent
+from synthetic_trace import write_trace
 
 import otel_rl
-from otel_rl import schema
-from otel_rl.readers.analysis import analyze, protobuf_engine, trace_files
-from otel_rl.outputs.perfetto import trace as perfetto
-from otel_rl.outputs.perfetto.trace import PerfettoTraceSink, TraceEncoder
 from otel_rl.core.iteration_rows import IterationRows, IterationRun
 from otel_rl.core.records import IterationRecord, PhaseRecord
-
-from synthetic_trace import write_trace
+from otel_rl.formats import schema
+from otel_rl.outputs.perfetto import trace as perfetto
+from otel_rl.outputs.perfetto.trace import PerfettoTraceSink, TraceEncoder
+from otel_rl.readers.analysis import analyze, protobuf_engine, trace_files
 
 
 def instrumented(run_dir, iterations=15, **options):

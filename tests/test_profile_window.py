@@ -11,8 +11,8 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import otel_rl
-from otel_rl import schema
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.records import EventRecord, IterationRecord, PhaseRecord
+from otel_rl.formats import schema
 from otel_rl.outputs.perfetto.profile import LEAD_NS, KeptRecords, Op, fit, nested_order
 from otel_rl.outputs.perfetto.trace import PerfettoTraceSink
 from otel_rl.readers.analysis import protobuf_engine, trace_files
@@ -114,7 +114,7 @@ def test_operators_sit_inside_the_learning_slices_of_the_profiled_iterations_onl
     assert profiled["operators"] and all(0 < op["share"] <= 1 for op in profiled["operators"])
     assert sum(op["share"] for op in profiled["operators"]) + profiled["outside_operators_share"] <= 1 + 1e-9
     text = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(run_dir)], capture_output=True, text=True, timeout=120).stdout
-    assert f"torch.profiler, learner Learning (5 profiled, " in text and profiled["operators"][0]["name"] in text
+    assert "torch.profiler, learner Learning (5 profiled, " in text and profiled["operators"][0]["name"] in text
 
 
 def test_a_run_that_ends_inside_the_window_still_writes_what_was_profiled(tmp_path):

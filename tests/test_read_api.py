@@ -12,11 +12,10 @@ import math
 import numpy as np
 import pytest
 import requests
+from motrix_golden import golden_records
 
 from otel_rl.readers.server import IngestServer
 from otel_rl.readers.server.queries import curve, extremes
-
-from motrix_golden import golden_records
 
 
 @pytest.fixture

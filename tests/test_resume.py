@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import requests
+from otlp_receivers import HttpReceiver
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from wandb_reader import history, run_dirs, summary
 
 import otel_rl
 from otel_rl.readers.analysis import analyze
 from otel_rl.readers.server import IngestServer
-
-from otlp_receivers import HttpReceiver
-from wandb_reader import history, run_dirs, summary
 
 TARGET = Path(__file__).parent / "resume_target.py"
 

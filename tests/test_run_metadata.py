@@ -6,11 +6,10 @@ import json
 import subprocess
 
 import pytest
+from otlp_receivers import HttpReceiver
 
 import otel_rl
-from otel_rl.run_metadata import REDACTED, flatten, redact
-
-from otlp_receivers import HttpReceiver
+from otel_rl.run.provenance import REDACTED, flatten, redact
 
 
 @pytest.fixture

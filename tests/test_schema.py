@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from otel_rl import schema
-from otel_rl.schema import SchemaError
+from otel_rl.formats import schema
+from otel_rl.formats.schema import SchemaError
 
 
 def test_phase_keys_and_units():

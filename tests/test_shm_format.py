@@ -2,53 +2,52 @@
 
 import itertools
 import random
+from pathlib import Path
 from time import perf_counter_ns
 
 import numpy as np
 import pytest
 
 from otel_rl.agent.segment_source import SegmentSource
-from otel_rl.core.pipeline import Clock, Pipeline, RecordSink
+from otel_rl.base.clock import Clock
+from otel_rl.core.pipeline import Pipeline, RecordSink
 from otel_rl.core.scalar_rows import ScalarRun
-from otel_rl.shm import _frames, segment as shm
+from otel_rl.formats.schema import phase_spec
+from otel_rl.shm import _frames, layout
+from otel_rl.shm import segment as shm
 from otel_rl.training import _hotpath  # the test command always builds it
-from otel_rl.schema import phase_spec
 from otel_rl.training.recorder import Recorder
 from otel_rl.training.segment_recorder import SegmentRecorder
 
 
-def _offsets(dtype: np.dtype) -> dict[str, int]:
-    return {name: dtype.fields[name][1] for name in dtype.names}
+def _python_layout() -> dict[str, dict[str, int]]:
+    structs = {declared.name: declared.offsets() for declared in layout.STRUCTS}
+    return {**structs, **{kind.__name__: {member.name: member.value for member in kind} for kind in layout.ENUMS}}
 
 
-@pytest.mark.parametrize(
-    ("struct_name", "python"),
-    [("ShmRecord", shm.RECORD), ("ShmLaneHeader", shm.LANE_HEADER), ("ScalarEntry", shm.SCALAR_ENTRY)],
-)
-def test_c_structs_and_numpy_layouts_agree(struct_name, python):
-    layout = dict(_hotpath.layouts[struct_name])
-    assert layout.pop("itemsize") == python.itemsize
-    assert layout == _offsets(python)
+@pytest.mark.parametrize("extension", [_hotpath, _frames], ids=["_hotpath", "_frames"])
+def test_each_extension_was_compiled_with_the_layout_python_reads(extension):
+    """The compiler's offsets and sizes of every shared struct, and every kind and tag, are Python's."""
+    assert extension.layout == _python_layout()
 
 
-def test_the_packed_scalars_header_agrees_with_its_struct():
-    layout = dict(_hotpath.layouts["ScalarsHeader"])
-    assert layout.pop("itemsize") == shm.SCALARS_HEADER.size
-    assert list(layout.values()) == [0, 8, 16, 24, 32]  # "<qqqqII": four int64, then the count
+def test_the_header_the_extensions_compile_against_is_generated_from_the_layout():
+    assert (Path(layout.__file__).parent / "layout.h").read_text() == layout.c_header()
 
 
-def test_the_pure_python_lane_packs_the_same_record():
-    import struct
-
-    assert struct.calcsize("<" + "".join(shm.RECORD_STRUCT)) == shm.RECORD.itemsize
-    assert struct.calcsize("<" + shm.SCALAR_ENTRY_STRUCT) == shm.SCALAR_ENTRY.itemsize
+def test_numpy_and_struct_read_the_records_at_the_same_offsets():
+    for declared in layout.STRUCTS:
+        dtype = np.dtype(declared.numpy())
+        assert {name: dtype.fields[name][1] for name in dtype.names} == {f.name: declared.offset(f.name) for f in declared.fields}
+        assert dtype.itemsize == declared.struct().size == declared.itemsize
+    assert shm.RECORD.itemsize == 48 and shm.SCALAR_ENTRY.itemsize == 16  # what a segment written before holds
 
 
 def test_the_table_of_packed_scalars_agrees_with_its_struct():
-    layout = dict(_hotpath.layouts["ScalarsHeader"])
     table = shm.scalars_table(3)
-    assert table.itemsize == layout.pop("itemsize") + 3 * shm.SCALAR_ENTRY.itemsize
-    assert {name: table.fields[name][1] for name in layout} == layout
+    header = layout.SCALARS_HEADER.offsets()
+    assert table.itemsize == header.pop("itemsize") + 3 * shm.SCALAR_ENTRY.itemsize
+    assert {name: table.fields[name][1] for name in header} == header
     assert table.fields["entries"][1] == shm.SCALARS_HEADER.size
 
 

@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -157,7 +156,7 @@ def test_a_forked_child_outliving_its_killed_parent_does_not_hold_the_run_folder
         events = [r["name"] for r in jsonl(run_dir) if r["kind"] == "event"]
         assert "resumed" in events
     finally:
-        subprocess.run(["pkill", "-f", f"otel_rl.init\\(run_dir=sys.argv\\[1\\], quiet=True\\)"], check=False)
+        subprocess.run(["pkill", "-f", "otel_rl.init\\(run_dir=sys.argv\\[1\\], quiet=True\\)"], check=False)
 
 
 @pytest.mark.parametrize("agent", ["process", "thread"])
@@ -201,7 +200,7 @@ def test_a_run_dir_that_is_a_file_is_refused_before_anything_starts(tmp_path):
 def test_the_protocol_documents_schema_is_the_packages():
     root = Path(__file__).parents[1]
     documented = root / "docs" / "protocol" / "motrix-metrics-v1.schema.json"
-    assert documented.read_bytes() == (root / "otel_rl" / "outputs" / "motrix" / "motrix-metrics-v1.schema.json").read_bytes()
+    assert documented.read_bytes() == (root / "otel_rl" / "formats" / "motrix-metrics-v1.schema.json").read_bytes()
 
 
 @pytest.mark.parametrize("attempt", range(3))

@@ -10,10 +10,9 @@ import time
 import numpy as np
 import pytest
 import torch
+from wandb_reader import history, records, run_dirs, summary
 
 import otel_rl
-
-from wandb_reader import history, records, run_dirs, summary
 
 
 @pytest.fixture(autouse=True)

@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from browser import Browser
 
 from otel_rl.readers.server import IngestServer
-
-from browser import Browser
 
 TARGET = Path(__file__).parent / "web_target.py"
 TOKEN = "page-t0ken"
@@ -144,7 +143,7 @@ def test_two_runs_compared_overlay_their_curves_and_show_the_configuration_diffe
 
 def test_without_the_token_the_page_asks_for_it_and_shows_no_run(site):
     server, browser = site
-    browser.eval(f"sessionStorage.removeItem('otel-rl-token')")
+    browser.eval("sessionStorage.removeItem('otel-rl-token')")
     browser.goto(server.url + "/")
     assert browser.wait_for("document.querySelector('#token-form') !== null")
     assert browser.eval("document.querySelector('#runs')") is None and "sac-lr" not in browser.eval("document.body.textContent")

@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from browser import Browser
 
 from otel_rl.readers.server import IngestServer
-
-from browser import Browser
 
 TARGET = Path(__file__).parent / "wide_target.py"
 TOKEN = "scale-t0ken"

@@ -6,13 +6,12 @@ import multiprocessing as mp
 import time
 
 import pytest
+from otlp_receivers import HttpReceiver
+from worker_targets import collector, crash
 
 import otel_rl
 from otel_rl.config import TelemetryConfig
 from otel_rl.telemetry import Telemetry
-
-from otlp_receivers import HttpReceiver
-from worker_targets import collector, crash
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])

@@ -16,11 +16,10 @@ import time
 from glob import escape as glob_escape
 from pathlib import Path
 
-from otel_rl.background import pid_alive, pid_running
+from otel_rl.base.processes import pid_alive, pid_running
+from otel_rl.base.user_dir import private_dir as segment_dir
 from otel_rl.config import AGENT_NAME
 from otel_rl.shm.segment import AGENT_DONE, peek_header
-from otel_rl.user_dir import private_dir as segment_dir
-
 
 AGENT_LOCK = "agent.lock"
 """In an agent's directory: the file its agent holds an exclusive ``flock`` on while it serves."""

@@ -30,12 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from otel_rl._logging import logger, once
 from otel_rl.agent import directory as agents
-from otel_rl.background import Deadline, Worker
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.log import logger, once
+from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.identity import RunIdentity
-from otel_rl.outputs.factory import resource
 from otel_rl.core.pipeline import RecordSink
+from otel_rl.outputs.factory import resource
 from otel_rl.shm import segment as shm
 from otel_rl.training.segment_recorder import SegmentRecorder
 
@@ -156,7 +157,7 @@ def _free_bytes(directory: Path) -> int:
 
 
 class AgentHost:
-    """The :class:`~otel_rl.hosts.Host` of a producer whose outputs run in an agent process."""
+    """The :class:`~otel_rl.agent.hosts.Host` of a producer whose outputs run in an agent process."""
 
     mode = "process"
 
@@ -305,7 +306,7 @@ class AgentHost:
 
 
 
-class AgentWatch(Worker):
+class AgentWatch(BackgroundLoop):
     """Once a second: checks the segment, relays the agent's warnings, and starts a new agent (once) if the one serving this producer died."""
 
     def __init__(self, host: AgentHost) -> None:

@@ -20,15 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from otel_rl import schema
-from otel_rl._logging import logger, once
+from otel_rl.base.log import logger, once
+from otel_rl.base.values import StandIn
 from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows
 from otel_rl.core.pipeline import Batch
 from otel_rl.core.records import RunRecord
 from otel_rl.core.scalar_rows import ScalarRows
+from otel_rl.formats import schema
+from otel_rl.shm import layout
 from otel_rl.shm import segment as shm
+from otel_rl.shm.layout import MessageKind, RecordKind, ValueTag
 from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
-from otel_rl.values import StandIn
 
 _logger = logger(__name__)
 
@@ -93,19 +95,19 @@ class SegmentSource:
             frames = ring.take(MESSAGE_BYTES_PER_PASS)
             behind |= ring.behind
             for kind, payload in frames:
-                if kind & ~shm.PICKLED in _SCALARS_KINDS:
+                if kind & ~layout.PICKLED in _SCALARS_KINDS:
                     scalars.append((kind, payload))  # scalars go to a list of their own: only their own order counts
                     continue
                 decoded = self._decode_message(kind, payload)
                 if decoded is None:
                     continue
-                if decoded[0] == shm.RUN and decoded[1].end_ns is not None:
+                if decoded[0] == MessageKind.RUN and decoded[1].end_ns is not None:
                     ends.append(decoded[1])  # after the data written before it
                 else:
                     self._route(batch, *decoded)
         self._take_scalars(batch, scalars)
         for record in ends:
-            self._route(batch, shm.RUN, record)
+            self._route(batch, MessageKind.RUN, record)
         batch.control.extend(self._extra)
         self._extra.clear()
         self.behind = behind
@@ -152,16 +154,16 @@ class SegmentSource:
     def _decode_message(self, kind: int, payload: bytes) -> tuple[int, Any] | None:
         """A message's record; None (one warning per kind, counted) when it cannot be read here."""
         try:
-            if kind == shm.SCALARS_PACKED:
-                return shm.SCALARS, _unpack_scalars(payload, self.reader, self._key_names)
-            if kind & shm.PICKLED:
-                return kind & ~shm.PICKLED, pickle.loads(payload)
+            if kind == MessageKind.SCALARS_PACKED:
+                return MessageKind.SCALARS, _unpack_scalars(payload, self.reader, self._key_names)
+            if kind & layout.PICKLED:
+                return kind & ~layout.PICKLED, pickle.loads(payload)
             return kind, _restore(marshal.loads(payload))
         except Exception as exc:  # a pickled class this process cannot import, say
             self._decode_dropped += 1
             _logger.warning(
                 "otel-rl: agent: a record of kind %d could not be read (%s); dropped",
-                kind & ~shm.PICKLED,
+                kind & ~layout.PICKLED,
                 exc,
                 extra=once(f"agent-decode:{kind}"),
             )
@@ -172,7 +174,7 @@ class SegmentSource:
         for (kind, _), run in itertools.groupby(frames, lambda frame: (frame[0], len(frame[1]))):
             run = list(run)
             rows = None
-            if kind == shm.SCALARS_PACKED:
+            if kind == MessageKind.SCALARS_PACKED:
                 try:
                     rows = _scalar_rows([payload for _, payload in run], self.reader, self._key_names)
                 except Exception:  # read record by record below, where a bad one is counted alone
@@ -187,22 +189,22 @@ class SegmentSource:
             self.last_ns = max(self.last_ns, int(rows.times_ns[-1]))
 
     def _route(self, batch: Batch, kind: int, record: Any) -> None:
-        if kind == shm.SCALARS:
+        if kind == MessageKind.SCALARS:
             batch.scalars.append(record)
             self.last_ns = max(self.last_ns, record[0])
-        elif kind == shm.EVENT:
+        elif kind == MessageKind.EVENT:
             batch.control.append(record)
             self.last_ns = max(self.last_ns, record[0])
-        elif kind == shm.RUN:
+        elif kind == MessageKind.RUN:
             self.run = record if record.end_ns is None else None
             batch.control.append(record)
-        elif kind == shm.DISTRIBUTION:
+        elif kind == MessageKind.DISTRIBUTION:
             batch.distributions.append(record)
-        elif kind == shm.DEVICE_INTERVAL:
+        elif kind == MessageKind.DEVICE_INTERVAL:
             batch.intervals.append(record)
-        elif kind == shm.REMOTE_CYCLE:
+        elif kind == MessageKind.REMOTE_CYCLE:
             batch.remote.append(record)
-        elif kind == shm.CUDA_FALLBACK:
+        elif kind == MessageKind.CUDA_FALLBACK:
             batch.cuda_fallbacks.append(record)
 
     def _decode(self, records: np.ndarray, names: list[str]) -> list[tuple]:
@@ -210,7 +212,7 @@ class SegmentSource:
         :class:`IterationRows`, every other record as a raw tuple, in order."""
         kinds = records["kind"]
         # The latest time read: a phase's end, an iteration mark's time (an iteration end's ``end`` is its CPU time).
-        stamps = np.where(kinds == shm.PHASE, records["end"], np.where((kinds == shm.ITERATION_START) | (kinds == shm.ITERATION_END), records["start"], 0))
+        stamps = np.where(kinds == RecordKind.PHASE, records["end"], np.where((kinds == RecordKind.ITERATION_START) | (kinds == RecordKind.ITERATION_END), records["start"], 0))
         self.last_ns = max(self.last_ns, int(stamps.max()))
         out: list[tuple] = []
         done = 0
@@ -224,7 +226,7 @@ class SegmentSource:
         """Runs of :data:`MIN_RUN` or more adjacent complete iterations of one timeline that hold only phases of it at
         their depth (no error, flow, correlation or nested phase), as ``(first, last, rows)``: ``records[first:last]``."""
         kinds = records["kind"]
-        opens, closes = np.flatnonzero(kinds == shm.ITERATION_START), np.flatnonzero(kinds == shm.ITERATION_END)
+        opens, closes = np.flatnonzero(kinds == RecordKind.ITERATION_START), np.flatnonzero(kinds == RecordKind.ITERATION_END)
         if len(opens) < MIN_RUN or len(closes) < MIN_RUN:
             return []
         after = np.searchsorted(closes, opens)  # each start's first end, kept if no other start comes before it
@@ -238,7 +240,7 @@ class SegmentSource:
         inside = (positions > opens[owner]) & (positions < closes[owner])
         timeline_ids = self._timeline_ids(names)
         phase_timeline = timeline_ids[np.where((name >= 0) & (name < len(names)), name, len(names))]
-        plain = (kinds == shm.PHASE) & (records["exc"] == -1) & (depth == depth[opens][owner])
+        plain = (kinds == RecordKind.PHASE) & (records["exc"] == -1) & (depth == depth[opens][owner])
         plain &= (start >= start[opens][owner]) & (phase_timeline == name[opens][owner])
         good = np.bincount(owner[inside & ~plain], minlength=len(opens)) == 0
         good &= (name[closes] == name[opens]) & (depth[closes] == depth[opens])
@@ -266,7 +268,7 @@ class SegmentSource:
         """The run of iterations between ``opens`` and ``closes`` (their marks' positions) as ``(first, last, rows)``."""
         first, last = int(opens[0]), int(closes[-1]) + 1
         region = records[first:last]
-        phase = region["kind"] == shm.PHASE
+        phase = region["kind"] == RecordKind.PHASE
         phase_ids = region["name"][phase]
         env_steps = records["b"][opens].tolist()
         start_cpu, end_cpu = records["end"][opens], records["end"][closes]  # -1: not measured
@@ -276,7 +278,7 @@ class SegmentSource:
             _timeline(int(records["name"][first]), names),
             int(records["depth"][first]),
             records["a"][opens].tolist(),
-            [None if steps == shm.NO_STEPS else steps for steps in env_steps] if shm.NO_STEPS in env_steps else env_steps,
+            [None if steps == layout.NO_STEPS else steps for steps in env_steps] if layout.NO_STEPS in env_steps else env_steps,
             records["start"][opens],
             records["start"][closes],
             cpu_ns if measured.all() else [cpu if known else None for cpu, known in zip(cpu_ns, measured.tolist())],
@@ -300,7 +302,7 @@ class SegmentSource:
         """Lane records as the raw tuples the pipeline reads."""
         out: list[tuple] = []
         append, replayed, known = out.append, self._replayed, len(names)
-        phase_kind, start_kind, end_kind = shm.PHASE, shm.ITERATION_START, shm.ITERATION_END
+        phase_kind, start_kind, end_kind = RecordKind.PHASE, RecordKind.ITERATION_START, RecordKind.ITERATION_END
         columns = [records[field].tolist() for field in _LANE_FIELDS]  # column by column: a third of the rows' tolist()
         for start, end, a, b, name, depth, kind, flags, exc in zip(*columns):
             if kind == phase_kind:
@@ -310,15 +312,15 @@ class SegmentSource:
             elif kind == start_kind or kind == end_kind:
                 timeline = _timeline(name, names)
                 tag = ITERATION_START if kind == start_kind else ITERATION_END
-                append((tag, start, timeline, a, None if b == shm.NO_STEPS else b, None if end < 0 else end, depth))
-            elif kind == shm.FLOW:
+                append((tag, start, timeline, a, None if b == layout.NO_STEPS else b, None if end < 0 else end, depth))
+            elif kind == RecordKind.FLOW:
                 append((FLOW, start, a % 2**64, bool(flags), depth))
-            elif kind == shm.CORRELATE:
+            elif kind == RecordKind.CORRELATE:
                 append((CORRELATE, a, depth))
         return out
 
 
-_SCALARS_KINDS = frozenset((shm.SCALARS, shm.SCALARS_PACKED))
+_SCALARS_KINDS = frozenset((MessageKind.SCALARS, MessageKind.SCALARS_PACKED))
 _LANE_FIELDS = ("start", "end", "a", "b", "name", "depth", "kind", "flags", "exc")
 
 
@@ -356,7 +358,7 @@ def _scalar_rows(payloads: list[bytes], reader: shm.SegmentReader, key_names: di
         _key_names(tuple(keys[0].tolist()), reader, key_names),
         values,
         np.isfinite(values).all(axis=1).tolist(),
-        *([None if v == shm.NO_STEPS else v for v in column] if shm.NO_STEPS in column else column for column in axes),
+        *([None if v == layout.NO_STEPS else v for v in column] if layout.NO_STEPS in column else column for column in axes),
     )
 
 
@@ -376,23 +378,23 @@ def _unpack_scalars(payload: bytes, reader: shm.SegmentReader, key_names: dict) 
 
     ``key_names``: the names of key-id tuples seen before (a loop logs the same keys every call).
     """
-    time_ns, step, iteration, env_steps, count, _ = shm.SCALARS_HEADER.unpack_from(payload)
+    time_ns, step, iteration, env_steps, count = shm.SCALARS_HEADER.unpack_from(payload)
     fields = _entries(count).unpack_from(payload, shm.SCALARS_HEADER.size)
     keys, tags, numbers = fields[0::3], fields[1::3], fields[2::3]
     names = _key_names(keys, reader, key_names)
-    if not any(tags):  # the common case, in C: every value a float (VALUE_FLOAT is 0)
+    if not any(tags):  # the common case, in C: every value a float (ValueTag.FLOAT is 0)
         values: dict[str, Any] = dict(zip(names, numbers))
     else:
         values = {}
         for index, (name, tag, number) in enumerate(zip(names, tags, numbers)):
-            if tag == shm.VALUE_FLOAT:
+            if tag == ValueTag.FLOAT:
                 values[name] = number
-            elif tag == shm.VALUE_NONE:
+            elif tag == ValueTag.NONE:
                 values[name] = None
             else:  # the same 8 bytes as a signed integer
                 integer = _INT64.unpack_from(payload, shm.SCALARS_HEADER.size + index * shm.SCALAR_ENTRY.itemsize + 8)[0]
-                values[name] = bool(integer) if tag == shm.VALUE_BOOL else integer
-    axes = [None if v == shm.NO_STEPS else v for v in (step, iteration, env_steps)]
+                values[name] = bool(integer) if tag == ValueTag.BOOL else integer
+    axes = [None if v == layout.NO_STEPS else v for v in (step, iteration, env_steps)]
     return (time_ns, values, *axes)
 
 

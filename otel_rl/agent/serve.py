@@ -28,14 +28,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from otel_rl import schema
-from otel_rl._logging import RELAYED, logger
 from otel_rl.agent.segment_source import SegmentSource
-from otel_rl.background import Deadline, Worker, pid_alive, pid_running
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.log import RELAYED, logger
+from otel_rl.base.loops import BackgroundLoop
+from otel_rl.base.processes import pid_alive, pid_running
 from otel_rl.core.identity import RunIdentity
-from otel_rl.outputs.factory import Outputs
 from otel_rl.core.pipeline import RecordSink
+from otel_rl.formats import schema
+from otel_rl.outputs.factory import Outputs
 from otel_rl.shm import segment as shm
+from otel_rl.shm.layout import MessageKind
 
 _logger = logger(__name__)
 
@@ -84,7 +87,7 @@ class ProducerDeadline(Deadline):
         return super().left(cap_s)
 
 
-class ProducerWatch(Worker):
+class ProducerWatch(BackgroundLoop):
     """Whether the producer process lives, and how it ended; wakes ``on_exit`` the moment it exits.
 
     ``/proc/<pid>/stat`` tells apart a reused pid (its start time) and, while
@@ -143,7 +146,7 @@ class ProducerWatch(Worker):
         return "killed", "the process disappeared without ending its run (SIGKILL, OOM kill or os._exit)"
 
 
-class SegmentServer(Worker):
+class SegmentServer(BackgroundLoop):
     """The loop of one producer's outputs in an agent (see the module docstring).
 
     ``before_close`` runs first when serving ends (a learner's server waits
@@ -316,7 +319,7 @@ class LogForwarder(logging.Handler):
             with self._lock:
                 candidates = [current] if current is not None else list(self._producers)
             for reader, pid in candidates:
-                if reader.logs is not None and pid_alive(pid) and reader.logs.put(shm.LOG, payload, reader.logs.capacity):
+                if reader.logs is not None and pid_alive(pid) and reader.logs.put(MessageKind.LOG, payload, reader.logs.capacity):
                     return
             sys.stderr.write(message + "\n")
         except Exception:

@@ -33,12 +33,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from otel_rl import extras, schema
-from otel_rl._logging import logger
 from otel_rl.agent import directory as agents
 from otel_rl.agent.serve import LogForwarder, SegmentServer, serve_segment
-from otel_rl.background import Worker, pid_alive
+from otel_rl.base import extras
+from otel_rl.base.log import logger
+from otel_rl.base.loops import BackgroundLoop
+from otel_rl.base.processes import pid_alive
 from otel_rl.core.identity import RunIdentity
+from otel_rl.formats import schema
 from otel_rl.shm import segment as shm
 
 _logger = logger(__name__)
@@ -96,7 +98,7 @@ class LocalRelay:
         self._learner.server.outputs.inbox.add_remote(cycle)  # type: ignore[union-attr]
 
 
-class AgentService(Worker):
+class AgentService(BackgroundLoop):
     """Serves the segments of ``directory`` until none is left for ``linger_s`` (or forever)."""
 
     def __init__(self, directory: Path, linger_s: float | None) -> None:

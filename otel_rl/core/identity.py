@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 
 from otel_rl.config import TelemetryConfig
-from otel_rl.resume import PreviousRun
+from otel_rl.run.resume import PreviousRun
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from itertools import repeat
 import numpy as np
 
 from otel_rl.core.records import IterationRecord, PhaseRecord
-from otel_rl.schema import PhaseSpec
+from otel_rl.formats.schema import PhaseSpec
 
 ITERATION_ROWS = "iteration_rows"
 """The head of a lane item that holds an :class:`IterationRows`."""

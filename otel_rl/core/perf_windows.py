@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import time
 
-from otel_rl import schema
 from otel_rl.core.pipeline import CycleTotals, PassTotals
+from otel_rl.formats import schema
 
 
 class _Window:

@@ -11,7 +11,7 @@ its per-call costs once per pass, not per record. Sinks run on the loop's
 thread and must not block: a sink that does IO hands records to its own
 bounded queue and worker. An exception in a sink is logged once and never
 reaches training. New drops of any bounded queue become ``records_dropped``
-events (:mod:`otel_rl.drops`). At shutdown every sink is shut down at once,
+events (:mod:`otel_rl.base.drops`). At shutdown every sink is shut down at once,
 each on its own helper thread, so a hung network exporter cannot starve the
 files of their final records.
 """
@@ -22,19 +22,18 @@ import itertools
 import math
 import re
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-from time import perf_counter_ns
 
-from otel_rl import distributions, schema
-from otel_rl._logging import logger, once
-from otel_rl.background import Deadline, Worker
-from otel_rl.drops import Drops
-from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
+from otel_rl.base.clock import Clock
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger, once
+from otel_rl.base.loops import BackgroundLoop
+from otel_rl.base.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, describe, scalar_number, shorten
+from otel_rl.core import distributions
 from otel_rl.core.iteration_rows import ITERATION_ROWS, IterationRows, IterationRun
-from otel_rl.core.scalar_rows import ScalarRows, ScalarRun
 from otel_rl.core.records import (
     DeviceIntervalRecord,
     DistributionRecord,
@@ -45,8 +44,10 @@ from otel_rl.core.records import (
     ScalarsBlock,
     ScalarsRecord,
 )
-from otel_rl.resume import StepCheck
-from otel_rl.values import INT64_MAX, INT64_MIN, MAX_REPR, NAME_LIMIT, as_step, clean_text, describe, scalar_number, shorten
+from otel_rl.core.scalar_rows import ScalarRows, ScalarRun
+from otel_rl.core.step_check import StepCheck
+from otel_rl.formats import schema
+from otel_rl.training.recorder import CORRELATE, FLOW, ITERATION_END, ITERATION_START
 
 _logger = logger(__name__)
 _PLAIN_NUMBERS = frozenset((float, int))
@@ -80,32 +81,6 @@ def _axes(step: int | None, iteration: int | None, env_steps: int | None) -> tup
         if axis is not None and not INT64_MIN <= axis <= INT64_MAX:
             return _in_range(step, None), _in_range(iteration, None), _in_range(env_steps, None)
     return step, iteration, env_steps
-
-
-class Clock:
-    """Converts ``perf_counter_ns()`` readings to epoch nanoseconds.
-
-    Calibrated once: the offset is taken from the tightest of a few
-    (monotonic, wall, monotonic) samples, so all records share one timebase
-    and wall-clock steps during the run do not reorder them.
-    """
-
-    def __init__(self, samples: int = 7) -> None:
-        best: tuple[int, int] = (2**63, 0)
-        for _ in range(samples):
-            before = perf_counter_ns()
-            wall = time.time_ns()
-            after = perf_counter_ns()
-            width = after - before
-            if width < best[0]:
-                best = (width, wall - (before + after) // 2)
-        self.offset_ns = best[1]
-
-    def to_epoch_ns(self, monotonic_ns: int) -> int:
-        return monotonic_ns + self.offset_ns
-
-    def now_ns(self) -> int:
-        return perf_counter_ns() + self.offset_ns
 
 
 class RecordSink:
@@ -290,7 +265,7 @@ class Pipeline:
     """Assembles the records of ``sources`` for ``sinks``, one :meth:`drain` at a time.
 
     Args:
-        seq: the writer's sequence counter (see :func:`otel_rl.outputs.motrix.protocol.seq_counter`).
+        seq: the writer's sequence counter (see :func:`otel_rl.formats.protocol.seq_counter`).
         drops: the shared drop counters; new drops are reported as ``records_dropped`` events.
         step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
     """
@@ -807,7 +782,7 @@ _DROP_KINDS = {"phases": "phases", "device_intervals": "intervals", "relay": "cy
 """What a source's drop counter counts, per queue (the queue's own name otherwise)."""
 
 
-class PipelineLoop(Worker):
+class PipelineLoop(BackgroundLoop):
     """Drives a :class:`Pipeline` every ``interval_s`` on a daemon thread (the training process's host)."""
 
     def __init__(self, pipeline: Pipeline, interval_s: float) -> None:

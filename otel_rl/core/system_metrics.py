@@ -16,7 +16,7 @@ from typing import Any
 
 import psutil
 
-from otel_rl.background import Worker
+from otel_rl.base.loops import BackgroundLoop
 
 
 class Nvml:
@@ -78,7 +78,7 @@ def sample_host(process: psutil.Process | None) -> dict[str, float]:
     return values
 
 
-class SystemSampler(Worker):
+class SystemSampler(BackgroundLoop):
     """Samples ``sys/*`` every ``interval_s`` on a background worker and hands each sample to ``record``."""
 
     def __init__(self, record: Callable[[dict[str, float]], None], interval_s: float = 2.0, pid: int | None = None) -> None:

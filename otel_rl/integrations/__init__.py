@@ -7,5 +7,5 @@
 - :mod:`otel_rl.integrations.rllib`: RLlib callbacks that follow the EnvRunner actors.
 
 What each library logs is mapped into the canonical schema by one table per
-library, :data:`otel_rl.schema.LIBRARY_TAGS`.
+library, :data:`otel_rl.formats.schema.LIBRARY_TAGS`.
 """

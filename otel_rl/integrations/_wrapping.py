@@ -8,8 +8,7 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import schema
-
+from otel_rl.formats import schema
 
 _ORIGINAL = "__otel_rl_original__"
 """Set on a wrapper: what it wraps, and whether that was the instance's own attribute (a second

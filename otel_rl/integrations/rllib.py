@@ -8,7 +8,7 @@ instantiates it: the driver and every EnvRunner actor. Then:
   ``collector_wait`` (waiting for the EnvRunners' samples, not for state syncs), ``learning``
   (the learner group's update) and ``weight_publish`` (syncing weights back to
   the EnvRunners); each training result goes to ``tel.scalars`` (flattened,
-  under canonical keys: ``otel_rl.schema.LIBRARY_TAGS["rllib"]``) at the
+  under canonical keys: ``otel_rl.formats.schema.LIBRARY_TAGS["rllib"]``) at the
   env steps sampled so far;
 - each EnvRunner actor (a process Ray scheduled, on this machine or another)
   starts its own telemetry in the run's trace (:func:`otel_rl.worker_processes.init_worker`):
@@ -38,9 +38,10 @@ from typing import Any, ClassVar
 
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
-from otel_rl import schema
+from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import plain_settings, timed, wrap
-from otel_rl.worker_processes import RELAY_CAPACITY, WorkerSpec, init_worker
+from otel_rl.training.workers import RELAY_CAPACITY, WorkerSpec
+from otel_rl.worker_processes import init_worker
 
 SYSTEM = "rllib"
 """``rl.system`` of runs trained with RLlib."""

@@ -9,7 +9,7 @@ For an ``OnPolicyRunner`` it records:
 - each ``update`` as a ``learner`` iteration holding one ``learning`` phase;
 - everything the runner's logger writes (losses, ``Perf/*``, rewards, episode
   extras, reward terms as ``reward/<term>``) under canonical keys
-  (``otel_rl.schema.LIBRARY_TAGS["rsl_rl"]``), at the env-step count of the
+  (``otel_rl.formats.schema.LIBRARY_TAGS["rsl_rl"]``), at the env-step count of the
   iteration (RSL-RL's own step is the iteration number), next to the writer
   the runner was configured with (TensorBoard, W&B, Neptune). Series RSL-RL
   plots against wall seconds (``*/time``) are left to that writer.
@@ -24,8 +24,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_rl import schema
-from otel_rl._logging import logger
+from otel_rl.base.log import logger
+from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, settings, timed, wrap
 
 SYSTEM = "rsl_rl"

@@ -10,7 +10,7 @@ DQN) algorithms alike:
   one ``learning`` phase;
 - everything SB3 logs (``train/value_loss``, ``rollout/ep_rew_mean``...)
   under canonical keys (``Loss/value``, ``Train/mean_reward``...; the table is
-  ``otel_rl.schema.LIBRARY_TAGS["sb3"]``) at SB3's step (``num_timesteps``),
+  ``otel_rl.formats.schema.LIBRARY_TAGS["sb3"]``) at SB3's step (``num_timesteps``),
   through an SB3 logger output added to the model's logger.
 
 The environment, policy and ``train`` are wrapped on the model's instances
@@ -29,7 +29,7 @@ from typing import Any
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
-from otel_rl import schema
+from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import Cycle, environment_name, plain_settings, time_forward, timed, wrap
 
 SYSTEM = "stable_baselines3"

@@ -10,7 +10,7 @@ agent (PPO, SAC, TD3, DQN...), it records:
 - each ``update`` of the agent (PPO's after every rollout, SAC's every step)
   as a ``learner`` iteration holding one ``learning`` phase;
 - what the agent tracks (``Loss / Policy loss``, ``Reward / Total reward
-  (mean)``...) under canonical keys (``otel_rl.schema.LIBRARY_TAGS["skrl"]``),
+  (mean)``...) under canonical keys (``otel_rl.formats.schema.LIBRARY_TAGS["skrl"]``),
   reduced as skrl reduces it (min, max or mean), every time skrl writes it
   (its ``experiment.write_interval``, ``"auto"`` by default), at that timestep.
 
@@ -26,8 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from otel_rl import schema
-from otel_rl._logging import logger
+from otel_rl.base.log import logger
+from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, settings, timed, wrap
 
 SYSTEM = "skrl"

@@ -8,7 +8,7 @@ Two lines in a TorchRL training script::
 
 - :class:`TelemetryLogger` records ``log_scalar`` / ``log_metrics`` as
   scalars under canonical keys (``loss_objective`` is ``Loss/policy``...; the
-  table is ``otel_rl.schema.LIBRARY_TAGS["torchrl"]``), ``log_histogram``
+  table is ``otel_rl.formats.schema.LIBRARY_TAGS["torchrl"]``), ``log_histogram``
   as a distribution, ``log_hparams`` as a ``hparams`` event.
 - :func:`iterate` times each batch the collector gathers as a ``collector``
   iteration (``policy_inference``: the policy's forward; ``env_step``: the
@@ -26,8 +26,8 @@ from typing import Any
 
 from torchrl.record.loggers import Logger
 
-from otel_rl import schema
-from otel_rl._logging import logger, once
+from otel_rl.base.log import logger, once
+from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import environment_name, plain_settings, time_forward, timed, wrap
 
 SYSTEM = "torchrl"

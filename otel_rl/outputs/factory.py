@@ -16,16 +16,17 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import schema
-from otel_rl._logging import logger
-from otel_rl.background import Deadline
+from otel_rl.base.clock import Clock
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.identity import RunIdentity
-from otel_rl.core.pipeline import Clock, Pipeline, RecordSink, RecordSource
+from otel_rl.core.pipeline import Pipeline, RecordSink, RecordSource
 from otel_rl.core.records import RunRecord
-from otel_rl.drops import Drops
-from otel_rl.outputs.motrix import protocol
-from otel_rl.resume import StepCheck
+from otel_rl.core.step_check import StepCheck
+from otel_rl.formats import protocol, schema
+from otel_rl.run import files
 from otel_rl.training.recorder import Recorder
 
 _logger = logger(__name__)
@@ -111,12 +112,12 @@ class Outputs:
             raise
 
     def _build(self, extra_sinks: list[RecordSink]) -> None:
-        from otel_rl.outputs.otel.aggregation import Aggregates, AggregatorSink
+        from otel_rl.outputs.aggregates import Aggregates, AggregatorSink
         from otel_rl.outputs.otel.sink import OpenTelemetrySink
 
         config, identity = self.config, self.identity
         base_attributes = {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size}
-        self.aggregates = Aggregates(self.clock.now_ns(), base_attributes, identity.trace_id)
+        self.aggregates = Aggregates(self.clock.now_ns(), base_attributes)
         self.otel = OpenTelemetrySink(
             resource(config, identity.service_name),
             self.clock,
@@ -175,9 +176,9 @@ class Outputs:
         return output
 
     def _tensorboard(self) -> RecordSink:
-        from otel_rl.outputs.tensorboard import TENSORBOARD_DIR, tensorboard_sink
+        from otel_rl.outputs.tensorboard import tensorboard_sink
 
-        return tensorboard_sink(self.config.run_dir / TENSORBOARD_DIR, self.drops, self.config.perf_interval_s)
+        return tensorboard_sink(self.config.run_dir / files.TENSORBOARD_DIR, self.drops, self.config.perf_interval_s)
 
     def _add_motrix(self) -> None:
         """The ``motrix.metrics/v1`` exporter, when live streaming or the JSONL file is on."""
@@ -185,7 +186,7 @@ class Outputs:
         if not config.motrix_url and not config.jsonl:
             return
         from otel_rl.outputs.motrix.exporter import MotrixSink
-        from otel_rl.outputs.motrix.jsonl import JSONL_FILE, JsonlWriter
+        from otel_rl.outputs.motrix.jsonl import JsonlWriter
 
         sink = MotrixSink(
             config.run_id,
@@ -200,8 +201,8 @@ class Outputs:
         self._sinks.append(sink)  # stopped by abort() if an output fails to start
         if config.jsonl:
             if self._committed is not None:
-                _cut(config.run_dir / JSONL_FILE, self._committed[0])
-            writer = JsonlWriter(config.run_dir / JSONL_FILE, self.drops, interval_s=self._file_interval_s or 2.0)
+                _cut(config.run_dir / files.JSONL_FILE, self._committed[0])
+            writer = JsonlWriter(config.run_dir / files.JSONL_FILE, self.drops, interval_s=self._file_interval_s or 2.0)
             sink.outputs.append(writer)
             self._jsonl_writer = writer
         if config.motrix_url:
@@ -213,24 +214,23 @@ class Outputs:
             sink.pending(self.identity.started_ns / 1e9)
 
     def _perfetto(self) -> RecordSink:
-        from otel_rl.outputs.perfetto.trace import TRACE_FILE, PerfettoTraceSink, fragment_name, merge_fragments
-        from otel_rl.resume import trace_part
+        from otel_rl.outputs.perfetto.trace import PerfettoTraceSink, merge_fragments
 
         config, previous = self.config, self.identity.previous
         # The learner's rank 0 writes the trace; workers and the ranks an agent joins to it write fragments it merges.
         learner = config.role == "learner" and (config.rank == 0 or config.outputs_on_every_rank)
         directory = config.trace_output_dir or config.run_dir
-        path = directory / (TRACE_FILE if learner else fragment_name(config.role, config.rank))
+        path = directory / (files.TRACE_FILE if learner else files.fragment_name(config.role, config.rank))
         if previous is not None:
-            last = trace_part(directory, TRACE_FILE, previous.resumes) if previous.resumes else path
+            last = files.trace_part(directory, previous.resumes) if previous.resumes else path
             if last.exists() and not self._takeover:
                 merge_fragments(last)  # what the previous part's workers left, before new ones reuse the names
-            path = trace_part(directory, TRACE_FILE, previous.resumes + 1)
+            path = files.trace_part(directory, previous.resumes + 1)
         if self._takeover:  # the previous agent's part stays as it was committed
             if self._committed is not None:
-                previous_part = _agent_part(path, self._takeover - 1)
-                _cut(previous_part if learner else previous_part.with_name(previous_part.name + ".partial"), self._committed[1])
-            path = _agent_part(path, self._takeover)
+                previous_part = files.agent_part(path, self._takeover - 1)
+                _cut(previous_part if learner else files.partial(previous_part), self._committed[1])
+            path = files.agent_part(path, self._takeover)
         return PerfettoTraceSink(
             path,
             config.role if config.rank == 0 else f"{config.role} rank {config.rank}",
@@ -323,11 +323,6 @@ class Outputs:
                 sink.shutdown(deadline.left())
             except Exception:
                 _logger.warning("otel-rl: %s did not stop cleanly", type(sink).__name__, exc_info=True)
-
-
-def _agent_part(path: Path, takeover: int) -> Path:
-    """The trace part the ``takeover``-th replacement agent writes (0: the first agent's, ``path`` itself)."""
-    return path.with_name(path.name.replace(".", f".agent-{takeover}.", 1)) if takeover else path
 
 
 def _cut(path: Path, length: int) -> None:

@@ -22,11 +22,11 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
-from otel_rl import schema
-from otel_rl.background import Worker
+from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.pipeline import PassTotals, RecordSink
 from otel_rl.core.records import RunRecord, ScalarsBlock
 from otel_rl.core.scalar_rows import ScalarRun
+from otel_rl.formats import schema
 
 WINDOW_S = 2.0
 REFRESH_HZ = 2.0
@@ -391,7 +391,7 @@ class PanelSink(RecordSink):
         self._painter.shutdown(timeout_s)
 
 
-class PanelPainter(Worker):
+class PanelPainter(BackgroundLoop):
     """Draws the view at :data:`REFRESH_HZ` on a terminal (within :data:`MAX_DUTY` of a core), else a plain line every :data:`PLAIN_EVERY_S`."""
 
     def __init__(self, view: PanelView, console: Console) -> None:

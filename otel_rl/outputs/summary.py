@@ -15,13 +15,13 @@ import json
 import os
 from typing import Any
 
-from otel_rl import schema
-from otel_rl._logging import logger
-from otel_rl.outputs.otel.aggregation import Aggregates
+from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock
-from otel_rl.run_folder import CONFIG_FILE, SUMMARY_FILE
+from otel_rl.formats import schema
+from otel_rl.outputs.aggregates import Aggregates
+from otel_rl.run.files import CONFIG_FILE, SUMMARY_FILE
 
 _logger = logger(__name__)
 

@@ -22,11 +22,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from otel_rl import extras, run_metadata
-from otel_rl.drops import Drops
+from otel_rl.base import extras
+from otel_rl.base.drops import Drops
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
+from otel_rl.run import provenance
 
-TENSORBOARD_DIR = "tensorboard"
 MAX_METRICS = 20
 """Scalar tags listed as metrics in the HParams table (training keys first)."""
 _HPARAMS_TAGS = "_hparams_/"
@@ -153,7 +153,7 @@ def _text_value(tag: str, text: str):
 def _hparams(config: dict[str, Any]) -> dict[str, Any]:
     """The configuration flattened into values the HParams plugin takes (numbers, strings, booleans)."""
     out: dict[str, Any] = {}
-    for key, value in run_metadata.flatten(config).items():
+    for key, value in provenance.flatten(config).items():
         out[key] = value if isinstance(value, (bool, int, float, str)) else str(value)
     return out
 

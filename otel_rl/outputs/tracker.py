@@ -9,7 +9,7 @@ the pipeline thread only appends. The items, in the order they were recorded:
 - ``("scalars", time_ns, step, values)``: one ``scalars()`` call (values are
   numbers or None for non-finite), and ``Perf/*`` phase timings per window.
 - ``("distribution", time_ns, step, key, histogram)``: one ``distribution()``
-  call: its :class:`otel_rl.distributions.Histogram`.
+  call: its :class:`otel_rl.core.distributions.Histogram`.
 - ``("event", time_ns, step, name, attributes)``: a named event, at the step
   of the last scalars recorded before it (else of the latest iteration).
 - ``("end", time_ns, status, reason)``: the run ended.
@@ -28,9 +28,10 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 
-from otel_rl._logging import logger
-from otel_rl.background import Deadline, Worker
-from otel_rl.drops import Drops
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger
+from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
 from otel_rl.core.records import DistributionRecord, EventRecord, RunRecord, ScalarsBlock
@@ -41,7 +42,7 @@ CAPACITY = 100_000
 _DROPPABLE = ("scalars", "distribution")
 
 
-class TrackerWriter(Worker, ABC):
+class TrackerWriter(BackgroundLoop, ABC):
     """Hands queued items to a tracker on its own thread; subclasses implement :meth:`write`.
 
     Args:

@@ -44,9 +44,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from otel_rl import extras
-from otel_rl._logging import logger
-from otel_rl.drops import Drops
+from otel_rl.base import extras
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
 
 _logger = logger(__name__)

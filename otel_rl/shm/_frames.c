@@ -6,7 +6,7 @@
  * slice and a few integer operations, about a microsecond of the agent's CPU;
  * here one call reads every frame a pass takes. The frame layout (an 8-byte
  * header: payload length and kind, both uint32; the payload; padding to 8
- * bytes; kind 0 a SKIP to the ring's start) is otel_rl/shm/segment.py's, whose
+ * bytes; kind 0 a SKIP to the ring's start) is otel_rl/shm/layout.py's; segment.py's
  * _Ring.take is the pure-Python twin used when this module is not built; the
  * tests read the same ring with both.
  */
@@ -14,6 +14,8 @@
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "layout.h"  /* generated from otel_rl/shm/layout.py */
 
 /* take_frames(buffer, ring_offset, capacity, read, budget) -> (frames, read, behind) */
 static PyObject *take_frames(PyObject *module, PyObject *args) {
@@ -23,37 +25,38 @@ static PyObject *take_frames(PyObject *module, PyObject *args) {
     if (!PyArg_ParseTuple(args, "OnnKn", &buffer, &offset, &capacity, &read, &budget)) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(buffer, &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view.len < offset + 64 + capacity) {
+    if (offset < 0 || offset % 8 || capacity < RING_HEADER_BYTES || capacity % 8 || view.len < offset + RING_HEADER_BYTES + capacity) {
         PyBuffer_Release(&view);
         PyErr_SetString(PyExc_ValueError, "not a message ring of this buffer");
         return NULL;
     }
-    const char *ring = (const char *)view.buf + offset, *data = ring + 64;
-    uint64_t write = __atomic_load_n((const uint64_t *)ring, __ATOMIC_ACQUIRE), cap = (uint64_t)capacity, taken = 0;
+    const RingHeader *header = (const RingHeader *)((const char *)view.buf + offset);
+    const char *data = (const char *)view.buf + offset + RING_HEADER_BYTES;
+    uint64_t write = __atomic_load_n(&header->write, __ATOMIC_ACQUIRE), cap = (uint64_t)capacity, taken = 0;
     PyObject *frames = PyList_New(0);
     while (frames != NULL && read < write && taken < (uint64_t)budget) {
         uint64_t position = read % cap;
-        uint32_t header[2];
-        if (cap - position < 8) {
+        FrameHeader frame;
+        if (cap - position < sizeof frame) {
             read += cap - position;
             continue;
         }
-        memcpy(header, data + position, 8);
-        if (header[1] == 0) {  /* SKIP: the writer went on at the ring's start */
+        memcpy(&frame, data + position, sizeof frame);
+        if (frame.kind == MESSAGE_KIND_SKIP) {  /* the writer went on at the ring's start */
             read += cap - position;
             continue;
         }
         /* As a slice of the buffer in Python: a length past the buffer's end (a torn segment) stops there. */
-        Py_ssize_t start = offset + 64 + (Py_ssize_t)position + 8, length = (Py_ssize_t)header[0];
+        Py_ssize_t start = offset + RING_HEADER_BYTES + (Py_ssize_t)(position + sizeof frame), length = (Py_ssize_t)frame.length;
         if (length > view.len - start) length = view.len - start;
-        PyObject *frame = Py_BuildValue("(Iy#)", header[1], (const char *)view.buf + start, length);
-        if (frame == NULL || PyList_Append(frames, frame) < 0) {
-            Py_XDECREF(frame);
+        PyObject *item = Py_BuildValue("(Iy#)", frame.kind, (const char *)view.buf + start, length);
+        if (item == NULL || PyList_Append(frames, item) < 0) {
+            Py_XDECREF(item);
             Py_CLEAR(frames);
             break;
         }
-        Py_DECREF(frame);
-        uint64_t size = 8 + (uint64_t)header[0];
+        Py_DECREF(item);
+        uint64_t size = sizeof frame + (uint64_t)frame.length;
         size += (8 - size % 8) % 8;
         read += size;
         taken += size;
@@ -75,4 +78,8 @@ static struct PyModuleDef frames_module = {
     PyModuleDef_HEAD_INIT, "otel_rl.shm._frames", "A message ring's frames, read in C.", -1, module_methods,
 };
 
-PyMODINIT_FUNC PyInit__frames(void) { return PyModule_Create(&frames_module); }
+PyMODINIT_FUNC PyInit__frames(void) {
+    PyObject *m = PyModule_Create(&frames_module);
+    if (m != NULL && PyModule_AddObject(m, "layout", layout_of_build()) < 0) Py_CLEAR(m);
+    return m;
+}

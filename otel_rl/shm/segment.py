@@ -33,16 +33,16 @@ import fcntl
 import functools
 import mmap
 import os
-import re
 import struct
 import threading
-import time
 import weakref
 from pathlib import Path
 
 import numpy as np
 
-from otel_rl._logging import logger, once
+from otel_rl.base.log import logger, once
+from otel_rl.shm import layout
+from otel_rl.shm.layout import MessageKind
 
 try:
     from otel_rl.shm._frames import take_frames as _c_take_frames
@@ -62,7 +62,6 @@ NAMES_BYTES = 1 << 20
 CONFIG_BYTES = 1 << 20
 SLOT_BYTES = 64 << 10
 LOG_BYTES = 256 << 10
-RING_HEADER_BYTES = 64
 MAX_LANES = 8
 """Recording threads per process with a lane; the records of further threads are dropped (one warning)."""
 MAX_LANE_CAPACITY = 65_536
@@ -88,88 +87,46 @@ def fitted_sizes(lane_capacity: int, free_bytes: int) -> tuple[int, int, int]:
     """
     lane_capacity = min(lane_capacity, MAX_LANE_CAPACITY)
     budget = free_bytes * SHARE_OF_FREE
-    full = _Layout(lane_capacity, CONTROL_BYTES, DATA_BYTES)
+    full = _Regions(lane_capacity, CONTROL_BYTES, DATA_BYTES)
     if full.total <= budget:
         return lane_capacity, CONTROL_BYTES, DATA_BYTES
-    fixed = _Layout(0, 0, 0).total
+    fixed = _Regions(0, 0, 0).total
     scale = max(budget - fixed, 0) / (full.total - fixed)
     sizes = (
         min(lane_capacity, max(MIN_LANE_CAPACITY, int(lane_capacity * scale))),
         max(MIN_CONTROL_BYTES, int(CONTROL_BYTES * scale) & ~4095),
         max(MIN_DATA_BYTES, int(DATA_BYTES * scale) & ~4095),
     )
-    if _Layout(*sizes).total > budget:
+    if _Regions(*sizes).total > budget:
         raise OSError(errno.ENOSPC, f"{free_bytes >> 20} MiB free in the shared-memory filesystem: too little for a segment")
     return sizes
 
-RECORD = np.dtype(
-    [
-        ("start", "<i8"),
-        ("end", "<i8"),
-        ("a", "<i8"),
-        ("b", "<i8"),
-        ("name", "<i4"),
-        ("depth", "<i2"),
-        ("kind", "u1"),
-        ("flags", "u1"),
-        ("exc", "<i4"),
-        ("reserved", "<i4"),
-    ]
-)
-"""A lane record: ``ShmRecord`` in ``_hotpath.c`` (``_hotpath.SHM_RECORD`` gives its offsets; a test compares them)."""
-_STRUCT_CODES = {"i8": "q", "i4": "i", "i2": "h", "u1": "B"}
-RECORD_STRUCT = tuple(_STRUCT_CODES[RECORD.fields[name][0].str[1:]] for name in RECORD.names)
-"""The ``struct`` codes of :data:`RECORD`'s fields, in order (the pure-Python lane packs with them)."""
-
-LANE_HEADER = np.dtype(
-    [
-        ("write", "<u8"),
-        ("read", "<u8"),
-        ("dropped", "<u8"),
-        ("capacity", "<u8"),
-        ("thread_id", "<i8"),
-        ("thread_name", "S24"),
-    ]
-)
-"""A lane's header (``ShmLaneHeader`` in ``_hotpath.c``), followed by its ring of :data:`RECORD`."""
-LANE_HEADER_BYTES = LANE_HEADER.itemsize
-_LANE_WRITE, _LANE_READ, _LANE_DROPPED, _LANE_CAPACITY, _LANE_THREAD = (
-    LANE_HEADER.fields[name][1] for name in ("write", "read", "dropped", "capacity", "thread_id")
+RECORD = np.dtype(layout.LANE_RECORD.numpy())
+""":data:`otel_rl.shm.layout.LANE_RECORD`, a lane's record, as a ``numpy`` dtype."""
+LANE_HEADER_BYTES = layout.LANE_HEADER.itemsize
+_LANE_WRITE, _LANE_READ, _LANE_DROPPED, _LANE_CAPACITY, _LANE_THREAD = map(
+    layout.LANE_HEADER.offset, ("write", "read", "dropped", "capacity", "thread_id")
 )
 _LANE_IDENTITY = struct.Struct("<q24s")
 """The thread id and name of a lane's header."""
 
-# Lane record kinds.
-PHASE, ITERATION_START, ITERATION_END, FLOW, CORRELATE = 1, 2, 3, 4, 5
-NO_STEPS = -(2**63)
-"""``b`` of an iteration mark without env steps."""
-
-# Message kinds (the first u32 of a frame is its payload length, the second its kind).
-SKIP = 0
-"""Filler to the ring's end: the next frame starts at offset 0."""
-RUN, EVENT, SCALARS, DISTRIBUTION, DEVICE_INTERVAL, REMOTE_CYCLE, CUDA_FALLBACK, SCALARS_PACKED, LOG = 1, 2, 3, 4, 5, 6, 7, 8, 9
-CONTROL_KINDS = frozenset({RUN, EVENT, CUDA_FALLBACK})
+CONTROL_KINDS = frozenset({MessageKind.RUN, MessageKind.EVENT, MessageKind.CUDA_FALLBACK})
+"""Messages of the control ring (the data ring takes the rest): scalars never take their room."""
 FOREIGN = "\x00otel-rl foreign"
 """First item of the stand-in ``(FOREIGN, type name, repr)`` sent for a key or value of a marshalled
 record that is not plain data (an enum, a path, a bytes object...): the agent's checks word it alike."""
-PICKLED = 0x100
-"""Set in a frame's kind when its payload is a pickle; otherwise it is ``marshal`` (plain values only, faster)."""
 
-SCALARS_HEADER = struct.Struct("<qqqqII")
-"""A packed scalars record (``SCALARS_PACKED``, written by ``_hotpath.put_scalars``; ``ScalarsHeader``
-there): time, step, iteration, env steps (:data:`NO_STEPS`: none), the number of entries; then the entries."""
-SCALAR_ENTRY = np.dtype([("key", "<u4"), ("tag", "u1"), ("reserved", "u1", (3,)), ("value", "<f8")])
-"""One value of a packed scalars record (``ScalarEntry``): its key's id in the string table, its type, its 8 bytes."""
-SCALAR_ENTRY_STRUCT = "IB3xd"
+SCALARS_HEADER = layout.SCALARS_HEADER.struct()
+SCALAR_ENTRY = np.dtype(layout.SCALAR_ENTRY.numpy())
+SCALAR_ENTRY_STRUCT = layout.SCALAR_ENTRY.struct().format.lstrip("<")
 """One :data:`SCALAR_ENTRY` as ``struct`` codes (the reader unpacks a record's entries in one call)."""
-VALUE_FLOAT, VALUE_INT, VALUE_NONE, VALUE_BOOL = 0, 1, 2, 3
 
 
 @functools.lru_cache(maxsize=64)
 def scalars_table(count: int) -> np.dtype:
     """Packed scalars records of ``count`` entries each as one row apiece (:data:`SCALARS_HEADER`, then the entries)."""
-    header = [("time", "<i8"), ("step", "<i8"), ("iteration", "<i8"), ("env_steps", "<i8"), ("count", "<u4"), ("reserved", "<u4")]
-    return np.dtype([*header, ("entries", SCALAR_ENTRY, (count,))])
+    header = layout.SCALARS_HEADER.numpy()
+    return np.dtype([*zip(header["names"], header["formats"]), ("entries", SCALAR_ENTRY, (count,))])
 
 # Producer states.
 RUNNING, CLOSING = 0, 1
@@ -214,8 +171,9 @@ DROP_FIELDS = {"scalars": "dropped_scalars", "events": "dropped_events", "distri
                "device_intervals": "dropped_device_intervals", "relay": "dropped_relay",
                "phase_misuse": "dropped_phase_misuse"}  # fmt: skip
 """Queue name -> the header field counting what the producer's rings refused."""
-_RING_WRITE, _RING_READ, _RING_DROPPED, _RING_CAPACITY = 0, 8, 16, 24
-_FRAME = struct.Struct("<II")
+_RING_WRITE, _RING_READ, _RING_DROPPED, _RING_CAPACITY = map(layout.RING_HEADER.offset, ("write", "read", "dropped", "capacity"))
+RING_HEADER_BYTES = layout.RING_HEADER.itemsize
+_FRAME = layout.FRAME_HEADER.struct()
 
 
 def peek_header(path: Path) -> dict[str, int] | None:
@@ -262,7 +220,7 @@ def _read_slot(buffer: mmap.mmap, offset: int) -> bytes | None:
     return None
 
 
-class _Layout:
+class _Regions:
     """Offsets of the regions, from the header's sizes."""
 
     def __init__(self, lane_capacity: int, control_bytes: int, data_bytes: int) -> None:
@@ -375,7 +333,7 @@ class _Ring:
             return False
         if skip:
             if skip >= _FRAME.size:
-                _FRAME.pack_into(self.buffer, self.data + position, 0, SKIP)
+                _FRAME.pack_into(self.buffer, self.data + position, 0, MessageKind.SKIP)
             write += skip
             position = 0
         start = self.data + position
@@ -405,7 +363,7 @@ class _Ring:
                 read += capacity - position
                 continue
             length, kind = _FRAME.unpack_from(buffer, data + position)
-            if kind == SKIP:
+            if kind == MessageKind.SKIP:
                 read += capacity - position
                 continue
             start = data + position + _FRAME.size
@@ -446,16 +404,16 @@ class Segment:
         self.path = path
         lane_capacity = min(lane_capacity, MAX_LANE_CAPACITY)
         self.lane_capacity = lane_capacity
-        self.layout = layout = _Layout(lane_capacity, control_bytes, data_bytes)
+        self.regions = regions = _Regions(lane_capacity, control_bytes, data_bytes)
         self._mapping: FileMapping | None = None
         if path is None:
-            self.buffer = mmap.mmap(-1, layout.total)
+            self.buffer = mmap.mmap(-1, regions.total)
         else:
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
             try:
                 # Reserve the memory now: touching a page the tmpfs cannot back later would be a SIGBUS.
-                os.posix_fallocate(fd, 0, layout.total)
-                self._mapping = FileMapping(fd, layout.total)
+                os.posix_fallocate(fd, 0, regions.total)
+                self._mapping = FileMapping(fd, regions.total)
             except BaseException:
                 os.close(fd)
                 path.unlink(missing_ok=True)
@@ -467,16 +425,16 @@ class Segment:
         header["lane_capacity"].value = lane_capacity
         header["control_bytes"].value = control_bytes
         header["data_bytes"].value = data_bytes
-        buffer[layout.config : layout.config + len(config)] = config
+        buffer[regions.config : regions.config + len(config)] = config
         header["config_bytes"].value = len(config)
-        _u64(buffer, layout.control + _RING_CAPACITY).value = control_bytes
-        _u64(buffer, layout.data + _RING_CAPACITY).value = data_bytes
-        _u64(buffer, layout.logs + _RING_CAPACITY).value = LOG_BYTES
+        _u64(buffer, regions.control + _RING_CAPACITY).value = control_bytes
+        _u64(buffer, regions.data + _RING_CAPACITY).value = data_bytes
+        _u64(buffer, regions.logs + _RING_CAPACITY).value = LOG_BYTES
         buffer[: len(MAGIC)] = MAGIC  # last: a reader trusts nothing before it
         self.header = header
-        self.control = _Ring(buffer, layout.control, control_bytes)
-        self.data = _Ring(buffer, layout.data, data_bytes)
-        self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
+        self.control = _Ring(buffer, regions.control, control_bytes)
+        self.data = _Ring(buffer, regions.data, data_bytes)
+        self.logs = _Ring(buffer, regions.logs, LOG_BYTES)
         self._lock = threading.Lock()
         self._final_totals: bytes | None = None
         self.interned: dict[str, int] = {}
@@ -505,7 +463,7 @@ class Segment:
             end = header["names_end"].value
             if end + 2 + len(encoded) > NAMES_BYTES:
                 return -1
-            start = self.layout.names + end
+            start = self.regions.names + end
             struct.pack_into("<H", self.buffer, start, len(encoded))
             self.buffer[start + 2 : start + 2 + len(encoded)] = encoded
             header["names_end"].value = end + 2 + len(encoded)
@@ -523,7 +481,7 @@ class Segment:
             if count >= MAX_LANES:
                 return None
             self.header["lane_count"].value = count + 1  # the lane initialises its header before its first record
-            return self.layout.lane(count)
+            return self.regions.lane(count)
 
     def ring_for(self, kind: int) -> tuple[_Ring, int]:
         """The ring a message of ``kind`` goes to, and the bytes in use it may fill.
@@ -532,12 +490,12 @@ class Segment:
         control ring; the rest is kept for run records, so a lifecycle change
         always finds room.
         """
-        base = kind & ~PICKLED
+        base = kind & ~layout.PICKLED
         ring = self.control if base in CONTROL_KINDS else self.data
-        return ring, ring.capacity if base == RUN else ring.capacity * 3 // 4
+        return ring, ring.capacity if base == MessageKind.RUN else ring.capacity * 3 // 4
 
     def put(self, kind: int, payload: bytes) -> bool:
-        """One message (``kind``, with :data:`PICKLED` when it is); False (counted in the ring) when its ring is full.
+        """One message (``kind``, with :data:`otel_rl.shm.layout.PICKLED` when it is); False (counted in the ring) when its ring is full.
 
         The pure-Python writer (``_hotpath.put_frame`` writes the same frame in C).
         """
@@ -555,16 +513,16 @@ class Segment:
         """What the agent last published with :meth:`SegmentReader.publish_totals` (None before that; kept after close)."""
         if self.control is None:
             return self._final_totals
-        return _read_slot(self.buffer, self.layout.totals)
+        return _read_slot(self.buffer, self.regions.totals)
 
     def publish_run(self, payload: bytes) -> bool:
         """The open run's start record (empty: no run open), for an agent that takes over mid-run."""
-        return _write_slot(self.buffer, self.layout.run, payload)
+        return _write_slot(self.buffer, self.regions.run, payload)
 
     def close(self) -> None:
         """Forget the mapping (the reader unlinks the file)."""
         if self.control is not None:
-            self._final_totals = _read_slot(self.buffer, self.layout.totals)
+            self._final_totals = _read_slot(self.buffer, self.regions.totals)
         self.header.clear()
         self.control = self.data = self.logs = None  # type: ignore[assignment]
         if self._mapping is not None:
@@ -603,12 +561,12 @@ class SegmentReader:
             raise ValueError(f"{source} is not an otel-rl segment (or not initialised yet)")
         self.buffer = buffer
         self.header = {name: _i64(buffer, offset) for name, offset in _FIELDS.items()}
-        self.layout = layout = _Layout(
+        self.regions = regions = _Regions(
             self.header["lane_capacity"].value, self.header["control_bytes"].value, self.header["data_bytes"].value
         )
-        self.control = _Ring(buffer, layout.control, layout.control_bytes)
-        self.data = _Ring(buffer, layout.data, layout.data_bytes)
-        self.logs = _Ring(buffer, layout.logs, LOG_BYTES)
+        self.control = _Ring(buffer, regions.control, regions.control_bytes)
+        self.data = _Ring(buffer, regions.data, regions.data_bytes)
+        self.logs = _Ring(buffer, regions.logs, LOG_BYTES)
         self.names: list[str] = []
         self.interned_at = 0
         self._claim: int | None = None
@@ -622,27 +580,27 @@ class SegmentReader:
         self.header[field].value = value
 
     def config(self) -> bytes:
-        start = self.layout.config
+        start = self.regions.config
         return bytes(self.buffer[start : start + self.get("config_bytes")])
 
     def publish_totals(self, payload: bytes) -> bool:
         """Publish the outputs' totals for the producer; False if too large."""
-        return _write_slot(self.buffer, self.layout.totals, payload)
+        return _write_slot(self.buffer, self.regions.totals, payload)
 
     def run(self) -> bytes | None:
         """The open run's start record as the producer published it, or None."""
-        return _read_slot(self.buffer, self.layout.run) or None
+        return _read_slot(self.buffer, self.regions.run) or None
 
     def run_started(self) -> bool:
         """Whether the producer ever started a run (its slot was written, by the start or the end)."""
-        return _read_slot(self.buffer, self.layout.run) is not None
+        return _read_slot(self.buffer, self.regions.run) is not None
 
     def update_names(self) -> list[str]:
         """Read the string table's new entries; returns the whole table."""
         count = self.get("names_count")
         offset = self.interned_at
         while len(self.names) < count:
-            start = self.layout.names + offset
+            start = self.regions.names + offset
             (length,) = struct.unpack_from("<H", self.buffer, start)
             self.names.append(bytes(self.buffer[start + 2 : start + 2 + length]).decode("utf-8", "replace"))
             offset += 2 + length
@@ -652,9 +610,9 @@ class SegmentReader:
     def lanes(self) -> list[tuple[int, str, int]]:
         """``(thread_id, thread_name, dropped)`` per lane, new lanes included."""
         count = min(self.get("lane_count"), MAX_LANES)
-        capacity = self.layout.lane_capacity
+        capacity = self.regions.lane_capacity
         while len(self._lanes) < count:
-            offset = self.layout.lane(len(self._lanes))
+            offset = self.regions.lane(len(self._lanes))
             records = np.frombuffer(self.buffer, RECORD, capacity, offset + LANE_HEADER_BYTES)
             read = _u64(self.buffer, offset + _LANE_READ)
             self._lanes.append(

@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "layout.h"  /* generated from otel_rl/shm/layout.py: the records shared with the agent */
+
 #define MAX_DEPTH 64
 
 static inline long long now_ns(void) {
@@ -39,38 +41,14 @@ typedef struct {
     int depth;
 } Slot;
 
-/* A record in a shared-memory lane: what a Slot holds, with names as ids of
- * the segment's string table. 48 bytes; otel_rl/shm/segment.py's RECORD is the
- * same layout, and the module's `layouts` (offsets and sizes, from the compiler)
- * lets a test check them against each other. */
-typedef struct {
-    int64_t start, end;  /* phase start/end; a mark's time and thread CPU time (-1: none) */
-    int64_t a, b;        /* iteration index and env steps (INT64_MIN: none); flow id; correlation */
-    int32_t name;        /* phase id; a mark's timeline id */
-    int16_t depth;       /* phase depth; open phases at a flow or correlation mark */
-    uint8_t kind, flags; /* SHM_*; a flow mark's "terminating" */
-    int32_t exc;         /* exception type's name id, -1: none */
-    int32_t reserved;
-} ShmRecord;
-
-/* Header of a shared-memory lane (64 bytes), followed by `capacity` records.
- * One writer (the lane's thread) moves `write`; one reader (the agent) moves `read`. */
-typedef struct {
-    uint64_t write, read, dropped, capacity;
-    int64_t thread_id;
-    char thread_name[24];
-} ShmLaneHeader;
-
-enum { SHM_PHASE = 1, SHM_ITERATION_START = 2, SHM_ITERATION_END = 3, SHM_FLOW = 4, SHM_CORRELATE = 5 };
-
 typedef struct {
     PyObject_HEAD
     Slot *ring;
     Py_ssize_t capacity, head, count, dropped;
     /* Shared-memory mode (a buffer was given): records go to shm_records, not ring. */
     Py_buffer shm_view;
-    ShmLaneHeader *shm;
-    ShmRecord *shm_records;
+    LaneHeader *shm;
+    LaneRecord *shm_records;
     PyObject *intern;  /* intern(str or exception type) -> id in the segment's string table */
     PyObject *thread_id;
     PyObject *thread_name;
@@ -105,15 +83,15 @@ static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
             return -1;
         }
         if (PyObject_GetBuffer(buffer, &self->shm_view, PyBUF_WRITABLE) < 0) return -1;
-        size_t needed = (size_t)offset + sizeof(ShmLaneHeader) + (size_t)capacity * sizeof(ShmRecord);
+        size_t needed = (size_t)offset + sizeof(LaneHeader) + (size_t)capacity * sizeof(LaneRecord);
         if (offset < 0 || offset % 8 || (size_t)self->shm_view.len < needed) {
             PyBuffer_Release(&self->shm_view);
             PyErr_Format(PyExc_ValueError, "buffer too small or misaligned for a lane of %zd records at %zd", capacity, offset);
             return -1;
         }
-        self->shm = (ShmLaneHeader *)((char *)self->shm_view.buf + offset);
-        self->shm_records = (ShmRecord *)(self->shm + 1);
-        memset(self->shm, 0, sizeof(ShmLaneHeader));
+        self->shm = (LaneHeader *)((char *)self->shm_view.buf + offset);
+        self->shm_records = (LaneRecord *)(self->shm + 1);
+        memset(self->shm, 0, sizeof(LaneHeader));
         self->shm->capacity = (uint64_t)capacity;
         self->shm->thread_id = PyLong_Check(thread_id) ? PyLong_AsLongLong(thread_id) : 0;
         if (PyErr_Occurred()) PyErr_Clear();
@@ -202,8 +180,8 @@ static Slot *lane_next_slot(LaneObject *lane, Slot *evicted) {
 /* The next free record of a shared-memory lane, or NULL (counted as dropped) when
  * the reader is a whole ring behind: a single producer can only drop what it has
  * not published, never what the reader may be copying. */
-static ShmRecord *shm_next(LaneObject *lane) {
-    ShmLaneHeader *h = lane->shm;
+static LaneRecord *shm_next(LaneObject *lane) {
+    LaneHeader *h = lane->shm;
     uint64_t w = h->write;  /* only this thread writes it */
     uint64_t r = __atomic_load_n(&h->read, __ATOMIC_ACQUIRE);
     if (w - r >= (uint64_t)lane->capacity) {
@@ -211,8 +189,8 @@ static ShmRecord *shm_next(LaneObject *lane) {
         __atomic_store_n(&h->dropped, (uint64_t)lane->dropped, __ATOMIC_RELAXED);
         return NULL;
     }
-    ShmRecord *rec = &lane->shm_records[w % (uint64_t)lane->capacity];
-    memset(rec, 0, sizeof(ShmRecord));
+    LaneRecord *rec = &lane->shm_records[w % (uint64_t)lane->capacity];
+    memset(rec, 0, sizeof(LaneRecord));
     return rec;
 }
 
@@ -261,9 +239,9 @@ static PyObject *shm_append(LaneObject *self, PyObject *record) {
     PyObject *head = PyTuple_GET_ITEM(record, 0);
     Py_ssize_t n = PyTuple_GET_SIZE(record);
     if (head == tag_flow && n == 5) {  /* (FLOW, time, flow_id, terminating, open_phases) */
-        ShmRecord *rec = shm_next(self);
+        LaneRecord *rec = shm_next(self);
         if (rec == NULL) Py_RETURN_NONE;
-        rec->kind = SHM_FLOW;
+        rec->kind = RECORD_KIND_FLOW;
         rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
         PyObject *flow = PyTuple_GET_ITEM(record, 2);
         rec->a = PyLong_Check(flow) ? (int64_t)PyLong_AsUnsignedLongLongMask(flow) : 0;
@@ -272,17 +250,17 @@ static PyObject *shm_append(LaneObject *self, PyObject *record) {
         rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 4), 0);
         rec->name = rec->exc = -1;
     } else if (head == tag_correlate && n == 3) {  /* (CORRELATE, correlation, open_phases) */
-        ShmRecord *rec = shm_next(self);
+        LaneRecord *rec = shm_next(self);
         if (rec == NULL) Py_RETURN_NONE;
-        rec->kind = SHM_CORRELATE;
+        rec->kind = RECORD_KIND_CORRELATE;
         rec->a = as_int64(PyTuple_GET_ITEM(record, 1), 0);
         rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 2), 0);
         rec->name = rec->exc = -1;
     } else if (PyObject_TypeCheck(head, &PhaseType) && n == 5) {  /* (phase, start, end, depth, exc_type) */
         int32_t exc = shm_intern(self, PyTuple_GET_ITEM(record, 4));
-        ShmRecord *rec = shm_next(self);
+        LaneRecord *rec = shm_next(self);
         if (rec == NULL) Py_RETURN_NONE;
-        rec->kind = SHM_PHASE;
+        rec->kind = RECORD_KIND_PHASE;
         rec->name = ((PhaseObject *)head)->id;
         rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
         rec->end = as_int64(PyTuple_GET_ITEM(record, 2), 0);
@@ -585,9 +563,9 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
     lane->depth--;
     if (lane->shm != NULL) {
         int32_t exc = exc_type == Py_None ? -1 : shm_intern(lane, exc_type);
-        ShmRecord *rec = shm_next(lane);
+        LaneRecord *rec = shm_next(lane);
         if (rec != NULL) {
-            rec->kind = SHM_PHASE;
+            rec->kind = RECORD_KIND_PHASE;
             rec->name = self->id;
             rec->start = lane->stack_start[lane->depth];
             rec->end = end;
@@ -713,9 +691,9 @@ static void Iteration_dealloc(IterationObject *self) {
 static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag, long long time_ns) {
     if (lane->shm != NULL) {
         int32_t timeline = shm_intern(lane, self->timeline);
-        ShmRecord *rec = shm_next(lane);
+        LaneRecord *rec = shm_next(lane);
         if (rec == NULL) return 0;
-        rec->kind = tag == tag_start ? SHM_ITERATION_START : SHM_ITERATION_END;
+        rec->kind = tag == tag_start ? RECORD_KIND_ITERATION_START : RECORD_KIND_ITERATION_END;
         rec->name = timeline;
         rec->start = time_ns;
         rec->end = self->thread_time ? thread_cpu_ns() : -1;
@@ -826,8 +804,9 @@ static PyObject *set_record_tags(PyObject *module, PyObject *args) {
  * at `ring` (layout in otel_rl/shm/segment.py): where to write it, or NULL (counted as dropped)
  * when the ring has less than that free under `limit`. commit_frame publishes it. */
 static char *reserve_frame(char *ring, uint64_t cap, uint64_t size, uint64_t limit, uint64_t *end) {
-    uint64_t *write = (uint64_t *)ring, *read = (uint64_t *)(ring + 8), *dropped = (uint64_t *)(ring + 16);
-    char *data = ring + 64;
+    RingHeader *header = (RingHeader *)ring;
+    uint64_t *write = &header->write, *read = &header->read, *dropped = &header->dropped;
+    char *data = ring + RING_HEADER_BYTES;
     uint64_t w = *write, r = __atomic_load_n(read, __ATOMIC_ACQUIRE), pos = w % cap;
     uint64_t skip = pos + size > cap ? cap - pos : 0;
     uint64_t room = limit < cap ? limit : cap;
@@ -836,7 +815,7 @@ static char *reserve_frame(char *ring, uint64_t cap, uint64_t size, uint64_t lim
         return NULL;
     }
     if (skip) {
-        if (skip >= 8) memset(data + pos, 0, 8);  /* a SKIP frame: length 0, kind 0 */
+        if (skip >= sizeof(FrameHeader)) memset(data + pos, 0, sizeof(FrameHeader));  /* a SKIP frame: length 0, kind 0 */
         w += skip;
         pos = 0;
     }
@@ -850,7 +829,7 @@ static void commit_frame(char *ring, uint64_t end) {
 
 /* The ring at `offset` of a writable buffer view, or NULL with an error set. */
 static char *ring_of(Py_buffer *view, Py_ssize_t offset, Py_ssize_t capacity) {
-    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view->len < offset + 64 + capacity) {
+    if (offset < 0 || offset % 8 || capacity < 64 || capacity % 8 || view->len < offset + RING_HEADER_BYTES + capacity) {
         PyErr_SetString(PyExc_ValueError, "not a message ring of this buffer");
         return NULL;
     }
@@ -872,14 +851,14 @@ static PyObject *put_frame(PyObject *module, PyObject *args) {
     char *ring = ring_of(&view, offset, capacity);
     if (ring != NULL && payload.len > 0x7fffffff) PyErr_SetString(PyExc_ValueError, "payload too large");
     else if (ring != NULL) {
-        uint64_t size = 8 + (uint64_t)payload.len, end;
+        uint64_t size = sizeof(FrameHeader) + (uint64_t)payload.len, end;
         size += (8 - size % 8) % 8;
         char *at = reserve_frame(ring, (uint64_t)capacity, size, (uint64_t)limit, &end);
         if (at == NULL) result = Py_NewRef(Py_False);
         else {
-            uint32_t header[2] = {(uint32_t)payload.len, kind};
-            memcpy(at, header, 8);
-            memcpy(at + 8, payload.buf, (size_t)payload.len);
+            FrameHeader header = {(uint32_t)payload.len, kind};
+            memcpy(at, &header, sizeof header);
+            memcpy(at + sizeof header, payload.buf, (size_t)payload.len);
             commit_frame(ring, end);
             result = Py_NewRef(Py_True);
         }
@@ -888,11 +867,6 @@ static PyObject *put_frame(PyObject *module, PyObject *args) {
     PyBuffer_Release(&payload);
     return result;
 }
-
-/* A packed scalars record (see otel_rl/shm/segment.py: SCALARS_HEADER, SCALAR_ENTRY). */
-typedef struct { int64_t time, step, iteration, env_steps; uint32_t count, reserved; } ScalarsHeader;
-typedef struct { uint32_t key; uint8_t tag, reserved[3]; union { double f; int64_t i; } value; } ScalarEntry;
-enum { VALUE_FLOAT = 0, VALUE_INT = 1, VALUE_NONE = 2, VALUE_BOOL = 3 };
 
 static int optional_int64(PyObject *obj, int64_t *out) {
     if (obj == Py_None) { *out = INT64_MIN; return 1; }
@@ -929,14 +903,14 @@ static PyObject *put_scalars(PyObject *module, PyObject *args) {
     while (plain && PyDict_Next(values, &pos, &key, &value)) {
         ScalarEntry *e = &entries[i++];
         if (!PyUnicode_CheckExact(key)) { plain = 0; break; }
-        if (PyFloat_CheckExact(value)) { e->tag = VALUE_FLOAT; e->value.f = PyFloat_AS_DOUBLE(value); }
-        else if (value == Py_None) e->tag = VALUE_NONE;
-        else if (PyBool_Check(value)) { e->tag = VALUE_BOOL; e->value.i = value == Py_True; }
+        if (PyFloat_CheckExact(value)) { e->tag = VALUE_TAG_FLOAT; e->value.f = PyFloat_AS_DOUBLE(value); }
+        else if (value == Py_None) e->tag = VALUE_TAG_NONE;
+        else if (PyBool_Check(value)) { e->tag = VALUE_TAG_BOOL; e->value.i = value == Py_True; }
         else if (PyLong_CheckExact(value)) {
             int overflow;
             long long v = PyLong_AsLongLongAndOverflow(value, &overflow);
             if (overflow || (v == -1 && PyErr_Occurred())) { PyErr_Clear(); plain = 0; break; }
-            e->tag = VALUE_INT;
+            e->tag = VALUE_TAG_INT;
             e->value.i = v;
         } else { plain = 0; break; }
     }
@@ -964,13 +938,13 @@ static PyObject *put_scalars(PyObject *module, PyObject *args) {
     char *ring = ring_of(&view, offset, capacity);
     if (ring != NULL) {
         uint64_t length = sizeof(ScalarsHeader) + (uint64_t)n * sizeof(ScalarEntry), end;
-        char *at = reserve_frame(ring, (uint64_t)capacity, 8 + length, (uint64_t)limit, &end);
+        char *at = reserve_frame(ring, (uint64_t)capacity, sizeof(FrameHeader) + length, (uint64_t)limit, &end);
         if (at == NULL) result = Py_NewRef(Py_False);
         else {
-            uint32_t frame[2] = {(uint32_t)length, kind};
-            memcpy(at, frame, 8);
-            memcpy(at + 8, &header, sizeof(ScalarsHeader));
-            memcpy(at + 8 + sizeof(ScalarsHeader), entries, (size_t)n * sizeof(ScalarEntry));
+            FrameHeader frame = {(uint32_t)length, kind};
+            memcpy(at, &frame, sizeof frame);
+            memcpy(at + sizeof frame, &header, sizeof(ScalarsHeader));
+            memcpy(at + sizeof frame + sizeof(ScalarsHeader), entries, (size_t)n * sizeof(ScalarEntry));
             commit_frame(ring, end);
             result = Py_NewRef(Py_True);
         }
@@ -999,32 +973,11 @@ static struct PyModuleDef hotpath_module = {
     PyModuleDef_HEAD_INIT, "otel_rl.training._hotpath", "C hot path of the phase recorder.", -1, module_methods,
 };
 
-#define FIELD(type, name) #name, (Py_ssize_t)offsetof(type, name)
-
-/* {struct name: {field: offset, ..., "itemsize": size}} of the records shared with Python. */
-static PyObject *record_layouts(void) {
-    return Py_BuildValue(
-        "{s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n},"
-        "s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n},"
-        "s:{s:n,s:n,s:n,s:n,s:n},"
-        "s:{s:n,s:n,s:n,s:n,s:n,s:n}}",
-        "ShmRecord", FIELD(ShmRecord, start), FIELD(ShmRecord, end), FIELD(ShmRecord, a), FIELD(ShmRecord, b),
-        FIELD(ShmRecord, name), FIELD(ShmRecord, depth), FIELD(ShmRecord, kind), FIELD(ShmRecord, flags),
-        FIELD(ShmRecord, exc), FIELD(ShmRecord, reserved), "itemsize", (Py_ssize_t)sizeof(ShmRecord),
-        "ShmLaneHeader", FIELD(ShmLaneHeader, write), FIELD(ShmLaneHeader, read), FIELD(ShmLaneHeader, dropped),
-        FIELD(ShmLaneHeader, capacity), FIELD(ShmLaneHeader, thread_id), FIELD(ShmLaneHeader, thread_name),
-        "itemsize", (Py_ssize_t)sizeof(ShmLaneHeader),
-        "ScalarEntry", FIELD(ScalarEntry, key), FIELD(ScalarEntry, tag), FIELD(ScalarEntry, reserved),
-        FIELD(ScalarEntry, value), "itemsize", (Py_ssize_t)sizeof(ScalarEntry),
-        "ScalarsHeader", FIELD(ScalarsHeader, time), FIELD(ScalarsHeader, step), FIELD(ScalarsHeader, iteration),
-        FIELD(ScalarsHeader, env_steps), FIELD(ScalarsHeader, count), "itemsize", (Py_ssize_t)sizeof(ScalarsHeader));
-}
-
 PyMODINIT_FUNC PyInit__hotpath(void) {
     if (PyType_Ready(&LaneType) < 0 || PyType_Ready(&PhaseType) < 0 || PyType_Ready(&IterationType) < 0) return NULL;
     PyObject *m = PyModule_Create(&hotpath_module);
     if (m == NULL) return NULL;
-    if (PyModule_AddObject(m, "layouts", record_layouts()) < 0) { Py_DECREF(m); return NULL; }
+    if (PyModule_AddObject(m, "layout", layout_of_build()) < 0) { Py_DECREF(m); return NULL; }
     Py_INCREF(&LaneType);
     if (PyModule_AddObject(m, "Lane", (PyObject *)&LaneType) < 0) { Py_DECREF(&LaneType); Py_DECREF(m); return NULL; }
     Py_INCREF(&PhaseType);

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Protocol
 
-from otel_rl.background import Worker
+from otel_rl.base.loops import BackgroundLoop
+from otel_rl.formats.schema import PhaseSpec
 from otel_rl.training.recorder import CORRELATE, Phase, Recorder
-from otel_rl.schema import PhaseSpec
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -171,7 +171,7 @@ class TorchCuda:
         return self._cuda.current_stream()
 
 
-class CudaTimer(Worker):
+class CudaTimer(BackgroundLoop):
     """Records event pairs for CUDA phases and resolves them on its own thread.
 
     Args:

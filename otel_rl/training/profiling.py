@@ -6,7 +6,7 @@ stops it as it is exited (so does an iteration past the window, or
 ``close()`` when training ends first). A resumed run past the window is not
 profiled again. The profiler's own trace is exported where TensorBoard's
 profiler plugin and HTA look for it (``profile/<host>_<pid>.<ms>.pt.trace.json``
-in the run folder), and one :data:`otel_rl.schema.EVENT_TORCH_PROFILE` event
+in the run folder), and one :data:`otel_rl.formats.schema.EVENT_TORCH_PROFILE` event
 names the file, the iterations and the ``perf_counter_ns`` readings around
 timebase markers recorded inside the profile at its start and end: from those
 the Perfetto output maps the profiler's clock onto the run's
@@ -28,9 +28,9 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-from otel_rl import schema
-from otel_rl._logging import logger
-from otel_rl.background import run_bounded
+from otel_rl.base.log import logger
+from otel_rl.base.loops import run_bounded
+from otel_rl.formats import schema
 
 _logger = logger(__name__)
 
@@ -38,7 +38,6 @@ MARKER = "otel_rl.timebase"
 """The name of the ``record_function`` markers the profile's clock is measured on."""
 MARKERS = 8
 """Markers at each end; the tightest pair of readings around one is used."""
-FOLDER = "profile"
 """The folder of the profiler's own trace files, in the run folder."""
 
 

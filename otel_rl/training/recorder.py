@@ -21,9 +21,9 @@ from collections.abc import Callable
 from time import perf_counter_ns, thread_time_ns
 from typing import Any, TypeVar
 
-from otel_rl._logging import logger, once
-from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
-from otel_rl.schema import PhaseSpec
+from otel_rl.base.environment_variables import OTEL_RL_PURE_PYTHON
+from otel_rl.base.log import logger, once
+from otel_rl.formats.schema import PhaseSpec
 
 _logger = logger(__name__)
 _RECORDER_IDS = itertools.count()

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import marshal
-import os
 import pickle
 import struct
-from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
-from otel_rl._logging import logger, once
+from otel_rl.base.log import logger, once
+from otel_rl.base.values import INT64_MAX, INT64_MIN, describe
+from otel_rl.formats.schema import PhaseSpec
+from otel_rl.shm import layout
 from otel_rl.shm import segment as shm
+from otel_rl.shm.layout import MessageKind, RecordKind
 from otel_rl.training.recorder import (
     CORRELATE,
     FLOW,
@@ -29,13 +30,11 @@ from otel_rl.training.recorder import (
     _hotpath,
     phase_misuse,
 )
-from otel_rl.schema import PhaseSpec
-from otel_rl.values import INT64_MAX, INT64_MIN, describe
 
 _logger = logger(__name__)
-_RECORD = struct.Struct("<" + "".join(shm.RECORD_STRUCT))
+_RECORD = layout.LANE_RECORD.struct()
 """:data:`segment.RECORD` as a ``struct`` (for the pure-Python lane)."""
-_MARSHALLED = frozenset({shm.SCALARS, shm.EVENT, shm.CUDA_FALLBACK})
+_MARSHALLED = frozenset({MessageKind.SCALARS, MessageKind.EVENT, MessageKind.CUDA_FALLBACK})
 """Kinds whose records hold plain values (``marshal`` would turn an array into bytes: the others are pickled)."""
 
 
@@ -92,18 +91,18 @@ class PyShmLane:
         intern = self.segment.intern
         if head is ITERATION_START or head is ITERATION_END:
             _, time_ns, timeline, index, env_steps, cpu, open_phases = record
-            kind = shm.ITERATION_START if head is ITERATION_START else shm.ITERATION_END
-            fields = (time_ns, -1 if cpu is None else cpu, _int64(index, -1), _int64(env_steps, shm.NO_STEPS), intern(timeline), open_phases, kind, 0, -1, 0)
+            kind = RecordKind.ITERATION_START if head is ITERATION_START else RecordKind.ITERATION_END
+            fields = (time_ns, -1 if cpu is None else cpu, _int64(index, -1), _int64(env_steps, layout.NO_STEPS), intern(timeline), open_phases, kind, 0, -1)
         elif head is FLOW:
             _, time_ns, flow_id, terminating, open_phases = record
-            fields = (time_ns, 0, _low64(flow_id), 0, -1, open_phases, shm.FLOW, 1 if terminating else 0, -1, 0)
+            fields = (time_ns, 0, _low64(flow_id), 0, -1, open_phases, RecordKind.FLOW, 1 if terminating else 0, -1)
         elif head is CORRELATE:
             _, correlation, open_phases = record
-            fields = (0, 0, _int64(correlation, 0), 0, -1, open_phases, shm.CORRELATE, 0, -1, 0)
+            fields = (0, 0, _int64(correlation, 0), 0, -1, open_phases, RecordKind.CORRELATE, 0, -1)
         else:
             phase, start, end, depth, exc_type = record
             exc = -1 if exc_type is None else intern(exc_type)
-            fields = (start, end, 0, 0, phase.id, depth, shm.PHASE, 0, exc, 0)
+            fields = (start, end, 0, 0, phase.id, depth, RecordKind.PHASE, 0, exc)
         write = self._write.value
         if write - self._read.value >= self.capacity:
             self.dropped += 1
@@ -232,7 +231,7 @@ class SegmentRecorder(Recorder):
         except ValueError:
             try:
                 payload = pickle.dumps(record, protocol=5)
-                kind |= shm.PICKLED
+                kind |= layout.PICKLED
             except Exception as exc:  # an attribute no pickle can carry: the record is lost, loudly
                 _logger.warning("otel-rl: a record could not be encoded (%s); dropped", exc, extra=once(f"encode:{kind}"))
                 return False
@@ -249,7 +248,7 @@ class SegmentRecorder(Recorder):
         time_ns, values, step, iteration, env_steps = record
         segment, ring = self.segment, self.segment.data
         return _hotpath.put_scalars(
-            segment.buffer, ring.offset, ring.capacity, ring.capacity, shm.SCALARS_PACKED, time_ns, values, step,
+            segment.buffer, ring.offset, ring.capacity, ring.capacity, MessageKind.SCALARS_PACKED, time_ns, values, step,
             iteration, env_steps, segment.interned, segment.intern,
         )  # fmt: skip
 
@@ -258,16 +257,16 @@ class SegmentRecorder(Recorder):
             return
         packed = self._put_scalars(record)  # the common case: str keys, numbers
         if packed is None:
-            packed = self._put(shm.SCALARS, record)
+            packed = self._put(MessageKind.SCALARS, record)
         if not packed:
             self._count_drop("scalars")
 
     def add_distribution(self, record: tuple, nbytes: int) -> None:
-        if not self._put(shm.DISTRIBUTION, record):
+        if not self._put(MessageKind.DISTRIBUTION, record):
             self._count_drop("distributions")
 
     def add_event(self, record: tuple) -> bool:
-        if self._put(shm.EVENT, record):
+        if self._put(MessageKind.EVENT, record):
             return True
         self._count_drop("events")
         _logger.warning("otel-rl: event ring full; dropping new events", extra=once("event-ring-full"))
@@ -276,20 +275,20 @@ class SegmentRecorder(Recorder):
     def add_control(self, record: Any) -> None:
         if self._forked:  # a forked child: the segment is its parent's
             return
-        if not self._put(shm.RUN, record):
+        if not self._put(MessageKind.RUN, record):
             self._count_drop("events")
             _logger.error("otel-rl: no room for a run record in the control ring; the agent will not see it")
         # An agent that takes over mid-run learns the open run from here (it missed its start record).
         self.segment.publish_run(pickle.dumps(record, protocol=5) if record.end_ns is None else b"")
 
     def add_device_interval(self, record: object) -> None:
-        if not self._put(shm.DEVICE_INTERVAL, record):
+        if not self._put(MessageKind.DEVICE_INTERVAL, record):
             self._count_drop("device_intervals")
 
     def add_cuda_fallback(self, timeline: str, name: str, reason: str) -> None:
         """A CUDA phase timed on the host: its spans say why."""
-        self._put(shm.CUDA_FALLBACK, (timeline, name, reason))
+        self._put(MessageKind.CUDA_FALLBACK, (timeline, name, reason))
 
     def add_remote(self, cycle: object) -> None:
-        if not self._put(shm.REMOTE_CYCLE, cycle):
+        if not self._put(MessageKind.REMOTE_CYCLE, cycle):
             self._count_drop("relay")

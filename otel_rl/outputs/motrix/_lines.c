@@ -8,7 +8,7 @@
  * (the times, the values) in one call, and this splices those numbers between
  * the record's fixed parts and the keys. The result is, byte for byte, what
  * orjson.dumps gives for the record's dictionary (scalars_record in
- * otel_rl/outputs/motrix/protocol.py, whose field order this writes);
+ * otel_rl/formats/protocol.py, whose field order this writes);
  * otel_rl/outputs/motrix/scalar_lines.py is the pure-Python twin used when
  * this module is not built, and the tests compare the two.
  */

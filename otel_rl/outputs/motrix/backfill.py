@@ -16,11 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from otel_rl._logging import logger
+from otel_rl.base.log import logger
+from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.outputs.motrix.delivery import send
 from otel_rl.outputs.motrix.http_post import Poster
-from otel_rl.outputs.motrix.jsonl import JSONL_FILE
-from otel_rl.outputs.motrix.protocol import INGEST_PATH
+from otel_rl.run.files import JSONL_FILE
 
 _logger = logger(__name__)
 

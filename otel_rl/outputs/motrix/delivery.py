@@ -25,9 +25,9 @@ try:  # ISA-L's gzip: a third of zlib's CPU for a body no larger, the same forma
 except ImportError:  # a platform without its wheel
     from gzip import compress
 
+from otel_rl.formats.protocol import PROTOCOL, batch_body
 from otel_rl.outputs.motrix.http_post import Poster, PostError
 from otel_rl.outputs.motrix.record_queue import Item
-from otel_rl.outputs.motrix.protocol import PROTOCOL, batch_body
 
 RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))
 RETRY_AFTER_CAP_S = 60.0

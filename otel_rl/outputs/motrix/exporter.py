@@ -19,16 +19,16 @@ from typing import Any
 
 import orjson
 
-from otel_rl._logging import logger, once
-from otel_rl.background import Deadline
-from otel_rl.drops import Drops
-from otel_rl.outputs.motrix.record_queue import Item
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger, once
 from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.outputs.motrix.protocol import ProtocolError, encode_record, record
-from otel_rl.outputs.motrix.scalar_lines import record_fields, run_lines
 from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock, ScalarsRecord
 from otel_rl.core.scalar_rows import ScalarRun
+from otel_rl.formats.protocol import ProtocolError, encode_record, record
+from otel_rl.outputs.motrix.record_queue import Item
+from otel_rl.outputs.motrix.scalar_lines import record_fields, run_lines
 
 _logger = logger(__name__)
 

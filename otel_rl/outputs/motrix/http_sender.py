@@ -24,13 +24,14 @@ import random
 import time
 from collections.abc import Callable
 
-from otel_rl._logging import EVERY_TIME, logger, once
-from otel_rl.background import Deadline, Worker
-from otel_rl.drops import Drops
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import EVERY_TIME, logger, once
+from otel_rl.base.loops import BackgroundLoop
+from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.outputs.motrix.delivery import Outcome, send
 from otel_rl.outputs.motrix.http_post import Poster
 from otel_rl.outputs.motrix.record_queue import DROPPABLE, Item, RecordQueue
-from otel_rl.outputs.motrix.protocol import INGEST_PATH
 
 _logger = logger(__name__)
 
@@ -40,7 +41,7 @@ FINISH_S = 0.2
 """How long before its close deadline the sender stops trying, to count what it did not deliver in time."""
 
 
-class HttpSender(Worker):
+class HttpSender(BackgroundLoop):
     """Delivers records in gzip batches on its own thread (see the module docstring).
 
     Args:

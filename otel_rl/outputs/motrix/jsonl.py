@@ -18,16 +18,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from otel_rl._logging import logger, once
-from otel_rl.background import Worker
-from otel_rl.drops import Drops
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger, once
+from otel_rl.base.loops import BackgroundLoop
 from otel_rl.outputs.motrix.record_queue import Item, RecordQueue
-from otel_rl.run_folder import JSONL_FILE
 
 _logger = logger(__name__)
 
 
-class JsonlWriter(Worker):
+class JsonlWriter(BackgroundLoop):
     """Appends records to ``path`` from its own thread.
 
     Args:

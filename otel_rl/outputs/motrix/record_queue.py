@@ -6,7 +6,7 @@ for every output. When the queue holds ``capacity`` records, the oldest
 records are lifecycle data: they are never dropped to make room for metrics,
 and may exceed ``capacity`` up to ``lifecycle_capacity`` records and
 ``lifecycle_bytes`` bytes, past which new ones are dropped, counted and
-warned about once. Every drop is counted in the shared :class:`otel_rl.drops.Drops`
+warned about once. Every drop is counted in the shared :class:`otel_rl.base.drops.Drops`
 under the queue's name.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 import threading
 from collections import deque
 
-from otel_rl._logging import logger, once
-from otel_rl.drops import Drops
+from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger, once
 
 _logger = logger(__name__)
 

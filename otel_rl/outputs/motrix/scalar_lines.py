@@ -4,7 +4,7 @@
 the values) between the record's fixed parts and its keys: no dictionary per
 call. :func:`python_lines` is its pure-Python twin (a record dictionary per
 call), used when the extension is not built; both give the bytes
-``orjson.dumps`` gives for :func:`otel_rl.outputs.motrix.protocol.scalars_record`.
+``orjson.dumps`` gives for :func:`otel_rl.formats.protocol.scalars_record`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import os
 import numpy as np
 import orjson
 
+from otel_rl.base.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.core.records import ScalarsRecord
 from otel_rl.core.scalar_rows import ScalarRun
-from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
-from otel_rl.outputs.motrix.protocol import scalars_record
+from otel_rl.formats.protocol import scalars_record
 
 try:
     from otel_rl.outputs.motrix._lines import scalar_lines as _c_scalar_lines

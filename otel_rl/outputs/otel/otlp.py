@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from otel_rl import environment_variables as env
+from otel_rl.base import environment_variables as env
 
 SIGNALS = ("traces", "metrics", "logs")
 PROTOCOLS = ("grpc", "http/protobuf")

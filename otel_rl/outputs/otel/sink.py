@@ -21,16 +21,20 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
-from otel_rl import environment_variables as env
-from otel_rl import run_metadata, schema
-from otel_rl.outputs.otel import otlp
-from otel_rl.outputs.otel.aggregation import Aggregates, MergingMetricExporter
-from otel_rl.background import Deadline, run_bounded
+from otel_rl.base import environment_variables as env
+from otel_rl.base.clock import Clock
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.loops import run_bounded
+from otel_rl.core.ids import new_span_id
 from otel_rl.core.iteration_rows import IterationRun
-from otel_rl.core.pipeline import Clock, RecordSink
+from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
-from otel_rl.outputs.otel.spans import SpanBudget, SpanBuilder, count_nodes, new_span_id, span_context
-
+from otel_rl.formats import schema
+from otel_rl.outputs.aggregates import Aggregates
+from otel_rl.outputs.otel import otlp
+from otel_rl.outputs.otel.metrics import MergingMetricExporter
+from otel_rl.outputs.otel.spans import SpanBudget, SpanBuilder, count_nodes, span_context
+from otel_rl.run import provenance
 
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
 """Metric export interval when ``OTEL_METRIC_EXPORT_INTERVAL`` is unset (the SDK's 60 s is too coarse for training)."""
@@ -130,7 +134,7 @@ class OpenTelemetrySink(RecordSink):
             )
         readers = [
             PeriodicExportingMetricReader(
-                MergingMetricExporter(e, self.aggregates, self._scope, self._clock, lambda: self._resource),
+                MergingMetricExporter(e, self.aggregates, self.trace_id, self._scope, self._clock, lambda: self._resource),
                 export_interval_millis=interval_ms,
             )
             for e in exporters
@@ -171,9 +175,9 @@ class OpenTelemetrySink(RecordSink):
             self._run_context = span_context(self.trace_id, run.attributes["span_id"])
             parent_span_id = run.attributes.get("parent_span_id")
             self._run_parent = span_context(self.trace_id, parent_span_id, remote=True) if parent_span_id else None
-            config, provenance = run.attributes.get("config"), run.attributes.get("provenance", {})
-            self._run_attributes = run_metadata.span_attributes(config, provenance)
-            self.aggregates.set_run_info(run_metadata.info_labels(config, provenance))
+            config, origin = run.attributes.get("config"), run.attributes.get("provenance", {})
+            self._run_attributes = provenance.span_attributes(config, origin)
+            self.aggregates.set_run_info(provenance.info_labels(config, origin))
             return
         if self._run_context is None or not self._span_processors:
             return
@@ -244,7 +248,7 @@ class OpenTelemetrySink(RecordSink):
         self._end_spans([span])
 
     def _describe(self, attributes: dict[str, Any]) -> None:
-        """The framework and environment an integration named (:data:`otel_rl.schema.EVENT_FRAMEWORK`), on the resource from now on.
+        """The framework and environment an integration named (:data:`otel_rl.formats.schema.EVENT_FRAMEWORK`), on the resource from now on.
 
         An OpenTelemetry resource is fixed when its providers are built, at
         ``init()``, before any integration exists: the resource that spans,

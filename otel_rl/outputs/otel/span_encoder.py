@@ -27,9 +27,9 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
-from otel_rl._logging import logger
-from otel_rl.outputs.protowire import SMALL as _SMALL
-from otel_rl.outputs.protowire import varint as _varint
+from otel_rl.base.log import logger
+from otel_rl.formats.protowire import SMALL as _SMALL
+from otel_rl.formats.protowire import varint as _varint
 
 _logger = logger(__name__)
 

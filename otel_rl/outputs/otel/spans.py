@@ -10,7 +10,6 @@ raw records and is not affected by the budget.
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,19 +19,12 @@ from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
-from otel_rl import schema
+from otel_rl.core.ids import new_span_id
 from otel_rl.core.records import IterationRecord, PhaseRecord
+from otel_rl.formats import schema
 
 _SAMPLED = trace_api.TraceFlags(trace_api.TraceFlags.SAMPLED)
 _UNSET = Status(StatusCode.UNSET)
-
-
-def new_span_id() -> int:
-    return random.getrandbits(64) or 1
-
-
-def new_trace_id() -> int:
-    return random.getrandbits(128) or 1
 
 
 def span_context(trace_id: int, span_id: int, remote: bool = False) -> trace_api.SpanContext:

@@ -13,9 +13,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from otel_rl.background import Deadline
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.loops import run_bounded
 from otel_rl.outputs.otel import otlp
-from otel_rl.background import run_bounded
 
 
 class UserProviders:

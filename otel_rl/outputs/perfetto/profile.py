@@ -1,7 +1,7 @@
 """A ``torch.profiler`` window on the run's timeline (see :mod:`otel_rl.training.profiling`).
 
 The profiler's chrome trace is read back when its
-:data:`otel_rl.schema.EVENT_TORCH_PROFILE` event arrives. Its clock is mapped
+:data:`otel_rl.formats.schema.EVENT_TORCH_PROFILE` event arrives. Its clock is mapped
 onto ``perf_counter_ns`` through the timebase markers recorded inside it
 (the tightest pair of readings at each end, linear in between), then onto the
 run's epoch timebase. Then:
@@ -26,12 +26,12 @@ from typing import Any
 
 import orjson
 
-from otel_rl import schema
 from otel_rl.core.records import IterationRecord, PhaseRecord
+from otel_rl.formats import schema
 from otel_rl.training.profiling import MARKER, MARKERS
 
 GPU_CATEGORY = "torch.gpu"
-"""The category of the kernels' slices (the CPU operators' is :data:`otel_rl.schema.OPERATOR_CATEGORY`)."""
+"""The category of the kernels' slices (the CPU operators' is :data:`otel_rl.formats.schema.OPERATOR_CATEGORY`)."""
 MAX_KEPT = 50_000
 """Iterations and loose phases kept for a window at most."""
 LEAD_NS = 1_000_000_000

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
 import shutil
 from collections import deque
 from collections.abc import Sequence
@@ -36,23 +35,25 @@ from pathlib import Path
 
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackDescriptor, TrackEvent
 
-from otel_rl import schema
-from otel_rl._logging import logger, once
-from otel_rl.background import Worker, pid_alive
-from otel_rl.drops import Drops
-from otel_rl.environment_variables import OTEL_RL_PURE_PYTHON
-from otel_rl.outputs.files import close_quietly
-from otel_rl.outputs.perfetto.profile import KeptRecords, fit, intervals_of, nested_order, read_profile
-from otel_rl.outputs.protowire import varint as _varint
+from otel_rl.base.drops import Drops
+from otel_rl.base.environment_variables import OTEL_RL_PURE_PYTHON
+from otel_rl.base.files import close_quietly
+from otel_rl.base.log import logger, once
+from otel_rl.base.loops import BackgroundLoop
+from otel_rl.base.processes import pid_alive
 from otel_rl.core.iteration_rows import IterationRun
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
 from otel_rl.core.scalar_rows import ScalarRun
-from otel_rl.run_folder import TRACE_FILE
-from otel_rl.schema import PhaseSpec
+from otel_rl.formats import schema
+from otel_rl.formats.protowire import varint as _varint
+from otel_rl.formats.schema import PhaseSpec
+from otel_rl.outputs.perfetto.profile import KeptRecords, fit, intervals_of, nested_order, read_profile
+from otel_rl.run import files
 
 try:
-    from otel_rl.outputs.perfetto._slices import encode_phases as _c_encode_phases, encode_rows as _c_encode_rows
+    from otel_rl.outputs.perfetto._slices import encode_phases as _c_encode_phases
+    from otel_rl.outputs.perfetto._slices import encode_rows as _c_encode_rows
 except ImportError:  # not built (no compiler): the pure-Python twin below
     _c_encode_phases = _c_encode_rows = None
 
@@ -439,7 +440,7 @@ class PerfettoTraceSink(RecordSink):
         self._merge_fragments = merge_fragments
         # A worker's fragment is written under a temporary name and renamed when
         # complete, so the learner only ever merges finished fragments.
-        self._writing = self.path if merge_fragments else self.path.with_name(self.path.name + ".partial")
+        self._writing = self.path if merge_fragments else files.partial(self.path)
         self._encoder = TraceEncoder(os.getpid() if pid is None else pid, process_name)
         self._thread_time = thread_time
         self._cuda_events = cuda_events
@@ -688,7 +689,7 @@ class PerfettoTraceSink(RecordSink):
             _logger.warning("otel-rl: could not finish %s (%s)", self.path, exc)
 
 
-class TraceWriter(Worker):
+class TraceWriter(BackgroundLoop):
     """Writes encoded packets (and rotates files at the marks, once packets follow) on its own thread: file IO only."""
 
     queue_only = True
@@ -743,7 +744,7 @@ class TraceWriter(Worker):
     def _rotate(self) -> None:
         self._close_file()
         try:
-            os.replace(self._writing, self.path.with_name(self.path.stem + ".1" + self.path.suffix))
+            os.replace(self._writing, files.rotated(self.path))
         except OSError as exc:
             _logger.warning("otel-rl: cannot rotate %s (%s)", self.path, exc)
 
@@ -765,8 +766,8 @@ def merge_fragments(path: Path) -> None:
     :data:`CRASH_MARK` instant on that process. A ``.partial`` fragment of a
     live process is still being written and is left alone.
     """
-    fragments = sorted(path.parent.glob("trace-*.perfetto-trace"))
-    crashed = [p for p in sorted(path.parent.glob("trace-*.perfetto-trace.partial")) if not _writer_alive(p)]
+    fragments = sorted(path.parent.glob(files.FRAGMENT_GLOB))
+    crashed = [p for p in sorted(path.parent.glob(files.FRAGMENT_GLOB + files.PARTIAL_SUFFIX)) if not _writer_alive(p)]
     if not fragments and not crashed:
         return
     with open(path, "ab") as merged:
@@ -833,9 +834,3 @@ def _crash_mark(pid: int, time_ns: int, name: str = "") -> bytes:
     mark.track_event.track_uuid = uuid
     mark.track_event.name = name or CRASH_MARK
     return _trace_entry(descriptor.SerializeToString()) + _trace_entry(mark.SerializeToString())
-
-
-def fragment_name(role: str, rank: int = 0) -> str:
-    """The trace fragment of a worker (or of a rank other than 0) that the learner merges."""
-    name = role if rank == 0 else f"{role}-rank{rank}"
-    return "trace-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + ".perfetto-trace"

@@ -13,9 +13,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from otel_rl.base.environment_variables import OTEL_RL_TRACE_PROCESSOR
 from otel_rl.readers.analysis.report import analyze_model, render_text
 from otel_rl.readers.analysis.trace_model import TraceModel
-from otel_rl.environment_variables import OTEL_RL_TRACE_PROCESSOR
 
 __all__ = ["analyze", "trace_files", "read_trace", "render_text"]
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from otel_rl import schema
+from otel_rl.formats import schema
 
 _WAITS = frozenset({"collector_wait", "learner_action_wait"})
 NOISE = 0.05

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_rl import schema
+from otel_rl.formats import schema
 from otel_rl.readers.analysis.trace_model import Slice
 
 TOP = 5

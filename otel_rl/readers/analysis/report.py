@@ -26,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from otel_rl import schema
+from otel_rl.formats import schema
 from otel_rl.readers.analysis.operators import operators_by_phase, render_operators
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 

@@ -52,10 +52,11 @@ from typing import Any
 
 from aiohttp import web
 
-from otel_rl import schema
-from otel_rl.outputs.motrix.protocol import INGEST_PATH
+from otel_rl.formats import schema
+from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.readers.server import queries
-from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable, open_storage, started
+from otel_rl.readers.server.backends import open_storage
+from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable, started
 from otel_rl.readers.server.validation import LARGE_BODY_BYTES, Decoded, Invalid, decode_batch, iter_large_batch, stored_text
 
 _logger = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """PostgreSQL storage for the ingest server (``otel-rl serve --db postgresql://...``), for teams.
 
-The same tables and rules as :class:`otel_rl.readers.server.storage.SqliteStorage`,
+The same tables and rules as :class:`otel_rl.readers.server.sqlite.SqliteStorage`,
 through psycopg 3: record bodies are ``jsonb``; a batch is inserted with one
 statement over arrays (``unnest``), de-duplicated by ``ON CONFLICT DO
 NOTHING``, in one transaction with its run updates. A lost connection is

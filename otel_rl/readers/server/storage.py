@@ -1,4 +1,4 @@
-"""Storage of the reference ``motrix.metrics/v1`` ingest server: the interface and its SQLite backend.
+"""Storage of the reference ``motrix.metrics/v1`` ingest server: the interface, and the rules every backend keeps.
 
 Records are de-duplicated on ``(writer, seq)`` and stored as their JSON text,
 one row each (a 40-key scalars record is one insert, not forty); series are
@@ -9,18 +9,15 @@ status, and a late backfill of an old ``running`` record never overwrites a
 terminal one. ``lost`` is set by the server when a pending or running run goes
 silent, and cleared by its next record.
 
-Backends: :class:`SqliteStorage` (embedded, the default) and
-:class:`otel_rl.readers.server.postgres.PostgresStorage` (``--db postgresql://...``),
-behind the same :class:`Storage` interface and the same tests.
+Backends: :class:`otel_rl.readers.server.sqlite.SqliteStorage` (embedded, the
+default) and :class:`otel_rl.readers.server.postgres.PostgresStorage` (``--db
+postgresql://...``), behind the same :class:`Storage` interface and the same
+tests; :func:`otel_rl.readers.server.backends.open_storage` opens either.
 """
 
 from __future__ import annotations
 
 import json
-import sqlite3
-import threading
-import time
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
@@ -223,16 +220,6 @@ class Storage(Protocol):
     def close(self) -> None: ...
 
 
-def open_storage(location: str | Path) -> Storage:
-    """A ``postgresql://`` URL opens PostgreSQL; anything else is a SQLite file."""
-    text = str(location)
-    if text.startswith(("postgresql://", "postgres://")):
-        from otel_rl.readers.server.postgres import PostgresStorage
-
-        return PostgresStorage(text)
-    return SqliteStorage(text)
-
-
 def run_dict(row: tuple) -> dict[str, Any]:
     run_id, status, lost, project, group, meta, reason, created, last_seen = row
     return {
@@ -271,58 +258,6 @@ class KnownKeys:
         self._known.update(pairs)
 
 
-_SQLITE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS records (
-    writer TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    run_id TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    ts REAL NOT NULL,
-    body TEXT NOT NULL,
-    PRIMARY KEY (writer, seq)
-) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS records_run ON records (run_id, kind, ts);
-CREATE TABLE IF NOT EXISTS runs (
-    run_id TEXT PRIMARY KEY,
-    status TEXT NOT NULL,
-    status_ts REAL NOT NULL,
-    status_seq INTEGER NOT NULL,
-    project TEXT,
-    grp TEXT,
-    meta TEXT,
-    reason TEXT,
-    created REAL NOT NULL,
-    last_seen REAL NOT NULL,
-    lost INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS runs_created ON runs (created, run_id);
-CREATE TABLE IF NOT EXISTS series_keys (
-    run_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    PRIMARY KEY (run_id, key)
-) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS point_blocks (
-    run_id TEXT NOT NULL,
-    key TEXT NOT NULL,
-    writer TEXT NOT NULL,
-    first_ts REAL NOT NULL,
-    points BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
-"""
-
-_INSERT_RECORD = "INSERT OR IGNORE INTO records (writer, seq, run_id, kind, ts, body) VALUES (?, ?, ?, ?, ?, ?)"
-_TOUCH_RUN = (
-    "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen) VALUES (?, 'running', 0, -1, ?, ?)"
-    " ON CONFLICT (run_id) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen), lost = 0"
-)
-_SET_STATUS = (
-    "UPDATE runs SET status = ?, status_ts = ?, status_seq = ?, project = coalesce(?, project),"
-    " grp = coalesce(?, grp), meta = coalesce(?, meta), reason = ?"
-    " WHERE run_id = ? AND (status_ts < ? OR (status_ts = ? AND status_seq < ?))"
-)
-
-
 def unique_rows(rows: list[Row], stored: set[tuple[str, int]]) -> list[Row]:
     """The rows to store: each (writer, seq) once (its first row), none already ``stored``.
 
@@ -338,169 +273,6 @@ def unique_rows(rows: list[Row], stored: set[tuple[str, int]]) -> list[Row]:
     return kept
 
 
-def _stored_pairs(db: sqlite3.Connection, rows: list[Row]) -> set[tuple[str, int]]:
-    """The (writer, seq) pairs of ``rows`` already stored: one primary-key range read per writer."""
-    ranges: dict[str, tuple[int, int]] = {}
-    for row in rows:
-        low, high = ranges.get(row.writer, (row.seq, row.seq))
-        ranges[row.writer] = (min(low, row.seq), max(high, row.seq))
-    wanted = {(row.writer, row.seq) for row in rows}
-    stored = set()
-    for writer, (low, high) in ranges.items():
-        for (seq,) in db.execute("SELECT seq FROM records WHERE writer = ? AND seq BETWEEN ? AND ?", (writer, low, high)):
-            if (writer, seq) in wanted:
-                stored.add((writer, seq))
-    return stored
-
-
 def status_order(row: Row, now: float) -> float:
     """The time a run record counts at for ordering statuses: its own, but never later than its arrival."""
     return min(row.ts, now)
-
-
-class SqliteStorage:
-    """One SQLite connection (WAL, prepared statements through the module's cache), used by one thread at a time."""
-
-    def __init__(self, path: Path | str) -> None:
-        self._path = Path(path)
-        self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None, cached_statements=64)
-        self._reader: sqlite3.Connection | None = None
-        self._lock = threading.Lock()
-        self._known = KnownKeys()
-        with self._lock:
-            try:
-                self._db.execute("PRAGMA journal_mode = WAL")
-                self._db.execute("PRAGMA synchronous = NORMAL")  # durable across a killed server; fsync per checkpoint
-                self._db.execute("PRAGMA wal_autocheckpoint = 16384")  # checkpoint every 64 MB of WAL, not every 4 MB
-                self._db.executescript(_SQLITE_SCHEMA)
-            except sqlite3.OperationalError:
-                pass  # a read-only database still serves reads; health() says why writes fail
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-            if self._reader is not None:
-                self._reader.close()
-
-    def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
-        now = time.time() if now is None else now
-        with self._lock:
-            db = self._db
-            try:
-                db.execute("BEGIN IMMEDIATE")
-                given, rows = len(rows), unique_rows(rows, _stored_pairs(db, rows))  # a duplicate changes nothing
-                db.executemany(_INSERT_RECORD, [r[:6] for r in rows])
-                accepted = len(rows)
-                first_status = [r for r in rows if r.kind == "run"]
-                db.executemany(_TOUCH_RUN, [(run_id, now, now) for run_id in dict.fromkeys(r.run_id for r in rows)])
-                for r in first_status:
-                    order = status_order(r, now)
-                    db.execute(
-                        _SET_STATUS,
-                        (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
-                    )
-                fresh = self._known.new(rows)
-                if fresh:
-                    db.executemany("INSERT OR IGNORE INTO series_keys (run_id, key) VALUES (?, ?)", fresh)
-                db.executemany("INSERT INTO point_blocks (run_id, key, writer, first_ts, points) VALUES (?, ?, ?, ?, ?)", point_blocks(rows))
-                db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.OperationalError):
-                    raise StorageUnavailable(str(exc)) from exc
-                raise
-            self._known.remember(fresh)
-        return accepted, given - accepted
-
-    def health(self) -> str | None:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")  # takes the write lock: fails on a read-only or broken file
-                self._db.execute("ROLLBACK")
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                return str(exc)
-        return None
-
-    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
-        with self._lock:
-            try:
-                return (self._reader or self._db).execute(sql, params).fetchall()
-            except sqlite3.OperationalError as exc:
-                if self._reader is not None:
-                    raise StorageUnavailable(str(exc)) from exc
-                first = exc
-            # A WAL database in a read-only folder cannot make its side files: reads go through a read-only view.
-            try:
-                self._reader = sqlite3.connect(
-                    self._path.resolve().as_uri() + "?mode=ro&immutable=1", uri=True, check_same_thread=False
-                )
-                return self._reader.execute(sql, params).fetchall()
-            except sqlite3.Error:
-                self._reader = None
-                raise StorageUnavailable(str(first)) from first
-
-    def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
-        with self._lock:
-            try:
-                rows = self._db.execute(
-                    "SELECT run_id FROM runs WHERE lost = 0 AND status IN ('pending', 'running') AND last_seen < ?",
-                    (now - silent_for_s,),
-                ).fetchall()
-                if rows:
-                    self._db.executemany("UPDATE runs SET lost = 1 WHERE run_id = ?", rows)
-            except sqlite3.OperationalError as exc:
-                raise StorageUnavailable(str(exc)) from exc
-        return [r[0] for r in rows]
-
-    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
-        return [run_dict(r) for r in self._read(*only.listing("?", "LIKE", after, limit))]  # SQLite's LIKE ignores ASCII case
-
-    def env_steps(self, run_id: str) -> int | None:
-        rows = self._read(
-            "SELECT coalesce(json_extract(body, '$.axes.env_steps'), json_extract(body, '$.step')) FROM records"
-            " WHERE run_id = ? AND kind = 'scalars' ORDER BY ts DESC LIMIT 64",
-            (run_id,),
-        )
-        return next((int(r[0]) for r in rows if r[0] is not None), None)
-
-    def run(self, run_id: str) -> dict[str, Any] | None:
-        rows = self._read(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", (run_id,))
-        return run_dict(rows[0]) if rows else None
-
-    def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
-        query = "SELECT body FROM records WHERE run_id = ?" + (" AND kind = ?" if kind else "") + " ORDER BY ts, seq"
-        return [json.loads(r[0]) for r in self._read(query, (run_id, kind) if kind else (run_id,))]
-
-    def events(self, run_id: str, latest: int) -> tuple[list[dict[str, Any]], int]:
-        rows = self._read(
-            "SELECT body FROM (SELECT body, ts, seq FROM records WHERE run_id = ? AND kind = 'event'"
-            " ORDER BY ts DESC, seq DESC LIMIT ?) ORDER BY ts, seq",
-            (run_id, latest),
-        )
-        total = self._read("SELECT count(*) FROM records WHERE run_id = ? AND kind = 'event'", (run_id,))[0][0]
-        return [json.loads(r[0]) for r in rows], total
-
-    def series(self, run_id: str, key: str) -> list[dict[str, Any]]:
-        rows = self._read(
-            "SELECT json_extract(r.body, '$.step'), json_extract(r.body, '$.axes.env_steps'),"
-            " json_extract(r.body, '$.axes.iteration'), v.value, r.ts"
-            " FROM records r, json_each(r.body, '$.values') v"
-            " WHERE r.run_id = ? AND r.kind = 'scalars' AND v.key = ? ORDER BY r.ts, r.seq",
-            (run_id, key),
-        )
-        return [dict(zip(("step", "env_steps", "iteration", "value", "ts"), r, strict=True)) for r in rows]
-
-    def curve(self, run_id: str, key: str) -> dict[str, Any]:
-        return read_blocks(self._read("SELECT writer, points FROM point_blocks WHERE run_id = ? AND key = ?", (run_id, key)))
-
-    def keys(self, run_id: str) -> list[str]:
-        return [r[0] for r in self._read("SELECT key FROM series_keys WHERE run_id = ? ORDER BY key", (run_id,))]
-
-    def count(self, run_id: str | None = None) -> int:
-        if run_id is None:
-            return self._read("SELECT count(*) FROM records")[0][0]
-        return self._read("SELECT count(*) FROM records WHERE run_id = ?", (run_id,))[0][0]

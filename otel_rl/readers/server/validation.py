@@ -31,7 +31,7 @@ from typing import Any
 
 import orjson
 
-from otel_rl.outputs.motrix.protocol import PROTOCOL, json_schema
+from otel_rl.formats.protocol import PROTOCOL, json_schema
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_DEPTH = 64

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
-from otel_rl._logging import logger
+from otel_rl.base.log import logger
 
 _logger = logger(__name__)
 _T = TypeVar("_T")

@@ -1,66 +1,31 @@
-"""One shape for every background loop of otel-rl, and the deadline that bounds shutdown.
+"""One shape for every background loop of otel-rl.
 
-A :class:`Worker` is a named daemon thread that runs :meth:`Worker.run_once`
+A :class:`BackgroundLoop` is a named daemon thread that runs :meth:`BackgroundLoop.run_once`
 every ``interval_s``, or at once when woken, flushed or closed:
 
 * it never dies of its work: an exception in a round is logged (once per
-  worker and exception type, with its traceback) and the next round runs;
-* :meth:`Worker.flush` asks for a round and waits for a round that *started
+  loop and exception type, with its traceback) and the next round runs;
+* :meth:`BackgroundLoop.flush` asks for a round and waits for a round that *started
   after* the call, so whatever was submitted before the call has been handled
   (no idle flag that a concurrent submit can race);
-* :meth:`Worker.close` asks for final rounds until :meth:`Worker.has_work`
-  is False or the deadline passes, then :meth:`Worker.finish` releases
-  resources; :meth:`Worker.join` waits for that, never past the deadline.
-
-:class:`Deadline` is the one clock that shutdown runs against: every step of
-:meth:`otel_rl.Telemetry.close` takes what is left of it, and a second
-SIGTERM may shorten it.
+* :meth:`BackgroundLoop.close` asks for final rounds until :meth:`BackgroundLoop.has_work`
+  is False or the deadline passes, then :meth:`BackgroundLoop.finish` releases
+  resources; :meth:`BackgroundLoop.join` waits for that, never past the deadline.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 
-from otel_rl._logging import logger, once
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.log import logger, once
 
 _logger = logger(__name__)
 
 
-class Deadline:
-    """A point on the monotonic clock; thread-safe, and it can only move earlier."""
-
-    __slots__ = ("_at",)
-
-    def __init__(self, timeout_s: float) -> None:
-        self._at = time.monotonic() + max(timeout_s, 0.0)
-
-    @property
-    def at(self) -> float:
-        return self._at
-
-    def left(self, cap_s: float | None = None) -> float:
-        """Seconds left (never negative), at most ``cap_s``."""
-        left = max(self._at - time.monotonic(), 0.0)
-        return left if cap_s is None else min(left, cap_s)
-
-    def shorten(self, timeout_s: float) -> None:
-        """Bring the deadline to at most ``timeout_s`` from now."""
-        self._at = min(self._at, time.monotonic() + max(timeout_s, 0.0))
-
-    def join(self, thread: threading.Thread) -> bool:
-        """Wait for ``thread`` until this deadline, in short steps (it may move earlier meanwhile); True if it ended."""
-        while thread.is_alive():
-            left = self.left()
-            if left <= 0:
-                return False
-            thread.join(min(left, 0.1))
-        return True
-
-
-class Worker:
+class BackgroundLoop:
     """Base of otel-rl's background loops (see the module docstring).
 
     Subclasses implement :meth:`run_once`, and :meth:`has_work` when stopping
@@ -90,11 +55,11 @@ class Worker:
         """One round of work. Exceptions are logged and the loop goes on."""
 
     def has_work(self) -> bool:
-        """Whether work is pending (a stopping worker keeps running rounds while it is, until its deadline)."""
+        """Whether work is pending (a stopping loop keeps running rounds while it is, until its deadline)."""
         return False
 
     def finish(self) -> None:
-        """Release resources; runs once on the worker's thread after its last round."""
+        """Release resources; runs once on the loop's thread after its last round."""
 
     # -- control -----------------------------------------------------------
 
@@ -134,14 +99,14 @@ class Worker:
 
     @property
     def settled(self) -> bool:
-        """No round running or asked for, and :meth:`has_work` False: for a worker whose pending work is all in it, everything handed to it is done."""
+        """No round running or asked for, and :meth:`has_work` False: for a loop whose pending work is all in it, everything handed to it is done."""
         with self._cond:
             return not self._in_round and self._completed >= self._requested and not self._safe_has_work()
 
     def flush(self, timeout_s: float) -> bool:
         """Wait until a round that started after this call finished; True if it did in time and no work is left.
 
-        A :attr:`queue_only` worker that is :attr:`settled` has done everything handed to it: True at once.
+        A :attr:`queue_only` loop that is :attr:`settled` has done everything handed to it: True at once.
         """
         if self.queue_only and self.settled:
             return True
@@ -220,31 +185,6 @@ class Worker:
             return self.has_work()
         except Exception:
             return False
-
-
-def pid_alive(pid: int | None) -> bool:
-    """Whether a process with this pid exists (a zombie counts; ours or another user's)."""
-    if pid is None or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def pid_running(pid: int | None) -> bool:
-    """Whether a process with this pid exists and has not exited (a zombie waiting to be collected does not count)."""
-    if not pid_alive(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:  # no /proc here, or it exited just now
-        return pid_alive(pid)
-    return stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3] not in (b"Z", b"X")
 
 
 def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:

@@ -5,7 +5,7 @@ of what was passed, with one host transfer for a tensor: at most
 :data:`MAX_VALUES` values (a larger input is strided evenly on its device
 first, so the transfer stays bounded). Everything else happens on the
 pipeline thread: :func:`summarize` computes the statistics that join the
-live records as ``<key>/<stat>`` scalars (:data:`otel_rl.schema.DISTRIBUTION_STATS`)
+live records as ``<key>/<stat>`` scalars (:data:`otel_rl.formats.schema.DISTRIBUTION_STATS`)
 and the :class:`Histogram` the experiment trackers draw; the OpenTelemetry
 histogram ``rl.distribution`` bins the same values on fixed bounds
 (:mod:`otel_rl.outputs.otel.aggregation`).
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from otel_rl import schema
-from otel_rl._logging import logger, once
-from otel_rl.values import MAX_REPR, clean_text
+from otel_rl.base.log import logger, once
+from otel_rl.base.values import MAX_REPR, clean_text
+from otel_rl.formats import schema
 
 _logger = logger(__name__)
 

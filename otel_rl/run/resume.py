@@ -4,9 +4,9 @@ What a resumed run finds in its folder, read once by :func:`previous_run` at
 ``init()``: the trace id and resume count from ``run_config.json`` (so every
 span joins the first part's trace), and from the tail of ``metrics.jsonl`` the
 last lifecycle status and the last step of each scalar key (so a step that
-goes back is reported, see :class:`StepCheck`). The outputs then continue:
+goes back is reported, see :class:`otel_rl.core.step_check.StepCheck`). The outputs then continue:
 ``metrics.jsonl`` and TensorBoard append, the W&B run is resumed, the trace
-starts a new file part (:func:`trace_part`) that ``otel-rl analyze`` reads
+starts a new file part (:func:`otel_rl.run.files.trace_part`) that ``otel-rl analyze`` reads
 with the earlier ones, and the run records a ``resumed`` event.
 """
 
@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from otel_rl._logging import logger
+from otel_rl.base.log import logger
+from otel_rl.run.files import CONFIG_FILE, JSONL_FILE
 
 _logger = logger(__name__)
 
 TAIL_BYTES = 4 * 1024 * 1024
 """How much of the end of ``metrics.jsonl`` is read for the last steps and status."""
-MAX_REPORTED_KEYS = 20
 
 
 @dataclass
@@ -43,13 +43,13 @@ class PreviousRun:
         return max(self.last_steps.values(), default=None)
 
 
-def previous_run(run_dir: Path, run_id: str, config_file: str, jsonl_file: str) -> PreviousRun | None:
+def previous_run(run_dir: Path, run_id: str) -> PreviousRun | None:
     """The run to resume in ``run_dir``, or None (one warning) when it holds nothing to resume.
 
     Raises:
         ValueError: ``run_dir`` holds a different run than ``run_id``.
     """
-    config_path, jsonl_path = run_dir / config_file, run_dir / jsonl_file
+    config_path, jsonl_path = run_dir / CONFIG_FILE, run_dir / JSONL_FILE
     document: dict[str, Any] = {}
     try:
         document = json.loads(config_path.read_text())
@@ -100,56 +100,3 @@ def _jsonl_tail(path: Path) -> tuple[str | None, dict[str, int]]:
         elif record.get("kind") == "scalars" and isinstance(record.get("step"), int):
             last_steps.update(dict.fromkeys(record.get("values") or (), record["step"]))
     return status, last_steps
-
-
-def trace_part(directory: Path, file_name: str, resumes: int) -> Path:
-    """The trace file of the ``resumes``-th resumption: ``trace.resume-<n>.perfetto-trace`` next to ``trace.perfetto-trace``."""
-    stem, dot, suffix = file_name.partition(".")
-    return directory / f"{stem}.resume-{resumes}{dot}{suffix}"
-
-
-class StepCheck:
-    """Reports a scalar key whose step went back, once per key (pipeline thread).
-
-    Args:
-        last_steps: each key's last step so far (a resumed run's, from :func:`previous_run`).
-    """
-
-    def __init__(self, last_steps: dict[str, int] | None = None) -> None:
-        self._last = dict(last_steps or {})
-        self._highest = max(self._last.values(), default=None)
-        self._reported: set[str] = set()
-
-    def rises(self, step: int) -> bool:
-        """Whether ``step`` is at or above every step so far: then no key can have gone back, and it becomes the highest.
-
-        The keys of such records are noted later, a block at a time (:meth:`note`).
-        """
-        if self._highest is None or step >= self._highest:
-            self._highest = step
-            return True
-        return False
-
-    def note(self, steps: dict[str, int]) -> None:
-        """Each key's last step, from records whose steps :meth:`rises` accepted (the same as checking each in turn)."""
-        self._last.update(steps)
-
-    def check(self, values: dict[str, Any], step: int) -> dict[str, Any] | None:
-        """Note ``step``, one :meth:`rises` refused, for ``values``' keys; the attributes of a ``step_regression`` event when some went back for the first time."""
-        last = self._last
-        back = [k for k in values if last.get(k, step) > step]
-        previous = max((last[k] for k in back), default=None)
-        last.update(dict.fromkeys(values, step))
-        if not back:
-            return None
-        new = [k for k in back if k not in self._reported]
-        if not new:
-            return None
-        self._reported.update(new)
-        _logger.warning(
-            "otel-rl: step %d is lower than the last step %d of %s; recorded as given (step_regression event)",
-            step,
-            previous,
-            ", ".join(new[:3]) + (" ..." if len(new) > 3 else ""),
-        )
-        return {"keys": new[:MAX_REPORTED_KEYS], "step": step, "last_step": previous}

@@ -114,7 +114,7 @@ def _unencodable(value: Any, path: str) -> str | None:
 @cache
 def json_schema() -> dict[str, Any]:
     """The JSON Schema of a v1 batch."""
-    text = resources.files("otel_rl.outputs.motrix").joinpath("motrix-metrics-v1.schema.json").read_text()
+    text = resources.files("otel_rl.formats").joinpath("motrix-metrics-v1.schema.json").read_text()
     return json.loads(text)
 
 

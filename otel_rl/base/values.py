@@ -49,7 +49,7 @@ import types
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from otel_rl._logging import logger, once
+from otel_rl.base.log import logger, once
 
 _logger = logger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from otel_rl._logging import logger, once
-from otel_rl.background import Deadline
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.log import logger, once
 from otel_rl.core.identity import RunIdentity
 from otel_rl.core.pipeline import PipelineLoop, RecordSink
 from otel_rl.outputs.factory import Outputs

@@ -1,14 +1,15 @@
-"""Metric aggregates kept by otel-rl itself, and how they join each metric export.
+"""Aggregates of a producer's records that several outputs read: phase and iteration histograms, gauges, counters.
 
-One ``Histogram.record`` through the SDK costs about 10 us of CPU under the
-GIL; at thousands of phases per second that would steal the training loop's
-time. :class:`AggregatorSink` instead collects each phase's duration on the
-pipeline thread (a list append) and bins them into explicit buckets in bulk,
-once :data:`FOLD_EVERY` wait or a reader reads (numpy's ``searchsorted`` over the
-batch, counted by ``bincount``, summed by ``sum``: C loops, not Python ones). The aggregates are read by
-the metric export (:class:`MergingMetricExporter`: the SDK has no hook for
-externally produced metrics, so they are added at the exporter boundary) and
-by the run summary. All points are cumulative.
+One ``Histogram.record`` through the OpenTelemetry SDK costs about 10 us of
+CPU under the GIL; at thousands of phases per second that would steal the
+training loop's time. :class:`AggregatorSink` instead collects each phase's
+duration on the pipeline thread (a list append) and bins them into explicit
+buckets in bulk, once :data:`FOLD_EVERY` wait or a reader reads (numpy's
+``searchsorted`` over the batch, counted by ``bincount``, summed by ``sum``: C
+loops, not Python ones). The metric export reads a :meth:`Aggregates.snapshot`
+(:mod:`otel_rl.outputs.otel.metrics`), the run summary the per-phase
+statistics, the producer the totals behind ``window_timings()``. All points
+are cumulative.
 """
 
 from __future__ import annotations
@@ -19,31 +20,16 @@ import threading
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from opentelemetry.sdk.metrics import Exemplar
-from opentelemetry.sdk.metrics.export import (
-    AggregationTemporality,
-    Gauge,
-    Histogram,
-    HistogramDataPoint,
-    Metric,
-    MetricExporter,
-    MetricExportResult,
-    MetricsData,
-    NumberDataPoint,
-    ResourceMetrics,
-    ScopeMetrics,
-    Sum,
-)
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
-from otel_rl import schema
+from otel_rl.base.log import logger
 from otel_rl.core.iteration_rows import IterationRun
 from otel_rl.core.pipeline import RecordSink
-from otel_rl._logging import logger
 from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
+from otel_rl.formats import schema
 
 MAX_EVENT_NAMES = 200
 """Distinct event names counted by ``rl.events``; further names are not counted."""
@@ -93,7 +79,7 @@ class Bins:
         self.count = 0
         self.minimum = float("inf")
         self.maximum = float("-inf")
-        self.exemplars: dict[int, Exemplar] = {}
+        self.exemplars: dict[int, tuple[float, int, int]] = {}
         self.pending: list[float] = []
         self.sketch: Counter[int] = Counter()
 
@@ -128,12 +114,11 @@ class Bins:
 
 
 class Aggregates:
-    """Cumulative histograms, gauges and counters; written by the pipeline thread, read by exporters.
+    """Cumulative histograms, gauges and counters; written by the pipeline thread, read by the outputs.
 
     Args:
         start_time_ns: start of every cumulative series (telemetry start).
         base_attributes: attributes added to every data point (rank, world size).
-        trace_id: trace of the exemplars' spans.
         bounds_ms: explicit histogram bucket bounds in milliseconds.
     """
 
@@ -141,12 +126,10 @@ class Aggregates:
         self,
         start_time_ns: int,
         base_attributes: Mapping[str, Any],
-        trace_id: int,
         bounds_ms: tuple[float, ...] = schema.PHASE_BUCKETS_MS,
     ) -> None:
         self._start_ns = start_time_ns
         self._base = dict(base_attributes)
-        self._trace_id = trace_id
         self.bounds = bounds_ms
         self._bounds = np.asarray(bounds_ms, dtype=np.float64)
         self._lock = threading.Lock()
@@ -193,7 +176,7 @@ class Aggregates:
             bins.fold(self._bounds)
 
     def _exemplar(self, bins: Bins, value_ms: float, time_ns: int, span_id: int) -> None:
-        bins.exemplars[bisect_left(self.bounds, value_ms)] = Exemplar({}, value_ms, time_ns, span_id, self._trace_id)
+        bins.exemplars[bisect_left(self.bounds, value_ms)] = (value_ms, time_ns, span_id)
 
     def fold(self) -> None:
         """Bin every pending value (readers do, before they read)."""
@@ -374,56 +357,63 @@ class Aggregates:
             "max_ms": bins.maximum if bins.count else 0.0,
         }
 
-    def collect(self, now_ns: int) -> list[Metric]:
-        """Data points of every aggregate; exemplars are handed out once."""
-        metrics: list[Metric] = []
+    def snapshot(self, now_ns: int) -> Snapshot:
+        """Every series as it stands, copied under the lock; exemplars are handed out once."""
         with self._lock:
             self._fold()
-            for name, series, bounds, unit, description in (
-                (schema.METRIC_PHASE_DURATION, [b for _, b in self._phases.values()], self.bounds, "ms", "Wall time of one phase"),
-                (schema.METRIC_ITERATION_DURATION, list(self._iterations.values()), self.bounds, "ms", "Wall time of one iteration"),
-                (schema.METRIC_DISTRIBUTION, list(self._distributions.values()), schema.DISTRIBUTION_BOUNDS, "", "Values passed to distribution(), by key"),
-            ):
-                if series:
-                    points = [self._histogram_point(bins, now_ns, bounds) for bins in series]
-                    metrics.append(Metric(name, description, unit, Histogram(points, AggregationTemporality.CUMULATIVE)))
-            for key, value in self._gauges.items():
-                time_ns = self._gauge_times[key]
-                spec = schema.metric_spec(key)
-                point = NumberDataPoint({**self._base, "rl.key": key}, self._start_ns, time_ns, value)
-                metrics.append(Metric(schema.otel_gauge_name(key), spec.description, spec.unit, Gauge([point])))
-            if self._run_active is not None:
-                point = NumberDataPoint(dict(self._base), self._start_ns, now_ns, self._run_active)
-                metrics.append(Metric(schema.METRIC_RUN_ACTIVE, "1 while the run is open, 0 once it ended", "", Gauge([point])))
-            if self._run_info is not None:
-                point = NumberDataPoint({**self._base, **self._run_info}, self._start_ns, now_ns, 1)
-                metrics.append(Metric(schema.METRIC_RUN_INFO, "The run's commit and configuration as labels", "", Gauge([point])))
-            for name, values, attribute, unit, description in (
-                (schema.METRIC_ENV_STEPS, self._env_steps, schema.ATTR_TIMELINE, "{step}", "Environment steps taken"),
-                (schema.METRIC_DROPPED, self._dropped, schema.ATTR_QUEUE, "{record}", "Telemetry records dropped or sampled out"),
-                (schema.METRIC_EVENTS, self._events, schema.ATTR_EVENT, "{event}", "Events recorded, by name"),
-            ):
-                if values:
-                    points = [
-                        NumberDataPoint({**self._base, attribute: k}, self._start_ns, now_ns, v) for k, v in values.items()
-                    ]
-                    metrics.append(Metric(name, description, unit, Sum(points, AggregationTemporality.CUMULATIVE, True)))
-        return metrics
+            return Snapshot(
+                start_ns=self._start_ns,
+                now_ns=now_ns,
+                base=dict(self._base),
+                bounds=self.bounds,
+                phases=[_point(bins) for _, bins in self._phases.values()],
+                iterations=[_point(bins) for bins in self._iterations.values()],
+                distributions=[_point(bins) for bins in self._distributions.values()],
+                gauges={key: (value, self._gauge_times[key]) for key, value in self._gauges.items()},
+                run_active=self._run_active,
+                run_info=None if self._run_info is None else dict(self._run_info),
+                env_steps=dict(self._env_steps),
+                dropped=dict(self._dropped),
+                events=dict(self._events),
+            )
 
-    def _histogram_point(self, bins: Bins, now_ns: int, bounds: tuple[float, ...]) -> HistogramDataPoint:
-        exemplars, bins.exemplars = list(bins.exemplars.values()), {}
-        return HistogramDataPoint(
-            attributes=bins.attributes,
-            start_time_unix_nano=self._start_ns,
-            time_unix_nano=now_ns,
-            count=bins.count,
-            sum=bins.total,
-            bucket_counts=list(bins.counts),
-            explicit_bounds=list(bounds),
-            min=bins.minimum,
-            max=bins.maximum,
-            exemplars=exemplars,
-        )
+
+def _point(bins: Bins) -> HistogramPoint:
+    exemplars, bins.exemplars = list(bins.exemplars.values()), {}
+    return HistogramPoint(dict(bins.attributes), bins.count, bins.total, list(bins.counts), bins.minimum, bins.maximum, exemplars)
+
+
+@dataclass(frozen=True)
+class HistogramPoint:
+    """One histogram series as of a :meth:`Aggregates.snapshot`; exemplars are ``(value_ms, time_ns, span_id)``."""
+
+    attributes: dict[str, Any]
+    count: int
+    total: float
+    counts: list[int]
+    minimum: float
+    maximum: float
+    exemplars: list[tuple[float, int, int]]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every aggregate at ``now_ns`` (cumulative since ``start_ns``), for a metric export."""
+
+    start_ns: int
+    now_ns: int
+    base: dict[str, Any]
+    bounds: tuple[float, ...]
+    phases: list[HistogramPoint]
+    iterations: list[HistogramPoint]
+    distributions: list[HistogramPoint]
+    gauges: dict[str, tuple[float | int, int]]
+    """Each scalar key's latest value and its time."""
+    run_active: int | None
+    run_info: dict[str, str] | None
+    env_steps: dict[str, int]
+    dropped: dict[str, int]
+    events: dict[str, int]
 
 
 class AggregatorSink(RecordSink):
@@ -458,37 +448,3 @@ class AggregatorSink(RecordSink):
 
     def on_drain(self, now_ns: int) -> None:
         self.aggregates.set_dropped(self._dropped())
-
-
-class MergingMetricExporter(MetricExporter):
-    """Wraps a metric exporter and adds :class:`Aggregates` to every export."""
-
-    def __init__(self, inner: MetricExporter, aggregates: Aggregates, scope: InstrumentationScope, clock, resource=None) -> None:
-        """``resource()``: the resource to export under (the SDK's when None)."""
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,  # the reader reads these from its exporter
-            preferred_aggregation=inner._preferred_aggregation,
-        )
-        self._inner = inner
-        self._aggregates = aggregates
-        self._scope = scope
-        self._clock = clock
-        self._resource = resource
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        ours = self._aggregates.collect(self._clock.now_ns())
-        if metrics_data.resource_metrics:
-            first = metrics_data.resource_metrics[0]
-            merged = ResourceMetrics(
-                first.resource if self._resource is None else self._resource(),
-                [*first.scope_metrics, ScopeMetrics(self._scope, ours, "")] if ours else first.scope_metrics,
-                first.schema_url,
-            )
-            metrics_data = MetricsData([merged, *metrics_data.resource_metrics[1:]])
-        return self._inner.export(metrics_data, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self._inner.force_flush(timeout_millis=timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self._inner.shutdown(timeout_millis=timeout_millis, **kwargs)

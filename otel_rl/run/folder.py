@@ -22,14 +22,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from otel_rl._logging import logger
-from otel_rl.user_dir import private_dir
-
-JSONL_FILE = "metrics.jsonl"
-TRACE_FILE = "trace.perfetto-trace"
-SUMMARY_FILE = "run_summary.json"
-CONFIG_FILE = "run_config.json"
-"""The files a run folder holds (the outputs that write them name them from here)."""
+from otel_rl.base.log import logger
+from otel_rl.base.user_dir import private_dir
 
 _logger = logger(__name__)
 

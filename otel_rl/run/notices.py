@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from otel_rl.config import TelemetryConfig
-from otel_rl.run_folder import CONFIG_FILE, JSONL_FILE, SUMMARY_FILE, TRACE_FILE
+from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, PROFILE_DIR, SUMMARY_FILE, TENSORBOARD_DIR, TRACE_FILE, WANDB_DIR
 
 _PREFIX = "otel-rl: "
 
@@ -42,12 +42,12 @@ def started(config: TelemetryConfig) -> None:
     if trace is not None and trace.parent == config.run_dir:
         files.insert(1, trace.name)
     if config.tensorboard:
-        files.append("tensorboard/")
+        files.append(f"{TENSORBOARD_DIR}/")
     if config.wandb:
-        files.append("wandb/")
+        files.append(f"{WANDB_DIR}/")
     if config.profile is not None:
         start, count = config.profile
-        files.append(f"profile/: torch.profiler over learner iterations {start} to {start + count - 1}")
+        files.append(f"{PROFILE_DIR}/: torch.profiler over learner iterations {start} to {start + count - 1}")
     _say(f"run {config.run_id} records into {config.run_dir} ({', '.join(files)})")
 
 

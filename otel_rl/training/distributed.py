@@ -13,7 +13,7 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from otel_rl import schema
+from otel_rl.formats import schema
 
 
 def _key_hash(keys: list[str]) -> float:
