@@ -3,13 +3,15 @@
     python bench/agent_cost.py                 # 20,000 iterations: 4 phases and 40 scalars each
     python bench/agent_cost.py --profile       # the same under cProfile, the top functions printed
     python bench/agent_cost.py --parts         # the agent's time per part: reading the segment, each output's handlers
+    python bench/agent_cost.py --hosts [--compare CHECKOUT]   # both hosts through the public API (and another checkout's)
 
-The training side records into a shared-memory segment (``SegmentRecorder``,
-as in a training process); the agent's side reads it back with the code an
-agent process runs (``SegmentSource`` feeding the outputs built by
-``otel_rl.outputs.factory``: ``metrics.jsonl``, the Perfetto trace, the
-summary, the panel, the OpenTelemetry aggregates), pass after pass, each pass
-flushing the files and committing as the agent does. Both sides are timed
+The training side records into a shared-memory segment (the ``Recorder`` of
+a training process); the agent's side reads it back with the code an agent
+process runs (:class:`otel_rl.agent.producer.ProducerOutputs`: the pipeline
+reading the segment, feeding the outputs built by ``otel_rl.outputs.factory``:
+``metrics.jsonl``, the Perfetto trace, the summary, the panel, the
+OpenTelemetry aggregates), pass after pass, each pass flushing the files and
+committing as the agent does. Both sides are timed
 with ``time.process_time`` in the same run, so the figure is a ratio: agent
 CPU per iteration against the training thread's own recording cost. Expressed
 per 1,000 iterations per second it is the share of a core an agent needs at
@@ -17,6 +19,14 @@ that rate (its writer threads, a few percent more, are not in it: the
 ``agent CPU`` column of ``bench/overhead.py`` counts the whole process). The
 process collects cyclic garbage as the agent process does
 (:data:`otel_rl.agent.service.GC_THRESHOLDS`), both sides alike.
+
+``--hosts`` measures what a user pays instead, through the public API: a
+fresh process per arm runs the same loop with ``agent="thread"`` and with
+``agent="process"``, and reports per iteration the training thread's CPU,
+the CPU of the process's other threads and the agent process's, up to a
+``flush()`` that has everything written. ``--compare CHECKOUT`` adds the
+same arms run with another checkout's otel-rl; rounds are interleaved and
+the medians printed.
 """
 
 from __future__ import annotations
@@ -24,9 +34,13 @@ from __future__ import annotations
 import argparse
 import cProfile
 import gc
+import json
 import os
 import pstats
 import random
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,17 +48,17 @@ from time import perf_counter_ns
 
 from rich.console import Console
 
-from otel_rl.agent.segment_source import SegmentSource
+from otel_rl.agent.producer import ProducerOutputs
 from otel_rl.agent.service import GC_THRESHOLDS
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.identity import RunIdentity
+from otel_rl.core.segment_source import SegmentSource
 from otel_rl.formats.schema import phase_spec
-from otel_rl.outputs.factory import Outputs
 from otel_rl.outputs.panel import PanelSink
 from otel_rl.shm import segment as shm
-from otel_rl.training.segment_recorder import SegmentRecorder
+from otel_rl.training.recorder import Recorder
 
 KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
 PHASES = ("collector_wait", "inference", "replay_sample", "learning")
@@ -56,22 +70,28 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20_000)
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--parts", action="store_true", help="time each output's handlers and the segment's reading")
+    parser.add_argument("--hosts", action="store_true", help="both hosts through the public API, a process per arm")
+    parser.add_argument("--compare", metavar="CHECKOUT", help="with --hosts: the same arms with another checkout's otel-rl")
+    parser.add_argument("--rounds", type=int, default=3, help="with --hosts: rounds of every arm, interleaved")
     args = parser.parse_args()
+    if args.hosts:
+        compare_hosts(args.iterations, args.rounds, args.compare)
+        return
     gc.set_threshold(*GC_THRESHOLDS)
     run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-agent-cost-")) / "run"
     config = TelemetryConfig.from_options(run_dir, None, jsonl=True, trace_enabled=True, panel=False, system_metrics_interval_s=0)
     clock = Clock()
     identity = RunIdentity(config, 0x1234, None, os.getpid(), clock.now_ns(), clock.offset_ns)
     segment = shm.Segment(None, b"", 65_536, data_bytes=64 << 20)
-    recorder = SegmentRecorder(segment, 65_536)
+    recorder = Recorder(segment, 65_536)
     phases = [recorder.new_phase(phase_spec("learner", name)) for name in PHASES]
     iteration = recorder.iteration_factory(None, False)
     source = SegmentSource(shm.SegmentReader(segment.buffer))
     panel = PanelSink(config.run_id, console=Console(file=open(os.devnull, "w"), force_terminal=True, width=140))  # noqa: SIM115
-    outputs = Outputs(identity, [source], [panel], flush_driven=True)
+    producer = ProducerOutputs(identity, source, [panel])
     parts: dict[str, float] = {}
     if args.parts:
-        timed_parts(outputs.pipeline, source, parts)
+        timed_parts(producer.pipeline, source, parts)
     rng = random.Random(0)  # values that change every call, as losses do: a constant one would flatter the encoders
     pool = [{key: rng.random() * 10 ** rng.randint(-3, 3) for key in KEYS} for _ in range(997)]
     profile = cProfile.Profile()
@@ -88,13 +108,15 @@ def main() -> None:
         began = time.process_time()
         if args.profile:
             profile.enable()
-        outputs.pipeline.drain()  # type: ignore[union-attr]
-        outputs.flush_files(5.0)
+        producer.pipeline.drain()
+        deadline = Deadline(5.0)
+        for writer in producer.outputs.files:
+            writer.flush(deadline)
         source.commit()
         if args.profile:
             profile.disable()
         agent_s += time.process_time() - began
-    outputs.close(Deadline(10.0))
+    producer.close(Deadline(10.0))
     n = args.iterations - args.iterations % PASS_ITERATIONS
     per_iteration_us = agent_s / n * 1e6
     print(f"iterations: {n} (4 phases and 40 scalars each), every local output on")
@@ -138,6 +160,57 @@ def timed_parts(pipeline, source: SegmentSource, parts: dict[str, float]) -> Non
         parts["SegmentSource.take (reading, decoding)"] = parts.get("SegmentSource.take (reading, decoding)", 0.0) + time.perf_counter() - began
 
     source.take = timed_take  # type: ignore[method-assign]
+
+
+HOST_LOOP = """
+import json, os, random, sys, tempfile, time
+sys.path.insert(0, sys.argv[1])
+import psutil, otel_rl
+host, iterations = sys.argv[2], int(sys.argv[3])
+run_dir = os.path.join(tempfile.mkdtemp(prefix="otel-rl-hosts-"), "run")
+tel = otel_rl.init(run_dir=run_dir, agent=host, quiet=True, panel=False, system_metrics_interval_s=0)
+rng = random.Random(0)
+pool = [{f"Loss/key_{k:02d}": rng.random() for k in range(40)} for _ in range(997)]
+me = psutil.Process()
+cpu = lambda p: sum(p.cpu_times()[:2])
+with tel.run():
+    tel.flush(timeout_s=30)  # the agent is up: its start-up is not what this measures
+    agents = me.children()
+    thread0, process0, agents0 = time.thread_time(), cpu(me), sum(map(cpu, agents))
+    for i in range(iterations):
+        with tel.iteration(i, env_steps=i):
+            for name in ("collector_wait", "inference", "replay_sample", "learning"):
+                with tel.phase(name):
+                    pass
+        tel.scalars(pool[i % len(pool)])
+    training = time.thread_time() - thread0
+    assert tel.flush(timeout_s=120)
+    process, agent = cpu(me) - process0, sum(map(cpu, agents)) - agents0
+tel.close()
+print(json.dumps({"training": training / iterations * 1e6, "others": (process - training) / iterations * 1e6, "agent": agent / iterations * 1e6}))
+"""
+
+
+def compare_hosts(iterations: int, rounds: int, compare: str | None) -> None:
+    """Print, per checkout and host, the medians of :data:`HOST_LOOP`'s CPU per iteration."""
+    checkouts = {"this checkout": str(Path(__file__).resolve().parents[1])}
+    if compare:
+        checkouts["--compare"] = str(Path(compare).resolve())
+    arms = [(name, host) for name in checkouts for host in ("thread", "process")]
+    results: dict[tuple[str, str], list[dict[str, float]]] = {arm: [] for arm in arms}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    for _ in range(rounds):
+        for name, host in arms:
+            out = subprocess.run([sys.executable, "-c", HOST_LOOP, checkouts[name], host, str(iterations)], capture_output=True, text=True, env=env, timeout=600)
+            if out.returncode != 0:
+                raise SystemExit(f"{name}, agent={host}: {out.stderr.strip().splitlines()[-1:]}")
+            results[name, host].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(f"{iterations} iterations of 4 phases and 40 scalars, default outputs; us of CPU per iteration, median of {rounds}")
+    print(f"{'checkout':15s} {'agent=':8s} {'training thread':>16s} {'other threads':>14s} {'agent process':>14s} {'total':>8s}")
+    for name, host in arms:
+        medians = {part: statistics.median(r[part] for r in results[name, host]) for part in ("training", "others", "agent")}
+        total = sum(medians.values())
+        print(f"{name:15s} {host:8s} {medians['training']:16.1f} {medians['others']:14.1f} {medians['agent']:14.1f} {total:8.1f}")
 
 
 if __name__ == "__main__":

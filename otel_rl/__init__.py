@@ -18,11 +18,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from otel_rl.api import TrainingTelemetry
+from otel_rl.api import NoOpTelemetry, TrainingTelemetry
 from otel_rl.config import DEFAULT, TelemetryConfig
 from otel_rl.formats.schema import SchemaError
 from otel_rl.run.folder import RunFolderInUse
-from otel_rl.telemetry import NoOpTelemetry, Telemetry
+from otel_rl.telemetry import Telemetry
 from otel_rl.version import __version__
 
 __all__ = ["init", "Telemetry", "NoOpTelemetry", "TrainingTelemetry", "TelemetryConfig", "SchemaError", "RunFolderInUse", "__version__"]
@@ -38,7 +38,7 @@ def init(
     resource_attributes: dict[str, Any] = DEFAULT,
     span_budget_per_s: float = DEFAULT,
     lane_capacity: int = DEFAULT,
-    scalars_capacity: int = DEFAULT,
+    scalars_capacity: int | None = DEFAULT,
     pipeline_interval_s: float = DEFAULT,
     strict: bool = DEFAULT,
     shutdown_timeout_s: float = DEFAULT,
@@ -67,6 +67,7 @@ def init(
     span_exporters: list | None = DEFAULT,
     metric_exporters: list | None = DEFAULT,
     log_exporters: list | None = DEFAULT,
+    relay: Any = DEFAULT,
     outputs_on_every_rank: bool = DEFAULT,
     rank: int = DEFAULT,
     world_size: int = DEFAULT,
@@ -75,8 +76,10 @@ def init(
     """Start telemetry for this process and return its handle.
 
     Every keyword is a field of :class:`TelemetryConfig`, documented there,
-    with the same type. One not given takes its environment variable, else
-    the field's default; a misspelt one is refused with the name it resembles.
+    with the same type (but ``scalars_capacity``, which no longer applies and
+    is ignored with one warning). One not given takes its environment
+    variable, else the field's default; a misspelt one is refused with the
+    name it resembles.
     Reads the standard OpenTelemetry environment (``OTEL_SDK_DISABLED``,
     which wins over ``enabled=True``, ``OTEL_SERVICE_NAME``,
     ``OTEL_RESOURCE_ATTRIBUTES``, the ``OTEL_EXPORTER_OTLP_*`` family

@@ -39,24 +39,48 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    return args.run(args, parser)
+
+
+def _parser() -> argparse.ArgumentParser:
+    from otel_rl.demo import add_arguments
     from otel_rl.version import __version__
 
     parser = argparse.ArgumentParser(prog="otel-rl", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"otel-rl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-    defaults = {"formatter_class": argparse.ArgumentDefaultsHelpFormatter}
 
-    demo = commands.add_parser("demo", help="train SAC on Pendulum with every phase instrumented", **defaults)
-    from otel_rl.demo import add_arguments
+    def command(name: str, help: str, run) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        sub.set_defaults(run=run)
+        return sub
 
-    add_arguments(demo)
+    add_arguments(command("demo", "train SAC on Pendulum with every phase instrumented", _demo))
+    _serve_arguments(command("serve", "run the motrix.metrics/v1 ingest server", _serve))
+    backfill = command("backfill", "replay a run's metrics.jsonl into an ingest service", _backfill)
+    backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
+    backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
+    backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
+    analyze = command("analyze", "say where the time goes, from a run's Perfetto trace", _analyze)
+    analyze.add_argument("path", help="trace file or run folder")
+    analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto", help="sql needs a trace processor binary")
+    analyze.add_argument("--trace-processor", help="trace_processor_shell binary for the SQL engine")
+    analyze.add_argument("--json", action="store_true", help="print the report as JSON")
+    analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
+    analyze.add_argument("--compare", metavar="BASELINE", help="trace file or run folder of another run: what changed, and a verdict")
+    agent = command("agent", "serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)", _agent)
+    agent.add_argument("name", help="the agent's name (1 to 64 of A-Z a-z 0-9 _ . -)")
+    agent.add_argument("--linger", type=float, default=None, help="end after this many idle seconds (default: serve until interrupted)")
+    return parser
 
-    serve = commands.add_parser("serve", help="run the motrix.metrics/v1 ingest server", **defaults)
+
+def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="bind address (loopback only by default)")
     serve.add_argument("--port", type=_port, default=8080, help="TCP port")
-    serve.add_argument(
-        "--db", default="motrix-metrics.sqlite3", help="SQLite database file, or a postgresql:// URL (for teams)"
-    )
+    serve.add_argument("--db", default="motrix-metrics.sqlite3", help="SQLite database file, or a postgresql:// URL (for teams)")
     serve.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before a run is lost")
     serve.add_argument(
         "--require-token",
@@ -64,74 +88,51 @@ def _main(argv: list[str] | None) -> int:
         help="require MOTRIX_METRICS_TOKEN as a bearer token (read from the environment, never from the command line);"
         " implied whenever that variable is set",
     )
-    serve.add_argument(
-        "--insecure", action="store_true", help="serve without a token even though MOTRIX_METRICS_TOKEN is set"
-    )
+    serve.add_argument("--insecure", action="store_true", help="serve without a token even though MOTRIX_METRICS_TOKEN is set")
 
-    backfill = commands.add_parser("backfill", help="replay a run's metrics.jsonl into an ingest service", **defaults)
-    backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
-    backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
-    backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
 
-    analyze = commands.add_parser("analyze", help="say where the time goes, from a run's Perfetto trace", **defaults)
-    analyze.add_argument("path", help="trace file or run folder")
-    analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto", help="sql needs a trace processor binary")
-    analyze.add_argument("--trace-processor", help="trace_processor_shell binary for the SQL engine")
-    analyze.add_argument("--json", action="store_true", help="print the report as JSON")
-    analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
-    analyze.add_argument("--compare", metavar="BASELINE", help="trace file or run folder of another run: what changed, and a verdict")
+def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from otel_rl.demo import run_demo
 
-    agent = commands.add_parser(
-        "agent", help="serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)", **defaults
-    )
-    agent.add_argument("name", help="the agent's name (1 to 64 of A-Z a-z 0-9 _ . -)")
-    agent.add_argument("--linger", type=float, default=None, help="end after this many idle seconds (default: serve until interrupted)")
+    return run_demo(args)
 
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    if args.command == "demo":
-        from otel_rl.demo import run_demo
 
-        return run_demo(args)
-    if args.command == "analyze":
-        return _analyze(args)
-    if args.command == "agent":
-        return _agent(args)
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(extras.SERVE)
+    if args.db.startswith(("postgresql:", "postgres:")):
+        require(extras.POSTGRES)
+    from otel_rl.readers.server import serve_forever
+
     token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
-    if args.command == "serve":
-        require(extras.SERVE)
-        if args.db.startswith(("postgresql:", "postgres:")):
-            require(extras.POSTGRES)
-        from otel_rl.readers.server import serve_forever
-
-        if args.require_token and not token:
-            parser.error("--require-token needs MOTRIX_METRICS_TOKEN in the environment")
-        if token and args.insecure:
-            logging.getLogger("otel_rl.readers.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
-            token = None
-        serve_forever(args.db, args.host, args.port, token, args.lost_after)
-        return 0
-    if args.command == "backfill":
-        from otel_rl.outputs.motrix.backfill import backfill as run_backfill
-
-        if not args.url:
-            parser.error("--url (or MOTRIX_METRICS_URL) is required")
-        try:
-            totals = run_backfill(args.run_dir, args.url, token, retry_window_s=args.retry_window)
-        except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
-            print(f"otel-rl backfill: {exc}", file=sys.stderr)
-            return 1
-        print(
-            f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there, "
-            f"{totals['rejected']} refused by the service"
-        )
-        for reason in totals["reasons"]:
-            print(f"  refused: {reason}")
-        return 0
-    return 2
+    if args.require_token and not token:
+        parser.error("--require-token needs MOTRIX_METRICS_TOKEN in the environment")
+    if token and args.insecure:
+        logging.getLogger("otel_rl.readers.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
+        token = None
+    serve_forever(args.db, args.host, args.port, token, args.lost_after)
+    return 0
 
 
-def _agent(args) -> int:
+def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from otel_rl.outputs.motrix.backfill import backfill
+
+    if not args.url:
+        parser.error("--url (or MOTRIX_METRICS_URL) is required")
+    try:
+        totals = backfill(args.run_dir, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
+    except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
+        print(f"otel-rl backfill: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there, "
+        f"{totals['rejected']} refused by the service"
+    )
+    for reason in totals["reasons"]:
+        print(f"  refused: {reason}")
+    return 0
+
+
+def _agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from otel_rl.agent import directory as agents
     from otel_rl.agent.service import AgentService
 
@@ -150,7 +151,7 @@ def _agent(args) -> int:
         return 0
 
 
-def _analyze(args) -> int:
+def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import json
 
     from google.protobuf.message import DecodeError

@@ -74,6 +74,10 @@ def _is_agent_mode(value: str) -> bool:
     return True
 
 
+RETIRED_OPTIONS = {"scalars_capacity": "scalars share the segment's data ring"}
+"""Options :func:`otel_rl.init` still takes from older code, and why each is ignored (with one warning)."""
+
+
 @dataclass(kw_only=True, slots=True)
 class TelemetryConfig:
     enabled: bool = True
@@ -98,13 +102,11 @@ class TelemetryConfig:
     """Phase spans per second handed to span exporters; whole iterations are sampled above it."""
 
     lane_capacity: int = 65_536
-    """Raw phase records buffered per thread; the oldest is dropped (and counted) when full."""
-
-    scalars_capacity: int = 10_000
-    """Pending ``scalars()`` calls; the oldest is dropped (and counted) when full."""
+    """Phase records buffered per recording thread (65,536 at most, fewer where ``/dev/shm`` is small); a full
+    lane refuses new records and counts them. Scalars, events and the rest share the segment's message rings."""
 
     pipeline_interval_s: float = 0.1
-    """How often the pipeline thread drains the buffers."""
+    """How often the pipeline reads what was recorded."""
 
     strict: bool = False
     """Reject scalar keys and phases outside the canonical schema with :class:`otel_rl.formats.schema.SchemaError`."""
@@ -164,9 +166,9 @@ class TelemetryConfig:
     """Where the outputs are assembled (``OTEL_RL_AGENT``): ``process``, an agent process fed over shared
     memory (what this process recorded survives its death; its workers record into it too); the name of an
     agent shared by every process that names it (the ranks of a machine: one trace with every rank);
-    ``thread``, the same agent on a thread of this process (chosen instead when the configuration holds
-    exporter objects or sinks, or no process or shared memory is available); ``off``, the pipeline thread
-    reading in-process buffers. See :mod:`otel_rl.agent`."""
+    ``thread`` (or its older name ``off``), the same serving loop on a thread of this process, reading a
+    segment in this process's memory (chosen instead when the configuration holds exporter objects or
+    sinks, or no process or shared memory is available). See :mod:`otel_rl.agent`."""
 
     trace_output_dir: Path | None = None
     """Folder of ``trace.perfetto-trace`` (``OTEL_RL_TRACE_OUTPUT_DIR``); default: the run folder."""
@@ -193,6 +195,11 @@ class TelemetryConfig:
 
     log_exporters: list | None = None
     """SDK log exporters to use instead of those the environment asks for."""
+
+    relay: Any = None
+    """A worker's relay to its learner (set by :func:`otel_rl.worker_processes.init_worker`): a queue each
+    completed cycle's phase durations are put on (``put_nowait``, raising ``queue.Full``); what does not fit
+    is counted (queue ``relay``). A queue object keeps the outputs on a thread of this process."""
 
     outputs_on_every_rank: bool = False
     """By default only rank 0 writes the panel, the JSONL file, the live stream, the trace, TensorBoard and W&B; every rank exports OTLP."""
@@ -225,7 +232,7 @@ class TelemetryConfig:
         _check("agent", self.agent, str, AGENT_CHOICES, _is_agent_mode)
         self.agent = _agent_mode(self.agent)
         _check("span_budget_per_s", self.span_budget_per_s, (int, float), ">= 0", lambda v: v >= 0)
-        for name in ("lane_capacity", "scalars_capacity", "trace_max_bytes"):
+        for name in ("lane_capacity", "trace_max_bytes"):
             _check(name, getattr(self, name), int, "a positive integer", lambda v: v >= 1)
         for name in ("pipeline_interval_s", "shutdown_timeout_s", "perf_interval_s"):
             _check(name, getattr(self, name), (int, float), "a positive number of seconds", lambda v: v > 0)
@@ -283,6 +290,9 @@ class TelemetryConfig:
         Raises:
             TypeError: an option that is not a field of this class.
         """
+        for name, why in RETIRED_OPTIONS.items():
+            if options.pop(name, None) is not None:
+                _logger.warning("otel-rl: %s no longer applies (%s); ignored", name, why, extra=once(f"retired-{name}"))
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - names)
         if unknown:

@@ -1,8 +1,12 @@
-"""The public :class:`Telemetry` object and its disabled twin.
+"""The public :class:`Telemetry` object: what a training loop calls.
 
-A training loop calls telemetry unconditionally; when telemetry is disabled
-the calls land on :class:`NoOpTelemetry`, which starts no thread, opens no
-file and does close to nothing per call.
+It keeps the training thread's hot path (phases, iterations, scalars,
+events: raw records into the recorder), ``close()`` and ``stats()``; the run's
+lifecycle (:class:`~otel_rl.training.run_scope.RunScope`), worker processes
+(:class:`~otel_rl.training.workers.Workers`) and log windows
+(:class:`~otel_rl.training.windows.Windows`) have owners of their own, and
+the outputs run in a host (:mod:`otel_rl.agent.hosts`). When telemetry is
+disabled the calls land on :class:`otel_rl.api.NoOpTelemetry`.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
-import signal
 import sys
 import threading
 import weakref
@@ -20,6 +23,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_rl.agent.hosts import Host, start_host
+from otel_rl.api import NoOpTelemetry
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
@@ -27,115 +31,24 @@ from otel_rl.base.values import INT64_MAX, INT64_MIN, NAME_LIMIT, as_step, clean
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.distributions import to_host_array
 from otel_rl.core.identity import RunIdentity, service_name
-from otel_rl.core.ids import new_span_id, new_trace_id
+from otel_rl.core.ids import new_span_id, new_trace_id, parse_traceparent
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import RunRecord
-from otel_rl.formats import protocol, schema
-from otel_rl.run import files, notices, provenance
+from otel_rl.core.records import CudaFallback
+from otel_rl.formats import schema
+from otel_rl.run import files, notices
 from otel_rl.run import folder as run_folder
 from otel_rl.run.provenance import redact
-from otel_rl.training.recorder import FLOW, Iteration, Phase
+from otel_rl.training.recorder import Iteration, Phase
+from otel_rl.training.run_scope import RunScope
+from otel_rl.training.windows import Windows
+from otel_rl.training.workers import Workers, WorkerSpec
+
+__all__ = ["Telemetry", "NoOpTelemetry"]
 
 _logger = logger(__name__)
 
 HURRY_S = 2.0
 """What is left of the shutdown deadline after a second SIGTERM."""
-
-
-def failure_reason(exc: BaseException) -> str:
-    """``Type: message`` of an exception, capped at 2 KB of UTF-8; never raises (even when ``str(exc)`` does)."""
-    try:
-        message = str(exc)
-    except Exception as inner:  # noqa: BLE001 - any failure of a user's __str__
-        message = f"<the message could not be read: {type(inner).__name__} in __str__>"
-    text = clean_text(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
-    encoded = text.encode("utf-8")
-    if len(encoded) > protocol.REASON_LIMIT_BYTES:
-        text = encoded[: protocol.REASON_LIMIT_BYTES - 3].decode("utf-8", "ignore") + "..."
-    return text
-
-
-class Terminated(SystemExit):
-    """Raised in the main thread on SIGTERM during :meth:`Telemetry.run`; exits with status 143."""
-
-    def __init__(self) -> None:
-        super().__init__(128 + signal.SIGTERM)
-
-    def __str__(self) -> str:
-        return "SIGTERM"
-
-
-class _SigtermGuard:
-    """SIGTERM while a run is open: the first one ends the run as ``killed``; later ones only hurry shutdown.
-
-    Installed by :meth:`Telemetry.run` on the main thread when SIGTERM has its
-    default action. The first signal raises :class:`Terminated` in the main
-    thread; the guard then stays installed until :meth:`Telemetry.close` has
-    written every output, so a launcher that forwards a second signal (or a
-    third) cannot kill the process mid-shutdown: it shortens the shutdown
-    deadline to :data:`HURRY_S` instead.
-    """
-
-    def __init__(self, telemetry: Telemetry) -> None:
-        self._telemetry = weakref.ref(telemetry)
-        self.received = 0
-        self.installed = False
-
-    def install(self) -> bool:
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        try:
-            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-                return False  # the application handles SIGTERM itself
-            signal.signal(signal.SIGTERM, self._handle)
-        except (ValueError, OSError):
-            return False
-        self.installed = True
-        return True
-
-    def _handle(self, signum: int, frame: object) -> None:
-        self.received += 1
-        telemetry = self._telemetry()
-        if self.received == 1 and telemetry is not None and telemetry._run_open:
-            raise Terminated()
-        if telemetry is not None:
-            telemetry._hurry()
-
-    def restore(self) -> None:
-        if not self.installed:
-            return
-        self.installed = False
-        try:
-            if signal.getsignal(signal.SIGTERM) == self._handle:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        except (ValueError, OSError):
-            pass
-
-
-def run_status(exc: BaseException | None) -> str:
-    """Terminal status of a run that ended with ``exc`` (None: normal exit)."""
-    if exc is None:
-        return "finished"
-    if isinstance(exc, Terminated):
-        return "killed"
-    if isinstance(exc, SystemExit):
-        return "finished" if exc.code in (None, 0) else "failed"
-    if isinstance(exc, KeyboardInterrupt):
-        return "killed"
-    return "failed"
-
-
-def parse_traceparent(value: str) -> tuple[int, int] | None:
-    """(trace id, parent span id) of a W3C ``traceparent``; None if malformed."""
-    parts = value.strip().split("-")
-    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
-        return None
-    try:
-        trace_id, span_id = int(parts[1], 16), int(parts[2], 16)
-    except ValueError:
-        return None
-    return (trace_id, span_id) if trace_id and span_id else None
-
 
 _live: weakref.WeakSet = weakref.WeakSet()
 
@@ -146,11 +59,7 @@ def _after_fork_in_child() -> None:
     The child starts its own telemetry instead (:func:`otel_rl.worker_processes.init_worker`).
     """
     for telemetry in list(_live):
-        telemetry._closed = True
-        atexit.unregister(telemetry._atexit)
-        after_fork = getattr(telemetry._recorder, "after_fork", None)
-        if after_fork is not None:  # lanes in a parent's shared memory
-            after_fork()
+        telemetry._forked()  # noqa: SLF001 - the module's own class
 
 
 if hasattr(os, "register_at_fork"):
@@ -177,7 +86,7 @@ class Telemetry:
         """``sinks``: extra record sinks (they keep the outputs in this process: ``agent="thread"``)."""
         self.config = config
         self._clock = Clock()
-        started_ns = self._clock.now_ns()
+        self._started_ns = self._clock.now_ns()
         self._phases: dict[tuple, Phase] = {}
         self._phases_lock = threading.Lock()
         self._closed = False
@@ -185,26 +94,16 @@ class Telemetry:
         self._last_iteration: int | None = None
         self._last_env_steps: int | None = None
         self._strict_keys: set[str] = set()
-        self._run_open = False
         self._cuda_timer = None
-        self._window_mark: tuple[dict, dict] = ({}, {})
-        self._relays: list = []
-        self._monitor = None
         self._nonfinite_paths: set[str] = set()
-        self._sigterm = _SigtermGuard(self)
         self._deadline: Deadline | None = None
         self._hurried = False
-        self._run_span_id: int | None = None
-        self._started_run: Any = None  # the run start_run() opened
         self._described: dict[str, str] = {}  # what describe_system() last recorded
-        self._status: str | None = None  # how the last run ended
-        self._started_ns = started_ns
-
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
         self._run_folder = run_folder.claim(config.run_dir) if owner else None  # type: ignore[arg-type]
         try:
-            self._start(config, sinks, started_ns)
+            self._start(config, sinks)
         except BaseException:
             run_folder.release(self._run_folder)
             raise
@@ -212,34 +111,36 @@ class Telemetry:
         # Telemetry alive, and it is bounded by the shutdown timeout.
         ref = weakref.ref(self)
         self._at_exit = False
-        self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()
+        self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()  # noqa: SLF001 - its own method
         atexit.register(self._atexit)
         _live.add(self)
         if self._run_folder is not None:
             notices.started(config)
 
-    def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None, started_ns: int) -> None:
-        """The trace, the run being resumed, the configuration made plain data, the host and its recorder."""
+    def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None) -> None:
+        """The trace, the run being resumed, the configuration made plain data, the host, its recorder and the owners."""
         parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
-        self._previous = self._previous_run() if config.resume and config.role == "learner" else None
-        if self._previous is not None and self._previous.trace_id and not parent:
-            self.trace_id = self._previous.trace_id  # the resumed run's spans join the first part's trace
+        previous = self._previous_run() if config.resume and config.role == schema.LEARNER else None
+        if previous is not None and previous.trace_id and not parent:
+            self.trace_id = previous.trace_id  # the resumed run's spans join the first part's trace
         # Plain data before anything holds the configuration (an agent process reads a copy of it); a NaN
         # replaced there is reported once the recorder exists.
         replaced: list[tuple[str, Any]] = []
         config.meta = redact(json_safe(config.meta, lambda path, value: replaced.append((path, value)), "meta"))
         self._service_name = service_name(config)
         identity = RunIdentity(
-            config, self.trace_id, self._parent_span_id, os.getpid(), started_ns, self._clock.offset_ns, self._previous,
-            self._service_name,
-        )  # fmt: skip
+            config, self.trace_id, self._parent_span_id, os.getpid(), self._started_ns, self._clock.offset_ns, previous, self._service_name
+        )
         self._host: Host = start_host(identity, list(sinks or []))
         self._recorder = self._host.recorder
         self._recorder.lane()  # the thread that starts telemetry (the training loop's, mostly) always has a lane
         for path, value in replaced:
             self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
+        self._runs = RunScope(self._recorder, self._clock, config, self._parent_span_id, previous, self._nonfinite, self._hurry)
+        self._workers = Workers(self._recorder.add_remote, self.event)
+        self._windows = Windows(lambda: self._host.counts().totals)
         self._profile = None
         if config.profile is not None:
             from otel_rl.training.profiling import ProfileWindow
@@ -322,8 +223,7 @@ class Telemetry:
         inference request, the learner's inference serving it, and the
         collector's action wait (``end=True`` closes the flow).
         """
-        lane = self._recorder.lane()
-        lane.append((FLOW, perf_counter_ns(), flow_id, end, lane.depth))
+        self._recorder.lane().flow(perf_counter_ns(), flow_id, end)
 
     def _cuda_phase(self, name: str, timeline: str, stream: Any):
         key = (name, timeline, "cuda", id(stream))
@@ -336,7 +236,7 @@ class Telemetry:
         reason = cuda_unavailable_reason()
         if reason is not None:
             _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
-            self._recorder.add_cuda_fallback(timeline, name, reason)
+            self._recorder.add_cuda_fallback(CudaFallback(timeline, name, reason))
             phase = host
         else:
             with self._phases_lock:
@@ -354,8 +254,7 @@ class Telemetry:
         if not end_ns >= start_ns:
             raise ValueError(f"phase {name!r}: end_ns {end_ns} is before start_ns {start_ns}")
         phase = self.phase(name, timeline)
-        lane = self._recorder.lane()
-        lane.append((phase, int(start_ns), int(end_ns), lane.depth, None))
+        self._recorder.lane().phase(phase, int(start_ns), int(end_ns), None)
 
     def _on_iteration(self, iteration: Iteration) -> None:
         if iteration.timeline == schema.LEARNER:
@@ -406,7 +305,7 @@ class Telemetry:
         if array is None:
             return
         record = (perf_counter_ns(), key, array, step, self._last_iteration, self._last_env_steps)
-        self._recorder.add_distribution(record, array.nbytes)
+        self._recorder.add_distribution(record)
 
     def event(self, name: str, **attributes: Any) -> None:
         """Record a named event (``warmup_done``, ``checkpoint_saved``...).
@@ -466,64 +365,16 @@ class Telemetry:
                 dataclass, ``argparse.Namespace``...) of any values, made
                 JSON-safe by the rules of :mod:`otel_rl.base.values`.
             handle_sigterm: on the main thread, and when SIGTERM has its default
-                action, turn SIGTERM into :class:`Terminated` for the run's
-                duration so the run ends as ``killed`` and telemetry is
+                action, turn SIGTERM into :class:`otel_rl.training.run_scope.Terminated` for the
+                run's duration so the run ends as ``killed`` and telemetry is
                 flushed; a second SIGTERM during shutdown only shortens it.
 
         Exceptions propagate unchanged. ``SystemExit(0)`` counts as finished,
         ``KeyboardInterrupt`` and SIGTERM as killed, any other exception as
         failed with its ``Type: message`` as the reason.
         """
-        if self._run_open or self._closed:
-            why = "after close()" if self._closed else "while a run is open"
-            _logger.warning("otel-rl: run() entered %s; it is not recorded", why, extra=once(f"run:{why}"))
+        with self._runs.scope(self._closed, family, total_steps, num_envs, config, handle_sigterm):
             yield self
-            return
-        self._run_open = True
-        num_envs = _count("num_envs", num_envs)
-        span_id = new_span_id()
-        start_ns = self._clock.now_ns()
-        metadata = {
-            "family": None if family is None else clean_text(str(json_safe(family)), NAME_LIMIT),
-            "total_steps": _count("total_steps", total_steps),
-            "num_envs": num_envs,
-            "config": redact(_config_document(config, self._nonfinite)),
-            "provenance": provenance.collect(),
-        }
-        self._recorder.add_control(
-            RunRecord(
-                "running",
-                start_ns,
-                attributes={
-                    "span_id": span_id,
-                    "parent_span_id": self._parent_span_id,
-                    **{k: v for k, v in metadata.items() if v is not None},
-                },
-            )
-        )
-        self._run_span_id = span_id
-        if self._previous is not None:
-            previous, self._previous = self._previous, None  # a second run() in this process is not a resumption
-            self._recorder.add_event(
-                (
-                    perf_counter_ns(),
-                    "resumed",
-                    {"previous_status": previous.status, "last_step": previous.last_step, "resumes": previous.resumes + 1},
-                )
-            )
-        if handle_sigterm:
-            self._sigterm.install()
-        try:
-            yield self
-        except BaseException as exc:
-            status = run_status(exc)
-            self._end_run(start_ns, status, None if status == "finished" else failure_reason(exc))
-            raise
-        else:
-            self._end_run(start_ns, "finished", None)
-        finally:
-            if not self._sigterm.received:
-                self._sigterm.restore()  # else it guards shutdown until close() is done
 
     def start_run(
         self,
@@ -539,12 +390,7 @@ class Telemetry:
         :meth:`run`; SIGTERM is handled as there. Returns False, and opens
         nothing, when a run is open already (the user's own :meth:`run`).
         """
-        if self._run_open or self._closed:
-            return False
-        scope = self.run(family=family, total_steps=total_steps, num_envs=num_envs, config=config)
-        scope.__enter__()
-        self._started_run = scope
-        return True
+        return self._runs.start(self._closed, family, total_steps, num_envs, config)
 
     def end_run(self, error: BaseException | None = None) -> None:
         """End the run :meth:`start_run` opened: finished, or as ``error`` ends it (failed, or killed by SIGTERM or Ctrl-C).
@@ -552,20 +398,7 @@ class Telemetry:
         Does nothing when no such run is open. Anything else than an exception or None
         (a message, say) ends the run as failed with its text as the reason, with one warning.
         """
-        scope, self._started_run = self._started_run, None
-        if scope is None:
-            return
-        if error is not None and not isinstance(error, BaseException):
-            _logger.warning("otel-rl: end_run() takes an exception or None, got %s; the run ends as failed with it as the reason", describe(error))
-            error = RuntimeError(clean_text(str(error) if isinstance(error, str) else describe(error), NAME_LIMIT))
-        if error is None:
-            scope.__exit__(None, None, None)
-            return
-        try:
-            scope.__exit__(type(error), error, error.__traceback__)
-        except BaseException as raised:  # the run's block re-raises what ended it: not this caller's to see
-            if raised is not error:
-                raise
+        self._runs.end(error)
 
     def describe_system(self, system: str, environment: str | None = None, algorithm: str | None = None) -> None:
         """Name the RL framework training runs on and, when known, its environment and algorithm (the integrations call it).
@@ -592,42 +425,13 @@ class Telemetry:
             self._described = described
             self._internal_event(schema.EVENT_FRAMEWORK, described)
 
-    def _end_run(self, start_ns: int, status: str, reason: str | None) -> None:
-        self._run_open = False
-        self._status = status
-        attributes: dict[str, Any] = {}
-        if status == "failed" and self.config.run_dir is not None:
-            try:
-                attributes["error_logs"] = sorted(str(p) for p in (self.config.run_dir / files.ERRORS_DIR).glob("*.log"))
-            except OSError:
-                attributes["error_logs"] = []
-        self._recorder.add_control(
-            RunRecord(status, start_ns, self._clock.now_ns(), reason, attributes)
-        )
-
     def window_timings(self) -> dict[str, float]:
         """Learner timings per iteration since the previous call, under their ``Perf/*`` keys.
 
         Reads what the pipeline has assembled so far (it trails the training
         thread by at most ``pipeline_interval_s``; :meth:`flush` first for an exact window).
         """
-        phases, cycles = self._totals()
-        last_phases, last_cycles = self._window_mark
-        self._window_mark = (phases, cycles)
-        count, wall = cycles.get(schema.LEARNER, (0, 0.0))
-        count -= last_cycles.get(schema.LEARNER, (0, 0.0))[0]
-        wall -= last_cycles.get(schema.LEARNER, (0, 0.0))[1]
-        if count <= 0:
-            return {}
-        out = {"Perf/iteration_time": wall / count / 1e3}
-        for (timeline, name), total in phases.items():
-            if timeline == schema.LEARNER:
-                delta = total - last_phases.get((timeline, name), 0.0)
-                out[schema.phase_key(timeline, name)] = delta / count * schema.phase_key_scale(timeline, name)
-        return out
-
-    def _totals(self) -> tuple[dict[tuple[str, str], float], dict[str, tuple[int, float]]]:
-        return self._host.counts().get("totals", ({}, {}))
+        return self._windows.timings()
 
     def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
         """The job's view of a log window: timings averaged and throughput summed across ranks.
@@ -638,12 +442,7 @@ class Telemetry:
         (see :func:`otel_rl.training.distributed.reduce_across_ranks`).
         Rank 0 records the result as scalars; every rank gets it back.
         """
-        local = {**self.window_timings(), **snapshot(values or {})}
-        reduced = local
-        if group is not None:
-            from otel_rl.training.distributed import reduce_across_ranks
-
-            reduced = reduce_across_ranks(local, group)
+        reduced = self._windows.across_ranks(values, group)
         if self.config.rank == 0:
             self.scalars(reduced)
         return reduced
@@ -657,7 +456,7 @@ class Telemetry:
         if not self._host.add_sink(sink):
             _logger.warning("otel-rl: add_sink() needs the outputs in this process (agent='thread'); %r not added", sink)
 
-    def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
+    def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any) -> WorkerSpec:
         """What a worker process needs to join this run (pass it to the process; see :mod:`otel_rl.worker_processes`).
 
         ``context`` is the multiprocessing context the worker is started with
@@ -666,41 +465,31 @@ class Telemetry:
         for Ray actors): ``put_nowait`` and ``get_nowait`` raising
         ``queue.Full`` and ``queue.Empty``.
         """
-        import multiprocessing
-
-        from otel_rl.training.workers import RELAY_CAPACITY, RelayReceiver, WorkerSpec
-
         # A worker records into this process's agent, unless a relay is given (a Ray actor may be on another machine).
         agent = self._host.workers_agent if relay is None else None
         if agent is None:
-            if relay is None:
-                relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
-            self._relays.append(RelayReceiver(relay, self._recorder.add_remote))
+            relay = self._workers.relay(context, relay)
         directory = self.config.trace_output_dir or self.config.run_dir
         return WorkerSpec(
             role=role,
-            run_id=self.config.run_id,
+            run_id=self.config.run_id,  # type: ignore[arg-type]
             traceparent=self.traceparent(),
             relay=relay if agent is None else None,
             agent=agent,
             run_dir=str(directory) if directory is not None else None,
-            trace_enabled=self.config.trace_enabled,
+            trace_enabled=bool(self.config.trace_enabled),
             options=options,
             service_name=self._service_name,
         )
 
     def watch_worker(self, process: Any, role: str) -> None:
-        """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally."""
-        from otel_rl.training.workers import WorkerMonitor
-
-        with self._phases_lock:
-            if self._monitor is None:
-                self._monitor = WorkerMonitor(self.event)
-        self._monitor.watch(process, role)
+        """Report a ``worker_crashed`` event (with the exit code) if ``process`` (a ``multiprocessing.Process``
+        or a ``subprocess.Popen``) exits abnormally."""
+        self._workers.watch(process, role)
 
     def traceparent(self) -> str:
         """W3C ``traceparent`` of the open run (for worker processes to join the trace)."""
-        span_id = self._run_span_id or self._parent_span_id or new_span_id()
+        span_id = self._runs.span_id or self._parent_span_id or new_span_id()
         return f"00-{self.trace_id:032x}-{span_id:016x}-01"
 
     # -- lifecycle ------------------------------------------------------
@@ -727,26 +516,21 @@ class Telemetry:
         if self._hurried:
             deadline.shorten(HURRY_S)
         if self._profile is not None:  # training ended inside the window: what was profiled is still written
-            self._profile.finish(deadline.left() / 2)  # in half the deadline at most: the outputs need the rest
+            self._profile.shutdown(Deadline(deadline.left() / 2))  # in half the deadline at most: the outputs need the rest
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
-        self.end_run(getattr(sys, "last_value", None) if self._at_exit else None)
+        self._runs.end(getattr(sys, "last_value", None) if self._at_exit else None)
         try:
-            # Producers of records first (a crashed worker's event, the last relayed cycles), all at once.
-            feeders = [w for w in (self._monitor, *self._relays) if w is not None]
-            for worker in feeders:
-                worker.close(deadline)
-            for worker in feeders:
-                worker.join(deadline.left())
+            self._workers.shutdown(deadline)  # records made for the run first: a crashed worker's event, the last relayed cycles
             if self._cuda_timer is not None:
-                self._cuda_timer.shutdown(deadline.left(cap_s=1.0))
-            self._host.stop(deadline, self._at_exit)
+                self._cuda_timer.shutdown(Deadline(deadline.left(cap_s=1.0)))
+            self._host.shutdown(deadline, self._at_exit)
         finally:
-            self._sigterm.restore()
+            self._runs.sigterm.restore()
             run_folder.release(self._run_folder)
         counts = self._host.counts()  # what the outputs said last, once they closed
         if self._run_folder is not None:
-            notices.ended(self.config, self._status, (self._clock.now_ns() - self._started_ns) / 1e9, counts.get("failed_outputs", ()))
-        self._report_undelivered(counts.get("live_undelivered", 0))
+            notices.ended(self.config, self._runs.status, (self._clock.now_ns() - self._started_ns) / 1e9, counts.failed_outputs)
+        self._report_undelivered(counts.live_undelivered)
 
     def _report_undelivered(self, count: int) -> None:
         """One warning when the live service did not get every record by the close deadline, with how to send them."""
@@ -762,6 +546,12 @@ class Telemetry:
     def _close_at_exit(self) -> None:
         self._at_exit = True  # no thread pool can start any more: what needs one must run elsewhere
         self.close()
+
+    def _forked(self) -> None:
+        """In a forked child: closed, and the parent's segment written no more."""
+        self._closed = True
+        atexit.unregister(self._atexit)
+        self._recorder.after_fork()
 
     def _hurry(self) -> None:
         """A second SIGTERM: shorten what is left of the shutdown deadline."""
@@ -788,13 +578,13 @@ class Telemetry:
         dropped = self._recorder.dropped()
         if self._cuda_timer is not None:
             dropped["cuda_pending"] = self._cuda_timer.pending.dropped
-        for queue, n in counts.get("dropped", {}).items():
+        for queue, n in (counts.dropped or {}).items():
             # The outputs mirror this recorder's counters (so that they report them): not counted twice.
             dropped[queue] = max(dropped.get(queue, 0), n) if queue in dropped else n
         return {
             "pending": self._host.pending(),
             "dropped": dropped,
-            "spans_sampled_out": counts.get("spans_sampled_out", 0),
+            "spans_sampled_out": counts.spans_sampled_out,
             "agent": self._host.mode,
             "agent_pid": self._host.agent_pid(),
         }
@@ -815,142 +605,3 @@ def _step(step: Any) -> int | None:
     if step is None or (type(step) is int and INT64_MIN <= step <= INT64_MAX):
         return step
     return as_step(step, "step")
-
-
-def _count(what: str, value: Any) -> int | None:
-    """A non-negative count (env steps, envs) as an int, or None with one warning."""
-    if value is None:
-        return None
-    number = as_step(value, what)
-    if number is not None and number < 0:
-        _logger.warning("otel-rl: %s=%d is negative; ignored", what, number)
-        return None
-    return number
-
-
-def _config_document(config: Any, on_nonfinite) -> dict[str, Any] | None:
-    """The run's configuration as a JSON object (a non-mapping is kept under ``value``)."""
-    if config is None:
-        return None
-    safe = json_safe(config, on_nonfinite, "config")
-    if isinstance(safe, dict):
-        return safe
-    _logger.warning("otel-rl: run(config=...) got %s, not a mapping; kept under 'value'", type(config).__name__)
-    return {"value": safe}
-
-
-class _NoOpPhase:
-    __slots__ = ()
-
-    def __enter__(self) -> _NoOpPhase:
-        return self
-
-    def __exit__(self, *exc: object) -> bool:
-        return False
-
-    def __call__(self, fn):
-        return fn
-
-
-_NOOP_PHASE = _NoOpPhase()
-
-
-class NoOpTelemetry:
-    """Disabled telemetry: the same public API (methods and attributes), no thread, no file, no work."""
-
-    enabled = False
-    trace_id = 0
-    tracer_provider = None
-    meter_provider = None
-
-    def __init__(self, config: TelemetryConfig | None = None) -> None:
-        self.config = config
-
-    @property
-    def run_id(self) -> str:
-        return (self.config.run_id if self.config is not None else None) or ""
-
-    def phase(self, name: str, timeline: str = schema.LEARNER, cuda: bool = False, stream: Any = None) -> _NoOpPhase:
-        return _NOOP_PHASE
-
-    def iteration(self, index: int, env_steps: int | None = None, timeline: str = schema.LEARNER) -> _NoOpPhase:
-        return _NOOP_PHASE
-
-    def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
-        pass
-
-    def distribution(self, key: str, values: Any, step: int | None = None) -> None:
-        pass
-
-    def flow(self, flow_id: int, end: bool = False) -> None:
-        pass
-
-    def event(self, name: str, **attributes: Any) -> None:
-        pass
-
-    @contextmanager
-    def run(
-        self,
-        *,
-        family: str | None = None,
-        total_steps: int | None = None,
-        num_envs: int | None = None,
-        config: Mapping[str, Any] | None = None,
-        handle_sigterm: bool = True,
-    ) -> Iterator[NoOpTelemetry]:
-        yield self
-
-    def start_run(
-        self,
-        *,
-        family: str | None = None,
-        total_steps: int | None = None,
-        num_envs: int | None = None,
-        config: Mapping[str, Any] | None = None,
-    ) -> bool:
-        return False
-
-    def end_run(self, error: BaseException | None = None) -> None:
-        pass
-
-    def describe_system(self, system: str, environment: str | None = None, algorithm: str | None = None) -> None:
-        pass
-
-    def traceparent(self) -> str:
-        return ""
-
-    def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None:
-        pass
-
-    def window_timings(self) -> dict[str, float]:
-        return {}
-
-    def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
-        return dict(values or {})
-
-    def add_sink(self, sink: RecordSink) -> None:
-        pass
-
-    def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any):
-        """A spec that makes the worker's telemetry disabled too."""
-        from otel_rl.training.workers import WorkerSpec
-
-        return WorkerSpec(role=role, run_id="", traceparent="", relay=None, options={"enabled": False})
-
-    def watch_worker(self, process: Any, role: str) -> None:
-        pass
-
-    def flush(self, timeout_s: float = 5.0) -> bool:
-        return True
-
-    def close(self, timeout_s: float | None = None) -> None:
-        pass
-
-    def stats(self) -> dict[str, Any]:
-        return {}
-
-    def __enter__(self) -> NoOpTelemetry:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass

@@ -20,7 +20,6 @@ import os
 from typing import Any
 
 from otel_rl.base.log import logger
-from otel_rl.outputs.relay import RelaySink
 from otel_rl.training.workers import WorkerSpec
 
 __all__ = ["WorkerSpec", "init_worker"]
@@ -59,8 +58,5 @@ def init_worker(spec: WorkerSpec, **options: Any):
         if tel.enabled and tel.stats().get("agent") != "process":
             _logger.warning("otel-rl: worker %s runs without the learner's agent; the learner will not see its cycles", spec.role)
         return tel
-    settings["agent"] = "thread"  # the relay sink runs where the outputs are: on a thread of this worker
-    tel = otel_rl.init(**settings)
-    if tel.enabled:
-        tel.add_sink(RelaySink(spec.role, spec.relay, tel._host.outputs.drops))
-    return tel
+    # The relay sink runs where the outputs are: on a thread of this worker.
+    return otel_rl.init(**settings, agent="thread", relay=spec.relay)

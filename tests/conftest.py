@@ -15,9 +15,6 @@ def clean_environment(monkeypatch):
     for name in list(os.environ):
         if name.startswith(_OTEL_PREFIXES):
             monkeypatch.delenv(name)
-    from otel_rl.base import environment_variables
-
-    environment_variables._warned.clear()
     from otel_rl.base.log import DEDUP
 
     DEDUP.reset()
@@ -34,19 +31,22 @@ class CaptureSink(RecordSink):
         self.events = []
         self.runs = []
 
-    def on_iterations(self, iterations):
-        self.iterations.extend(iterations)
+    def on_iterations(self, batch):
+        self.iterations.extend(batch)
 
-    def on_phase(self, phase):
-        self.phases.append(phase)
+    def on_phases(self, batch):
+        self.phases.extend(batch)
 
-    def on_scalars(self, block):
-        self.scalars.extend(block.records)
+    def on_scalars(self, batch):
+        self.scalars.extend(batch)
 
     def on_event(self, event):
         self.events.append(event)
 
-    def on_run(self, run):
+    def on_run_start(self, run):
+        self.runs.append(run)
+
+    def on_run_end(self, run):
         self.runs.append(run)
 
 

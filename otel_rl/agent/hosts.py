@@ -1,20 +1,28 @@
 """Where a producer's outputs run: the :class:`Host` seam, and the host that keeps them in this process.
 
-:func:`start_host` picks the host for ``config.agent``: an agent process
+Both hosts are the same machinery: the training process records into a
+shared-memory segment (:class:`~otel_rl.training.recorder.Recorder`) and a
+:class:`~otel_rl.agent.serve.SegmentServer` serves it, in an agent process
 (:class:`otel_rl.agent.launch.AgentHost`, the default: training then pays only
-its recorder) or this process (:class:`InProcessHost`, ``agent="thread"``:
-the same outputs and pipeline, on a thread, reading in-memory lanes).
+its recorder) or on a thread of this process (:class:`ThreadHost`,
+``agent="thread"``: the segment is this process's own memory). The producer
+speaks to its server through the segment's header either way
+(:mod:`otel_rl.agent.handshake`). :func:`start_host` picks the host for
+``config.agent``.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from otel_rl.agent import handshake
+from otel_rl.agent.producer import Counts
+from otel_rl.agent.serve import serve_segment
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
 from otel_rl.core.identity import RunIdentity
-from otel_rl.core.pipeline import PipelineLoop, RecordSink
-from otel_rl.outputs.factory import Outputs
+from otel_rl.core.pipeline import RecordSink
+from otel_rl.shm import segment as shm
 from otel_rl.training.recorder import Recorder
 
 _logger = logger(__name__)
@@ -32,14 +40,14 @@ class Host(Protocol):
 
     def flush(self, deadline: Deadline) -> bool: ...
 
-    def stop(self, deadline: Deadline, at_exit: bool) -> None:
+    def shutdown(self, deadline: Deadline, at_exit: bool) -> None:
         """Everything recorded reaches the outputs, which close; back when they have, or at ``deadline``."""
 
     def hurry(self, deadline: Deadline) -> None:
         """``deadline`` moved earlier (a second SIGTERM): the outputs' side honours it too."""
 
-    def counts(self) -> dict[str, Any]:
-        """:meth:`otel_rl.outputs.factory.Outputs.counts`, as of the outputs' last pass."""
+    def counts(self) -> Counts:
+        """What the outputs reported after their last pass."""
 
     def pending(self) -> dict[str, int]: ...
 
@@ -52,31 +60,34 @@ class Host(Protocol):
     def meter_provider(self) -> Any: ...
 
 
-class InProcessHost:
-    """The outputs on a thread of this process, fed from the training thread's in-memory lanes."""
+class ThreadHost:
+    """The outputs on a thread of this process, serving a segment in this process's memory."""
 
     mode = "thread"
     workers_agent = None
 
     def __init__(self, identity: RunIdentity, sinks: list[RecordSink]) -> None:
-        config = identity.config
-        self.recorder = Recorder(config.lane_capacity, config.scalars_capacity)
-        self.outputs = Outputs(identity, [self.recorder], sinks)
-        self._loop = PipelineLoop(self.outputs.pipeline, config.pipeline_interval_s)  # type: ignore[arg-type]
+        self.segment = shm.Segment(None, b"", identity.config.lane_capacity)
+        self.recorder = Recorder(self.segment, self.segment.lane_capacity)
+        self._server = serve_segment(shm.SegmentReader(self.segment.buffer), identity, sinks)
 
     def flush(self, deadline: Deadline) -> bool:
-        return self._loop.flush(deadline.left())
+        self.recorder.publish_unlaned()
+        return handshake.flush(self.segment, deadline, lambda: not self._server.done.is_set())
 
-    def stop(self, deadline: Deadline, at_exit: bool = False) -> None:
-        self._loop.close(deadline)
-        self._loop.join(deadline.left(cap_s=1.0))
-        self.outputs.close(deadline)
+    def shutdown(self, deadline: Deadline, at_exit: bool = False) -> None:
+        self.recorder.publish_unlaned()
+        handshake.close(self.segment, deadline)
+        self._server.wake()
+        self._server.done.wait(deadline.left())
+        self.recorder.detach()
+        self.segment.close()
 
     def hurry(self, deadline: Deadline) -> None:
-        """The loop and the sinks already run against the deadline the caller shortened."""
+        handshake.hurry(self.segment, deadline)
 
-    def counts(self) -> dict[str, Any]:
-        return self.outputs.counts()
+    def counts(self) -> Counts:
+        return handshake.counts(self.segment)
 
     def pending(self) -> dict[str, int]:
         return self.recorder.pending()
@@ -85,25 +96,24 @@ class InProcessHost:
         return None
 
     def add_sink(self, sink: RecordSink) -> bool:
-        self.outputs.add_sink(sink)
+        self._server.producer.add_sink(sink)
         return True
 
     def tracer_provider(self) -> Any:
-        return self.outputs.otel.tracer_provider  # type: ignore[union-attr]
+        return self._server.producer.outputs.otel.tracer_provider
 
     def meter_provider(self) -> Any:
-        return self.outputs.otel.meter_provider  # type: ignore[union-attr]
-
+        return self._server.producer.outputs.otel.meter_provider
 
 
 def start_host(identity: RunIdentity, sinks: list[RecordSink]) -> Host:
     """The host for ``identity.config.agent``; sinks given here keep the outputs in this process."""
     config = identity.config
     if config.agent == "thread":
-        return InProcessHost(identity, sinks)
+        return ThreadHost(identity, sinks)
     if sinks:
         _logger.warning("otel-rl: sinks passed to init() run in this process; the outputs run on a thread", extra=once("agent-sinks"))
-        return InProcessHost(identity, sinks)
+        return ThreadHost(identity, sinks)
     from otel_rl.agent.launch import start_agent
 
-    return start_agent(identity) or InProcessHost(identity, sinks)
+    return start_agent(identity) or ThreadHost(identity, sinks)

@@ -26,11 +26,14 @@ import pickle
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from otel_rl.agent import directory as agents
+from otel_rl.agent import handshake
+from otel_rl.agent.logs import relay_logs
+from otel_rl.agent.producer import Counts
+from otel_rl.agent.serve import serve_segment
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
 from otel_rl.base.loops import BackgroundLoop
@@ -38,7 +41,7 @@ from otel_rl.core.identity import RunIdentity
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.outputs.factory import resource
 from otel_rl.shm import segment as shm
-from otel_rl.training.segment_recorder import SegmentRecorder
+from otel_rl.training.recorder import Recorder
 
 _logger = logger(__name__)
 
@@ -46,7 +49,6 @@ OWN_AGENT_LINGER_S = 1.0
 """How long the agent started for this process waits, once idle, for late workers before it ends."""
 NAMED_AGENT_LINGER_S = 10.0
 """How long an agent started by name waits, once idle: the other ranks of a job start within seconds."""
-POLL_S = 0.005
 MAX_RESTARTS = 2
 """Agents the watcher starts for one training process at most (one that keeps failing is not restarted in a loop)."""
 
@@ -168,7 +170,7 @@ class AgentHost:
 
         self.identity = identity
         self.segment = segment
-        self.recorder = SegmentRecorder(segment, segment.lane_capacity)
+        self.recorder = Recorder(segment, segment.lane_capacity)
         self.workers_agent = name
         self.directory = Path(segment.path).parent  # type: ignore[arg-type]
         self.linger_s = linger_s
@@ -192,46 +194,34 @@ class AgentHost:
         return (self.process is not None and self.process.poll() is None) or agents.agent_running(self.directory)
 
     def _done(self) -> bool:
-        return self.segment.get("agent_state") == shm.AGENT_DONE
-
-    def _set_deadline(self, deadline: Deadline) -> None:
-        self.segment.set("deadline_ns", max(int(deadline.at * 1e9), 1))
+        return handshake.done(self.segment)
 
     # -- the Host protocol ------------------------------------------------
 
     def flush(self, deadline: Deadline) -> bool:
-        from otel_rl.agent.serve import relay_logs
-
-        segment = self.segment
-        self._set_deadline(deadline)
         self.recorder.publish_unlaned()
-        request = segment.get("flush_request") + 1
-        segment.set("flush_request", request)
-        flushed = _wait(lambda: segment.get("flush_done") >= request or not self.alive(), deadline) and self.alive()
-        relay_logs(segment)
+        flushed = handshake.flush(self.segment, deadline, self.alive)
+        relay_logs(self.segment)
         return flushed
 
-    def stop(self, deadline: Deadline, at_exit: bool = False) -> None:
+    def shutdown(self, deadline: Deadline, at_exit: bool = False) -> None:
         """Hand the segment over to the agent, with ``deadline``; back when it closed every output, or at the deadline.
 
         With no agent left, this process serves the segment itself (at
         interpreter exit, when no thread pool can start here, a new agent
         process does, and goes on after this process if the deadline passes).
         """
-        from otel_rl.agent.serve import relay_logs
-
-        self._watcher.shutdown(deadline.left(cap_s=1.0))
+        self._watcher.shutdown(Deadline(deadline.left(cap_s=1.0)))
         self.check_segment()
         self.recorder.publish_unlaned()
         segment = self.segment
-        self._set_deadline(deadline)
-        segment.set("state", shm.CLOSING)
-        _wait(lambda: self._done() or not self.alive(), deadline)
+        handshake.close(segment, deadline)
+        handshake.wait(lambda: self._done() or not self.alive(), deadline)
         if not self._done() and not self.alive():
             _logger.warning("otel-rl: the agent process ended early; finishing its work %s", "in a new one" if at_exit else "here")
             if at_exit:
-                self._restart()
-                _wait(lambda: self._done() or not self.alive(), deadline)
+                self.restart()
+                handshake.wait(lambda: self._done() or not self.alive(), deadline)
             else:
                 self._serve_here(deadline)
         done = self._done()
@@ -246,10 +236,9 @@ class AgentHost:
         segment.close()
 
     def hurry(self, deadline: Deadline) -> None:
-        if self.segment.control is not None:
-            self._set_deadline(deadline)
+        handshake.hurry(self.segment, deadline)
 
-    def _restart(self) -> bool:
+    def restart(self) -> bool:
         try:
             self.process = spawn(self.directory, self.linger_s)
             return True
@@ -258,15 +247,13 @@ class AgentHost:
             return False
 
     def _serve_here(self, deadline: Deadline) -> None:
-        from otel_rl.agent.serve import serve_segment
-
         try:
             reader = shm.SegmentReader(self.segment.path)  # type: ignore[arg-type]
         except (OSError, ValueError):  # its file was removed (or replaced): this process's own mapping still holds the records
             reader = shm.SegmentReader(self.segment.buffer)
         if not reader.claim():  # an agent took it after all (one started by another producer): it finishes the work
             reader.close()
-            _wait(self._done, deadline)
+            handshake.wait(self._done, deadline)
             return
         served = False
         try:
@@ -281,15 +268,11 @@ class AgentHost:
                 Path(self.segment.path).unlink(missing_ok=True)  # type: ignore[arg-type]
                 agents.remove_if_empty(self.directory)
 
-    def counts(self) -> dict[str, Any]:
-        """What the agent published after its last pass (it trails this process by one pass)."""
-        payload = self.segment.totals()
-        return pickle.loads(payload) if payload else {}
+    def counts(self) -> Counts:
+        return handshake.counts(self.segment)
 
     def pending(self) -> dict[str, int]:
-        segment = self.segment
-        messages = segment.control.pending() + segment.data.pending() if segment.control is not None else 0
-        return {"phases": self.recorder.phases_pending, "messages": messages}
+        return self.recorder.pending()
 
     def agent_pid(self) -> int | None:
         """The pid of the agent serving this process (None before one attached)."""
@@ -316,8 +299,6 @@ class AgentWatch(BackgroundLoop):
         self.start()
 
     def run_once(self) -> None:
-        from otel_rl.agent.serve import relay_logs
-
         host = self._host
         if self.stopping or host.segment.control is None:
             return
@@ -333,12 +314,4 @@ class AgentWatch(BackgroundLoop):
                 None if host.process is None else host.process.returncode,
             )
         self.restarts += 1
-        host._restart()  # or the agent ended before it saw this segment (it was idle): a new one serves it
-
-
-def _wait(condition, deadline: Deadline) -> bool:
-    while not condition():
-        if deadline.left() <= 0:
-            return False
-        time.sleep(POLL_S)
-    return True
+        host.restart()  # or the agent ended before it saw this segment (it was idle): a new one serves it

@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.agent import directory as agents
-from otel_rl.agent.serve import LogForwarder, SegmentServer, serve_segment
+from otel_rl.agent.logs import LogForwarder
+from otel_rl.agent.serve import SegmentServer, serve_segment
 from otel_rl.base import extras
+from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.base.processes import pid_alive
@@ -95,7 +97,7 @@ class LocalRelay:
         self._learner = learner
 
     def put_nowait(self, cycle: Any) -> None:
-        self._learner.server.outputs.inbox.add_remote(cycle)  # type: ignore[union-attr]
+        self._learner.server.producer.inbox.add_remote(cycle)  # type: ignore[union-attr]
 
 
 class AgentService(BackgroundLoop):
@@ -150,7 +152,7 @@ class AgentService(BackgroundLoop):
             with self._lock:
                 if all(s.done.is_set() for s in self._served.values()):
                     self.ended.set()
-                    self.close(0)
+                    self.close(Deadline(0))
 
     def _scan(self, force: bool = False) -> None:
         try:
@@ -192,20 +194,18 @@ class AgentService(BackgroundLoop):
             threading.Thread(target=self._serve, args=(served,), name=f"otel-rl-agent-{identity.pid}", daemon=True).start()
 
     def _serve(self, served: Served) -> None:
-        from otel_rl.outputs.relay import RelaySink
-
         reader, identity = served.reader, served.identity
         LogForwarder.serving(reader, identity.pid)
         self._logs.add(reader, identity.pid)
         try:
-            config, sinks = identity.config, []
+            config = identity.config
             learner = None if served.is_learner else self._learner_of(served)
             if learner is not None and learner.server is not None:
                 if config.role != schema.LEARNER:  # a worker: its cycles go to the learner's panel and live metrics
-                    sinks.append(RelaySink(config.role, LocalRelay(learner), None))
+                    config = replace(config, relay=LocalRelay(learner))
                 config = _join_trace(config, learner.config)
             before_close = (lambda: self._wait_for_workers(served)) if served.is_learner else None
-            served.server = serve_segment(reader, replace(identity, config=config), sinks, before_close)
+            served.server = serve_segment(reader, replace(identity, config=config), before_close=before_close)
             served.built.set()
             served.server.done.wait()
         except Exception as exc:  # the producer serves its segment itself at close, or says it cannot

@@ -11,7 +11,7 @@ import os
 from collections.abc import Callable
 from typing import TypeVar
 
-from otel_rl.base.log import logger
+from otel_rl.base.log import logger, once
 
 _logger = logger(__name__)
 _T = TypeVar("_T")
@@ -82,14 +82,9 @@ def signal_variable(base: str, signal: str) -> str:
     return base.replace("OTEL_EXPORTER_OTLP_", f"OTEL_EXPORTER_OTLP_{signal.upper()}_")
 
 
-_warned: set[str] = set()
-
-
 def warn_invalid(name: str, value: str, expected: str) -> None:
     """One warning per variable: what was wrong and that the default is used."""
-    if name not in _warned:
-        _warned.add(name)
-        _logger.warning("otel-rl: ignoring %s=%r: expected %s; using the default", name, value, expected)
+    _logger.warning("otel-rl: ignoring %s=%r: expected %s; using the default", name, value, expected, extra=once(f"variable:{name}"))
 
 
 def read(name: str, parse: Callable[[str], _T], default: _T, expected: str) -> _T:

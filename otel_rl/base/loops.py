@@ -9,8 +9,12 @@ every ``interval_s``, or at once when woken, flushed or closed:
   after* the call, so whatever was submitted before the call has been handled
   (no idle flag that a concurrent submit can race);
 * :meth:`BackgroundLoop.close` asks for final rounds until :meth:`BackgroundLoop.has_work`
-  is False or the deadline passes, then :meth:`BackgroundLoop.finish` releases
-  resources; :meth:`BackgroundLoop.join` waits for that, never past the deadline.
+  is False or the deadline passes, then :meth:`BackgroundLoop.release` releases
+  resources; :meth:`BackgroundLoop.join` waits for that, never past the deadline;
+  :meth:`BackgroundLoop.shutdown` is both.
+
+Every one of them takes a :class:`~otel_rl.base.deadline.Deadline`, as every
+``flush``, ``close`` and ``shutdown`` of otel-rl does.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ class BackgroundLoop:
     """Base of otel-rl's background loops (see the module docstring).
 
     Subclasses implement :meth:`run_once`, and :meth:`has_work` when stopping
-    should wait for pending work; :meth:`finish` runs once on the thread
+    should wait for pending work; :meth:`release` runs once on the thread
     after the last round. Call :meth:`start` at the end of the subclass's
     constructor.
     """
@@ -58,7 +62,7 @@ class BackgroundLoop:
         """Whether work is pending (a stopping loop keeps running rounds while it is, until its deadline)."""
         return False
 
-    def finish(self) -> None:
+    def release(self) -> None:
         """Release resources; runs once on the loop's thread after its last round."""
 
     # -- control -----------------------------------------------------------
@@ -103,8 +107,8 @@ class BackgroundLoop:
         with self._cond:
             return not self._in_round and self._completed >= self._requested and not self._safe_has_work()
 
-    def flush(self, timeout_s: float) -> bool:
-        """Wait until a round that started after this call finished; True if it did in time and no work is left.
+    def flush(self, deadline: Deadline) -> bool:
+        """Wait until a round that started after this call finished; True if it did by ``deadline`` and no work is left.
 
         A :attr:`queue_only` loop that is :attr:`settled` has done everything handed to it: True at once.
         """
@@ -116,28 +120,27 @@ class BackgroundLoop:
             self._cond.notify_all()
             if not self._thread.is_alive():
                 return not self.has_work()
-            finished = self._cond.wait_for(
-                lambda: self._completed >= target or not self._thread.is_alive(), max(timeout_s, 0.0)
-            )
+            finished = self._cond.wait_for(lambda: self._completed >= target or not self._thread.is_alive(), deadline.left())
         return finished and not self.has_work()
 
-    def close(self, deadline: Deadline | float) -> None:
-        """Finish pending work until ``deadline`` (a :class:`Deadline` or seconds from now), then stop; returns at once."""
-        at = deadline.at if isinstance(deadline, Deadline) else time.monotonic() + max(deadline, 0.0)
+    def close(self, deadline: Deadline) -> None:
+        """Finish pending work until ``deadline``, then stop; returns at once."""
+        at = deadline.at
         with self._cond:
             self._stop_at = at if self._stop_at is None else min(self._stop_at, at)
             self._requested += 1
             self._cond.notify_all()
 
-    def join(self, timeout_s: float) -> bool:
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(max(timeout_s, 0.0))
-        return not self._thread.is_alive()
+    def join(self, deadline: Deadline) -> bool:
+        """Wait for the loop's thread to end, at most until ``deadline``; True if it did."""
+        if self._thread is threading.current_thread():
+            return False
+        return deadline.join(self._thread)
 
-    def shutdown(self, timeout_s: float) -> bool:
-        """:meth:`close` and :meth:`join` against one deadline; True if the thread ended in time."""
-        self.close(timeout_s)
-        return self.join(timeout_s)
+    def shutdown(self, deadline: Deadline) -> bool:
+        """:meth:`close` and :meth:`join` against ``deadline``; True if the thread ended in time."""
+        self.close(deadline)
+        return self.join(deadline)
 
     # -- the loop --------------------------------------------------------------
 
@@ -163,9 +166,9 @@ class BackgroundLoop:
                         self._cond.wait(min(self.interval_s, 0.2, max(stop_at - time.monotonic(), 0.0)))
         finally:
             try:
-                self.finish()
+                self.release()
             except Exception:
-                _logger.warning("otel-rl: %s failed to finish", self.name, exc_info=True, extra=once(f"finish:{self.name}"))
+                _logger.warning("otel-rl: %s failed to release its resources", self.name, exc_info=True, extra=once(f"release:{self.name}"))
             with self._cond:
                 self._cond.notify_all()
 
@@ -187,8 +190,8 @@ class BackgroundLoop:
             return False
 
 
-def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
-    """Run ``fn`` on a daemon thread and wait at most ``timeout_s``.
+def run_bounded(fn: Callable[[], object], deadline: Deadline, name: str) -> bool:
+    """Run ``fn`` on a daemon thread and wait for it at most until ``deadline``.
 
     For calls that do not bound themselves (the SDK's shutdowns allow 30 s,
     the batch span processor's ``force_flush`` ignores its timeout,
@@ -205,7 +208,8 @@ def run_bounded(fn: Callable[[], object], timeout_s: float, name: str) -> bool:
             done.set()
 
     threading.Thread(target=target, name=f"otel-rl-{name}", daemon=True).start()
-    finished = done.wait(max(timeout_s, 0.0))
+    waited = deadline.left()
+    finished = done.wait(waited)
     if not finished:
-        _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, timeout_s)
+        _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, waited)
     return finished

@@ -51,3 +51,32 @@ class ReplayRing:
         with self.lock:
             index = torch.randint(0, self.size(), (batch_size,), generator=generator)
             return self.obs[index], self.act[index], self.rew[index], self.next_obs[index], self.done[index]
+
+
+@dataclass
+class Channels:
+    """Everything the learner hands the collector process (it pickles for ``spawn``)."""
+
+    slots: Slots
+    replay: ReplayRing
+    episodes: Any  # queue of (return, length) of each finished episode
+    stop: Any  # event: the collector ends
+    shared_actor: torch.nn.Module | None = None  # collector-side inference: the actor the learner publishes to
+    weights_lock: Any = None  # held while the shared actor is read or written
+    ticks: Any = None  # collector-side inference: a semaphore released per collector tick
+
+
+def channels(num_envs: int, obs_dim: int, act_dim: int, context: Any, shared_actor: torch.nn.Module | None) -> Channels:
+    """The slots, the replay ring and the queues, in shared memory; with ``shared_actor``, collector-side inference's too."""
+    slots = Slots(
+        torch.zeros(num_envs, obs_dim).share_memory_(),
+        torch.zeros(num_envs, act_dim).share_memory_(),
+        torch.zeros(1, dtype=torch.int64).share_memory_(),
+        context.Semaphore(0),
+        context.Semaphore(0),
+    )
+    out = Channels(slots, ReplayRing(200_000, obs_dim, act_dim, context), context.Queue(maxsize=10_000), context.Event())
+    if shared_actor is not None:
+        out.shared_actor = shared_actor.share_memory()
+        out.weights_lock, out.ticks = context.Lock(), context.Semaphore(0)
+    return out

@@ -29,6 +29,7 @@ from typing import Any
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 
+from otel_rl.base import compat
 from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import Cycle, environment_name, plain_settings, time_forward, timed, wrap
 
@@ -82,11 +83,11 @@ class TelemetryCallback(BaseCallback):
         if self._restore:  # the previous learn() raised: SB3 never ended its training
             self._end_abandoned()
         model = self.model
-        on_policy = not hasattr(model, "_sample_action")
+        on_policy = not compat.sb3_off_policy(model)
         self.tel.describe_system(SYSTEM, environment_name(self.training_env), type(model).__name__)
         self._opened_run = self.tel.start_run(
             family="rl.onpolicy" if on_policy else "rl.offpolicy",
-            total_steps=getattr(model, "_total_timesteps", None),
+            total_steps=compat.sb3_total_steps(model),
             num_envs=model.n_envs,
             config={"algorithm": type(model).__name__, **plain_settings(vars(model), _CHANGING)},
         )
@@ -96,7 +97,7 @@ class TelemetryCallback(BaseCallback):
         self._restore.append(wrap(model, "train", self._timed_train))
         self._restore.append(wrap(self.training_env, "step", lambda step: timed(self.tel, "env_step", step)))
         collecting = self._collecting  # inference is timed only inside rollouts, not in evaluation
-        if hasattr(model, "_sample_action"):  # off-policy: actions come from model.predict
+        if compat.sb3_off_policy(model):  # off-policy: actions come from model.predict
             self._restore.append(wrap(model, "predict", lambda predict: timed(self.tel, "policy_inference", predict, when=collecting)))
         else:  # on-policy: from calling the policy module
             self._restore.append(time_forward(self.tel, model.policy, "policy_inference", collecting))

@@ -19,16 +19,16 @@ import math
 import threading
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from otel_rl.base.log import logger
-from otel_rl.core.iteration_rows import IterationRun
+from otel_rl.core.batches import IterationBatch, PhaseBatch, Phases, ScalarBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord, IterationRecord, PhaseRecord, ScalarsBlock
+from otel_rl.core.records import DeviceIntervalRecord, DistributionRecord, EventRecord
 from otel_rl.formats import schema
 
 MAX_EVENT_NAMES = 200
@@ -190,71 +190,48 @@ class Aggregates:
         for bins in self._iterations.values():
             bins.fold(bounds)
 
-    def record_phases(self, phases: Iterable[PhaseRecord]) -> None:
-        """Bin top-level phases and their nested phases; a span id becomes the bucket's exemplar."""
+    def record_phases(self, phases: Phases) -> None:
+        """Bin phases (nested ones included); a phase with a span id becomes its bucket's exemplar."""
         with self._lock:
             self._record_phases(phases)
 
-    def _record_phases(self, phases: Iterable[PhaseRecord]) -> None:
+    def _record_phases(self, phases: Phases) -> None:
         host = self._by_spec["host"]
-        for top in phases:
-            for phase in top.walk() if top.children else (top,):
-                bins = host.get(id(phase.spec)) or self._phase_bins(phase.spec)
-                value_ms = (phase.end_ns - phase.start_ns) / 1e6
-                if phase.span_id or len(bins.pending) >= FOLD_EVERY:
-                    self._add(bins, value_ms, phase.end_ns, phase.span_id)
-                else:
-                    bins.pending.append(value_ms)
+        for spec, durations in phases.by_spec():
+            (host.get(id(spec)) or self._phase_bins(spec)).pending += (durations / 1e6).tolist()
+        spanned = np.flatnonzero(phases.span_ids)
+        if len(spanned):
+            for spec_id, start, end, span_id in zip(*(column[spanned].tolist() for column in (phases.spec_ids, phases.starts, phases.ends, phases.span_ids))):
+                self._exemplar(host[id(phases.specs[spec_id])], (end - start) / 1e6, end, span_id)
+        self._fold_full()
 
     def record_device_interval(self, interval: DeviceIntervalRecord) -> None:
         """A GPU interval: the same histogram, with ``rl.clock=gpu``."""
         with self._lock:
-            self._add(
-                self._phase_bins(interval.spec, "gpu"), interval.duration_ns / 1e6, interval.end_ns, interval.span_id
-            )
+            self._add(self._phase_bins(interval.spec, "gpu"), interval.duration_ns / 1e6, interval.end_ns, interval.span_id)
 
-    def record_iterations(self, iterations: Iterable[IterationRecord]) -> None:
+    def record_iterations(self, batch: IterationBatch) -> None:
         """Bin cycles' wall times and their phases."""
         with self._lock:
-            host = self._by_spec["host"]
-            if type(iterations) is IterationRun:
-                self._record_run(iterations)
-                iterations = ()
-            for iteration in iterations:
-                timeline = iteration.timeline
-                bins = self._iteration_bins(timeline)
-                bins.pending.append((iteration.end_ns - iteration.start_ns) / 1e6)
-                self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + iteration.accounted_ns / 1e6
-                if iteration.env_steps is not None and iteration.env_steps > self._env_steps.get(timeline, -1):
-                    self._env_steps[timeline] = iteration.env_steps
-                for phase in iteration.phases:
-                    if phase.children or phase.span_id:  # nested phases, or an exemplar to keep
-                        self._record_phases((phase,))
-                    else:
-                        (host.get(id(phase.spec)) or self._phase_bins(phase.spec)).pending.append((phase.end_ns - phase.start_ns) / 1e6)
-            # Binned a pass at a time: a series holds at most a pass more than FOLD_EVERY.
-            for bins in itertools.chain(self._iterations.values(), host.values()):
-                if len(bins.pending) >= FOLD_EVERY:
-                    bins.fold(self._bounds)
+            timeline = batch.timeline
+            self._iteration_bins(timeline).pending += (batch.walls() / 1e6).tolist()
+            self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + int(batch.accounted.sum()) / 1e6
+            steps = max((s for s in batch.env_steps if s is not None), default=None)
+            if steps is not None and steps > self._env_steps.get(timeline, -1):
+                self._env_steps[timeline] = steps
+            self._record_phases(batch.phases)
+
+    def _fold_full(self) -> None:
+        """Bin the series holding :data:`FOLD_EVERY` values or more: a series holds at most a pass more than that."""
+        for bins in itertools.chain(self._iterations.values(), self._by_spec["host"].values()):
+            if len(bins.pending) >= FOLD_EVERY:
+                bins.fold(self._bounds)
 
     def _iteration_bins(self, timeline: str) -> Bins:
         bins = self._iterations.get(timeline)
         if bins is None:
             bins = self._iterations[timeline] = Bins({**self._base, schema.ATTR_TIMELINE: timeline}, len(self.bounds) + 1)
         return bins
-
-    def _record_run(self, run: IterationRun) -> None:
-        """Iterations held as columns: binned from the columns; exemplars from the records a span sink built."""
-        rows, timeline, host = run.rows, run.rows.timeline, self._by_spec["host"]
-        self._iteration_bins(timeline).pending += ((rows.ends - rows.starts) / 1e6).tolist()
-        self._accounted_ms[timeline] = self._accounted_ms.get(timeline, 0.0) + int((rows.phase_ends - rows.phase_starts).sum()) / 1e6
-        steps = max((s for s in rows.env_steps if s is not None), default=None)
-        if steps is not None and steps > self._env_steps.get(timeline, -1):
-            self._env_steps[timeline] = steps
-        for spec, durations in rows.phase_durations():
-            (host.get(id(spec)) or self._phase_bins(spec)).pending += (durations / 1e6).tolist()
-        for phase in [phase for iteration in run.built() for phase in iteration.phases if phase.span_id]:
-            self._exemplar(host[id(phase.spec)], (phase.end_ns - phase.start_ns) / 1e6, phase.end_ns, phase.span_id)
 
     def set_gauges(self, values: Mapping[str, float | int | None], time_ns: int | Mapping[str, int]) -> None:
         """Latest value per scalar key, at ``time_ns`` (one time, or each key's); None (non-finite) keeps the last value."""
@@ -417,28 +394,24 @@ class Snapshot:
 
 
 class AggregatorSink(RecordSink):
-    """Feeds :class:`Aggregates` from the pipeline. Runs after span sinks, so exemplars find span ids."""
+    """Feeds :class:`Aggregates` from the pipeline."""
 
     def __init__(self, aggregates: Aggregates, dropped: Callable[[], Mapping[str, int]]) -> None:
         self.aggregates = aggregates
         self._dropped = dropped
 
-    def on_iterations(self, iterations: list[IterationRecord]) -> None:
-        self.aggregates.record_iterations(iterations)
+    def on_iterations(self, batch: IterationBatch) -> None:
+        self.aggregates.record_iterations(batch)
 
-    def on_phase(self, phase: PhaseRecord) -> None:
-        self.aggregates.record_phases((phase,))
+    def on_phases(self, batch: PhaseBatch) -> None:
+        self.aggregates.record_phases(batch.phases)
 
     def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
         self.aggregates.record_device_interval(interval)
 
-    def on_scalars(self, block: ScalarsBlock) -> None:
-        if not block.finite:  # None keeps a gauge's last value: record by record
-            for record in block.records:
-                self.aggregates.set_gauges(record.values, record.time_ns)
-            return
-        latest = block.latest()
-        self.aggregates.set_gauges({key: record.values[key] for key, record in latest.items()}, {key: record.time_ns for key, record in latest.items()})
+    def on_scalars(self, batch: ScalarBatch) -> None:
+        latest = batch.latest()  # None keeps a gauge's last value
+        self.aggregates.set_gauges({key: value for key, (value, _) in latest.items()}, {key: time_ns for key, (_, time_ns) in latest.items()})
 
     def on_distribution(self, record: DistributionRecord) -> None:
         self.aggregates.record_distribution(record.key, record.values)

@@ -22,10 +22,12 @@ from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 
+from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import BackgroundLoop
-from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.core.records import RunRecord, ScalarsBlock
-from otel_rl.core.scalar_rows import ScalarRun
+from otel_rl.core.batches import ScalarBatch
+from otel_rl.core.pipeline import RecordSink
+from otel_rl.core.records import RunStart
+from otel_rl.core.totals import PassTotals
 from otel_rl.formats import schema
 
 WINDOW_S = 2.0
@@ -157,24 +159,18 @@ class PanelState:
                 out["eta_s"] = max(self.total_steps - s1, 0) / ((s1 - s0) / ((t1 - t0) / 1e9))
         return out
 
-    def add_scalars(self, block: ScalarsBlock) -> None:
-        """Latest values always; into the means, records of the same keys at most every :data:`SAMPLE_NS`."""
-        self.latest.update(block.latest_values())
+    def add_scalars(self, batch: ScalarBatch) -> None:
+        """Latest values always; into the means, calls of the same keys at most every :data:`SAMPLE_NS`."""
+        self.latest.update(batch.latest_values())
         keys, at_ns = self._sampled
-        records = block.records
-        if isinstance(records, ScalarRun) and records[0].values.keys() == keys:  # the same keys throughout: a sample by time
-            for index, time_ns in enumerate(records.times_ns()):
-                if time_ns - at_ns >= SAMPLE_NS:
-                    at_ns = time_ns
-                    self.scalars.add(at_ns, records[index].values)  # only the sampled records are built
-            self._sampled = (keys, at_ns)
-            return
-        for record in records:
-            values = record.values
-            if record.time_ns - at_ns < SAMPLE_NS and values.keys() == keys:
-                continue  # a loop that logs every iteration: a sample of its records makes the same 2-second means
-            keys, at_ns = values.keys(), record.time_ns
-            self.scalars.add(at_ns, values)
+        sampled = []
+        for index, time_ns in enumerate(batch.times_ns.tolist()):
+            # A loop that logs every iteration: a sample of its calls makes the same 2-second means.
+            if time_ns - at_ns >= SAMPLE_NS or batch.names != keys:
+                keys, at_ns = batch.names, time_ns
+                sampled.append(index)
+        for record in batch.at(sampled):  # only the sampled records are built
+            self.scalars.add(record.time_ns, record.values)
         self._sampled = (keys, at_ns)
 
     def timing(self, timeline: str) -> dict[str, Any]:
@@ -374,21 +370,19 @@ class PanelSink(RecordSink):
         self.console = console or Console()
         self._painter = PanelPainter(self.view, self.console)
 
-    def on_run(self, run: RunRecord) -> None:
-        if run.end_ns is None:
-            num_envs, total = run.attributes.get("num_envs"), run.attributes.get("total_steps")
-            self.num_envs = num_envs if isinstance(num_envs, int) else None
-            self.state.total_steps = total if isinstance(total, int) and total > 0 else None
-            self.state.started_ns = run.start_ns
+    def on_run_start(self, run: RunStart) -> None:
+        self.num_envs = run.num_envs
+        self.state.total_steps = run.total_steps if run.total_steps else None
+        self.state.started_ns = run.start_ns
 
     def on_cycles(self, totals: PassTotals) -> None:
         self.state.add_pass(totals)
 
-    def on_scalars(self, block: ScalarsBlock) -> None:
-        self.state.add_scalars(block)
+    def on_scalars(self, batch: ScalarBatch) -> None:
+        self.state.add_scalars(batch)
 
-    def shutdown(self, timeout_s: float) -> None:
-        self._painter.shutdown(timeout_s)
+    def shutdown(self, deadline: Deadline) -> None:
+        self._painter.shutdown(deadline)
 
 
 class PanelPainter(BackgroundLoop):
@@ -418,7 +412,7 @@ class PanelPainter(BackgroundLoop):
         # Redrawing holds the GIL (~20 ms for a wide panel on a slow core): keep it under MAX_DUTY.
         self.interval_s = max(1.0 / REFRESH_HZ, (time.thread_time() - started) / MAX_DUTY)
 
-    def finish(self) -> None:
+    def release(self) -> None:
         if self._live is not None:
             self._live.update(self._view.render(self._console.width), refresh=True)
             self._live.stop()

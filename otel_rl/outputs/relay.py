@@ -5,8 +5,11 @@ from __future__ import annotations
 import queue
 from typing import Any
 
+import numpy as np
+
+from otel_rl.core.batches import IterationBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import IterationRecord, RemoteCycle
+from otel_rl.core.records import RemoteCycle
 
 
 class RelaySink(RecordSink):
@@ -18,10 +21,15 @@ class RelaySink(RecordSink):
         self._drops = drops
         self.dropped = 0
 
-    def on_iterations(self, iterations: list[IterationRecord]) -> None:
-        for iteration in iterations:
-            top, nested = iteration.totals_ns()
-            cycle = RemoteCycle(self._role, iteration.timeline, iteration.end_ns, iteration.wall_ns, top, nested)
+    def on_iterations(self, batch: IterationBatch) -> None:
+        bounds = np.concatenate(([0], np.cumsum(batch.counts))).tolist()
+        phases = batch.phases
+        walls, ends = batch.walls().tolist(), batch.ends.tolist()
+        for i in range(len(batch)):
+            part = np.zeros(len(phases), dtype=bool)
+            part[bounds[i] : bounds[i + 1]] = True
+            top = part & (phases.depths == 0)
+            cycle = RemoteCycle(self._role, batch.timeline, ends[i], walls[i], phases.totals(top), phases.totals(part & ~top))
             try:
                 self._relay.put_nowait(cycle)
             except (queue.Full, ValueError, OSError):

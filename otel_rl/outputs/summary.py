@@ -15,10 +15,12 @@ import json
 import os
 from typing import Any
 
+from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
+from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock
+from otel_rl.core.records import EventRecord, RunEnd, RunStart
 from otel_rl.formats import schema
 from otel_rl.outputs.aggregates import Aggregates
 from otel_rl.run.files import CONFIG_FILE, SUMMARY_FILE
@@ -41,28 +43,30 @@ class SummarySink(RecordSink):
         self._last_scalars: dict[str, Any] = {}
         self._algorithm = config.algorithm  # else the one an integration names (a framework event)
 
-    def on_run(self, run: RunRecord) -> None:
-        if run.end_ns is None:
-            self._start_ns, self._status = run.start_ns, run.status
-            document = {
-                "run_id": self._config.run_id,
-                "algorithm": self._algorithm,
-                "trace_id": f"{self._trace_id:032x}",
-                "resumes": self._resumes,
-            }
-            for key in ("family", "total_steps", "num_envs", "config"):
-                document[key] = run.attributes.get(key)
-            document.update(run.attributes.get("provenance", {}))
-            self._write(CONFIG_FILE, document)
-        else:
-            self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
+    def on_run_start(self, run: RunStart) -> None:
+        self._start_ns, self._status = run.start_ns, run.status
+        document = {
+            "run_id": self._config.run_id,
+            "algorithm": self._algorithm,
+            "trace_id": f"{self._trace_id:032x}",
+            "resumes": self._resumes,
+            "family": run.family,
+            "total_steps": run.total_steps,
+            "num_envs": run.num_envs,
+            "config": run.config,
+            **run.provenance,
+        }
+        self._write(CONFIG_FILE, document)
+
+    def on_run_end(self, run: RunEnd) -> None:
+        self._status, self._reason, self._end_ns = run.status, run.reason, run.end_ns
 
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_FRAMEWORK and not self._config.algorithm and event.attributes.get("algorithm"):
             self._algorithm = event.attributes["algorithm"]
 
-    def on_scalars(self, block: ScalarsBlock) -> None:
-        self._last_scalars.update(block.latest_values())
+    def on_scalars(self, batch: ScalarBatch) -> None:
+        self._last_scalars.update(batch.latest_values())
 
     def summary(self) -> dict[str, Any]:
         timelines = self._aggregates.phase_summary()
@@ -79,7 +83,7 @@ class SummarySink(RecordSink):
             "last_scalars": self._last_scalars,
         }
 
-    def shutdown(self, timeout_s: float) -> None:
+    def shutdown(self, deadline: Deadline) -> None:
         self._write(SUMMARY_FILE, self.summary())
 
     def _write(self, name: str, document: dict[str, Any]) -> None:

@@ -65,7 +65,7 @@ class TensorBoardWriter(TrackerWriter):
             writer.add_event(event)
         writer.flush()
 
-    def finish(self) -> None:
+    def release(self) -> None:
         if self._writer is not None:
             try:
                 self._writer.close()
@@ -132,7 +132,7 @@ class TensorBoardWriter(TrackerWriter):
             text = f"**{name}** `{json.dumps(attributes, sort_keys=True)}`" if attributes else f"**{name}**"
             return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[_text_value(f"events/{name}", text)]))]
         if kind == "start":
-            self._config = item[2].get("config") or {}
+            self._config = dict(item[2].config or {})
             return [Event(wall_time=wall, summary=_hparams_start(self._config, wall))]
         return [  # "end": the session's status, and the experiment with the metrics seen
             Event(wall_time=wall, summary=_hparams_experiment(self._config or {}, sorted(self._tags_seen))),

@@ -32,9 +32,11 @@ from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
 from otel_rl.base.loops import BackgroundLoop
+from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.perf_windows import PerfWindows
-from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.core.records import DistributionRecord, EventRecord, RunRecord, ScalarsBlock
+from otel_rl.core.pipeline import RecordSink
+from otel_rl.core.records import DistributionRecord, EventRecord, RunEnd, RunStart
+from otel_rl.core.totals import PassTotals
 
 _logger = logger(__name__)
 
@@ -113,16 +115,16 @@ class TrackerSink(RecordSink):
         self._events: deque[EventRecord] = deque()
         writer.start()
 
-    def on_run(self, run: RunRecord) -> None:
-        if run.end_ns is None:
-            self.writer.put(("start", run.start_ns, run.attributes))
-        else:
-            self._put_events()
-            self._flush_perf()
-            self.writer.put(("end", run.end_ns, run.status, run.reason))
+    def on_run_start(self, run: RunStart) -> None:
+        self.writer.put(("start", run.start_ns, run))
 
-    def on_scalars(self, block: ScalarsBlock) -> None:
-        for record in block.records:
+    def on_run_end(self, run: RunEnd) -> None:
+        self._put_events()
+        self._flush_perf()
+        self.writer.put(("end", run.end_ns, run.status, run.reason))
+
+    def on_scalars(self, batch: ScalarBatch) -> None:
+        for record in batch:
             step = record.axis_step
             self._put_events_before(record.time_ns)
             self._step = step if step is not None else self._step
@@ -163,12 +165,10 @@ class TrackerSink(RecordSink):
         if values:
             self.writer.put(("scalars", time.time_ns(), self._perf.axes["env_steps"], values))
 
-    def flush(self, timeout_s: float) -> bool:
-        return self.writer.flush(timeout_s)
+    def flush(self, deadline: Deadline) -> bool:
+        return self.writer.flush(deadline)
 
-    def shutdown(self, timeout_s: float) -> None:
-        deadline = Deadline(timeout_s)
+    def shutdown(self, deadline: Deadline) -> None:
         self._put_events()
         self._flush_perf()
-        self.writer.close(deadline)
-        self.writer.join(deadline.left())
+        self.writer.shutdown(deadline)

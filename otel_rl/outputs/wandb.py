@@ -47,6 +47,7 @@ from typing import Any
 from otel_rl.base import extras
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
+from otel_rl.core.records import RunStart
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
 
 _logger = logger(__name__)
@@ -114,7 +115,7 @@ class WandbWriter(TrackerWriter):
             if kind == "start":
                 self._start(item[2])
                 continue
-            run = self._run or self._start({})
+            run = self._run or self._start(None)
             try:
                 if kind == "scalars":
                     _, _, step, values = item
@@ -140,11 +141,11 @@ class WandbWriter(TrackerWriter):
             except Exception:  # one bad item costs itself
                 self.skipped(item)
 
-    def _start(self, attributes: dict[str, Any]):
+    def _start(self, started: RunStart | None):
         """Start the W&B run (or add the configuration to one started by an earlier record)."""
         import wandb
 
-        config = attributes.get("config") or {}
+        config = dict(started.config or {}) if started is not None else {}
         if self._run is not None:
             self._run.config.update(config, allow_val_change=True)
             return self._run
@@ -152,7 +153,7 @@ class WandbWriter(TrackerWriter):
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
         # W&B's own features stay as the user set them (WANDB_CONSOLE, WANDB_SILENT, WANDB_X_DISABLE_STATS...).
-        provenance = attributes.get("provenance") or {}
+        provenance = started.provenance if started is not None else {}
         program = provenance.get("program")
         settings = wandb.Settings(
             x_stats_pid=self.pid,  # its System tab samples the training process, wherever this output runs
@@ -163,19 +164,19 @@ class WandbWriter(TrackerWriter):
             program_abspath=program if program and os.path.isabs(program) else None,
         )
         with _ARGV_LOCK, _argv(provenance.get("args")):  # W&B reads a run's arguments from sys.argv
-            self._run = self._init(wandb, config, attributes, mode, settings)
+            self._run = self._init(wandb, config, started, mode, settings)
         self._run.define_metric(STEP_METRIC)
         self._run.define_metric("*", step_metric=STEP_METRIC)
         return self._run
 
-    def _init(self, wandb: Any, config: dict[str, Any], attributes: dict[str, Any], mode: str | None, settings: Any) -> Any:
+    def _init(self, wandb: Any, config: dict[str, Any], started: RunStart | None, mode: str | None, settings: Any) -> Any:
         return wandb.init(
             id=wandb_run_id(self.run_id),
             name=self.run_id,
             project=self.project or os.environ.get("WANDB_PROJECT") or "otel-rl",
             group=self.group,
             dir=None if self.directory is None else str(self.directory),
-            config={**config, "otel_rl": _provenance(attributes)},
+            config={**config, "otel_rl": _provenance(started)},
             mode=mode,  # type: ignore[arg-type]
             resume="allow" if self.resume else None,
             reinit="create_new",  # several Telemetry objects in one process each get their own run
@@ -192,7 +193,7 @@ class WandbWriter(TrackerWriter):
             run.summary["otel_rl/reason"] = reason
         run.finish(exit_code=EXIT_CODES.get(status, 1))
 
-    def finish(self) -> None:
+    def release(self) -> None:
         """The thread's last act: a run still open (no ``tel.run()``, or its end not recorded) is finished."""
         if self._run is not None and not self._ended:
             try:
@@ -220,8 +221,9 @@ def _argv(args: list[str] | None) -> Iterator[None]:
         sys.argv = saved
 
 
-def _provenance(attributes: dict[str, Any]) -> dict[str, Any]:
-    """What W&B shows next to the configuration: where the run came from."""
-    out = {k: attributes[k] for k in ("family", "total_steps", "num_envs") if attributes.get(k) is not None}
-    out.update(attributes.get("provenance") or {})
-    return out
+def _provenance(started: RunStart | None) -> dict[str, Any]:
+    """What W&B shows next to the configuration: what the run planned and where it came from."""
+    if started is None:
+        return {}
+    plan = {"family": started.family, "total_steps": started.total_steps, "num_envs": started.num_envs}
+    return {**{k: v for k, v in plan.items() if v is not None}, **started.provenance}

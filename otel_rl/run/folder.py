@@ -32,7 +32,8 @@ class RunFolderInUse(RuntimeError):
     """Another live process writes this run folder."""
 
 
-def _lock_path(run_dir: Path) -> Path:
+def lock_path(run_dir: Path) -> Path:
+    """Where the lock of ``run_dir`` lives: in the user's private directory, never in the run folder itself."""
     locks = private_dir() / "run-folders"
     locks.mkdir(mode=0o700, exist_ok=True)
     digest = hashlib.blake2b(str(run_dir.resolve()).encode("utf-8", "surrogatepass"), digest_size=12).hexdigest()
@@ -55,7 +56,7 @@ def claim(run_dir: Path) -> Claim | None:
     """
     while True:
         try:
-            path = _lock_path(run_dir)
+            path = lock_path(run_dir)
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:  # no private directory: the run goes on unguarded, said once
             _logger.warning("otel-rl: cannot lock the run folder %s (%s); two writers would not be noticed", run_dir, exc)

@@ -7,7 +7,7 @@
  * here one call reads every frame a pass takes. The frame layout (an 8-byte
  * header: payload length and kind, both uint32; the payload; padding to 8
  * bytes; kind 0 a SKIP to the ring's start) is otel_rl/shm/layout.py's; segment.py's
- * _Ring.take is the pure-Python twin used when this module is not built; the
+ * Ring.take is the pure-Python twin used when this module is not built; the
  * tests read the same ring with both.
  */
 #define PY_SSIZE_T_CLEAN

@@ -46,7 +46,7 @@ from otel_rl.shm.layout import MessageKind
 
 try:
     from otel_rl.shm._frames import take_frames as _c_take_frames
-except ImportError:  # not built (no compiler): _Ring.take_in_python
+except ImportError:  # not built (no compiler): Ring.take_in_python
     _c_take_frames = None
 _logger = logger(__name__)
 
@@ -267,6 +267,11 @@ class FileMapping:
             # Released with the mapping, also when a C lane holding it outlives close() (see close()).
             self._release = weakref.finalize(self.buffer, _release_guard, self._address, fd)
 
+    @property
+    def guarded(self) -> bool:
+        """The mapping is guarded against the file being shrunk (False without the ``_guard`` extension, or past its table)."""
+        return self._address is not None
+
     def shrunk(self) -> bool:
         """Whether the file was made shorter than the mapping since it was mapped (by what either end of it sees).
 
@@ -302,7 +307,7 @@ def _release_guard(address: int, fd: int) -> None:
         os.close(fd)
 
 
-class _Ring:
+class Ring:
     """A byte ring of length-prefixed frames; either end (writer or reader) of it."""
 
     def __init__(self, buffer: mmap.mmap, offset: int, capacity: int) -> None:
@@ -432,9 +437,9 @@ class Segment:
         _u64(buffer, regions.logs + _RING_CAPACITY).value = LOG_BYTES
         buffer[: len(MAGIC)] = MAGIC  # last: a reader trusts nothing before it
         self.header = header
-        self.control = _Ring(buffer, regions.control, control_bytes)
-        self.data = _Ring(buffer, regions.data, data_bytes)
-        self.logs = _Ring(buffer, regions.logs, LOG_BYTES)
+        self.control = Ring(buffer, regions.control, control_bytes)
+        self.data = Ring(buffer, regions.data, data_bytes)
+        self.logs = Ring(buffer, regions.logs, LOG_BYTES)
         self._lock = threading.Lock()
         self._final_totals: bytes | None = None
         self.interned: dict[str, int] = {}
@@ -456,8 +461,8 @@ class Segment:
             return found
         with self._lock:
             found = self.interned.get(text)
-            if found is not None:
-                return found
+            if found is not None or not self.header:  # known, or the segment is closed: nothing is written
+                return -1 if found is None else found
             encoded = text.encode("utf-8", "replace")[:4096]
             header = self.header
             end = header["names_end"].value
@@ -477,13 +482,15 @@ class Segment:
     def new_lane(self) -> int | None:
         """The offset of a fresh lane, or None when all :data:`MAX_LANES` are taken."""
         with self._lock:
+            if not self.header:  # closed
+                return None
             count = self.header["lane_count"].value
             if count >= MAX_LANES:
                 return None
             self.header["lane_count"].value = count + 1  # the lane initialises its header before its first record
             return self.regions.lane(count)
 
-    def ring_for(self, kind: int) -> tuple[_Ring, int]:
+    def ring_for(self, kind: int) -> tuple[Ring, int]:
         """The ring a message of ``kind`` goes to, and the bytes in use it may fill.
 
         Events (and the other control records) may fill three quarters of the
@@ -564,9 +571,9 @@ class SegmentReader:
         self.regions = regions = _Regions(
             self.header["lane_capacity"].value, self.header["control_bytes"].value, self.header["data_bytes"].value
         )
-        self.control = _Ring(buffer, regions.control, regions.control_bytes)
-        self.data = _Ring(buffer, regions.data, regions.data_bytes)
-        self.logs = _Ring(buffer, regions.logs, LOG_BYTES)
+        self.control = Ring(buffer, regions.control, regions.control_bytes)
+        self.data = Ring(buffer, regions.data, regions.data_bytes)
+        self.logs = Ring(buffer, regions.logs, LOG_BYTES)
         self.names: list[str] = []
         self.interned_at = 0
         self._claim: int | None = None

@@ -4,16 +4,15 @@
  * A Python context manager pays for two Python-level calls (__enter__ and
  * __exit__) plus tuples for the stack and the record; that alone is two to
  * three times the cost of two perf_counter_ns() calls and a list append. Here
- * nothing is allocated for a phase on the training thread (an iteration mark,
- * once per cycle, is one tuple): the open-phase stack and the
- * finished records are fixed arrays inside the lane (a ring that overwrites
- * its oldest record when full, counting the drop), the lane is found in the
- * thread state's dict, and record tuples are only built by drain(), on the
- * pipeline thread.
+ * nothing is allocated on the training thread: the open-phase stack is a
+ * fixed array inside the lane, the lane is found in the thread state's dict,
+ * and each finished phase or mark is one fixed record (LaneRecord, from
+ * layout.h) written into the lane's ring in the shared-memory segment, where
+ * the pipeline reads it. A full ring refuses the new record and counts it.
  *
- * Semantics are identical to the pure-Python fallback in recorder.py, which
- * is used when this module is not built. Timestamps come from
- * CLOCK_MONOTONIC, the clock behind time.perf_counter_ns() on Linux.
+ * Semantics are identical to the pure-Python twin in recorder.py, which is
+ * used when this module is not built. Timestamps come from CLOCK_MONOTONIC,
+ * the clock behind time.perf_counter_ns() on Linux.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -35,17 +34,10 @@ static inline long long now_ns(void) {
 /* ---------------------------------------------------------------- Lane */
 
 typedef struct {
-    PyObject *obj;  /* a Phase, or a ready-made record (obj of a generic append) */
-    PyObject *exc;  /* exception type or NULL */
-    long long start, end;
-    int depth;
-} Slot;
-
-typedef struct {
     PyObject_HEAD
-    Slot *ring;
-    Py_ssize_t capacity, head, count, dropped;
-    /* Shared-memory mode (a buffer was given): records go to shm_records, not ring. */
+    Py_ssize_t capacity, dropped;
+    /* The lane's header and ring in the segment; NULL for a lane that records nothing (detached, or one
+     * of a thread beyond the segment's lanes): its records are counted as dropped. */
     Py_buffer shm_view;
     LaneHeader *shm;
     LaneRecord *shm_records;
@@ -58,11 +50,6 @@ typedef struct {
     long long stack_start[MAX_DEPTH];
 } LaneObject;
 
-static void slot_clear(Slot *slot) {
-    Py_CLEAR(slot->obj);
-    Py_CLEAR(slot->exc);
-}
-
 static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"capacity", "thread_id", "thread_name", "buffer", "offset", "intern", NULL};
     PyObject *thread_id, *thread_name, *buffer = NULL, *intern = NULL;
@@ -73,7 +60,7 @@ static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
         PyErr_Format(PyExc_ValueError, "capacity must be positive, got %zd", capacity);
         return -1;
     }
-    if (self->ring != NULL || self->shm != NULL) {
+    if (self->shm != NULL || self->thread_id != NULL) {
         PyErr_SetString(PyExc_RuntimeError, "lane already initialised");
         return -1;
     }
@@ -102,30 +89,20 @@ static int Lane_init(LaneObject *self, PyObject *args, PyObject *kwds) {
             else memcpy(self->shm->thread_name, name, (size_t)(n < 23 ? n : 23));
         }
         Py_INCREF(intern); Py_XSETREF(self->intern, intern);
-    } else {
-        self->ring = PyMem_Calloc((size_t)capacity, sizeof(Slot));
-        if (self->ring == NULL) { PyErr_NoMemory(); return -1; }
     }
     PyObject *open_iterations = PyDict_New();
     if (open_iterations == NULL) return -1;
     Py_INCREF(thread_id); Py_XSETREF(self->thread_id, thread_id);
     Py_INCREF(thread_name); Py_XSETREF(self->thread_name, thread_name);
     Py_XSETREF(self->open_iterations, open_iterations);
-    self->capacity = capacity;
-    self->head = self->count = self->dropped = 0;
+    self->capacity = self->shm != NULL ? capacity : 0;
+    self->dropped = 0;
     self->depth = 0;
     return 0;
 }
 
 static int Lane_traverse(LaneObject *self, visitproc visit, void *arg) {
     for (int i = 0; i < self->depth; i++) Py_VISIT(self->stack_phase[i]);
-    if (self->ring != NULL) {
-        for (Py_ssize_t i = 0; i < self->count; i++) {
-            Slot *slot = &self->ring[(self->head + i) % self->capacity];
-            Py_VISIT(slot->obj);
-            Py_VISIT(slot->exc);
-        }
-    }
     Py_VISIT(self->open_iterations);
     Py_VISIT(self->intern);
     return 0;
@@ -135,10 +112,6 @@ static int Lane_clear(LaneObject *self) {
     while (self->depth > 0) {
         self->depth--;
         Py_CLEAR(self->stack_phase[self->depth]);
-    }
-    if (self->ring != NULL) {
-        for (Py_ssize_t i = 0; i < self->count; i++) slot_clear(&self->ring[(self->head + i) % self->capacity]);
-        self->count = 0;
     }
     Py_CLEAR(self->thread_id);
     Py_CLEAR(self->thread_name);
@@ -154,34 +127,18 @@ static void Lane_dealloc(LaneObject *self) {
         self->shm = NULL;
         PyBuffer_Release(&self->shm_view);
     }
-    PyMem_Free(self->ring);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* The slot for the next record. When the ring is full the oldest record is
- * evicted and counted: its references move to *evicted, which the caller
- * releases only after filling the slot, because releasing an object can run
- * Python code (and so a drain on another thread) while the ring must be whole. */
-static Slot *lane_next_slot(LaneObject *lane, Slot *evicted) {
-    Slot *slot;
-    evicted->obj = evicted->exc = NULL;
-    if (lane->count == lane->capacity) {
-        slot = &lane->ring[lane->head];
-        *evicted = *slot;
-        lane->head = (lane->head + 1) % lane->capacity;
-        lane->dropped++;
-    } else {
-        slot = &lane->ring[(lane->head + lane->count) % lane->capacity];
-        lane->count++;
-    }
-    return slot;
-}
-
-/* The next free record of a shared-memory lane, or NULL (counted as dropped) when
- * the reader is a whole ring behind: a single producer can only drop what it has
- * not published, never what the reader may be copying. */
+/* The next free record of the lane, or NULL (counted as dropped) when the reader is a whole ring behind
+ * (a single producer can only drop what it has not published, never what the reader may be copying) or
+ * the lane records nothing. */
 static LaneRecord *shm_next(LaneObject *lane) {
     LaneHeader *h = lane->shm;
+    if (h == NULL) {
+        lane->dropped++;
+        return NULL;
+    }
     uint64_t w = h->write;  /* only this thread writes it */
     uint64_t r = __atomic_load_n(&h->read, __ATOMIC_ACQUIRE);
     if (w - r >= (uint64_t)lane->capacity) {
@@ -199,13 +156,21 @@ static void shm_commit(LaneObject *lane) {
     __atomic_store_n(&lane->shm->write, lane->shm->write + 1, __ATOMIC_RELEASE);
 }
 
-/* intern(obj) as an id; -1 (and no error) if it fails or obj is None. */
+#define INTERRUPTED (-2)
+
+/* intern(obj) as an id; -1 (and no error) if it fails or obj is None. INTERRUPTED, with the error
+   set, when what was raised is no Exception: a KeyboardInterrupt that arrived during the call is the
+   user's Ctrl-C, which the caller must raise, never swallow. */
 static int32_t shm_intern(LaneObject *lane, PyObject *obj) {
     if (obj == NULL || obj == Py_None) return -1;
     PyObject *r = PyObject_CallOneArg(lane->intern, obj);
     long id = r == NULL ? -1 : PyLong_AsLong(r);
     Py_XDECREF(r);
-    if (PyErr_Occurred()) { PyErr_WriteUnraisable(lane->intern); return -1; }
+    if (PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_Exception)) return INTERRUPTED;
+        PyErr_WriteUnraisable(lane->intern);
+        return -1;
+    }
     return (int32_t)id;
 }
 
@@ -227,138 +192,72 @@ typedef struct {
     int id;             /* the phase's id in a shared-memory segment's string table (-1: none) */
 } PhaseObject;
 
-static PyObject *tag_flow = NULL, *tag_correlate = NULL;
 static PyTypeObject PhaseType;
 
-/* A ready-made raw record (see recorder.py) written to a shared-memory lane. */
-static PyObject *shm_append(LaneObject *self, PyObject *record) {
-    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) < 3) {
-        PyErr_SetString(PyExc_TypeError, "a raw record is a tuple");
-        return NULL;
-    }
-    PyObject *head = PyTuple_GET_ITEM(record, 0);
-    Py_ssize_t n = PyTuple_GET_SIZE(record);
-    if (head == tag_flow && n == 5) {  /* (FLOW, time, flow_id, terminating, open_phases) */
-        LaneRecord *rec = shm_next(self);
-        if (rec == NULL) Py_RETURN_NONE;
-        rec->kind = RECORD_KIND_FLOW;
-        rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
-        PyObject *flow = PyTuple_GET_ITEM(record, 2);
-        rec->a = PyLong_Check(flow) ? (int64_t)PyLong_AsUnsignedLongLongMask(flow) : 0;
-        if (PyErr_Occurred()) PyErr_Clear();
-        rec->flags = (uint8_t)PyObject_IsTrue(PyTuple_GET_ITEM(record, 3));
-        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 4), 0);
-        rec->name = rec->exc = -1;
-    } else if (head == tag_correlate && n == 3) {  /* (CORRELATE, correlation, open_phases) */
-        LaneRecord *rec = shm_next(self);
-        if (rec == NULL) Py_RETURN_NONE;
-        rec->kind = RECORD_KIND_CORRELATE;
-        rec->a = as_int64(PyTuple_GET_ITEM(record, 1), 0);
-        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 2), 0);
-        rec->name = rec->exc = -1;
-    } else if (PyObject_TypeCheck(head, &PhaseType) && n == 5) {  /* (phase, start, end, depth, exc_type) */
-        int32_t exc = shm_intern(self, PyTuple_GET_ITEM(record, 4));
-        LaneRecord *rec = shm_next(self);
-        if (rec == NULL) Py_RETURN_NONE;
-        rec->kind = RECORD_KIND_PHASE;
-        rec->name = ((PhaseObject *)head)->id;
-        rec->start = as_int64(PyTuple_GET_ITEM(record, 1), 0);
-        rec->end = as_int64(PyTuple_GET_ITEM(record, 2), 0);
-        rec->depth = (int16_t)as_int64(PyTuple_GET_ITEM(record, 3), 0);
-        rec->exc = exc;
-    } else {
-        PyErr_SetString(PyExc_TypeError, "not a raw record this lane can store");
-        return NULL;
-    }
+/* phase(phase, start_ns, end_ns, exc_type): a phase measured elsewhere, nested in the phases open on this lane. */
+static PyObject *Lane_phase(LaneObject *self, PyObject *args) {
+    PyObject *phase, *exc_type;
+    long long start, end;
+    if (!PyArg_ParseTuple(args, "O!LLO", &PhaseType, &phase, &start, &end, &exc_type)) return NULL;
+    int32_t exc = exc_type == Py_None ? -1 : shm_intern(self, exc_type);
+    if (exc == INTERRUPTED) return NULL;
+    LaneRecord *rec = shm_next(self);
+    if (rec == NULL) Py_RETURN_NONE;
+    rec->kind = RECORD_KIND_PHASE;
+    rec->name = ((PhaseObject *)phase)->id;
+    rec->start = start;
+    rec->end = end;
+    rec->depth = (int16_t)self->depth;
+    rec->exc = exc;
     shm_commit(self);
     Py_RETURN_NONE;
 }
 
-static PyObject *Lane_append(LaneObject *self, PyObject *record) {
-    if (self->shm != NULL) return shm_append(self, record);
-    if (self->ring == NULL) { PyErr_SetString(PyExc_RuntimeError, "lane not initialised"); return NULL; }
-    Slot evicted;
-    Slot *slot = lane_next_slot(self, &evicted);
-    Py_INCREF(record);
-    slot->obj = record;
-    slot->exc = NULL;
-    slot->depth = -1;  /* marks a ready-made record */
-    slot_clear(&evicted);
+/* flow(time_ns, flow_id, terminating): a flow mark for the innermost open phase (its low 64 bits). */
+static PyObject *Lane_flow(LaneObject *self, PyObject *args) {
+    long long time_ns;
+    PyObject *flow;
+    int terminating;
+    if (!PyArg_ParseTuple(args, "LOp", &time_ns, &flow, &terminating)) return NULL;
+    LaneRecord *rec = shm_next(self);
+    if (rec == NULL) Py_RETURN_NONE;
+    rec->kind = RECORD_KIND_FLOW;
+    rec->start = time_ns;
+    rec->a = PyLong_Check(flow) ? (int64_t)PyLong_AsUnsignedLongLongMask(flow) : 0;
+    if (PyErr_Occurred()) PyErr_Clear();
+    rec->flags = (uint8_t)terminating;
+    rec->depth = (int16_t)self->depth;
+    rec->name = rec->exc = -1;
+    shm_commit(self);
     Py_RETURN_NONE;
 }
 
-/* Every pending record, oldest first, as tuples.
- *
- * The pending slots are detached from the ring before any object is
- * allocated: an allocation can start the cyclic GC, whose finalizers run
- * Python code, which can hand the GIL to the recording thread; its records
- * then land in the ring behind the detached ones and wait for the next drain.
- * Should building a tuple fail, the detached records are counted as dropped. */
-static PyObject *Lane_drain(LaneObject *self, PyObject *unused) {
-    if (self->shm != NULL) {
-        PyErr_SetString(PyExc_TypeError, "a shared-memory lane is read by its segment's reader");
-        return NULL;
-    }
-    Py_ssize_t n = self->ring == NULL ? 0 : self->count;
-    if (n == 0) return PyList_New(0);
-    Slot *taken = PyMem_RawMalloc((size_t)n * sizeof(Slot));  /* never runs the GC */
-    if (taken == NULL) return PyErr_NoMemory();
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Slot *slot = &self->ring[(self->head + i) % self->capacity];
-        taken[i] = *slot;  /* the references move with it */
-        slot->obj = NULL;
-        slot->exc = NULL;
-    }
-    self->head = (self->head + n) % self->capacity;
-    self->count -= n;
-    PyObject *out = PyList_New(n);
-    Py_ssize_t built = 0;
-    for (; out != NULL && built < n; built++) {
-        Slot *slot = &taken[built];
-        PyObject *item;
-        if (slot->depth < 0) {
-            item = slot->obj;  /* steal */
-            slot->obj = NULL;
-        } else {
-            PyObject *start = PyLong_FromLongLong(slot->start);
-            PyObject *end = PyLong_FromLongLong(slot->end);
-            PyObject *depth = PyLong_FromLong(slot->depth);  /* small: a cached int */
-            item = (start && end && depth)
-                ? PyTuple_Pack(5, slot->obj, start, end, depth, slot->exc ? slot->exc : Py_None) : NULL;
-            Py_XDECREF(start);
-            Py_XDECREF(end);
-            Py_XDECREF(depth);
-            if (item == NULL) { Py_CLEAR(out); break; }
-            slot_clear(slot);
-        }
-        PyList_SET_ITEM(out, built, item);
-    }
-    if (out == NULL) {
-        self->dropped += n;
-        for (; built < n; built++) slot_clear(&taken[built]);
-    }
-    PyMem_RawFree(taken);
-    return out;
+/* correlate(correlation): pairs the innermost open phase with its GPU interval. */
+static PyObject *Lane_correlate(LaneObject *self, PyObject *arg) {
+    int64_t correlation = as_int64(arg, 0);
+    LaneRecord *rec = shm_next(self);
+    if (rec == NULL) Py_RETURN_NONE;
+    rec->kind = RECORD_KIND_CORRELATE;
+    rec->a = correlation;
+    rec->depth = (int16_t)self->depth;
+    rec->name = rec->exc = -1;
+    shm_commit(self);
+    Py_RETURN_NONE;
 }
 
 /* Stop writing to shared memory (a forked child: the segment is its parent's); later records are dropped. */
 static PyObject *Lane_detach(LaneObject *self, PyObject *unused) {
     if (self->shm == NULL) Py_RETURN_NONE;
-    Slot *ring = PyMem_Calloc(1, sizeof(Slot));
-    if (ring == NULL) return PyErr_NoMemory();
     self->shm = NULL;
     self->shm_records = NULL;
     PyBuffer_Release(&self->shm_view);
-    self->ring = ring;
-    self->capacity = 1;
-    self->head = self->count = 0;
+    self->capacity = 0;
     Py_RETURN_NONE;
 }
 
 static Py_ssize_t Lane_len(LaneObject *self) {
-    if (self->shm != NULL)
-        return (Py_ssize_t)(self->shm->write - __atomic_load_n(&self->shm->read, __ATOMIC_ACQUIRE));
-    return self->count;
+    if (self->shm == NULL) return 0;
+    return (Py_ssize_t)(self->shm->write - __atomic_load_n(&self->shm->read, __ATOMIC_ACQUIRE));
 }
 
 /* rebind(thread_id, thread_name): the lane of a thread that ended, drained, given to another thread. */
@@ -391,8 +290,9 @@ static PyObject *Lane_get_depth(LaneObject *self, void *closure) {
 }
 
 static PyMethodDef Lane_methods[] = {
-    {"append", (PyCFunction)Lane_append, METH_O, "Append a ready-made raw record, dropping the oldest when full."},
-    {"drain", (PyCFunction)Lane_drain, METH_NOARGS, "Remove and return every pending record, oldest first."},
+    {"phase", (PyCFunction)Lane_phase, METH_VARARGS, "Record a phase measured elsewhere, nested in the open phases."},
+    {"flow", (PyCFunction)Lane_flow, METH_VARARGS, "Record a flow mark for the innermost open phase."},
+    {"correlate", (PyCFunction)Lane_correlate, METH_O, "Pair the innermost open phase with a GPU interval."},
     {"detach", (PyCFunction)Lane_detach, METH_NOARGS, "Stop writing to shared memory; later records are dropped."},
     {"rebind", (PyCFunction)Lane_rebind, METH_VARARGS, "Give a drained lane of an ended thread to another thread."},
     {NULL}
@@ -421,7 +321,7 @@ static PyTypeObject LaneType = {
     .tp_name = "otel_rl.training._hotpath.Lane",
     .tp_basicsize = sizeof(LaneObject),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
-    .tp_doc = "Raw records of one thread (a bounded ring) and its open-phase stack.",
+    .tp_doc = "The lane of one thread in a segment (a bounded ring of records) and its open-phase stack.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Lane_init,
     .tp_dealloc = (destructor)Lane_dealloc,
@@ -561,36 +461,22 @@ static PyObject *Phase_exit(PhaseObject *self, PyObject *const *args, Py_ssize_t
         Py_DECREF(r);
     }
     lane->depth--;
-    if (lane->shm != NULL) {
-        int32_t exc = exc_type == Py_None ? -1 : shm_intern(lane, exc_type);
-        LaneRecord *rec = shm_next(lane);
-        if (rec != NULL) {
-            rec->kind = RECORD_KIND_PHASE;
-            rec->name = self->id;
-            rec->start = lane->stack_start[lane->depth];
-            rec->end = end;
-            rec->depth = (int16_t)lane->depth;
-            rec->exc = exc;
-            shm_commit(lane);
-        }
-        lane->stack_phase[lane->depth] = NULL;
-        Py_DECREF(self);  /* the stack's reference */
-        Py_RETURN_FALSE;
+    int32_t exc = exc_type == Py_None ? -1 : shm_intern(lane, exc_type);
+    int interrupted = exc == INTERRUPTED;  /* the phase is recorded all the same, then the interrupt raised */
+    if (interrupted) exc = -1;
+    LaneRecord *rec = shm_next(lane);
+    if (rec != NULL) {
+        rec->kind = RECORD_KIND_PHASE;
+        rec->name = self->id;
+        rec->start = lane->stack_start[lane->depth];
+        rec->end = end;
+        rec->depth = (int16_t)lane->depth;
+        rec->exc = exc;
+        shm_commit(lane);
     }
-    Slot evicted;
-    Slot *slot = lane_next_slot(lane, &evicted);
-    slot->obj = (PyObject *)self;  /* the stack's reference moves into the record */
     lane->stack_phase[lane->depth] = NULL;
-    if (exc_type != Py_None) {
-        Py_INCREF(exc_type);
-        slot->exc = exc_type;
-    } else {
-        slot->exc = NULL;
-    }
-    slot->start = lane->stack_start[lane->depth];
-    slot->end = end;
-    slot->depth = lane->depth;
-    slot_clear(&evicted);
+    Py_DECREF(self);  /* the stack's reference */
+    if (interrupted) return NULL;
     Py_RETURN_FALSE;
 }
 
@@ -624,9 +510,6 @@ static PyTypeObject PhaseType = {
 
 /* ----------------------------------------------------------- Iteration */
 
-/* The raw-record tags of iteration marks: the very objects recorder.py compares with `is`. */
-static PyObject *tag_start = NULL, *tag_end = NULL;
-
 static inline long long thread_cpu_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);  /* the clock behind time.thread_time_ns() */
@@ -640,6 +523,7 @@ typedef struct {
     PyObject *on_enter;  /* on_enter(iteration) or None */
     int thread_time;
     int active;
+    int32_t timeline_id;  /* the timeline's id in the string table, interned on enter */
 } IterationObject;
 
 static int Iteration_init(IterationObject *self, PyObject *args, PyObject *kwds) {
@@ -687,45 +571,22 @@ static void Iteration_dealloc(IterationObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Append (tag, time, timeline, index, env_steps, thread cpu or None) to the lane. */
-static int iteration_mark(IterationObject *self, LaneObject *lane, PyObject *tag, long long time_ns) {
-    if (lane->shm != NULL) {
-        int32_t timeline = shm_intern(lane, self->timeline);
-        LaneRecord *rec = shm_next(lane);
-        if (rec == NULL) return 0;
-        rec->kind = tag == tag_start ? RECORD_KIND_ITERATION_START : RECORD_KIND_ITERATION_END;
-        rec->name = timeline;
-        rec->start = time_ns;
-        rec->end = self->thread_time ? thread_cpu_ns() : -1;
-        rec->a = as_int64(self->index, -1);
-        rec->b = self->env_steps == Py_None ? INT64_MIN : as_int64(self->env_steps, INT64_MIN);
-        rec->depth = (int16_t)lane->depth;  /* phases open at the mark: the iteration's phases sit at this depth */
-        rec->exc = -1;
-        shm_commit(lane);
-        return 0;
-    }
-    PyObject *cpu = self->thread_time ? PyLong_FromLongLong(thread_cpu_ns()) : Py_NewRef(Py_None);
-    if (cpu == NULL) return -1;
-    PyObject *time_obj = PyLong_FromLongLong(time_ns);
-    if (time_obj == NULL) { Py_DECREF(cpu); return -1; }
-    PyObject *depth = PyLong_FromLong(lane->depth);
-    if (depth == NULL) { Py_DECREF(time_obj); Py_DECREF(cpu); return -1; }
-    PyObject *record = PyTuple_Pack(7, tag, time_obj, self->timeline, self->index, self->env_steps, cpu, depth);
-    Py_DECREF(time_obj);
-    Py_DECREF(cpu);
-    Py_DECREF(depth);
-    if (record == NULL) return -1;
-    Slot evicted;
-    Slot *slot = lane_next_slot(lane, &evicted);
-    slot->obj = record;  /* the new reference moves into the ring */
-    slot->exc = NULL;
-    slot->depth = -1;
-    slot_clear(&evicted);
-    return 0;
+/* An iteration's start or end mark (`kind`) into the lane. */
+static void iteration_mark(IterationObject *self, LaneObject *lane, uint8_t kind, long long time_ns) {
+    LaneRecord *rec = shm_next(lane);
+    if (rec == NULL) return;
+    rec->kind = kind;
+    rec->name = self->timeline_id;
+    rec->start = time_ns;
+    rec->end = self->thread_time ? thread_cpu_ns() : -1;
+    rec->a = as_int64(self->index, -1);
+    rec->b = self->env_steps == Py_None ? NO_STEPS : as_int64(self->env_steps, NO_STEPS);
+    rec->depth = (int16_t)lane->depth;  /* phases open at the mark: the iteration's phases sit at this depth */
+    rec->exc = -1;
+    shm_commit(lane);
 }
 
 static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
-    if (tag_start == NULL) { PyErr_SetString(PyExc_RuntimeError, "record tags not set"); return NULL; }
     LaneObject *lane = entering_lane(self->key, self->recorder);
     if (lane == NULL) return NULL;
     PyObject *open = PyDict_GetItemWithError(lane->open_iterations, self->timeline); /* borrowed */
@@ -736,6 +597,8 @@ static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
         return Py_NewRef(self);
     }
     if (PyErr_Occurred()) return NULL;
+    self->timeline_id = shm_intern(lane, self->timeline);
+    if (self->timeline_id == INTERRUPTED) return NULL;
     if (PyDict_SetItem(lane->open_iterations, self->timeline, (PyObject *)self) < 0) return NULL;
     self->active = 1;
     if (self->on_enter != Py_None) {
@@ -743,7 +606,7 @@ static PyObject *Iteration_enter(IterationObject *self, PyObject *unused) {
         if (r == NULL) return NULL;
         Py_DECREF(r);
     }
-    if (iteration_mark(self, lane, tag_start, now_ns()) < 0) return NULL;
+    iteration_mark(self, lane, RECORD_KIND_ITERATION_START, now_ns());
     return Py_NewRef(self);
 }
 
@@ -758,7 +621,7 @@ static PyObject *Iteration_exit(IterationObject *self, PyObject *const *args, Py
         return misuse(self->warn, "foreign", (PyObject *)self, NULL);
     }
     if (PyDict_DelItem(lane->open_iterations, self->timeline) < 0) return NULL;
-    if (iteration_mark(self, lane, tag_end, end) < 0) return NULL;
+    iteration_mark(self, lane, RECORD_KIND_ITERATION_END, end);
     Py_RETURN_FALSE;
 }
 
@@ -789,16 +652,6 @@ static PyTypeObject IterationType = {
     .tp_methods = Iteration_methods,
     .tp_members = Iteration_members,
 };
-
-static PyObject *set_record_tags(PyObject *module, PyObject *args) {
-    PyObject *start, *end, *flow, *correlate;
-    if (!PyArg_ParseTuple(args, "OOOO", &start, &end, &flow, &correlate)) return NULL;
-    Py_XSETREF(tag_start, Py_NewRef(start));
-    Py_XSETREF(tag_end, Py_NewRef(end));
-    Py_XSETREF(tag_flow, Py_NewRef(flow));
-    Py_XSETREF(tag_correlate, Py_NewRef(correlate));
-    Py_RETURN_NONE;
-}
 
 /* Room for a frame of `size` bytes (header included, a multiple of 8) in a segment's message ring
  * at `ring` (layout in otel_rl/shm/segment.py): where to write it, or NULL (counted as dropped)
@@ -965,7 +818,6 @@ static PyMethodDef module_methods[] = {
     {"put_scalars", put_scalars, METH_VARARGS, "Append a packed scalars record; False when the ring is full, None when not plain."},
     {"current_lane", current_lane, METH_O, "The calling thread's lane for a key, or None."},
     {"bind_lane", bind_lane, METH_VARARGS, "Make a lane the calling thread's lane for a key."},
-    {"set_record_tags", set_record_tags, METH_VARARGS, "The tags of iteration start and end, flow and correlation records."},
     {NULL}
 };
 

@@ -35,7 +35,7 @@ from typing import Any, Protocol
 
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.formats.schema import PhaseSpec
-from otel_rl.training.recorder import CORRELATE, Phase, Recorder
+from otel_rl.training.recorder import Phase, Recorder
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -77,6 +77,10 @@ class EventPool:
         self._free: list[Any] = []
         self._limit = limit
         self.created = 0
+
+    def __len__(self) -> int:
+        """Events kept for reuse (at most ``limit``)."""
+        return len(self._free)
 
     def acquire(self) -> Any:
         if self._free:
@@ -303,8 +307,7 @@ class CudaPhase:
     def __exit__(self, exc_type, exc, tb) -> bool:
         stream, start, anchor = self._local.starts.pop()
         correlation = self._timer.end_pair(stream, start, anchor, self.spec)
-        lane = self._recorder.lane()
-        lane.append((CORRELATE, correlation, lane.depth))
+        self._recorder.lane().correlate(correlation)
         return self._host.__exit__(exc_type, exc, tb)
 
     def __call__(self, fn):

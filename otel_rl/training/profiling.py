@@ -28,17 +28,13 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
+from otel_rl.base import compat
+from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger
 from otel_rl.base.loops import run_bounded
-from otel_rl.formats import schema
+from otel_rl.formats import schema, trace
 
 _logger = logger(__name__)
-
-MARKER = "otel_rl.timebase"
-"""The name of the ``record_function`` markers the profile's clock is measured on."""
-MARKERS = 8
-"""Markers at each end; the tightest pair of readings around one is used."""
-"""The folder of the profiler's own trace files, in the run folder."""
 
 
 class ProfileWindow:
@@ -65,18 +61,19 @@ class ProfileWindow:
         if iteration.index < self.start + self.count:
             return _ProfiledIteration(self, iteration)
         if self._profiler is not None:
-            self.finish()  # the loop skipped past the window's last indices
+            self.shutdown()  # the loop skipped past the window's last indices
         self.done = True  # past the window, profiled or not
         return iteration
 
-    def _begin(self, index: int) -> None:
+    def begin(self, index: int) -> None:
+        """Start the profiler before iteration ``index`` is entered (once per window; a failure is one warning)."""
         if self._profiler is not None or self.done:
             return
         try:
             import torch
             from torch.profiler import ProfilerActivity, profile
 
-            if torch.autograd.profiler._is_profiler_enabled:
+            if compat.torch_profiler_running():
                 # Kineto would cancel the session already running: the user's own profiler wins.
                 self._fail("is already running (its own session)", None)
                 return
@@ -90,19 +87,20 @@ class ProfileWindow:
         except Exception as exc:
             self._fail("could not start", exc)
 
-    def _iteration_done(self) -> None:
+    def iteration_done(self) -> None:
+        """Count an iteration of the window as profiled; the last one stops the profiler."""
         if self._profiler is None:
             return
         self._profiled += 1
         if self._profiled >= self.count:
-            self.finish()
+            self.shutdown()
 
-    def finish(self, timeout_s: float | None = None) -> None:
+    def shutdown(self, deadline: Deadline | None = None) -> None:
         """Stop the profiler and write what it recorded (the window's end, or training's when it ends first).
 
         It is stopped on the calling thread (the one that started it); the
-        export runs here too, or on a thread of its own for ``timeout_s`` at
-        most when given (``close()``: the deadline).
+        export runs here too, or on a thread of its own until ``deadline`` at
+        most when given (``close()``: part of its deadline).
         """
         profiler, self._profiler = self._profiler, None
         self.done = True
@@ -114,11 +112,11 @@ class ProfileWindow:
         except Exception as exc:
             self._fail("could not stop", exc)
             return
-        if timeout_s is None:
+        if deadline is None:
             self._write(profiler)
             return
         try:
-            run_bounded(lambda: self._write(profiler), timeout_s, "torch.profiler export")
+            run_bounded(lambda: self._write(profiler), deadline, "torch.profiler export")
         except RuntimeError as exc:  # the interpreter is exiting and starts no thread: an unbounded export would overrun
             self._fail("could not be written within the shutdown deadline", exc)
 
@@ -139,12 +137,12 @@ class ProfileWindow:
         self._record_event(schema.EVENT_TORCH_PROFILE, attributes)
 
     def _mark(self) -> None:
-        """Record :data:`MARKERS` markers inside the profile, each between two ``perf_counter_ns`` readings."""
+        """Record :data:`otel_rl.formats.trace.PROFILE_MARKERS` markers inside the profile, each between two ``perf_counter_ns`` readings."""
         from torch.profiler import record_function
 
-        for _ in range(MARKERS):
+        for _ in range(trace.PROFILE_MARKERS):
             before = perf_counter_ns()
-            with record_function(MARKER):
+            with record_function(trace.PROFILE_MARKER):
                 pass
             self._markers.append([before, perf_counter_ns()])
 
@@ -173,11 +171,11 @@ class _ProfiledIteration:
         return getattr(self._iteration, name)
 
     def __enter__(self) -> Any:
-        self._window._begin(self._iteration.index)
+        self._window.begin(self._iteration.index)
         return self._iteration.__enter__()
 
     def __exit__(self, *exc: Any) -> bool:
         try:
             return self._iteration.__exit__(*exc)
         finally:
-            self._window._iteration_done()
+            self._window.iteration_done()

@@ -1,358 +1,60 @@
-"""The training thread's side of telemetry: raw timestamps into bounded buffers.
+"""The training thread's side of telemetry: raw timestamps and values into a shared-memory segment.
 
-Nothing here builds an OpenTelemetry object, serializes, or does IO. Entering
-and leaving a phase costs two ``perf_counter_ns()`` calls and a deque append;
-everything else happens off the training thread (:mod:`otel_rl.core.pipeline`).
+Nothing here builds an OpenTelemetry object or does IO. Each thread that
+records phases gets its own lane in the segment (:class:`otel_rl.shm.segment.Segment`):
+entering and leaving a phase costs two clock reads and one fixed 48-byte
+record (:data:`otel_rl.shm.layout.LANE_RECORD`), with the open-phase stack
+kept in the lane. One writer per lane means the lane needs no lock; a full
+lane refuses the new record and counts it, it never blocks. Scalars, events,
+run records, distributions, GPU intervals and relayed cycles go into the
+segment's message rings: a ``scalars()`` call of string keys and numbers
+packed (:data:`otel_rl.shm.layout.SCALARS_HEADER`), anything else as a small
+pickle. Nothing stays in this process's memory: what was recorded is readable
+by the pipeline (on a thread here, or in an agent process) even after this
+process dies.
 
-Each thread that records gets its own lane (:class:`PyLane` or its C twin): a bounded deque of raw
-records plus the stack of open phases. One writer per lane means the lane
-needs no lock; the pipeline drains it with ``popleft`` (atomic in CPython).
-A full lane drops its oldest record and counts the drop; it never blocks.
+The hot path is ``otel_rl.training._hotpath`` (C) when it is built, else the
+pure-Python twins here (:class:`PyLane`, :class:`PyPhase`, :class:`PyIteration`),
+which write the same records.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+import marshal
 import os
+import pickle
 import threading
-from collections import deque
 from collections.abc import Callable
-from time import perf_counter_ns, thread_time_ns
 from typing import Any, TypeVar
 
 from otel_rl.base.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.base.log import logger, once
+from otel_rl.base.values import describe
 from otel_rl.formats.schema import PhaseSpec
-
-_logger = logger(__name__)
-_RECORDER_IDS = itertools.count()
-_F = TypeVar("_F", bound=Callable[..., Any])
-
-# Raw record tags (first tuple element when the record is not a phase).
-ITERATION_START = "iteration_start"
-ITERATION_END = "iteration_end"
-FLOW = "flow"
-CORRELATE = "correlate"
-
-
-class PyLane:
-    """Records of one thread, in the order that thread produced them.
-
-    Raw record shapes:
-
-    * phase: ``(Phase, start_ns, end_ns, depth, exception_type_or_its_name_or_None)``
-    * iteration start/end: ``(ITERATION_START or ITERATION_END, time_ns, timeline,
-      index, env_steps, thread_cpu_ns_or_None, open_phases)``: the phases of an
-      iteration are those at the depth its start found (a phase left open
-      before it costs only itself)
-    * flow mark: ``(FLOW, time_ns, flow_id, terminating, open_phases)``
-    * CUDA correlation mark: ``(CORRELATE, correlation, open_phases)``
-
-    Times are ``perf_counter_ns()`` values; the pipeline converts them to epoch.
-    This is the pure-Python lane; ``otel_rl.training._hotpath.Lane`` is its C twin.
-    """
-
-    __slots__ = ("records", "capacity", "dropped", "thread_id", "thread_name", "open_iterations", "stack")
-
-    def __init__(self, capacity: int, thread_id: int, thread_name: str) -> None:
-        self.records: deque[tuple] = deque(maxlen=capacity)
-        self.capacity = capacity
-        self.dropped = 0
-        self.thread_id = thread_id
-        self.thread_name = thread_name
-        self.open_iterations: dict[str, PyIteration] = {}
-        self.stack: list[tuple[PyPhase, int]] = []
-
-    @property
-    def depth(self) -> int:
-        return len(self.stack)
-
-    def __len__(self) -> int:
-        return len(self.records)
-
-    def drain(self) -> list[tuple]:
-        """Remove and return every pending record, oldest first (called by the pipeline)."""
-        records = self.records
-        return [records.popleft() for _ in range(len(records))]
-
-    def rebind(self, thread_id: int, thread_name: str) -> None:
-        """Give this drained lane of an ended thread to another thread (its open phases are forgotten)."""
-        self.thread_id, self.thread_name = thread_id, thread_name
-        self.open_iterations = {}
-        self.stack = []
-
-    def append(self, record: tuple) -> None:
-        records = self.records
-        if len(records) == self.capacity:
-            self.dropped += 1
-        records.append(record)
-
-
-MAX_DEPTH = 64
-"""Deepest phase nesting recorded; deeper phases warn once and are not recorded."""
-
-
-class PyPhase:
-    """Pure-Python enter/exit of a phase (``otel_rl.training._hotpath.Phase`` is its C twin)."""
-
-    __slots__ = ("spec", "id", "_local", "_recorder", "_warn")
-
-    def __init__(self, spec: PhaseSpec, local: threading.local, recorder: Recorder, warn: Callable) -> None:
-        self.spec = spec
-        self.id = -1  # its id in a shared-memory segment's string table
-        self._local = local
-        self._recorder = recorder
-        self._warn = warn
-
-    def __enter__(self) -> PyPhase:
-        try:
-            lane = self._local.lane
-        except AttributeError:
-            lane = self._recorder.lane()
-        if len(lane.stack) >= MAX_DEPTH:
-            self._warn("too-deep", self, None)
-            return self
-        lane.stack.append((self, perf_counter_ns()))
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
-        end = perf_counter_ns()
-        try:
-            stack = self._local.lane.stack
-            entered, start = stack[-1]
-        except (AttributeError, IndexError) as missing:
-            self._warn("foreign" if isinstance(missing, AttributeError) else "not-open", self, None)
-            return False
-        if entered is not self:
-            position = next((i for i in range(len(stack) - 1, -1, -1) if stack[i][0] is self), None)
-            if position is None:
-                self._warn("not-open", self, None)
-                return False
-            # Exited out of order: the phases entered after it were never exited; dropped, and the stack unwinds.
-            del stack[position + 1 :]
-            self._warn("order", self, entered)
-            start = stack[-1][1]
-        stack.pop()
-        self._local.lane.append((self, start, end, len(stack), exc_type))
-        return False
-
+from otel_rl.shm import segment as shm
+from otel_rl.shm.layout import PICKLED, MessageKind
+from otel_rl.training import misuse
+from otel_rl.training.lanes import PyIteration, PyLane, PyPhase, pack_scalars
 
 try:
     from otel_rl.training import _hotpath
 except ImportError:  # not built (no compiler at install time): pure Python
     _hotpath = None
 
+_logger = logger(__name__)
+_RECORDER_IDS = itertools.count()
+_F = TypeVar("_F", bound=Callable[..., Any])
 
-DISTRIBUTION_BYTES = 64 * 1024 * 1024
-"""Values of pending ``distribution()`` calls held at most (the oldest calls are dropped and counted)."""
+_MARSHALLED = frozenset({MessageKind.SCALARS, MessageKind.EVENT})
+"""Kinds whose records hold plain values (``marshal`` would turn an array into bytes: the others are pickled)."""
+_PLAIN = (str, int, float, bool, type(None))
 
 
-class Recorder:
-    """Owns the lanes and the bounded queues for scalars and events.
-
-    Args:
-        lane_capacity: raw phase records kept per thread before the oldest is dropped.
-        scalars_capacity: pending ``scalars()`` records before the oldest is dropped.
-        events_capacity: pending events; events are never dropped silently, a
-            full queue counts the drop and warns once.
-    """
-
-    def __init__(
-        self,
-        lane_capacity: int = 65_536,
-        scalars_capacity: int = 10_000,
-        events_capacity: int = 10_000,
-        implementation: str | None = None,
-    ):
-        for name, value in (
-            ("lane_capacity", lane_capacity),
-            ("scalars_capacity", scalars_capacity),
-            ("events_capacity", events_capacity),
-        ):
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        self.implementation = implementation or default_implementation()
-        if self.implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"implementation must be one of {sorted(IMPLEMENTATIONS)}, got {implementation!r}")
-        self._lane_class, self._phase_class = IMPLEMENTATIONS[self.implementation]
-        self.lane_capacity = lane_capacity
-        self.local = threading.local()
-        # Key of this recorder's lane in each thread state's dict (C lanes).
-        self._key = f"otel_rl.lane.{next(_RECORDER_IDS)}"
-        self.lanes: list[PyLane] = []
-        self._lanes_lock = threading.Lock()
-        self.scalars: deque[tuple] = deque(maxlen=scalars_capacity)
-        self.scalars_dropped = 0
-        self.events: deque[tuple] = deque()
-        self.events_capacity = events_capacity
-        self.events_dropped = 0
-        self.device_intervals: deque = deque(maxlen=scalars_capacity)
-        self.remote: deque = deque(maxlen=scalars_capacity)
-        """Cycles relayed from worker processes (bounded; the oldest go first)."""
-        self.remote_dropped = 0
-        self.device_intervals_dropped = 0
-        self.distributions: deque[tuple] = deque()
-        self.distributions_dropped = 0
-        self._distribution_bytes = 0
-        self._distributions_lock = threading.Lock()
-        self.cuda_fallbacks: deque[tuple[str, str, str]] = deque(maxlen=1024)
-        self.phase_misuse_dropped = 0
-        """Phases lost to misuse (see :meth:`misuse`): each costs only itself."""
-
-    def lane(self) -> PyLane:
-        """The calling thread's lane, created on first use."""
-        if self.implementation == "c":
-            lane = _hotpath.current_lane(self._key)
-            if lane is not None:
-                return lane
-        else:
-            try:
-                return self.local.lane
-            except AttributeError:
-                pass
-        thread_id, thread_name = threading.get_native_id(), threading.current_thread().name
-        with self._lanes_lock:
-            lane = self._reusable_lane()
-            if lane is not None:
-                lane.rebind(thread_id, thread_name)
-            else:
-                lane = self._new_lane(thread_id, thread_name)
-                self.lanes.append(lane)
-        if self.implementation == "c":
-            _hotpath.bind_lane(self._key, lane)
-        else:
-            self.local.lane = lane
-        return lane
-
-    def _reusable_lane(self) -> PyLane | None:
-        """A lane whose thread ended and whose records were all taken (caller holds the lanes' lock)."""
-        alive = None
-        for lane in self.lanes:
-            if lane.capacity > 1 and len(lane) == 0:
-                if alive is None:
-                    alive = {thread.native_id for thread in threading.enumerate()}
-                if lane.thread_id not in alive:
-                    return lane
-        return None
-
-    def _new_lane(self, thread_id: int, thread_name: str) -> PyLane:
-        """A lane for a thread that records for the first time (in this process's memory)."""
-        return self._lane_class(self.lane_capacity, thread_id, thread_name)
-
-    def iteration_factory(
-        self, on_enter: Callable[[Iteration], None] | None = None, thread_time: bool = False
-    ) -> Callable[[str, int, int | None], Iteration]:
-        """``factory(timeline, index, env_steps)``: a cycle recorded into the entering thread's lane."""
-        if self.implementation == "c":
-            return functools.partial(_hotpath.Iteration, self._key, self, iteration_misuse, on_enter, thread_time)
-        return lambda timeline, index, env_steps: PyIteration(self, timeline, index, env_steps, on_enter, thread_time)
-
-    def new_phase(self, spec: PhaseSpec) -> Phase:
-        where = self._key if self.implementation == "c" else self.local
-        return self._phase_class(spec, where, self, self.misuse)
-
-    def misuse(self, kind: str, phase: Phase, other: Phase | None) -> None:
-        """A phase used wrongly (exited out of order, twice, on another thread, nested too deep): warned once; a record lost is counted."""
-        if kind != "not-open":  # an exit of a phase not open loses nothing more
-            self.phase_misuse_dropped += 1
-        phase_misuse(kind, phase, other)
-
-    def snapshot_lanes(self) -> list[PyLane]:
-        with self._lanes_lock:
-            return list(self.lanes)
-
-    def add_scalars(self, record: tuple) -> None:
-        if len(self.scalars) == self.scalars.maxlen:
-            self.scalars_dropped += 1
-        self.scalars.append(record)
-
-    def add_distribution(self, record: tuple, nbytes: int) -> None:
-        """Queue a ``distribution()`` call holding ``nbytes`` of values; past :data:`DISTRIBUTION_BYTES` the oldest go."""
-        with self._distributions_lock:
-            queue = self.distributions
-            while queue and self._distribution_bytes + nbytes > DISTRIBUTION_BYTES:
-                self._distribution_bytes -= queue.popleft()[1]
-                self.distributions_dropped += 1
-            queue.append((record, nbytes))
-            self._distribution_bytes += nbytes
-
-    def take_distributions(self) -> list[tuple]:
-        """The records queued by :meth:`add_distribution`, oldest first."""
-        with self._distributions_lock:
-            records = [record for record, _ in self.distributions]
-            self.distributions.clear()
-            self._distribution_bytes = 0
-        return records
-
-    def add_event(self, record: tuple) -> bool:
-        """Queue an event; False (and one warning) when the event queue is full."""
-        if len(self.events) >= self.events_capacity:
-            self.events_dropped += 1
-            _logger.warning("otel-rl: event queue full (%d); dropping new events", self.events_capacity)
-            return False
-        self.events.append(record)
-        return True
-
-    def add_device_interval(self, record: object) -> None:
-        """Queue a resolved GPU interval (from the CUDA resolver thread); bounded like scalars."""
-        if len(self.device_intervals) == self.device_intervals.maxlen:
-            self.device_intervals_dropped += 1
-        self.device_intervals.append(record)
-
-    def add_remote(self, cycle: object) -> None:
-        """Queue a cycle relayed from a worker process; bounded like scalars."""
-        if len(self.remote) == self.remote.maxlen:
-            self.remote_dropped += 1
-        self.remote.append(cycle)
-
-    def add_control(self, record: tuple) -> None:
-        """Queue a lifecycle record; never dropped (there are only a handful per run)."""
-        self.events.append(record)
-
-    def add_cuda_fallback(self, timeline: str, name: str, reason: str) -> None:
-        """A CUDA phase timed on the host: its spans say why."""
-        self.cuda_fallbacks.append((timeline, name, reason))
-
-    # -- the pipeline's record source (otel_rl.core.pipeline.RecordSource) ---
-
-    def take(self, batch) -> None:
-        """Move every pending record into ``batch`` (an :class:`otel_rl.core.pipeline.Batch`)."""
-        for queue, into in (
-            (self.events, batch.control),
-            (self.cuda_fallbacks, batch.cuda_fallbacks),
-            (self.remote, batch.remote),
-            (self.device_intervals, batch.intervals),
-            (self.scalars, batch.scalars),
-        ):
-            into.extend([queue.popleft() for _ in range(len(queue))])  # popleft: safe against the recording threads
-        for lane in self.snapshot_lanes():
-            records = lane.drain()
-            if records:  # keyed by its thread too: a lane passes to another thread once its own ended
-                batch.lanes.append(((lane, lane.thread_id), lane.thread_id, lane.thread_name, records))
-        batch.distributions.extend(self.take_distributions())
-
-    def dropped(self) -> dict[str, int]:
-        return {
-            "phases": self.phases_dropped,
-            "scalars": self.scalars_dropped,
-            "events": self.events_dropped,
-            "distributions": self.distributions_dropped,
-            "device_intervals": self.device_intervals_dropped,
-            "relay": self.remote_dropped,
-            "phase_misuse": self.phase_misuse_dropped,
-        }
-
-    def pending(self) -> dict[str, int]:
-        return {"phases": self.phases_pending, "scalars": len(self.scalars), "events": len(self.events)}
-
-    @property
-    def phases_dropped(self) -> int:
-        return sum(lane.dropped for lane in self.snapshot_lanes())
-
-    @property
-    def phases_pending(self) -> int:
-        return sum(len(lane) for lane in self.snapshot_lanes())
+def phase_name(spec: PhaseSpec) -> str:
+    """The string-table entry of a phase: ``timeline<TAB>name``."""
+    return f"{spec.timeline}\t{spec.name}"
 
 
 class Phase:
@@ -393,6 +95,9 @@ if _hotpath is not None:
         __slots__ = ()
 
     IMPLEMENTATIONS["c"] = (_hotpath.Lane, CPhase)
+    Iteration = PyIteration | _hotpath.Iteration
+else:
+    Iteration = PyIteration
 
 
 def default_implementation() -> str:
@@ -402,96 +107,243 @@ def default_implementation() -> str:
     return "c" if "c" in IMPLEMENTATIONS else "python"
 
 
-def phase_misuse(kind: str, phase: Phase, other: Phase | None) -> None:
-    """Called by the hot path when a phase is used wrongly; warns once per phase and kind."""
-    name = phase.spec.name
-    if kind == "foreign":
-        message = "otel-rl: phase %r exited on a thread that did not enter it; its record is dropped"
-        _logger.warning(message, name, extra=once(f"exit-foreign:{name}"))
-    elif kind == "not-open":
-        message = "otel-rl: phase %r exited but it is not open on this thread (exited twice, or out of order); ignored"
-        _logger.warning(message, name, extra=once(f"exit-not-open:{name}"))
-    elif kind == "order":
-        inner = other.spec.name if other is not None else "?"
-        message = "otel-rl: phase %r exited while phase %r, entered inside it, was still open; %r is dropped, later phases are recorded"
-        _logger.warning(message, name, inner, inner, extra=once(f"exit-order:{name}"))
-    else:
-        message = "otel-rl: phase %r nested deeper than %d phases; it is not recorded"
-        _logger.warning(message, name, MAX_DEPTH, extra=once(f"too-deep:{name}"))
+class Recorder:
+    """What the training process records into: the lanes and message rings of ``segment``.
 
-
-class PyIteration:
-    """One cycle of a timeline (a learner iteration: its wall time is Iter Wall).
-
-    Pure-Python enter/exit; ``otel_rl.training._hotpath.Iteration`` is its C twin.
-    Create through :meth:`Recorder.iteration_factory`.
+    Args:
+        segment: the segment its records go to (a file an agent maps, or this process's memory).
+        lane_capacity: records per lane (the segment's, at most).
+        implementation: ``c`` or ``python`` (default: :func:`default_implementation`).
     """
 
-    __slots__ = ("_recorder", "timeline", "index", "env_steps", "_active", "_on_enter", "_thread_time")
+    def __init__(self, segment: shm.Segment, lane_capacity: int, implementation: str | None = None) -> None:
+        if not isinstance(lane_capacity, int) or lane_capacity < 1:
+            raise ValueError(f"lane_capacity must be a positive integer, got {lane_capacity!r}")
+        self.implementation = implementation or default_implementation()
+        if self.implementation not in IMPLEMENTATIONS:
+            raise ValueError(f"implementation must be one of {sorted(IMPLEMENTATIONS)}, got {implementation!r}")
+        self._lane_class, self._phase_class = IMPLEMENTATIONS[self.implementation]
+        self.segment = segment
+        self.lane_capacity = min(lane_capacity, segment.lane_capacity)
+        self.local = threading.local()
+        self._key = f"otel_rl.lane.{next(_RECORDER_IDS)}"
+        """This recorder's lane in each thread state's dict (C lanes)."""
+        self.lanes: list = []
+        self._lanes_lock = threading.Lock()
+        self._dropped = dict.fromkeys(shm.DROP_FIELDS, 0)
+        self.detached = False
+        """Whether it writes nothing more into the segment (a forked child, a damaged segment, a run over)."""
 
-    def __init__(
-        self,
-        recorder: Recorder,
-        timeline: str,
-        index: int,
-        env_steps: int | None,
-        on_enter: Callable[[Iteration], None] | None = None,
-        thread_time: bool = False,
-    ) -> None:
-        self._recorder = recorder
-        self.timeline = timeline
-        self.index = index
-        self.env_steps = env_steps
-        self._active = False
-        self._on_enter = on_enter
-        self._thread_time = thread_time
+    # -- lanes ------------------------------------------------------------
 
-    def __enter__(self) -> PyIteration:
-        lane = self._recorder.lane()
-        open_iteration = lane.open_iterations.get(self.timeline)
-        if open_iteration is not None:
-            iteration_misuse("twice", self, open_iteration)
-            return self
-        self._active = True
-        lane.open_iterations[self.timeline] = self
-        if self._on_enter is not None:
-            self._on_enter(self)
-        cpu = thread_time_ns() if self._thread_time else None
-        lane.append((ITERATION_START, perf_counter_ns(), self.timeline, self.index, self.env_steps, cpu, len(lane.stack)))
-        return self
+    def lane(self):
+        """The calling thread's lane, created on first use."""
+        if self.implementation == "c":
+            lane = _hotpath.current_lane(self._key)
+            if lane is not None:
+                return lane
+        else:
+            try:
+                return self.local.lane
+            except AttributeError:
+                pass
+        thread_id, thread_name = threading.get_native_id(), threading.current_thread().name
+        with self._lanes_lock:
+            lane = self._reusable_lane()
+            if lane is not None:
+                lane.rebind(thread_id, thread_name)
+            else:
+                lane = self._new_lane(thread_id, thread_name)
+                self.lanes.append(lane)
+        if self.implementation == "c":
+            _hotpath.bind_lane(self._key, lane)
+        else:
+            self.local.lane = lane
+        return lane
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: object, tb: object) -> bool:
-        end = perf_counter_ns()
-        if not self._active:
-            return False
-        self._active = False
-        lane = self._recorder.lane()
-        if lane.open_iterations.get(self.timeline) is not self:
-            iteration_misuse("foreign", self, None)
-            return False
-        del lane.open_iterations[self.timeline]
-        cpu = thread_time_ns() if self._thread_time else None
-        lane.append((ITERATION_END, end, self.timeline, self.index, self.env_steps, cpu, len(lane.stack)))
+    def _reusable_lane(self):
+        """A lane of the segment whose thread ended and whose records were all read (caller holds the lanes' lock)."""
+        alive = None
+        for lane in self.lanes:
+            if lane.capacity and len(lane) == 0:
+                if alive is None:
+                    alive = {thread.native_id for thread in threading.enumerate()}
+                if lane.thread_id not in alive:
+                    return lane
+        return None
+
+    def _new_lane(self, thread_id: int, thread_name: str):
+        """The segment's next free lane, or, past :data:`otel_rl.shm.segment.MAX_LANES`, one that records nothing (counted)."""
+        offset = None if self.detached else self.segment.new_lane()
+        if offset is None:
+            if not self.detached:
+                _logger.warning(
+                    "otel-rl: more than %d threads record phases; the phases of thread %r are dropped (counted)",
+                    shm.MAX_LANES,
+                    thread_name,
+                    extra=once("lanes-full"),
+                )
+            return self._lane_class(self.lane_capacity, thread_id, thread_name)
+        return self._lane_class(
+            self.lane_capacity, thread_id, thread_name, buffer=self.segment.buffer, offset=offset, intern=self.segment.intern
+        )
+
+    def iteration_factory(self, on_enter: Callable[[Any], None] | None = None, thread_time: bool = False) -> Callable[[str, int, int | None], Any]:
+        """``factory(timeline, index, env_steps)``: a cycle recorded into the entering thread's lane."""
+        if self.implementation == "c":
+            return functools.partial(_hotpath.Iteration, self._key, self, misuse.iteration, on_enter, thread_time)
+        return lambda timeline, index, env_steps: PyIteration(self, timeline, index, env_steps, on_enter, thread_time)
+
+    def new_phase(self, spec: PhaseSpec) -> Phase:
+        phase_id = self.segment.intern(phase_name(spec))
+        if self.implementation == "c":
+            return self._phase_class(spec, self._key, self, self.misuse, phase_id)
+        return self._phase_class(spec, self.local, self, self.misuse, phase_id)
+
+    def misuse(self, kind: str, phase: Phase, other: Phase | None) -> None:
+        """A phase used wrongly (exited out of order, twice, on another thread, nested too deep): warned once; a record lost is counted."""
+        if kind != "not-open":  # an exit of a phase not open loses nothing more
+            self._count_drop("phase_misuse")
+        misuse.phase(kind, phase, other)
+
+    def snapshot_lanes(self) -> list:
+        with self._lanes_lock:
+            return list(self.lanes)
+
+    # -- messages ---------------------------------------------------------
+
+    def add_scalars(self, record: tuple) -> None:
+        """``(time_ns, values, step, iteration, env_steps)`` of one ``scalars()`` call."""
+        if self.detached:
+            return
+        packed = self._put_scalars(record)  # the common case: str keys, numbers
+        if packed is None:
+            packed = self._put(MessageKind.SCALARS, record)
+        if not packed:
+            self._count_drop("scalars")
+
+    def add_distribution(self, record: tuple) -> None:
+        """``(time_ns, key, values, step, iteration, env_steps)`` of one ``distribution()`` call."""
+        if not self._put(MessageKind.DISTRIBUTION, record):
+            self._count_drop("distributions")
+
+    def add_event(self, record: tuple) -> bool:
+        """``(time_ns, name, attributes)``; False (one warning) when the event ring is full."""
+        if self._put(MessageKind.EVENT, record):
+            return True
+        self._count_drop("events")
+        _logger.warning("otel-rl: event ring full; dropping new events", extra=once("event-ring-full"))
         return False
 
+    def add_run(self, record: Any) -> None:
+        """The run's start or end (:class:`otel_rl.core.records.RunStart`, ``RunEnd``): never refused for events' sake."""
+        if self.detached:
+            return
+        if not self._put(MessageKind.RUN, record):
+            self._count_drop("events")
+            _logger.error("otel-rl: no room for a run record in the control ring; the agent will not see it")
+        # An agent that takes over mid-run learns the open run from here (it missed its start record).
+        self.segment.publish_run(pickle.dumps(record, protocol=5) if record.status == "running" else b"")
 
-def iteration_misuse(kind: str, iteration: Iteration, other: Iteration | None) -> None:
-    """Called when an iteration is used wrongly (both implementations); warns once per kind."""
-    if kind == "twice":
-        _logger.warning(
-            "otel-rl: %s iteration %r entered while iteration %r is open on this thread; "
-            "the inner one is not recorded",
-            iteration.timeline,
-            iteration.index,
-            other.index if other is not None else "?",
-            extra=once(f"iteration-twice:{iteration.timeline}"),
-        )
-    else:
-        _logger.warning("otel-rl: iteration %r exited on another thread; dropped", iteration.index)
+    def add_device_interval(self, record: tuple) -> None:
+        """``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns), from the CUDA resolver thread."""
+        if not self._put(MessageKind.DEVICE_INTERVAL, record):
+            self._count_drop("device_intervals")
+
+    def add_cuda_fallback(self, fallback: Any) -> None:
+        """A CUDA phase timed on the host (:class:`otel_rl.core.records.CudaFallback`): its spans say why."""
+        self._put(MessageKind.CUDA_FALLBACK, fallback)
+
+    def add_remote(self, cycle: Any) -> None:
+        """A cycle relayed from a worker process (:class:`otel_rl.core.records.RemoteCycle`)."""
+        if not self._put(MessageKind.REMOTE_CYCLE, cycle):
+            self._count_drop("relay")
+
+    def _put(self, kind: int, record: object) -> bool:
+        if self.detached:  # a forked child writes nothing into its parent's rings
+            return False
+        try:
+            payload = self._encode(kind, record)
+        except Exception as exc:  # an attribute no pickle can carry: the record is lost, loudly
+            _logger.warning("otel-rl: a record could not be encoded (%s); dropped", exc, extra=once(f"encode:{kind}"))
+            return False
+        if kind not in _MARSHALLED:
+            kind |= PICKLED
+        if _hotpath is None:
+            return self.segment.put(kind, payload)
+        ring, limit = self.segment.ring_for(kind)
+        return _hotpath.put_frame(self.segment.buffer, ring.offset, ring.capacity, kind, payload, limit)
+
+    @staticmethod
+    def _encode(kind: int, record: object) -> bytes:
+        """``marshal`` for plain values (fast), with stand-ins for odd keys and values; a pickle otherwise."""
+        if kind in _MARSHALLED:
+            try:
+                return marshal.dumps(record)
+            except ValueError:  # an odd key or value: sent as a stand-in the pipeline's checks word alike
+                return marshal.dumps(_plain(record))
+        return pickle.dumps(record, protocol=5)
+
+    def _put_scalars(self, record: tuple) -> bool | None:
+        """A ``scalars()`` call packed (key ids, 8-byte values): False when the ring is full, None when it is not plain
+        (keys not all ``str``, values not all numbers) and goes as a message instead."""
+        time_ns, values, step, iteration, env_steps = record
+        segment, ring = self.segment, self.segment.data
+        if _hotpath is None:
+            return pack_scalars(segment, record)
+        return _hotpath.put_scalars(
+            segment.buffer, ring.offset, ring.capacity, ring.capacity, MessageKind.SCALARS_PACKED, time_ns, values, step,
+            iteration, env_steps, segment.interned, segment.intern,
+        )  # fmt: skip
+
+    # -- what is lost -------------------------------------------------------
+
+    def _count_drop(self, queue: str) -> None:
+        """A record its ring refused: counted here and in the header, where the pipeline reports it."""
+        self._dropped[queue] += 1
+        if not self.detached:
+            self.segment.set(shm.DROP_FIELDS[queue], self._dropped[queue])
+
+    def unlaned(self) -> int:
+        """Phases of the threads beyond the segment's lanes: every one is lost."""
+        return sum(lane.dropped for lane in self.snapshot_lanes() if not lane.capacity)
+
+    def publish_unlaned(self) -> None:
+        """Put the drops of the threads beyond the lanes in the header, where the pipeline reports them."""
+        if not self.detached:
+            self.segment.set("dropped_unlaned", self.unlaned())
+
+    def dropped(self) -> dict[str, int]:
+        """Records lost on this side so far, per queue."""
+        lanes = self.snapshot_lanes()
+        return {"phases": sum(lane.dropped for lane in lanes), **self._dropped}
+
+    def pending(self) -> dict[str, int]:
+        """Records written and not yet read, per queue (phases of every lane; messages of both rings)."""
+        segment = self.segment
+        messages = 0 if segment.control is None else segment.control.pending() + segment.data.pending()
+        return {"phases": sum(len(lane) for lane in self.snapshot_lanes()), "messages": messages}
+
+    def after_fork(self) -> None:
+        """In a forked child: the segment belongs to the parent, whose only writer each lane and ring must stay."""
+        self.detach()
+
+    def detach(self) -> None:
+        """Write nothing more into the segment (a forked child's, a damaged one, or one whose run is over): its lanes let its mapping go."""
+        self.detached = True
+        for lane in self.snapshot_lanes():
+            lane.detach()
 
 
-if _hotpath is not None:
-    _hotpath.set_record_tags(ITERATION_START, ITERATION_END, FLOW, CORRELATE)
-    Iteration = PyIteration | _hotpath.Iteration
-else:
-    Iteration = PyIteration
+def _plain(item: Any) -> Any:
+    """``item`` with every value that is not plain data replaced by its stand-in (see :data:`otel_rl.shm.segment.FOREIGN`)."""
+    kind = type(item)
+    if kind in _PLAIN:
+        return item
+    if kind is dict:
+        return {_plain(k): _plain(v) for k, v in item.items()}
+    if kind is tuple or kind is list:
+        return kind(_plain(v) for v in item)
+    if isinstance(item, str):  # a str subclass (StrEnum...): its text, as the pipeline reads it
+        return str.__str__(item)
+    return (shm.FOREIGN, kind.__name__, describe(item))

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import EVERY_TIME, logger
 from otel_rl.base.loops import BackgroundLoop
+from otel_rl.base.values import describe
 
 _logger = logger(__name__)
 
@@ -62,6 +65,12 @@ class RelayReceiver(BackgroundLoop):
             self._deliver(cycle)
 
 
+def exit_code(process: Any) -> int | None:
+    """The exit code of a ``multiprocessing.Process`` or a ``subprocess.Popen`` (None while it runs)."""
+    poll = getattr(process, "poll", None)
+    return poll() if callable(poll) else process.exitcode
+
+
 class WorkerMonitor(BackgroundLoop):
     """Watches worker processes; an abnormal exit becomes a ``worker_crashed`` event."""
 
@@ -84,7 +93,7 @@ class WorkerMonitor(BackgroundLoop):
             workers, self._workers = self._workers, []
         still = []
         for process, role in workers:
-            code = process.exitcode
+            code = exit_code(process)
             if code is None:
                 still.append((process, role))
             elif code != 0:
@@ -92,3 +101,52 @@ class WorkerMonitor(BackgroundLoop):
                 self._event("worker_crashed", role=role, pid=process.pid, exit_code=code)
         with self._lock:
             self._workers.extend(still)
+
+
+class Workers:
+    """The worker processes of one learner: what each needs to join, the cycles they relay, their exits.
+
+    Args:
+        deliver: takes a relayed cycle (into the learner's recorder).
+        event: records an event (``worker_crashed``).
+    """
+
+    def __init__(self, deliver: Callable[[Any], None], event: Callable[..., None]) -> None:
+        self._deliver = deliver
+        self._event = event
+        self._relays: list[RelayReceiver] = []
+        self._monitor: WorkerMonitor | None = None
+        self._lock = threading.Lock()
+
+    def relay(self, context: Any, relay: Any) -> Any:
+        """The queue a worker relays its cycles over (``relay``, else a new one of ``context``), read from now on."""
+        import multiprocessing
+
+        if relay is None:
+            relay = (context or multiprocessing).Queue(maxsize=RELAY_CAPACITY)
+        with self._lock:
+            self._relays.append(RelayReceiver(relay, self._deliver))
+        return relay
+
+    def watch(self, process: Any, role: str) -> None:
+        """Report a ``worker_crashed`` event (with the exit code) if ``process`` exits abnormally.
+
+        ``process``: a ``multiprocessing.Process`` (or one of its kind, with
+        ``exitcode``) or a ``subprocess.Popen``; anything else is one warning.
+        """
+        if not callable(getattr(process, "poll", None)) and not hasattr(process, "exitcode"):
+            _logger.warning("otel-rl: watch_worker() takes a multiprocessing.Process or a subprocess.Popen, got %s; %s is not watched", describe(process), role)
+            return
+        with self._lock:
+            if self._monitor is None:
+                self._monitor = WorkerMonitor(self._event)
+        self._monitor.watch(process, role)
+
+    def shutdown(self, deadline: Deadline) -> None:
+        """Last crash events and relayed cycles in, all loops stopped, by ``deadline``."""
+        with self._lock:
+            loops = [loop for loop in (self._monitor, *self._relays) if loop is not None]
+        for loop in loops:
+            loop.close(deadline)
+        for loop in loops:
+            loop.join(deadline)

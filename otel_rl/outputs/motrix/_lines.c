@@ -1,5 +1,5 @@
 /*
- * The protocol's scalars lines of a run of calls of one key set, in C.
+ * The protocol's scalars lines of a stretch of calls of one key set, in C.
  *
  * A loop that calls scalars() every iteration makes thousands of lines a
  * second. Built in Python, each costs a dictionary of its values, another of
@@ -175,7 +175,7 @@ static PyObject *scalar_lines(PyObject *module, PyObject *args) {
 }
 
 static PyMethodDef methods[] = {
-    {"scalar_lines", scalar_lines, METH_VARARGS, "The protocol's scalars lines of a run of calls of one key set."},
+    {"scalar_lines", scalar_lines, METH_VARARGS, "The protocol's scalars lines of a stretch of calls of one key set."},
     {NULL, NULL, 0, NULL},
 };
 

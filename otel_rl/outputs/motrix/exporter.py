@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Iterable
 from typing import Any
-
-import orjson
 
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger, once
+from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.perf_windows import PerfWindows
-from otel_rl.core.pipeline import PassTotals, RecordSink
-from otel_rl.core.records import EventRecord, RunRecord, ScalarsBlock, ScalarsRecord
-from otel_rl.core.scalar_rows import ScalarRun
+from otel_rl.core.pipeline import RecordSink
+from otel_rl.core.records import EventRecord, RunEnd, RunStart
+from otel_rl.core.totals import PassTotals
 from otel_rl.formats.protocol import ProtocolError, encode_record, record
 from otel_rl.outputs.motrix.record_queue import Item
-from otel_rl.outputs.motrix.scalar_lines import record_fields, run_lines
+from otel_rl.outputs.motrix.scalar_lines import batch_lines
 
 _logger = logger(__name__)
 
@@ -40,8 +38,8 @@ class MotrixSink(RecordSink):
     """Turns pipeline records into protocol records for every output.
 
     Args:
-        outputs: workers with ``submit(items)`` (``(kind, line)`` pairs), ``flush(timeout_s)``,
-            ``close(deadline)`` and ``join(timeout_s)`` (:class:`JsonlWriter`, :class:`HttpSender`).
+        writers: background loops with ``submit(items)`` (``(kind, line)`` pairs), ``flush(deadline)``,
+            ``close(deadline)`` and ``join(deadline)`` (:class:`JsonlWriter`, :class:`HttpSender`).
         seq: the writer's sequence counter (shared with the training thread).
         drops: where records that cannot be encoded are counted (queue ``encode``).
         project, group, meta: sent on every run record (``meta`` already JSON-safe).
@@ -54,7 +52,7 @@ class MotrixSink(RecordSink):
         writer: str,
         seq: itertools.count,
         drops: Drops,
-        outputs: list | None = None,
+        writers: list | None = None,
         project: str | None = None,
         group: str | None = None,
         meta: dict[str, Any] | None = None,
@@ -64,7 +62,7 @@ class MotrixSink(RecordSink):
         self.writer = writer
         self._seq = seq
         self._drops = drops
-        self.outputs = outputs if outputs is not None else []
+        self.writers = writers if writers is not None else []
         self._run_fields = {"project": project, "group": group, "meta": meta or {}}
         self._perf = PerfWindows(perf_interval_s)
         self._closed = False
@@ -106,55 +104,35 @@ class MotrixSink(RecordSink):
     def _emit(self, rec: dict[str, Any]) -> None:
         item = self.encode(rec)
         if item is not None:
-            for output in self.outputs:
-                output.submit([item])
+            for writer in self.writers:
+                writer.submit([item])
 
     # -- pipeline records -----------------------------------------------
 
-    def on_run(self, run: RunRecord) -> None:
+    def on_run_start(self, run: RunStart) -> None:
         fields: dict[str, Any] = dict(self._run_fields)
-        if run.end_ns is None:
-            for key in _RUN_METADATA:
-                if key in run.attributes:
-                    fields[key] = run.attributes[key]
-            provenance = run.attributes.get("provenance", {})
-            for key in _PROVENANCE:
-                if provenance.get(key) is not None:
-                    fields[key] = provenance[key]
-            ts = run.start_ns / 1e9
-        else:
-            # The last Perf/* window goes out first, in the end record's place in the sequence (seqs stay increasing).
-            seq = run.seq if self._emit_perf(run.seq) else None
-            ts = run.end_ns / 1e9
-            if run.reason is not None:
-                fields["reason"] = run.reason
-            if run.status == "failed":
-                fields["error_logs"] = list(run.attributes.get("error_logs", []))
-        self._emit(self.make("run", ts=ts, seq=run.seq if run.end_ns is None or seq is None else None, status=run.status, **fields))
+        for key in _RUN_METADATA:
+            if getattr(run, key) is not None:
+                fields[key] = getattr(run, key)
+        for key in _PROVENANCE:
+            if run.provenance.get(key) is not None:
+                fields[key] = run.provenance[key]
+        self._emit(self.make("run", ts=run.start_ns / 1e9, seq=run.seq, status=run.status, **fields))
 
-    def on_scalars(self, block: ScalarsBlock) -> None:
-        items = self._run_lines(block.records) if type(block.records) is ScalarRun else self._lines(block.records)
-        for output in self.outputs:
-            output.submit(items)
+    def on_run_end(self, run: RunEnd) -> None:
+        fields: dict[str, Any] = dict(self._run_fields)
+        # The last Perf/* window goes out first, in the end record's place in the sequence (seqs stay increasing).
+        seq = None if self._emit_perf(run.seq) else run.seq
+        if run.reason is not None:
+            fields["reason"] = run.reason
+        if run.status == "failed":
+            fields["error_logs"] = list(run.error_logs)
+        self._emit(self.make("run", ts=run.end_ns / 1e9, seq=seq, status=run.status, **fields))
 
-    def _run_lines(self, run: ScalarRun) -> list[Item]:
-        try:
-            return run_lines(self.run_id, self.writer, run)
-        except (TypeError, ValueError, OverflowError):  # columns the splicer cannot read: record by record, as any block
-            return self._lines(run)
-
-    def _lines(self, records: Iterable[ScalarsRecord]) -> list[Item]:
-        run_id, writer, dumps = self.run_id, self.writer, orjson.dumps
-        items = []
-        for rec in records:
-            fields = record_fields(run_id, writer, rec)
-            try:
-                items.append(("scalars", dumps(fields).decode()))
-            except TypeError:  # a value orjson refuses: encode() says which, or falls back
-                item = self.encode(fields)
-                if item is not None:
-                    items.append(item)
-        return items
+    def on_scalars(self, batch: ScalarBatch) -> None:
+        items = batch_lines(self.run_id, self.writer, batch, self.encode)
+        for writer in self.writers:
+            writer.submit(items)
 
     def on_event(self, event: EventRecord) -> None:
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))
@@ -176,18 +154,16 @@ class MotrixSink(RecordSink):
 
     # -- lifecycle ------------------------------------------------------
 
-    def flush(self, timeout_s: float) -> bool:
-        deadline = Deadline(timeout_s)
-        return all([o.flush(deadline.left()) for o in self.outputs])
+    def flush(self, deadline: Deadline) -> bool:
+        return all([writer.flush(deadline) for writer in self.writers])
 
-    def shutdown(self, timeout_s: float) -> None:
-        """Hand the final records to the outputs and wait for them, all within ``timeout_s``."""
+    def shutdown(self, deadline: Deadline) -> None:
+        """Hand the final records to the writers and wait for them, all by ``deadline``."""
         if self._closed:
             return
         self._closed = True
-        deadline = Deadline(timeout_s)
         self._emit_perf()
-        for output in self.outputs:
-            output.close(deadline)
-        for output in self.outputs:
-            output.join(deadline.left())
+        for writer in self.writers:
+            writer.close(deadline)
+        for writer in self.writers:
+            writer.join(deadline)

@@ -109,12 +109,11 @@ class HttpSender(BackgroundLoop):
                 return
             self._check_stall()
 
-    def close(self, deadline: Deadline | float) -> None:
+    def close(self, deadline: Deadline) -> None:
         """Deliver what is queued until :data:`FINISH_S` before ``deadline``: what is left is then counted within it."""
-        at = deadline.at if isinstance(deadline, Deadline) else time.monotonic() + max(deadline, 0.0)
-        super().close(max(at - FINISH_S - time.monotonic(), 0.0))
+        super().close(Deadline(deadline.left() - FINISH_S))
 
-    def finish(self) -> None:
+    def release(self) -> None:
         """The close deadline passed, or the queue is empty: what is left was not delivered (counted as ``http`` drops)."""
         left = self.queue.take()
         for kind, _ in left:

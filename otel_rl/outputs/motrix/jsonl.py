@@ -69,7 +69,7 @@ class JsonlWriter(BackgroundLoop):
         if items:
             self._write(items)
 
-    def finish(self) -> None:
+    def release(self) -> None:
         self._close()
 
     def _write(self, items: list[Item]) -> None:

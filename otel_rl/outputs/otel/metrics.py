@@ -26,6 +26,7 @@ from opentelemetry.sdk.metrics.export import (
 )
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+from otel_rl.base import compat
 from otel_rl.formats import schema
 from otel_rl.outputs.aggregates import Aggregates, HistogramPoint, Snapshot
 
@@ -85,10 +86,7 @@ class MergingMetricExporter(MetricExporter):
         self, inner: MetricExporter, aggregates: Aggregates, trace_id: int, scope: InstrumentationScope, clock, resource=None
     ) -> None:
         """``trace_id``: the trace of the exemplars' spans; ``resource()``: the resource to export under (the SDK's when None)."""
-        super().__init__(
-            preferred_temporality=inner._preferred_temporality,  # the reader reads these from its exporter
-            preferred_aggregation=inner._preferred_aggregation,
-        )
+        super().__init__(**compat.exporter_preferences(inner))  # the reader reads these from its exporter
         self._inner = inner
         self._aggregates = aggregates
         self._trace_id = trace_id

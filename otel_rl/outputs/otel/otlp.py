@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from otel_rl.base import compat
 from otel_rl.base import environment_variables as env
 
 SIGNALS = ("traces", "metrics", "logs")
@@ -139,10 +140,7 @@ def _otlp_exporter(settings: OtlpSettings):
         else:
             from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as cls
     else:
-        if grpc:
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter as cls
-        else:
-            from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter as cls
+        cls = compat.otlp_log_exporter(grpc)
     compression = _grpc_compression(settings.compression) if grpc else _http_compression(settings.compression)
     return cls(
         endpoint=settings.endpoint,
@@ -161,9 +159,7 @@ def _console_exporter(signal: str):
         from opentelemetry.sdk.metrics.export import ConsoleMetricExporter
 
         return ConsoleMetricExporter()
-    from opentelemetry.sdk._logs.export import ConsoleLogRecordExporter
-
-    return ConsoleLogRecordExporter()
+    return compat.otel_logs().ConsoleLogRecordExporter()
 
 
 def build_exporters(signal: str) -> list:

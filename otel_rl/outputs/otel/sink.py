@@ -8,32 +8,30 @@ its own thread and bounded queue. A signal without exporters costs nothing.
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 from opentelemetry import trace as trace_api
-from opentelemetry._logs import LogRecord
-from opentelemetry.sdk._logs import ReadWriteLogRecord
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
+from otel_rl.base import compat
 from otel_rl.base import environment_variables as env
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import run_bounded
-from otel_rl.core.ids import new_span_id
-from otel_rl.core.iteration_rows import IterationRun
+from otel_rl.core.batches import IterationBatch, PhaseBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import DeviceIntervalRecord, EventRecord, IterationRecord, PhaseRecord, RunRecord
+from otel_rl.core.records import CudaFallback, DeviceIntervalRecord, EventRecord, PhaseRecord, RunEnd, RunStart
 from otel_rl.formats import schema
 from otel_rl.outputs.aggregates import Aggregates
 from otel_rl.outputs.otel import otlp
 from otel_rl.outputs.otel.metrics import MergingMetricExporter
-from otel_rl.outputs.otel.spans import SpanBudget, SpanBuilder, count_nodes, span_context
+from otel_rl.outputs.otel.spans import SpanBuilder, span_context
 from otel_rl.run import provenance
 
 DEFAULT_METRIC_EXPORT_INTERVAL_MS = 10_000
@@ -51,7 +49,6 @@ class OpenTelemetrySink(RecordSink):
         resource: the OpenTelemetry resource of this process.
         clock: the pipeline's clock (for metric timestamps).
         trace_id: trace of this process's run.
-        span_budget_per_s: phase spans per second (see :class:`SpanBudget`).
         aggregates: histograms and gauges merged into every metric export.
         pending: callable giving queue depths for the ``rl.telemetry.pending`` gauge.
         span_exporters / metric_exporters / log_exporters: override the
@@ -63,7 +60,6 @@ class OpenTelemetrySink(RecordSink):
         resource: Resource,
         clock: Clock,
         trace_id: int,
-        span_budget_per_s: float,
         aggregates: Aggregates,
         pending: Callable[[], Mapping[str, int]],
         span_exporters: list | None = None,
@@ -78,7 +74,6 @@ class OpenTelemetrySink(RecordSink):
         self._resource = resource
         self._clock = clock
         self.trace_id = trace_id
-        self.budget = SpanBudget(span_budget_per_s)
         self._builder = SpanBuilder(resource, self._scope, trace_id)
         self.cuda_fallback = self._builder.cuda_fallback
         self.aggregates = aggregates
@@ -101,8 +96,9 @@ class OpenTelemetrySink(RecordSink):
         self.logger_provider, self._event_logger = self._logger_provider(log_exporters)
 
     @property
-    def exporting(self) -> bool:
-        return bool(self._span_processors or self.meter_provider or self.logger_provider)
+    def exports_spans(self) -> bool:
+        """Whether spans go anywhere: the pipeline gives records span ids only then."""
+        return bool(self._span_processors)
 
     # -- construction ---------------------------------------------------
 
@@ -155,30 +151,27 @@ class OpenTelemetrySink(RecordSink):
     def _logger_provider(self, exporters: list):
         if not exporters:
             return None, None
-        from opentelemetry.sdk._logs import LoggerProvider
-        from opentelemetry.sdk._logs.export import BatchLogRecordProcessor
+        logs = compat.otel_logs()
 
-        provider = LoggerProvider(resource=self._resource)
+        provider = logs.LoggerProvider(resource=self._resource)
         for exporter in exporters:
-            provider.add_log_record_processor(BatchLogRecordProcessor(exporter))
+            provider.add_log_record_processor(logs.BatchLogRecordProcessor(exporter))
         return provider, provider.get_logger("otel_rl")
 
     # -- records --------------------------------------------------------
 
-    def on_cuda_fallback(self, fallback: tuple[str, str, str]) -> None:
-        timeline, name, reason = fallback
-        self.cuda_fallback[(timeline, name)] = reason
+    def on_cuda_fallback(self, fallback: CudaFallback) -> None:
+        self.cuda_fallback[(fallback.timeline, fallback.name)] = fallback.reason
 
-    def on_run(self, run: RunRecord) -> None:
-        self.aggregates.set_run_active(run.end_ns is None)
-        if run.end_ns is None:
-            self._run_context = span_context(self.trace_id, run.attributes["span_id"])
-            parent_span_id = run.attributes.get("parent_span_id")
-            self._run_parent = span_context(self.trace_id, parent_span_id, remote=True) if parent_span_id else None
-            config, origin = run.attributes.get("config"), run.attributes.get("provenance", {})
-            self._run_attributes = provenance.span_attributes(config, origin)
-            self.aggregates.set_run_info(provenance.info_labels(config, origin))
-            return
+    def on_run_start(self, run: RunStart) -> None:
+        self.aggregates.set_run_active(True)
+        self._run_context = span_context(self.trace_id, run.span_id)
+        self._run_parent = span_context(self.trace_id, run.parent_span_id, remote=True) if run.parent_span_id else None
+        self._run_attributes = provenance.span_attributes(run.config, run.provenance)
+        self.aggregates.set_run_info(provenance.info_labels(run.config, run.provenance))
+
+    def on_run_end(self, run: RunEnd) -> None:
+        self.aggregates.set_run_active(False)
         if self._run_context is None or not self._span_processors:
             return
         status = Status(StatusCode.ERROR, run.reason) if run.status in ("failed", "killed") else Status(StatusCode.OK)
@@ -198,26 +191,22 @@ class OpenTelemetrySink(RecordSink):
         self._end_spans([span])
         self._run_context = None
 
-    def on_iterations(self, iterations: Sequence[IterationRecord]) -> None:
-        if not self._span_processors:
-            return
-        now_s, take = time.monotonic(), self.budget.take  # one pass's records come at one time
-        if type(iterations) is IterationRun:  # only the sampled iterations are built (nothing nested, no correlations)
-            parent = self._run_context or self._remote_parent
-            for iteration in iterations.build(self.budget.take_each((iterations.rows.counts + 1).tolist(), now_s)):
-                self._end_spans(self._builder.iteration_spans(iteration, parent))
-            return
-        for iteration in iterations:
-            if take(1 + count_nodes(iteration.phases), now_s):
-                self._end_spans(self._builder.iteration_spans(iteration, self._run_context or self._remote_parent))
-                self._remember_correlations(iteration.phases)
+    def on_iterations(self, batch: IterationBatch) -> None:
+        """The iterations the pipeline kept as spans (a span id), with their phases: only those records are built."""
+        kept = np.flatnonzero(batch.span_ids).tolist() if self._span_processors else ()
+        parent = self._run_context or self._remote_parent
+        for iteration in batch.at(kept):
+            self._end_spans(self._builder.iteration_spans(iteration, parent))
+            self._remember_correlations(iteration.phases)
 
-    def on_phase(self, phase: PhaseRecord) -> None:
-        if self._span_processors and self.budget.take(count_nodes([phase]), time.monotonic()):
+    def on_phases(self, batch: PhaseBatch) -> None:
+        tops = batch.phases.span_ids[batch.phases.depths == 0]
+        kept = np.flatnonzero(tops).tolist() if self._span_processors else ()
+        for phase in batch.at(kept):
             self._end_spans(self._builder.phase_spans(phase, self._run_context or self._remote_parent))
             self._remember_correlations([phase])
 
-    def _remember_correlations(self, phases: list[PhaseRecord]) -> None:
+    def _remember_correlations(self, phases: Sequence[PhaseRecord]) -> None:
         for top in phases:
             for phase in top.walk():
                 if phase.correlation:
@@ -226,15 +215,14 @@ class OpenTelemetrySink(RecordSink):
                         self._cpu_spans.popitem(last=False)
 
     def on_device_interval(self, interval: DeviceIntervalRecord) -> None:
-        """A GPU interval becomes its own span, linked to the CPU span of its phase when that was sent."""
-        if not self._span_processors or not self.budget.take(1, time.monotonic()):
+        """A GPU interval the pipeline kept as a span, linked to the CPU span of its phase when that was sent."""
+        if not self._span_processors or not interval.span_id:
             return
         links = ()
         cpu_span = self._cpu_spans.pop(interval.correlation, None)
         if cpu_span:
             links = (trace_api.Link(span_context(self.trace_id, cpu_span), {"rl.link": "host phase"}),)
-        context = span_context(self.trace_id, new_span_id())
-        interval.span_id = context.span_id
+        context = span_context(self.trace_id, interval.span_id)
         attributes = {
             schema.ATTR_TIMELINE: interval.spec.timeline,
             schema.ATTR_PHASE: interval.spec.name,
@@ -270,8 +258,9 @@ class OpenTelemetrySink(RecordSink):
             parent = self._run_context or self._remote_parent
             if parent is not None:
                 context = trace_api.set_span_in_context(trace_api.NonRecordingSpan(parent))
-            record = LogRecord(timestamp=event.time_ns, context=context, event_name=event.name, body=event.name, attributes=attributes)
-            self._event_logger.emit(ReadWriteLogRecord(record, self._resource, self._scope))
+            logs = compat.otel_logs()
+            record = logs.LogRecord(timestamp=event.time_ns, context=context, event_name=event.name, body=event.name, attributes=attributes)
+            self._event_logger.emit(logs.ReadWriteLogRecord(record, self._resource, self._scope))
 
     def _end_spans(self, spans: list) -> None:
         for processor in self._span_processors:
@@ -280,25 +269,21 @@ class OpenTelemetrySink(RecordSink):
 
     # -- lifecycle ------------------------------------------------------
 
-    def flush(self, timeout_s: float) -> bool:
-        """Flush every provider, all within one deadline of ``timeout_s``."""
-        deadline = Deadline(timeout_s)
+    def flush(self, deadline: Deadline) -> bool:
+        """Flush every provider, all by ``deadline``."""
         ok = True
         for name, provider in self._providers():
-            left = deadline.left()
-            ok = run_bounded(lambda p=provider, ms=int(left * 1000): p.force_flush(ms), left, f"{name}-flush") and ok
+            ok = run_bounded(lambda p=provider, ms=int(deadline.left() * 1000): p.force_flush(ms), deadline, f"{name}-flush") and ok
         return ok
 
-    def shutdown(self, timeout_s: float) -> None:
-        """Shut every provider down, all within one deadline of ``timeout_s``."""
-        deadline = Deadline(timeout_s)
+    def shutdown(self, deadline: Deadline) -> None:
+        """Shut every provider down, all by ``deadline``."""
         for name, provider in self._providers():
-            left = deadline.left()
             if name == "metrics":
-                fn = lambda p=provider, ms=left * 1000: p.shutdown(timeout_millis=ms)  # noqa: E731
+                fn = lambda p=provider, ms=deadline.left() * 1000: p.shutdown(timeout_millis=ms)  # noqa: E731
             else:
                 fn = provider.shutdown
-            run_bounded(fn, left, f"{name}-shutdown")
+            run_bounded(fn, deadline, f"{name}-shutdown")
 
     def _providers(self):
         if self.tracer_provider is not None:

@@ -20,13 +20,10 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as _GrpcSpanExporter
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as _HttpSpanExporter
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.trace.export import SpanExportResult
 from opentelemetry.trace import SpanKind, StatusCode
 
+from otel_rl.base import compat
 from otel_rl.base.log import logger
 from otel_rl.formats.protowire import SMALL as _SMALL
 from otel_rl.formats.protowire import varint as _varint
@@ -193,24 +190,5 @@ def encode_request(spans: Sequence[ReadableSpan]) -> bytes:
     return b"".join(out)
 
 
-class GrpcSpanExporter(_GrpcSpanExporter):
-    """The SDK's OTLP/gRPC span exporter, fed by :func:`encode_request`."""
-
-    def _translate_data(self, data: Sequence[ReadableSpan]) -> ExportTraceServiceRequest:
-        # Parsing is done by protobuf's C core: far cheaper than building objects in Python.
-        return ExportTraceServiceRequest.FromString(encode_request(data))
-
-
-class HttpSpanExporter(_HttpSpanExporter):
-    """The SDK's OTLP/HTTP span exporter, fed by :func:`encode_request`.
-
-    Uses the SDK's own export path if its HTTP client is not where this
-    version of the SDK keeps it.
-    """
-
-    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-        client = getattr(self, "_client", None)
-        if client is None or getattr(self, "_shutdown", False):
-            return super().export(spans)
-        result = client.export(encode_request(spans))
-        return SpanExportResult.SUCCESS if result.success else SpanExportResult.FAILURE
+GrpcSpanExporter, HttpSpanExporter = compat.otlp_span_exporters(encode_request)
+"""The SDK's OTLP span exporters, fed by :func:`encode_request`."""

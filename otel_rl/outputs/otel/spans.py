@@ -31,52 +31,6 @@ def span_context(trace_id: int, span_id: int, remote: bool = False) -> trace_api
     return trace_api.SpanContext(trace_id, span_id, is_remote=remote, trace_flags=_SAMPLED)
 
 
-class SpanBudget:
-    """Token bucket of phase spans per second (burst: one second's worth).
-
-    Args:
-        spans_per_s: sustained rate; ``0`` sends no phase spans, ``inf`` all.
-    """
-
-    def __init__(self, spans_per_s: float) -> None:
-        if not spans_per_s >= 0:
-            raise ValueError(f"span budget must be >= 0 spans per second, got {spans_per_s!r}")
-        self.rate = spans_per_s
-        self._tokens = spans_per_s
-        self._last_s: float | None = None
-        self.sampled_out = 0
-
-    def take(self, count: int, now_s: float) -> bool:
-        """Spend ``count`` tokens if available; otherwise count the miss."""
-        if self.rate == float("inf"):
-            return True
-        if self._last_s is not None:
-            self._tokens = min(self.rate, self._tokens + (now_s - self._last_s) * self.rate)
-        self._last_s = now_s
-        if self._tokens >= count:
-            self._tokens -= count
-            return True
-        self.sampled_out += count
-        return False
-
-    def take_each(self, counts: list[int], now_s: float) -> list[int]:
-        """:meth:`take` of each of ``counts`` in turn, at one time: the indices of those that got their tokens."""
-        if self.rate == float("inf"):
-            return list(range(len(counts)))
-        self.take(0, now_s)  # the refill
-        taken, tokens = [], self._tokens
-        fewest = min(counts, default=0)
-        for index, count in enumerate(counts):
-            if tokens < fewest:  # nothing more fits: the rest are sampled out at once
-                break
-            if tokens >= count:
-                tokens -= count
-                taken.append(index)
-        self._tokens = tokens
-        self.sampled_out += sum(counts) - sum(counts[i] for i in taken)
-        return taken
-
-
 class SpanBuilder:
     """Builds finished spans of one trace, sharing one resource and scope.
 
@@ -130,12 +84,11 @@ class SpanBuilder:
         iteration: int | None = None,
         env_steps: int | None = None,
     ) -> list[ReadableSpan]:
-        """Spans of a phase and its nested phases; sets each record's ``span_id``.
+        """Spans of a phase and its nested phases, under the span ids the pipeline gave them.
 
         Nested phases inherit the iteration and env steps of their top-level phase.
         """
-        context = span_context(self.trace_id, new_span_id())
-        phase.span_id = context.span_id
+        context = span_context(self.trace_id, phase.span_id or new_span_id())
         if phase.depth == 0:
             iteration, env_steps = phase.iteration, phase.env_steps
         attributes: dict[str, Any] = {
@@ -159,7 +112,7 @@ class SpanBuilder:
         return spans
 
     def iteration_spans(self, iteration: IterationRecord, parent: trace_api.SpanContext | None) -> list[ReadableSpan]:
-        context = span_context(self.trace_id, new_span_id())
+        context = span_context(self.trace_id, iteration.span_id or new_span_id())
         attributes: dict[str, Any] = {
             schema.ATTR_TIMELINE: iteration.timeline,
             schema.ATTR_ITERATION: iteration.index,
@@ -174,12 +127,3 @@ class SpanBuilder:
         for phase in iteration.phases:
             spans.extend(self.phase_spans(phase, context))
         return spans
-
-
-def count_nodes(phases: list[PhaseRecord]) -> int:
-    """Phases including nested ones (walking only the phases that have children)."""
-    count = len(phases)
-    for top in phases:
-        if top.children:
-            count += len(top.walk()) - 1
-    return count

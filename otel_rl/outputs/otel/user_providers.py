@@ -62,8 +62,7 @@ class UserProviders:
         for signal, provider in built.items():
             if provider is None:
                 continue
-            left = deadline.left()
             if signal == "metrics":
-                run_bounded(lambda p=provider, ms=left * 1000: p.shutdown(timeout_millis=ms), left, "user-metrics-shutdown")
+                run_bounded(lambda p=provider, ms=deadline.left() * 1000: p.shutdown(timeout_millis=ms), deadline, "user-metrics-shutdown")
             else:
-                run_bounded(provider.shutdown, left, "user-traces-shutdown")
+                run_bounded(provider.shutdown, deadline, "user-traces-shutdown")

@@ -21,17 +21,18 @@ import bisect
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from otel_rl.core.records import IterationRecord, PhaseRecord
+from otel_rl.core.batches import IterationBatch, Phases
 from otel_rl.formats import schema
-from otel_rl.training.profiling import MARKER, MARKERS
+from otel_rl.formats.trace import GPU_CATEGORY, OPERATOR_CATEGORY
+from otel_rl.formats.trace import PROFILE_MARKER as MARKER
+from otel_rl.formats.trace import PROFILE_MARKERS as MARKERS
 
-GPU_CATEGORY = "torch.gpu"
-"""The category of the kernels' slices (the CPU operators' is :data:`otel_rl.formats.schema.OPERATOR_CATEGORY`)."""
 MAX_KEPT = 50_000
 """Iterations and loose phases kept for a window at most."""
 LEAD_NS = 1_000_000_000
@@ -90,7 +91,7 @@ def read_profile(path: Path, markers_ns: Sequence[Sequence[int]], pid: int, cloc
             profile.streams.setdefault(key, []).append(Op(start, end, name, GPU_CATEGORY, correlation, True))
         elif kind in _CPU_KINDS and event.get("pid") == pid and isinstance(event.get("tid"), int):
             flow = correlation if kind == "cuda_runtime" and correlation else None
-            profile.threads.setdefault(event["tid"], []).append(Op(start, end, name, schema.OPERATOR_CATEGORY, flow))
+            profile.threads.setdefault(event["tid"], []).append(Op(start, end, name, OPERATOR_CATEGORY, flow))
     return profile
 
 
@@ -118,33 +119,49 @@ def _clock(events: list[dict[str, Any]], markers_ns: Sequence[Sequence[int]], cl
     return to_epoch
 
 
-class KeptRecords:
-    """The iterations and loose phases a profile's operators will be fitted into, while its window may still come.
+class KeptIntervals:
+    """Where the iterations and phases a profile's operators will be fitted into ran, while its window may still come.
 
-    Before the window's first learner iteration, only the last
-    :data:`LEAD_NS` of records are held (a collector's iteration that began
-    before the window still holds operators of it); from there on every
-    record, up to :data:`MAX_KEPT`.
+    Per thread, ``(start_ns, end_ns)`` of every iteration and phase (nested
+    ones too). Before the window's first learner iteration, only the last
+    :data:`LEAD_NS` are held (a collector's iteration that began before the
+    window still holds operators of it); from there on every one, up to
+    :data:`MAX_KEPT`.
     """
 
     def __init__(self, start: int, count: int) -> None:
-        self.records: deque[IterationRecord | PhaseRecord] = deque(maxlen=MAX_KEPT)
+        self._spans: deque[tuple[int, int, int]] = deque(maxlen=MAX_KEPT)
+        self.names: dict[int, str] = {}
+        """Each thread's name."""
         self._start, self._end = start, start + count
         self._inside = False
 
-    def add(self, record: IterationRecord | PhaseRecord) -> bool:
-        """Keep ``record``; False once no window can come any more (a learner iteration past it: its profile failed)."""
-        records = self.records
-        records.append(record)
-        if type(record) is IterationRecord and record.timeline == schema.LEARNER:
-            if record.index >= self._end:
+    @property
+    def intervals(self) -> dict[int, list[tuple[int, int]]]:
+        """Per thread, the intervals kept."""
+        out: dict[int, list[tuple[int, int]]] = {}
+        for thread, start, end in self._spans:
+            out.setdefault(thread, []).append((start, end))
+        return out
+
+    def add_iterations(self, batch: IterationBatch) -> bool:
+        """Keep ``batch``'s intervals; False once no window can come any more (a learner iteration past it: its profile failed)."""
+        if batch.timeline == schema.LEARNER:
+            if batch.indices[-1] >= self._end:
                 return False
-            self._inside = self._inside or record.index >= self._start
-        if not self._inside:
-            horizon = record.end_ns - LEAD_NS
-            while records[0].end_ns < horizon:
-                records.popleft()
+            self._inside = self._inside or batch.indices[-1] >= self._start
+        thread = batch.thread_id
+        self._spans.extend(zip(repeat(thread), batch.starts.tolist(), batch.ends.tolist()))
+        self.add_phases(thread, batch.thread_name, batch.phases)
         return True
+
+    def add_phases(self, thread: int, name: str, phases: Phases) -> None:
+        self.names[thread] = name
+        self._spans.extend(zip(repeat(thread), phases.starts.tolist(), phases.ends.tolist()))
+        if not self._inside and self._spans:
+            horizon = max(end for _, _, end in self._spans) - LEAD_NS
+            while self._spans[0][2] < horizon:
+                self._spans.popleft()
 
 
 class _Node:
@@ -154,25 +171,6 @@ class _Node:
         self.start, self.end = start, end
         self.children: list[_Node] = []
         self.starts: list[float] = []
-
-
-def intervals_of(records: Iterable[IterationRecord | PhaseRecord]) -> dict[int, list[tuple[int, int]]]:
-    """Every iteration and phase (nested ones too) of ``records``, per thread, as (start, end)."""
-    out: dict[int, list[tuple[int, int]]] = {}
-
-    def add(thread: list[tuple[int, int]], phases: Iterable[PhaseRecord]) -> None:
-        for phase in phases:
-            thread.append((phase.start_ns, phase.end_ns))
-            add(thread, phase.children or ())
-
-    for record in records:
-        thread = out.setdefault(record.thread_id, [])
-        if isinstance(record, IterationRecord):
-            thread.append((record.start_ns, record.end_ns))
-            add(thread, record.phases)
-        else:
-            add(thread, (record,))
-    return out
 
 
 def fit(intervals: Sequence[tuple[int, int]], ops: list[Op]) -> list[Op]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from otel_rl.formats import schema
+from otel_rl.formats import schema, trace
 from otel_rl.readers.analysis.trace_model import Slice
 
 TOP = 5
@@ -25,7 +25,7 @@ def operators_by_phase(slices: list[Slice]) -> dict[str, dict[str, Any]]:
     times: dict[tuple[str, str], dict[str, int]] = {}
     held: dict[tuple[str, str], set[int]] = {}
     for s in slices:
-        if s.category != schema.OPERATOR_CATEGORY or (s.parent != -1 and slices[s.parent].category == schema.OPERATOR_CATEGORY):
+        if s.category != trace.OPERATOR_CATEGORY or (s.parent != -1 and slices[s.parent].category == trace.OPERATOR_CATEGORY):
             continue
         phase = s.parent
         if phase == -1 or slices[phase].category not in schema.TIMELINES or slices[phase].name.endswith(" iteration"):

@@ -228,6 +228,16 @@ def _title(report: dict[str, Any], timeline: str, name: str) -> str:
 
 def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     """The main bottleneck in one plain line, and findings with their evidence."""
+    bottleneck, findings = _bottleneck(report)
+    findings += _hot_spots(report)
+    other = report["timelines"].get(schema.LEARNER, {}).get("other_share", 0.0)
+    if other >= HIGH_OTHER and not any(f["finding"].startswith("much of") for f in findings):
+        findings.append(_unaccounted_finding(report, schema.LEARNER))
+    return {"bottleneck": bottleneck, "findings": findings}
+
+
+def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
+    """Which side sets the pace, and the finding that says why."""
     L, C = schema.LEARNER, schema.COLLECTOR
     findings: list[dict[str, str]] = []
     bottleneck = "none found (no phases in the trace)"
@@ -284,7 +294,13 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
         culprit = _largest(report, C, exclude=("learner_action_wait",))
         if culprit:
             bottleneck = f"collector ({_title(report, C, culprit).lower()})"
+    return bottleneck, findings
 
+
+def _hot_spots(report: dict[str, Any]) -> list[dict[str, str]]:
+    """Phases past their thresholds, whichever side sets the pace."""
+    L, C = schema.LEARNER, schema.COLLECTOR
+    findings: list[dict[str, str]] = []
     inference = _share(report, L, "inference")
     if inference >= HIGH_INFERENCE:
         parts = {n: _share(report, L, n) for n in ("inference_h2d", "inference_forward", "inference_d2h")}
@@ -326,10 +342,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
                         "check": "the GPU copy and overlap in the Perfetto timeline, not the iteration share",
                     }
                 )
-    other = report["timelines"].get(L, {}).get("other_share", 0.0)
-    if other >= HIGH_OTHER and not any(f["finding"].startswith("much of") for f in findings):
-        findings.append(_unaccounted_finding(report, L))
-    return {"bottleneck": bottleneck, "findings": findings}
+    return findings
 
 
 def _pct(x: float) -> str:

@@ -1,7 +1,7 @@
 """What the read API answers beyond the stored rows: listing filters, and curves down-sampled with their extremes.
 
 A curve of a million points is cut to at most ``max_points``: the points are
-split into equal runs and each run keeps its lowest and highest point (in
+split into equal buckets and each bucket keeps its lowest and highest point (in
 their order), so a spike or a dip survives at any zoom, and the first and the
 last point are always kept.
 """
@@ -97,28 +97,28 @@ def columns_of(points: list[dict[str, Any]]) -> dict[str, np.ndarray]:
 
 
 def extremes(values: np.ndarray, max_points: int) -> list[int]:
-    """Indices of at most ``max_points`` values: per equal run, its minimum and maximum, and the first and last."""
+    """Indices of at most ``max_points`` values: per equal bucket, its minimum and maximum, and the first and last."""
     n = len(values)
     if n <= max_points:
         return list(range(n))
-    runs = max(1, (max_points - 2) // 2)
-    edges = np.linspace(0, n, runs + 1).astype(np.int64)
+    buckets = max(1, (max_points - 2) // 2)
+    edges = np.linspace(0, n, buckets + 1).astype(np.int64)
     starts = edges[:-1]
     lowest = np.minimum.reduceat(values, starts)
     highest = np.maximum.reduceat(values, starts)
-    run_of = np.repeat(np.arange(runs), np.diff(edges))
-    # The first index of each run's minimum and maximum: positions where the value equals its run's extreme.
-    is_low = values == lowest[run_of]
-    is_high = values == highest[run_of]
-    first_low = _first_per_run(is_low, run_of, runs)
-    first_high = _first_per_run(is_high, run_of, runs)
+    bucket_of = np.repeat(np.arange(buckets), np.diff(edges))
+    # The first index of each bucket's minimum and maximum: positions where the value equals its bucket's extreme.
+    is_low = values == lowest[bucket_of]
+    is_high = values == highest[bucket_of]
+    first_low = _first_per_bucket(is_low, bucket_of, buckets)
+    first_high = _first_per_bucket(is_high, bucket_of, buckets)
     keep = np.unique(np.concatenate(([0, n - 1], first_low, first_high)))
     return keep.tolist()
 
 
-def _first_per_run(mask: np.ndarray, run_of: np.ndarray, runs: int) -> np.ndarray:
-    """For each run, the first index where ``mask`` holds (every run has one: its extreme)."""
+def _first_per_bucket(mask: np.ndarray, bucket_of: np.ndarray, buckets: int) -> np.ndarray:
+    """For each bucket, the first index where ``mask`` holds (every bucket has one: its extreme)."""
     hits = np.flatnonzero(mask)
-    first = np.full(runs, len(mask), dtype=np.int64)
-    np.minimum.at(first, run_of[hits], hits)
+    first = np.full(buckets, len(mask), dtype=np.int64)
+    np.minimum.at(first, bucket_of[hits], hits)
     return first[first < len(mask)]

@@ -173,7 +173,7 @@ def read_blocks(blocks: list[tuple[str, bytes]]) -> dict[str, Any]:
 
 
 class Storage(Protocol):
-    """What the server needs from a database. Methods are called from one worker thread at a time."""
+    """What the server needs from a database. Methods are called from one database thread at a time."""
 
     def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
         """Store rows in one transaction; returns (accepted, duplicates).

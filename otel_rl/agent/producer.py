@@ -1,0 +1,124 @@
+"""One producer's outputs at work: the pipeline that feeds them, and the records made beside the producer.
+
+:class:`ProducerOutputs` is what a host runs for one producer (a training
+process, a worker, a rank): the pipeline reading the producer's segment, the
+:class:`~otel_rl.outputs.factory.OutputSet` it feeds, and an inbox for the
+records made on the outputs' side (system metrics, the cycles a worker
+relays through this agent), which is a small segment of its own read by the
+same kind of source: the pipeline has one input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from time import perf_counter_ns
+
+from otel_rl.base.clock import Clock
+from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
+from otel_rl.core.identity import RunIdentity
+from otel_rl.core.pipeline import Pipeline, RecordSink
+from otel_rl.core.records import RunStart
+from otel_rl.core.sampling import SpanBudget, SpanSampler
+from otel_rl.core.segment_source import SegmentSource
+from otel_rl.core.step_check import StepCheck
+from otel_rl.core.system_metrics import SystemSampler
+from otel_rl.formats import protocol
+from otel_rl.outputs.factory import Context, build_outputs
+from otel_rl.shm import segment as shm
+from otel_rl.training.recorder import Recorder
+
+INBOX_SIZES = (shm.MIN_LANE_CAPACITY, shm.MIN_CONTROL_BYTES, shm.MIN_DATA_BYTES)
+"""The inbox's segment: no lane is used, its rings take a second of system metrics and relayed cycles many times over."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What a producer reports without its outputs (``window_timings()``, ``stats()``, the end line), as of the last pass."""
+
+    totals: tuple[dict[tuple[str, str], float], dict[str, tuple[int, float]]] = ({}, {})
+    """Cumulative host milliseconds per (timeline, phase), and (cycles, wall ms) per timeline."""
+    dropped: dict[str, int] | None = None
+    spans_sampled_out: int = 0
+    failed_outputs: tuple[str, ...] = ()
+    live_undelivered: int = 0
+
+
+class ProducerOutputs:
+    """The outputs of one producer and the pipeline feeding them from ``source`` and the inbox (see the module docstring).
+
+    Args:
+        takeover: how many agents served this producer before (see :class:`otel_rl.outputs.factory.Context`).
+        announced: the run's ``pending`` record is out.
+    """
+
+    def __init__(self, identity: RunIdentity, source: SegmentSource, sinks: Sequence[RecordSink] = (), takeover: int = 0, announced: bool = False) -> None:
+        config = identity.config
+        self.identity, self.config, self.source = identity, config, source
+        self.clock = Clock()
+        self.clock.offset_ns = identity.clock_offset_ns
+        self.drops = Drops()
+        seq = protocol.seq_counter()
+        inbox_segment = shm.Segment(None, b"", *INBOX_SIZES)
+        self.inbox = Recorder(inbox_segment, inbox_segment.lane_capacity)
+        """Takes the records made on the outputs' side."""
+        self._inbox_source = SegmentSource(shm.SegmentReader(inbox_segment.buffer), commits=True)
+        context = Context(self.drops, seq, self.clock, takeover, announced, self.pending, self.dropped)
+        self.outputs = build_outputs(identity, context, sinks)
+        budget = SpanBudget(config.span_budget_per_s) if self.outputs.otel.exports_spans else None
+        previous = identity.previous
+        step_check = StepCheck(None if previous is None else previous.last_steps)
+        self.pipeline = Pipeline([source, self._inbox_source], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget))
+        self.system: SystemSampler | None = None
+        if config.system_metrics_interval_s:
+            self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)
+            if self.outputs.otel.meter_provider is not None:
+                self.system.register_gauges(self.outputs.otel.meter_provider.get_meter("otel_rl.system"))
+
+    def _system_scalars(self, values: dict[str, float]) -> None:
+        # perf_counter_ns() is CLOCK_MONOTONIC, one clock for every process of the machine: the producer's timebase.
+        # They carry the run's latest iteration and env steps, so that they plot against the run's axes.
+        iteration, env_steps = self.pipeline.latest_axes
+        self.inbox.add_scalars((perf_counter_ns(), values, None, iteration, env_steps))
+
+    def continue_run(self, run: RunStart) -> None:
+        """A run another agent started (its start record is out): what the spans and the panel need of it."""
+        self.outputs.otel.on_run_start(run)
+        if self.outputs.panel is not None:
+            self.outputs.panel.on_run_start(run)
+
+    def add_sink(self, sink: RecordSink) -> None:
+        self.pipeline.add_sink(sink)
+
+    def pending(self) -> dict[str, int]:
+        """Records waiting in the sources, per queue (the ``rl.telemetry.pending`` gauge)."""
+        out: dict[str, int] = {}
+        for source in (self.source, self._inbox_source):
+            for queue, count in source.pending().items():
+                out[queue] = out.get(queue, 0) + count
+        return out
+
+    def dropped(self) -> dict[str, int]:
+        """Records dropped per queue, the sources' and the outputs' own, and (queue ``span_budget``) spans left out by the budget."""
+        return {**self.pipeline.dropped(), "span_budget": self.pipeline.sampler.sampled_out}
+
+    def counts(self) -> Counts:
+        live = self.outputs.live
+        return Counts(
+            self.outputs.aggregates.totals(),
+            self.pipeline.dropped(),
+            self.pipeline.sampler.sampled_out,
+            self.outputs.failed,
+            0 if live is None else live.undelivered,
+        )
+
+    def flush(self, deadline: Deadline) -> bool:
+        return self.pipeline.flush(deadline)
+
+    def close(self, deadline: Deadline) -> None:
+        """The system sampler, then the final pass and every sink, by ``deadline`` (the serving loop has stopped)."""
+        if self.system is not None:
+            self.system.shutdown(Deadline(deadline.left(cap_s=1.0)))
+        self.pipeline.shutdown(deadline)
+        self.inbox.detach()

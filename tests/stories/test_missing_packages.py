@@ -1,0 +1,100 @@
+"""A new user without an optional package: a clear error before anything starts, or one output lost and the rest of the run complete.
+
+Packages are hidden from the import system of real processes (``hidden_packages/sitecustomize.py``):
+the training script and the agent process it starts, or the agent alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from locations import SUPPORT
+
+HIDDEN = SUPPORT / "hidden_packages"
+TRAINING = """
+import sys, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], {options})
+with tel.run():
+    for i in range(40):
+        with tel.iteration(i, env_steps=8 * i):
+            with tel.phase("learning"):
+                pass
+        tel.scalars({{"Loss/critic": 0.5 * i}})
+tel.close()
+print("training returned")
+"""
+
+
+def train(run_dir: Path, options: str, hide: str, in_agent: bool = False, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE=hide, WANDB_MODE="offline", **(extra_env or {}))
+    if in_agent:
+        env["OTEL_RL_TEST_HIDE_IN_AGENT"] = "1"
+    script = TRAINING.format(options=options)
+    return subprocess.run([sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
+
+
+def segments() -> list[Path]:
+    root = Path(f"/dev/shm/otel-rl-{os.getuid()}")
+    return [p for p in root.glob("**/*.seg")] if root.exists() else []
+
+
+@pytest.mark.parametrize(("option", "extra"), [("tensorboard=True", "tensorboard"), ("wandb=True", "wandb")])
+def test_an_output_whose_package_is_missing_is_refused_by_init_naming_the_extra(tmp_path, option, extra):
+    result = train(tmp_path / "run", option, extra)
+    assert result.returncode == 1
+    assert f"{option} needs the {extra} package: pip install 'otel-rl[{extra}]'" in result.stderr
+    assert "training returned" not in result.stdout
+    assert not (tmp_path / "run").exists()  # nothing started, nothing written
+
+
+def test_an_output_the_agent_cannot_build_costs_only_that_output(tmp_path):
+    before = set(segments())
+    result = train(tmp_path / "run", "tensorboard=True", "tensorboard", in_agent=True)
+    assert result.returncode == 0 and "training returned" in result.stdout, result.stderr
+    run = tmp_path / "run"
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["status"] for r in lines if r["kind"] == "run"] == ["pending", "running", "finished"]
+    assert sum(1 for r in lines if r["kind"] == "scalars" and "Loss/critic" in r["values"]) == 40
+    assert json.loads((run / "run_summary.json").read_text())["status"] == "finished"
+    assert (run / "trace.perfetto-trace").stat().st_size > 0 and (run / "run_config.json").exists()
+    assert not (run / "tensorboard").exists()
+    warnings = [line for line in result.stderr.splitlines() if "TensorBoard could not start" in line]
+    assert len(warnings) == 1 and "pip install 'otel-rl[tensorboard]'" in warnings[0]
+    assert "Traceback" not in result.stderr
+    end = result.stderr.strip().splitlines()[-1]
+    assert "finished" in end and "without TensorBoard" in end and "trace.perfetto-trace" in end
+    assert set(segments()) <= before  # the segment went with the run
+
+
+def test_an_environment_setting_whose_package_is_missing_is_ignored_with_one_warning(tmp_path):
+    result = train(tmp_path / "run", "quiet=False", "tensorboard", extra_env={"OTEL_RL_TENSORBOARD": "1"})
+    assert result.returncode == 0 and "training returned" in result.stdout, result.stderr
+    ignored = [line for line in result.stderr.splitlines() if "OTEL_RL_TENSORBOARD=1 is ignored here" in line]
+    assert len(ignored) == 1 and "pip install 'otel-rl[tensorboard]'" in ignored[0]
+    assert (tmp_path / "run" / "metrics.jsonl").exists() and not (tmp_path / "run" / "tensorboard").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "hidden", "says"),
+    [
+        (("serve", "--port", "0"), "aiohttp", "otel-rl: otel-rl serve needs the aiohttp package: pip install 'otel-rl[serve]'"),
+        (("analyze", "RUN", "--plot", "PLOT"), "matplotlib",
+         "otel-rl: otel-rl analyze --plot needs the matplotlib package: pip install 'otel-rl[analysis]'"),
+    ],
+)  # fmt: skip
+def test_a_subcommand_whose_extra_is_missing_says_so_in_one_line(tmp_path, args, hidden, says):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trace.perfetto-trace").write_bytes(b"")
+    named = {"RUN": str(tmp_path / "run"), "PLOT": str(tmp_path / "plot.png")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE=hidden)
+    command = [sys.executable, "-m", "otel_rl.cli", *[named.get(a, a) for a in args]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [says]
