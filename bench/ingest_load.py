@@ -34,7 +34,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
 
 KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
 

@@ -45,7 +45,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-TESTS = HERE.parent / "tests"
+SUPPORT = HERE.parent / "tests" / "support"
 PHASES = (("collector_wait", 0.1), ("inference", 0.2), ("replay_sample", 0.1), ("learning", 0.6))
 KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
 SAMPLE_EVERY = 8  # time every 8th phase and scalars call (the timing itself costs)
@@ -309,7 +309,7 @@ def start_peers(tmp: Path) -> tuple[dict, list]:
 
     def spawn(code: str) -> str:
         proc = subprocess.Popen(
-            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(TESTS)}
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(SUPPORT)}
         )
         procs.append(proc)
         return proc.stdout.readline().strip()
@@ -318,7 +318,7 @@ def start_peers(tmp: Path) -> tuple[dict, list]:
     hung = spawn("import fault_servers, time; s = fault_servers.SilentServer(); print(s.url, flush=True); time.sleep(86400)")
     server, ingest = start_server(tmp)
     procs.append(server)
-    sys.path.insert(0, str(TESTS))
+    sys.path.insert(0, str(SUPPORT))
     from fault_servers import refused_url
 
     return {"otlp": otlp, "hung": hung, "ingest": ingest, "refused": refused_url()}, procs

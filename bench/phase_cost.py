@@ -27,7 +27,7 @@ import threading
 import time
 from time import perf_counter_ns
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "support"))
 
 import psutil  # noqa: E402
 
@@ -163,7 +163,7 @@ def part2(seconds: float) -> None:
          "print(r.endpoint, flush=True); time.sleep(3600)"],
         stdout=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "tests")},
+        env={**os.environ, "PYTHONPATH": os.path.join(os.path.dirname(__file__), "..", "tests", "support")},
     )
     try:
         endpoint = receiver.stdout.readline().strip()

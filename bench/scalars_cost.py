@@ -35,7 +35,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
 
 import otel_rl  # noqa: E402
 
@@ -52,7 +52,7 @@ time.sleep(3600)
 
 
 def start_peer(kind: str) -> tuple[subprocess.Popen, str]:
-    code = PEER.format(tests=str(Path(__file__).parent.parent / "tests"))
+    code = PEER.format(tests=str(Path(__file__).parent.parent / "tests" / "support"))
     proc = subprocess.Popen([sys.executable, "-c", code, kind], stdout=subprocess.PIPE, text=True)
     return proc, proc.stdout.readline().strip()
 

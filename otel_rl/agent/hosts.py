@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from otel_rl.agent import handshake
+from otel_rl.agent import handshake, switching
 from otel_rl.agent.producer import Counts
 from otel_rl.agent.serve import serve_segment
 from otel_rl.base.deadline import Deadline
@@ -69,7 +69,8 @@ class ThreadHost:
     def __init__(self, identity: RunIdentity, sinks: list[RecordSink]) -> None:
         self.segment = shm.Segment(None, b"", identity.config.lane_capacity)
         self.recorder = Recorder(self.segment, self.segment.lane_capacity)
-        self._server = serve_segment(shm.SegmentReader(self.segment.buffer), identity, sinks)
+        self._server = serve_segment(shm.SegmentReader(self.segment.buffer), identity, sinks, durable=False)
+        switching.hold()
 
     def flush(self, deadline: Deadline) -> bool:
         self.recorder.publish_unlaned()
@@ -80,6 +81,7 @@ class ThreadHost:
         handshake.close(self.segment, deadline)
         self._server.wake()
         self._server.done.wait(deadline.left())
+        switching.release()
         self.recorder.detach()
         self.segment.close()
 

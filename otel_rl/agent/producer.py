@@ -25,7 +25,7 @@ from otel_rl.core.segment_source import SegmentSource
 from otel_rl.core.step_check import StepCheck
 from otel_rl.core.system_metrics import SystemSampler
 from otel_rl.formats import protocol
-from otel_rl.outputs.factory import Context, build_outputs
+from otel_rl.outputs.factory import FLUSH_DRIVEN_S, OWN_PERIOD_S, Context, build_outputs
 from otel_rl.shm import segment as shm
 from otel_rl.training.recorder import Recorder
 
@@ -51,9 +51,13 @@ class ProducerOutputs:
     Args:
         takeover: how many agents served this producer before (see :class:`otel_rl.outputs.factory.Context`).
         announced: the run's ``pending`` record is out.
+        durable: the serving loop commits only what the files hold (see :class:`otel_rl.agent.serve.SegmentServer`),
+            flushing them after every pass; else they write on their own period.
     """
 
-    def __init__(self, identity: RunIdentity, source: SegmentSource, sinks: Sequence[RecordSink] = (), takeover: int = 0, announced: bool = False) -> None:
+    def __init__(
+        self, identity: RunIdentity, source: SegmentSource, sinks: Sequence[RecordSink] = (), takeover: int = 0, announced: bool = False, durable: bool = True
+    ) -> None:
         config = identity.config
         self.identity, self.config, self.source = identity, config, source
         self.clock = Clock()
@@ -64,7 +68,8 @@ class ProducerOutputs:
         self.inbox = Recorder(inbox_segment, inbox_segment.lane_capacity)
         """Takes the records made on the outputs' side."""
         self._inbox_source = SegmentSource(shm.SegmentReader(inbox_segment.buffer), commits=True)
-        context = Context(self.drops, seq, self.clock, takeover, announced, self.pending, self.dropped)
+        file_interval_s = FLUSH_DRIVEN_S if durable else OWN_PERIOD_S
+        context = Context(self.drops, seq, self.clock, takeover, announced, self.pending, self.dropped, file_interval_s)
         self.outputs = build_outputs(identity, context, sinks)
         budget = SpanBudget(config.span_budget_per_s) if self.outputs.otel.exports_spans else None
         previous = identity.previous

@@ -6,7 +6,11 @@ alike. Each pass takes what the producer wrote, hands it to the outputs, waits
 for the files to have it (``metrics.jsonl``, the trace part) and only then
 commits the read position: an agent killed at any moment leaves every record
 it had not written to the agent that replaces it, which cuts the files back to
-what was committed (:func:`serve_segment`) and reads the rest again.
+what was committed (:func:`serve_segment`) and reads the rest again. A
+segment in the producer's own memory (``agent="thread"``) dies with it, and
+no agent can take it over: its server commits at once, and its file writers
+write on their own period (waiting for them would hand the training thread's
+GIL back and forth several times a pass).
 
 The producer speaks through the segment's header: ``state`` (closing),
 ``flush_request`` / ``flush_done`` and ``deadline_ns`` (its close or flush
@@ -55,10 +59,13 @@ class SegmentServer(BackgroundLoop):
     """The loop of one producer's outputs (see the module docstring).
 
     ``before_close`` runs first when serving ends (a learner's server waits
-    there for its workers' outputs to close).
+    there for its workers' outputs to close). ``durable``: commit only what the
+    files hold (see the module docstring).
     """
 
-    def __init__(self, reader: shm.SegmentReader, producer: ProducerOutputs, before_close: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, reader: shm.SegmentReader, producer: ProducerOutputs, before_close: Callable[[], None] | None = None, durable: bool = True
+    ) -> None:
         identity = producer.identity
         super().__init__(f"otel-rl-serve-{identity.pid}", min(identity.config.pipeline_interval_s, CONTROL_POLL_S))
         self.reader = reader
@@ -66,6 +73,7 @@ class SegmentServer(BackgroundLoop):
         self._pass_every_s = identity.config.pipeline_interval_s
         self._next_pass = 0.0
         self._before_close = before_close
+        self._durable = durable
         self.done = threading.Event()
         if reader.get("agent_state") == shm.AGENT_NONE:  # the first to serve it: the files as they were before
             self._commit_file_sizes()
@@ -113,9 +121,9 @@ class SegmentServer(BackgroundLoop):
         self.publish()
 
     def _commit(self) -> None:
-        """Commit what the pipeline read, once the files hold it."""
+        """Commit what the pipeline read, once the files hold it (at once where nothing can take over)."""
         deadline = Deadline(1.0)
-        if all([writer.flush(deadline) for writer in self.producer.outputs.files]):
+        if not self._durable or all([writer.flush(deadline) for writer in self.producer.outputs.files]):
             self._commit_file_sizes()  # first: a death between the two re-reads (never skips) one pass
             self.producer.source.commit()
             self.reader.set("commits", self.reader.get("commits") + 1)
@@ -164,8 +172,10 @@ def attach(reader: shm.SegmentReader) -> int:
     return before
 
 
-def serve_segment(reader: shm.SegmentReader, identity: RunIdentity, sinks: Sequence[RecordSink] = (), before_close=None) -> SegmentServer:
-    """Build the producer's outputs from ``identity`` and serve its segment (the caller waits on ``.done``).
+def serve_segment(
+    reader: shm.SegmentReader, identity: RunIdentity, sinks: Sequence[RecordSink] = (), before_close=None, durable: bool = True
+) -> SegmentServer:
+    """Build the producer's outputs from ``identity`` and serve its segment (the caller waits on ``.done``; ``durable``: see :class:`SegmentServer`).
 
     An agent taking over from one that died first cuts ``metrics.jsonl`` and
     the previous agent's trace part back to what that one committed: it reads
@@ -177,10 +187,10 @@ def serve_segment(reader: shm.SegmentReader, identity: RunIdentity, sinks: Seque
         _cut_back(identity, takeover, reader.get("committed_jsonl_bytes"), reader.get("committed_trace_bytes"))
     source = SegmentSource(reader, takeover > 0)
     # Before a first commit, the previous agent's pending record is cut off with the rest: this one writes it.
-    producer = ProducerOutputs(identity, source, sinks, takeover, announced=reader.get("commits") > 0)
+    producer = ProducerOutputs(identity, source, sinks, takeover, announced=reader.get("commits") > 0, durable=durable)
     if source.run is not None:
         producer.continue_run(source.run)
-    return SegmentServer(reader, producer, before_close)
+    return SegmentServer(reader, producer, before_close, durable)
 
 
 def _cut_back(identity: RunIdentity, takeover: int, jsonl_bytes: int, trace_bytes: int) -> None:

@@ -29,7 +29,9 @@ from otel_rl.run import files
 _logger = logger(__name__)
 
 FLUSH_DRIVEN_S = 3600.0
-"""The file writers' own period: the serving loop flushes them after every pass, and commits what they hold."""
+"""The file writers' own period where the serving loop flushes them after every pass and commits what they hold."""
+OWN_PERIOD_S = 2.0
+"""The file writers' own period where nothing waits for them (an in-process segment dies with its producer)."""
 
 
 def resource(config: TelemetryConfig, service: str):
@@ -58,6 +60,7 @@ class Context:
     own). ``announced``: the run's ``pending`` record is out. ``pending``:
     queue depths for the ``rl.telemetry.pending`` gauge; ``dropped``: the
     drops every queue counted, for ``rl.telemetry.dropped``.
+    ``file_interval_s``: how often the file writers write on their own.
     """
 
     drops: Drops
@@ -67,6 +70,7 @@ class Context:
     announced: bool = False
     pending: Callable[[], dict[str, int]] = dict
     dropped: Callable[[], dict[str, int]] = dict
+    file_interval_s: float = FLUSH_DRIVEN_S
 
 
 @dataclass(frozen=True)
@@ -196,7 +200,7 @@ class _Builder:
         )  # fmt: skip
         self.sinks.append(sink)  # stopped if a later output fails to start
         if config.jsonl:
-            writer = JsonlWriter(config.run_dir / files.JSONL_FILE, context.drops, interval_s=FLUSH_DRIVEN_S)
+            writer = JsonlWriter(config.run_dir / files.JSONL_FILE, context.drops, interval_s=context.file_interval_s)
             sink.writers.append(writer)
             self.jsonl = writer
         live = None
