@@ -72,6 +72,8 @@ class TrainingTelemetry(Protocol):
 
     def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]: ...
 
+    def align_clocks(self, group: Any = None) -> float: ...
+
     def add_sink(self, sink: Any) -> None: ...
 
     def worker_spec(self, role: str, context: Any = None, relay: Any = None, **options: Any) -> Any: ...
@@ -179,6 +181,9 @@ class NoOpTelemetry:
 
     def log_window(self, values: Mapping[str, Any] | None = None, group: Any = None) -> dict[str, float]:
         return dict(values or {})
+
+    def align_clocks(self, group: Any = None) -> float:
+        return 0.0
 
     def add_sink(self, sink: Any) -> None:
         pass

@@ -11,6 +11,7 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
 
 from otel_rl.base import extras
 from otel_rl.base.extras import MissingExtra, require
@@ -65,12 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
     backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
     analyze = command("analyze", "say where the time goes, from a run's Perfetto trace", _analyze)
-    analyze.add_argument("path", help="trace file or run folder")
+    analyze.add_argument("path", nargs="+", help="trace file or run folder; several: one job's parts (each machine's own folder)")
     analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto", help="sql needs a trace processor binary")
     analyze.add_argument("--trace-processor", help="trace_processor_shell binary for the SQL engine")
     analyze.add_argument("--json", action="store_true", help="print the report as JSON")
     analyze.add_argument("--plot", metavar="FILE.png", help="also draw the timeline and phase shares")
     analyze.add_argument("--compare", metavar="BASELINE", help="trace file or run folder of another run: what changed, and a verdict")
+    analyze.add_argument("--merged-trace", metavar="FILE", help="also write every part as one trace on rank 0's clock (for ui.perfetto.dev)")
     agent = command("agent", "serve every training process that sets OTEL_RL_AGENT=NAME (one agent for a machine's ranks and workers)", _agent)
     agent.add_argument("name", help="the agent's name (1 to 64 of A-Z a-z 0-9 _ . -)")
     agent.add_argument("--linger", type=float, default=None, help="end after this many idle seconds (default: serve until interrupted)")
@@ -162,11 +164,15 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.plot:
         require(extras.PLOT)
-    if args.plot and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
-        print(f"otel-rl analyze: --plot {args.plot}: no such folder", file=sys.stderr)
+    for target in (args.plot, args.merged_trace):
+        if target and not os.path.isdir(os.path.dirname(os.path.abspath(target))):
+            print(f"otel-rl analyze: {target}: no such folder", file=sys.stderr)
+            return 2
+    if args.merged_trace and _read_as_part(Path(args.merged_trace), args.path):
+        print(f"otel-rl analyze: --merged-trace {args.merged_trace} would be read as one more part of the run: write it outside its folder", file=sys.stderr)
         return 2
     read = {}
-    for path in (args.path, args.compare):
+    for path in (tuple(args.path), args.compare):
         if path is None:
             continue
         try:
@@ -175,9 +181,10 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"otel-rl analyze: {exc}", file=sys.stderr)
             return 2
         except (DecodeError, OSError) as exc:  # a file that is not a Perfetto trace, or cannot be read
-            print(f"otel-rl analyze: {path} is not a readable Perfetto trace ({type(exc).__name__}: {exc})", file=sys.stderr)
+            shown = ", ".join(path) if isinstance(path, tuple) else path
+            print(f"otel-rl analyze: {shown} is not a readable Perfetto trace ({type(exc).__name__}: {exc})", file=sys.stderr)
             return 1
-    model, engine = read[args.path]
+    model, engine = read[tuple(args.path)]
     report = analyze_model(model)
     report["engine"] = engine
     if args.compare is not None:
@@ -192,7 +199,25 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
         plot(model, report, args.plot)
         print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.merged_trace:
+        from otel_rl.readers.analysis import trace_files
+        from otel_rl.readers.analysis.merge import merge_parts
+
+        try:
+            merge_parts(trace_files(args.path), Path(args.merged_trace))
+        except OSError as exc:
+            print(f"otel-rl analyze: --merged-trace {args.merged_trace}: {exc.strerror or exc}", file=sys.stderr)
+            return 1
+        print(f"merged trace written to {args.merged_trace}", file=sys.stderr)
     return 0
+
+
+def _read_as_part(target: Path, paths: list[str]) -> bool:
+    """Whether a trace written at ``target`` would be read back as a part of the run folders ``paths``."""
+    from otel_rl.run.files import TRACE_SUFFIX
+
+    folder = target.resolve().parent
+    return target.name.endswith(TRACE_SUFFIX) and any(Path(p).is_dir() and Path(p).resolve() == folder for p in paths)
 
 
 if __name__ == "__main__":

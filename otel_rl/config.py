@@ -210,6 +210,30 @@ class TelemetryConfig:
     world_size: int = 1
     """Number of ranks (``WORLD_SIZE`` is read by default)."""
 
+    node_rank: int = 0
+    """Index of this machine in a job of several (``GROUP_RANK``, which ``torchrun`` sets, is read by default)."""
+
+    local_rank: int | None = None
+    """Rank of this process on its machine (``LOCAL_RANK``); None: ``rank`` minus the ranks of the machines before."""
+
+    local_world_size: int | None = None
+    """Ranks on this machine (``LOCAL_WORLD_SIZE``); None: ``world_size``, every rank on one machine."""
+
+    @property
+    def nodes(self) -> int:
+        """Machines in the job: each writes its own part of the trace when there are several."""
+        return -(-self.world_size // self.local_world_size)  # type: ignore[operator]
+
+    @property
+    def machine(self) -> int | None:
+        """This machine's index in a job of several (None on one machine: the run folder's names stay as they were)."""
+        return self.node_rank if self.nodes > 1 else None
+
+    @property
+    def first_on_node(self) -> bool:
+        """This process is its machine's first rank (a learner there writes the machine's part of the trace)."""
+        return self.local_rank == 0
+
     def __post_init__(self) -> None:
         """Check every option before anything starts: a bad one raises here, never later on a thread."""
         if self.run_dir is not None:
@@ -242,7 +266,7 @@ class TelemetryConfig:
         for name in ("jsonl", "trace_enabled"):
             if getattr(self, name) is not None:
                 _check(name, getattr(self, name), bool, "True, False or None")
-        for name in ("rank", "world_size"):
+        for name in ("rank", "world_size", "node_rank"):
             _check(name, getattr(self, name), int, "an integer")
         if self.profile is not None:
             self.profile = _profile_window(self.profile)
@@ -256,6 +280,7 @@ class TelemetryConfig:
             raise ValueError(f"motrix_url must be an http:// or https:// URL, got {self.motrix_url!r}")
         if not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size), got rank={self.rank} world_size={self.world_size}")
+        _place_on_node(self)
         if self.trace_enabled and self.trace_output_dir is None and self.run_dir is None:
             raise ValueError("trace_enabled needs a run_dir or a trace_output_dir")
         # A run folder holds every local output unless one is switched off.
@@ -264,8 +289,8 @@ class TelemetryConfig:
         if self.trace_enabled is None:
             self.trace_enabled = self.run_dir is not None or self.trace_output_dir is not None
         if self.rank != 0 and not self.outputs_on_every_rank:
-            # Rank 0 speaks for the job; the others would duplicate its records.
-            self.jsonl, self.motrix_url, self.panel, self.trace_enabled, self.tensorboard, self.wandb = False, None, False, False, False, False
+            # Rank 0 speaks for the job; the others would duplicate its records. Every rank keeps its part of the trace.
+            self.jsonl, self.motrix_url, self.panel, self.tensorboard, self.wandb = False, None, False, False, False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
         if self.tensorboard and self.run_dir is None:
@@ -325,6 +350,9 @@ class TelemetryConfig:
             "profile": env.read(env.OTEL_RL_PROFILE, _parse_profile, None, "START,COUNT (iterations, COUNT >= 1)"),
             "rank": env.read("RANK", int, 0, "an integer"),
             "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
+            "node_rank": env.read("GROUP_RANK", int, 0, "an integer"),
+            "local_rank": env.read("LOCAL_RANK", int, None, "an integer"),
+            "local_world_size": env.read("LOCAL_WORLD_SIZE", int, None, "an integer"),
         }
         merged = {**defaults, **options}
         if options.get("enabled") is None or not defaults["enabled"]:
@@ -382,6 +410,21 @@ def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str,
         raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
     if valid is not None and not valid(value):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _place_on_node(config: TelemetryConfig) -> None:
+    """Fill and check ``local_world_size`` and ``local_rank`` (``torchrun`` numbers the ranks of each machine in a row)."""
+    if config.local_world_size is None:
+        config.local_world_size = config.world_size
+    _check("local_world_size", config.local_world_size, int, "a positive integer", lambda v: v >= 1)
+    if config.local_rank is None:
+        config.local_rank = config.rank - config.node_rank * config.local_world_size
+    _check("local_rank", config.local_rank, int, "an integer")
+    if not 0 <= config.node_rank < config.nodes or not 0 <= config.local_rank < config.local_world_size:
+        raise ValueError(
+            f"node_rank={config.node_rank}, local_rank={config.local_rank} do not fit world_size={config.world_size} "
+            f"with local_world_size={config.local_world_size} ranks per machine"
+        )
 
 
 def _profile_window(value: Any) -> tuple[int, int]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
+import socket
 import sys
 import threading
 import weakref
@@ -34,7 +35,7 @@ from otel_rl.core.identity import RunIdentity, service_name
 from otel_rl.core.ids import new_span_id, new_trace_id, parse_traceparent
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import CudaFallback
-from otel_rl.formats import schema
+from otel_rl.formats import schema, trace
 from otel_rl.run import files, notices
 from otel_rl.run import folder as run_folder
 from otel_rl.run.provenance import redact
@@ -46,6 +47,9 @@ from otel_rl.training.workers import Workers, WorkerSpec
 __all__ = ["Telemetry", "NoOpTelemetry"]
 
 _logger = logger(__name__)
+
+ALIGN_EVERY = 50
+"""Log windows (with a process group) between two measurements of the ranks' clocks; the first window measures too."""
 
 HURRY_S = 2.0
 """What is left of the shutdown deadline after a second SIGTERM."""
@@ -130,7 +134,8 @@ class Telemetry:
         config.meta = redact(json_safe(config.meta, lambda path, value: replaced.append((path, value)), "meta"))
         self._service_name = service_name(config)
         identity = RunIdentity(
-            config, self.trace_id, self._parent_span_id, os.getpid(), self._started_ns, self._clock.offset_ns, previous, self._service_name
+            config, self.trace_id, self._parent_span_id, os.getpid(), self._started_ns, self._clock.offset_ns, previous, self._service_name,
+            socket.gethostname(),
         )
         self._host: Host = start_host(identity, list(sinks or []))
         self._recorder = self._host.recorder
@@ -439,13 +444,37 @@ class Telemetry:
         ``values`` (``Perf/total_fps``, losses...) join this rank's learner
         timings of the window; with an initialised ``torch.distributed`` and a
         ``group`` they are reduced across ranks with one packed all-reduce
-        (see :func:`otel_rl.training.distributed.reduce_across_ranks`).
-        Rank 0 records the result as scalars; every rank gets it back.
+        (see :func:`otel_rl.training.distributed.reduce_across_ranks`) and each
+        rank's own timings are gathered. Rank 0 records the result as scalars,
+        and each rank's timings under :func:`otel_rl.formats.schema.rank_key`
+        (the live view's ranks side by side); every rank gets the result back.
+        The first window and every :data:`ALIGN_EVERY`-th also measure the
+        ranks' clocks (:meth:`align_clocks`). Every rank of ``group`` calls it
+        at the same point, as any collective.
         """
-        reduced = self._windows.across_ranks(values, group)
+        if group is not None and self._windows.count % ALIGN_EVERY == 0:
+            self.align_clocks(group)
+        reduced, per_rank = self._windows.across_ranks(values, group)
         if self.config.rank == 0:
-            self.scalars(reduced)
+            self.scalars({**reduced, **{schema.rank_key(rank, key): v for rank, own in enumerate(per_rank) for key, v in own.items()}})
         return reduced
+
+    def align_clocks(self, group: Any = None) -> float:
+        """Measure this rank's clock against the first rank's of ``group`` (the default group: rank 0's), in ms.
+
+        A few timed all-reduces (:func:`otel_rl.training.distributed.clock_offsets`);
+        the offset is recorded as :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`,
+        which puts this rank's part of the trace on rank 0's clock for
+        ``otel-rl analyze`` and a merged trace, however far the machines'
+        clocks are apart. :meth:`log_window` calls it; call it yourself after
+        ``init_process_group`` in a loop that does not. Every rank of ``group``
+        calls it at the same point.
+        """
+        from otel_rl.training.distributed import clock_offsets
+
+        offset = clock_offsets(self._clock.now_ns, group)[_group_rank(group)]
+        self.scalars({trace.CLOCK_OFFSET_KEY: offset})
+        return offset
 
     def add_sink(self, sink: RecordSink) -> None:
         """Add a record sink (see :class:`otel_rl.core.pipeline.RecordSink`) to the running pipeline.
@@ -598,6 +627,12 @@ class Telemetry:
     def meter_provider(self):
         """The SDK meter provider for the user's own instruments (None when no metric exporter is configured)."""
         return self._host.meter_provider()
+
+
+def _group_rank(group: Any) -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank(group)
 
 
 def _step(step: Any) -> int | None:

@@ -6,7 +6,7 @@ import pytest
 
 from otel_rl.core.pipeline import RecordSink
 
-_OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE")
+_OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
 
 
 @pytest.fixture(autouse=True)

@@ -176,7 +176,7 @@ class AgentHost:
         self.linger_s = linger_s
         self.process = process
         self.detached = False  # the segment was damaged: this process writes into it no more
-        self._user_providers = UserProviders(lambda: resource(identity.config, identity.service_name))
+        self._user_providers = UserProviders(lambda: resource(identity.config, identity.service_name, identity.host))
         self._watcher = AgentWatch(self)
 
     def check_segment(self) -> None:

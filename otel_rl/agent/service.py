@@ -11,10 +11,11 @@ pressure training wins, and the segment's bounded lanes absorb the burst. Produc
 * a worker (a role other than ``learner``) relays its cycles straight into the
   learner's outputs, so the learner's panel and live metrics show the
   collector timeline;
-* a rank other than 0 writes its Perfetto trace as a fragment next to rank
-  0's, so every local rank is a process of one trace and stragglers show;
-* the learner's outputs close after the workers' that are ending (dead or
-  closing), so their trace fragments are complete when the learner merges them.
+* every rank writes its Perfetto trace, the machine's first learner rank the
+  machine's part and the others fragments it takes in, so every local rank is
+  a process of one trace and stragglers show;
+* the first rank's outputs close after the other producers' of its run that
+  are ending (dead or closing), so their fragments are complete when it merges them.
 
 The agent started for one process (``agent="process"``) ends shortly after its
 last producer; one started by name (``OTEL_RL_AGENT=NAME``) lingers for
@@ -23,7 +24,6 @@ producers still to come; ``otel-rl agent NAME`` serves until interrupted.
 
 from __future__ import annotations
 
-import copy
 import gc
 import os
 import pickle
@@ -61,7 +61,7 @@ every 700 allocations only walked them (about a tenth of the agent's CPU).
 Cycles still go within 20,000 allocations.
 """
 GROUP_WAIT_S = 3.0
-"""How long a worker or a rank other than 0 waits for its learner's outputs before it is served alone."""
+"""How long a worker waits for its learner's outputs before it is served alone."""
 WORKERS_WAIT_S = 5.0
 """How long a learner's close waits for the outputs of its ending workers."""
 
@@ -82,8 +82,12 @@ class Served:
         return self.identity.config
 
     @property
-    def is_learner(self) -> bool:
-        return self.config.role == schema.LEARNER and self.config.rank == 0
+    def leads(self) -> bool:
+        """Its machine's first learner rank: the others of its run relay to it and its part of the trace takes theirs in."""
+        return self.config.role == schema.LEARNER and self.config.first_on_node
+
+    def leads_for(self, other: Served) -> bool:
+        return self.leads and self.config.run_id == other.config.run_id and self.config.node_rank == other.config.node_rank
 
     def ending(self) -> bool:
         """Its producer closed or died: its outputs are about to close."""
@@ -199,12 +203,10 @@ class AgentService(BackgroundLoop):
         self._logs.add(reader, identity.pid)
         try:
             config = identity.config
-            learner = None if served.is_learner else self._learner_of(served)
-            if learner is not None and learner.server is not None:
-                if config.role != schema.LEARNER:  # a worker: its cycles go to the learner's panel and live metrics
-                    config = replace(config, relay=LocalRelay(learner))
-                config = _join_trace(config, learner.config)
-            before_close = (lambda: self._wait_for_workers(served)) if served.is_learner else None
+            learner = None if served.leads or config.role == schema.LEARNER else self._learner_of(served)
+            if learner is not None and learner.server is not None:  # a worker: its cycles go to the learner's panel and live metrics
+                config = replace(config, relay=LocalRelay(learner))
+            before_close = (lambda: self._wait_for_workers(served)) if served.leads else None
             served.server = serve_segment(reader, replace(identity, config=config), before_close=before_close)
             served.built.set()
             served.server.done.wait()
@@ -221,11 +223,11 @@ class AgentService(BackgroundLoop):
             self.wake()
 
     def _learner_of(self, served: Served) -> Served | None:
-        """The learner (rank 0) of ``served``'s run, once its outputs are built; None if it does not come."""
+        """The first learner rank of ``served``'s run on this machine, once its outputs are built; None if it does not come."""
         deadline = time.monotonic() + GROUP_WAIT_S
         while True:
             with self._lock:
-                found = [s for s in self._served.values() if s.is_learner and s.config.run_id == served.config.run_id]
+                found = [s for s in self._served.values() if s.leads_for(served)]
             if found:
                 found[0].built.wait(max(0.0, deadline - time.monotonic()))
                 return found[0] if found[0].server is not None and not found[0].done.is_set() else None
@@ -234,7 +236,7 @@ class AgentService(BackgroundLoop):
             time.sleep(SCAN_S)
 
     def _wait_for_workers(self, learner: Served) -> None:
-        """Before the learner's outputs close: let its ending workers' outputs close first (their trace fragments)."""
+        """Before the first rank's outputs close: let its run's ending workers and ranks close first (their trace fragments)."""
         deadline = time.monotonic() + min(WORKERS_WAIT_S, learner.config.shutdown_timeout_s / 2)
         while time.monotonic() < deadline:
             with self._lock:
@@ -252,16 +254,6 @@ def _created(path: Path) -> float:
         return path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _join_trace(config: Any, learner: Any) -> Any:
-    """A rank other than 0 writes its trace next to rank 0's (a fragment it merges), as its own process."""
-    if config.rank == 0 or not learner.trace_enabled or config.trace_enabled:
-        return config
-    joined = copy.copy(config)
-    joined.trace_enabled = True
-    joined.trace_output_dir = learner.trace_output_dir or learner.run_dir
-    return joined
 
 
 def main(directory: str, linger_s: float | None) -> int:

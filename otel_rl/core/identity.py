@@ -25,6 +25,8 @@ class RunIdentity:
     previous: PreviousRun | None = None
     """The run this one resumes, as its folder said at ``init()``."""
     service_name: str = "otel-rl"
+    host: str = ""
+    """The producer's host name (``socket.gethostname()``): its processes' names in a job of several machines, ``host.name``."""
 
 
 def service_name(config: TelemetryConfig) -> str:

@@ -151,6 +151,7 @@ LEARNER_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("replay_stage", LEARNER, "Replay Stage"),
     PhaseSpec("replay_sample", LEARNER, "Replay Sample"),
     PhaseSpec("learning", LEARNER, "Learning"),
+    PhaseSpec("gradient_sync", LEARNER, "Gradient Sync"),  # the ranks' all-reduce: where the others wait for a straggler
     PhaseSpec("weight_publish", LEARNER, "Weight Publish"),
 )
 
@@ -510,3 +511,17 @@ def library_key(library: str, key: str) -> str:
     # Anything else is the library's own: ``<library>/<its tag>``, never mistaken for a canonical key.
     parts = [re.sub(r"[^A-Za-z0-9_.\-]+", "_", part.strip()).strip("_") for part in key.split("/")]
     return "/".join([library, *(p for p in parts if p)] if any(parts) else [library, "unnamed"])
+
+
+_RANK_KEY = re.compile(r"^Perf/rank_(\d+)/(.+)$")
+
+
+def rank_key(rank: int, key: str) -> str:
+    """One rank's value of a job's ``Perf/*`` timing, as rank 0 records it: ``Perf/rank_3/learner_learning_ms``."""
+    return f"Perf/rank_{rank}/{key.removeprefix('Perf/')}"
+
+
+def parse_rank_key(key: str) -> tuple[int, str] | None:
+    """``(rank, the job's key)`` of a :func:`rank_key`; None for any other key."""
+    match = _RANK_KEY.match(key)
+    return (int(match[1]), "Perf/" + match[2]) if match else None

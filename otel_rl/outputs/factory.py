@@ -22,7 +22,7 @@ from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.identity import RunIdentity
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.formats import protocol, schema
+from otel_rl.formats import protocol, schema, trace
 from otel_rl.outputs.aggregates import Aggregates, AggregatorSink
 from otel_rl.run import files
 
@@ -34,11 +34,12 @@ OWN_PERIOD_S = 2.0
 """The file writers' own period where nothing waits for them (an in-process segment dies with its producer)."""
 
 
-def resource(config: TelemetryConfig, service: str):
-    """The OpenTelemetry resource of a producer's run."""
+def resource(config: TelemetryConfig, service: str, host: str = ""):
+    """The OpenTelemetry resource of a producer's run (``host``: the producer's ``host.name``)."""
     from opentelemetry.sdk.resources import Resource
 
     attributes: dict[str, Any] = {
+        **({"host.name": host} if host else {}),
         schema.ATTR_RUN_ID: config.run_id,
         "rl.role": config.role,
         schema.ATTR_RANK: config.rank,
@@ -118,14 +119,20 @@ def trace_path(identity: RunIdentity, takeover: int):
     """Where this producer's part of the trace goes (see :mod:`otel_rl.run.files`)."""
     config, previous = identity.config, identity.previous
     directory = config.trace_output_dir or config.run_dir
-    path = directory / (files.TRACE_FILE if merges_fragments(config) else files.fragment_name(config.role, config.rank))
-    if previous is not None:
-        path = files.trace_part(directory, previous.resumes + 1)
+    if merges_fragments(config):
+        path = files.trace_part(directory, 0 if previous is None else previous.resumes + 1, config.machine)
+    else:
+        path = directory / files.fragment_name(config.role, config.rank, config.machine)
     return files.agent_part(path, takeover)
 
 
 def merges_fragments(config: TelemetryConfig) -> bool:
-    """The learner's rank 0 writes the trace; workers and the ranks an agent joins to it write fragments it takes in."""
+    """A machine's first learner rank writes its part of the trace; its workers and other ranks write fragments it takes in."""
+    return config.role == schema.LEARNER and (config.first_on_node or config.outputs_on_every_rank)
+
+
+def speaks_for_job(config: TelemetryConfig) -> bool:
+    """Rank 0's learner writes the run's one-writer files (the summary and configuration, ``metrics.jsonl``)."""
     return config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
 
 
@@ -144,13 +151,13 @@ class _Builder:
         config, identity, context = self.config, self.identity, self.context
         aggregates = Aggregates(context.clock.now_ns(), {schema.ATTR_RANK: config.rank, schema.ATTR_WORLD_SIZE: config.world_size})
         otel = OpenTelemetrySink(
-            resource(config, identity.service_name), context.clock, identity.trace_id, aggregates,
+            resource(config, identity.service_name, identity.host), context.clock, identity.trace_id, aggregates,
             pending=context.pending, span_exporters=config.span_exporters, metric_exporters=config.metric_exporters,
             log_exporters=config.log_exporters, metric_export_interval_ms=config.metric_export_interval_ms,
             parent_span_id=identity.parent_span_id,
         )  # fmt: skip
         self.sinks += [otel, AggregatorSink(aggregates, context.dropped)]
-        if config.run_dir is not None:
+        if config.run_dir is not None and speaks_for_job(config):
             from otel_rl.outputs.summary import SummarySink
 
             previous = identity.previous
@@ -220,14 +227,18 @@ class _Builder:
         previous = identity.previous
         if previous is not None and not takeover:  # what the previous part's workers left, before new ones reuse the names
             directory = config.trace_output_dir or config.run_dir
-            last = files.trace_part(directory, previous.resumes)
+            last = files.trace_part(directory, previous.resumes, config.machine)
             if merges_fragments(config) and last.exists():
-                merge_fragments(last)
+                merge_fragments(last, files.fragment_prefix(config.machine))
+        node = config.machine
+        host = None if node is None else identity.host or f"node {node}"
         return PerfettoTraceSink(
             trace_path(identity, takeover),
-            config.role if config.rank == 0 else f"{config.role} rank {config.rank}",
+            trace.process_name(config.role, config.rank, host),
             self.context.drops,
-            merge_fragments=merges_fragments(config),
+            fragments=files.fragment_prefix(node) if merges_fragments(config) else None,
+            node=node or 0,
+            host=host,
             thread_time=config.trace_thread_time,
             cuda_events=config.trace_cuda_events,
             max_bytes=config.trace_max_bytes,

@@ -79,6 +79,8 @@ class SummarySink(RecordSink):
             "start_time_unix_nano": self._start_ns,
             "end_time_unix_nano": self._end_ns,
             "env_steps": self._aggregates.env_steps(),
+            "rank": self._config.rank,
+            "world_size": self._config.world_size,
             "timelines": timelines,
             "last_scalars": self._last_scalars,
         }

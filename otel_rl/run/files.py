@@ -8,6 +8,9 @@ from one that died writes ``trace.agent-<k>.perfetto-trace``, a worker process
 (or a rank other than 0) writes a fragment ``trace-<role>.perfetto-trace``
 (``.partial`` while it is written) that the learner's trace takes in at its
 end, and a file past its size limit rotates to ``trace.1.perfetto-trace``.
+In a job of several machines each machine writes its own part,
+``trace.node-<k>.perfetto-trace``, taking in its own ranks' and workers'
+fragments (``trace-node<k>-<role>.perfetto-trace``) only.
 """
 
 from __future__ import annotations
@@ -33,12 +36,14 @@ PARTIAL_SUFFIX = ".partial"
 """A fragment's name while its process writes it (renamed when complete)."""
 
 
-def trace_part(directory: Path, resumes: int) -> Path:
-    """The trace file of the ``resumes``-th resumption (0: the first part's)."""
-    if not resumes:
-        return directory / TRACE_FILE
-    stem, dot, suffix = TRACE_FILE.partition(".")
-    return directory / f"{stem}.resume-{resumes}{dot}{suffix}"
+def trace_part(directory: Path, resumes: int, node: int | None = None) -> Path:
+    """The trace file of the ``resumes``-th resumption (0: the first part's), of machine ``node`` in a job of several."""
+    stem = TRACE_FILE.removesuffix(TRACE_SUFFIX)
+    if node is not None:
+        stem += f".node-{node}"
+    if resumes:
+        stem += f".resume-{resumes}"
+    return directory / (stem + TRACE_SUFFIX)
 
 
 def agent_part(path: Path, takeover: int) -> Path:
@@ -46,10 +51,16 @@ def agent_part(path: Path, takeover: int) -> Path:
     return path.with_name(path.name.replace(".", f".agent-{takeover}.", 1)) if takeover else path
 
 
-def fragment_name(role: str, rank: int = 0) -> str:
-    """The trace fragment of a worker (or of a rank other than 0) that the learner's trace takes in."""
+def fragment_name(role: str, rank: int = 0, node: int | None = None) -> str:
+    """The trace fragment of a worker (or of a rank other than 0) that its machine's part takes in."""
     name = role if rank == 0 else f"{role}-rank{rank}"
-    return "trace-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + TRACE_SUFFIX
+    return fragment_prefix(node) + re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-") + TRACE_SUFFIX
+
+
+def fragment_prefix(node: int | None = None) -> str:
+    """How the fragments of machine ``node`` (None: of a job on one machine) begin: ``fragment_prefix(node) + "*"``
+    globs the fragments its part takes in."""
+    return "trace-" if node is None else f"trace-node{node}-"
 
 
 def partial(path: Path) -> Path:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from otel_rl.config import TelemetryConfig
-from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, PROFILE_DIR, SUMMARY_FILE, TENSORBOARD_DIR, TRACE_FILE, WANDB_DIR
+from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, PROFILE_DIR, SUMMARY_FILE, TENSORBOARD_DIR, WANDB_DIR, trace_part
 
 _PREFIX = "otel-rl: "
 
@@ -25,10 +25,10 @@ def _say(text: str) -> None:
 
 
 def trace_path(config: TelemetryConfig) -> Path | None:
-    """Where the run's Perfetto trace is written, None when it is off."""
+    """Where the run's Perfetto trace (this machine's part, in a job of several) is written, None when it is off."""
     if not config.trace_enabled:
         return None
-    return Path(config.trace_output_dir or config.run_dir or ".") / TRACE_FILE
+    return trace_part(Path(config.trace_output_dir or config.run_dir or "."), 0, config.machine)
 
 
 def started(config: TelemetryConfig) -> None:
@@ -63,7 +63,9 @@ def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_ou
     if failed_outputs:
         head += f" without {', '.join(failed_outputs)} (could not start; see the warning above)"
     trace = trace_path(config)
-    if trace is not None and trace.exists():
+    if trace is not None and trace.exists() and config.machine is not None:
+        hint = f"`otel-rl analyze {folder}` says where the time went, and which rank held the others up; `--merged-trace FILE` writes every machine's part as one trace for https://ui.perfetto.dev"
+    elif trace is not None and trace.exists():
         hint = f"`otel-rl analyze {folder}` says where the time went; open {shlex.quote(str(trace))} in https://ui.perfetto.dev"
     else:
         hint = f"no trace was written; the records are in {folder}"

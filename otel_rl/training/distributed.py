@@ -1,16 +1,19 @@
-"""Rank-aware telemetry: two small all-reduces per log window.
+"""Rank-aware telemetry: a few small collectives per log window.
 
 Per log window, the learner phase timings of every rank are averaged and
 throughput is summed (``Perf/total_fps`` is the whole job's), with one
 packed ``all_reduce`` however many keys there are (after a fixed-size one
 that checks every rank has the same keys). A key's schema aggregation says
-which: ``sum`` keys are summed, everything else is averaged.
+which: ``sum`` keys are summed, everything else is averaged. Each rank's own
+timings are gathered too (rank 0 records them per rank), and the ranks'
+clocks are compared through timed all-reduces (:func:`clock_offsets`).
 """
 
 from __future__ import annotations
 
+import statistics
 import zlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from otel_rl.formats import schema
@@ -59,3 +62,40 @@ def reduce_across_ranks(values: Mapping[str, float], group: Any = None) -> dict[
         total_i = packed[i].item()
         out[key] = total_i if schema.metric_spec(key).aggregation == "sum" else total_i / count
     return out
+
+
+ALIGN_ROUNDS = 8
+"""Timed all-reduces per clock measurement (the median of their differences is kept)."""
+
+
+def clock_offsets(now_ns: Callable[[], int], group: Any = None, rounds: int = ALIGN_ROUNDS) -> list[float]:
+    """Every rank's clock minus the group's first rank's, in milliseconds (one entry per rank of ``group``).
+
+    A small all-reduce ends on every rank within microseconds of the others:
+    each rank reads its clock right after each of ``rounds`` of them (after one
+    more that absorbs the ranks' arrival), the readings are gathered, and a
+    rank's offset is the median of its differences to the first rank's. Every
+    rank of ``group`` must call this at the same point, as any collective.
+    """
+    import torch
+    import torch.distributed as dist
+
+    token = torch.zeros(1)
+    readings = []
+    for _ in range(rounds + 1):
+        dist.all_reduce(token, group=group)
+        readings.append(now_ns())
+    mine = torch.tensor(readings[1:], dtype=torch.int64)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    first = everyone[0]
+    return [statistics.median((theirs - first).tolist()) / 1e6 for theirs in everyone]
+
+
+def gather_per_rank(values: Mapping[str, float], group: Any = None) -> list[dict[str, float]]:
+    """Every rank's ``values`` (one all-gather of small objects), in the group's rank order."""
+    import torch.distributed as dist
+
+    everyone: list[dict[str, float]] = [{}] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, dict(values), group=group)
+    return everyone

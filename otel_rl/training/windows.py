@@ -22,6 +22,8 @@ class Windows:
     def __init__(self, totals: Callable[[], Totals]) -> None:
         self._totals = totals
         self._mark: Totals = ({}, {})
+        self.count = 0
+        """Windows reduced across ranks so far."""
 
     def timings(self) -> dict[str, float]:
         """See :meth:`otel_rl.Telemetry.window_timings`."""
@@ -40,12 +42,14 @@ class Windows:
                 out[schema.phase_key(timeline, name)] = delta / count * schema.phase_key_scale(timeline, name)
         return out
 
-    def across_ranks(self, values: Mapping[str, Any] | None, group: Any) -> dict[str, float]:
-        """This window's timings and ``values``, reduced across the ranks of ``group`` when one is given
-        (see :meth:`otel_rl.Telemetry.log_window`)."""
-        local = {**self.timings(), **snapshot(values or {})}
+    def across_ranks(self, values: Mapping[str, Any] | None, group: Any) -> tuple[dict[str, float], list[dict[str, float]]]:
+        """This window's timings and ``values``, reduced across the ranks of ``group`` when one is given, and each
+        rank's own timings (none without a group; see :meth:`otel_rl.Telemetry.log_window`)."""
+        timings = self.timings()
+        local = {**timings, **snapshot(values or {})}
         if group is None:
-            return local
-        from otel_rl.training.distributed import reduce_across_ranks
+            return local, []
+        from otel_rl.training.distributed import gather_per_rank, reduce_across_ranks
 
-        return reduce_across_ranks(local, group)
+        self.count += 1
+        return reduce_across_ranks(local, group), gather_per_rank(timings, group)

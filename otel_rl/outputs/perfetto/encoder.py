@@ -133,13 +133,16 @@ class TraceEncoder:
 
     Args:
         pid: the process whose records these are.
-        process_name: its role (``learner``, ``collector 0``...).
+        process_name: its name in the trace (:func:`otel_rl.formats.trace.process_name`).
+        node, host: its machine in a job of several: the trace shows it as pid :func:`otel_rl.formats.trace.node_pid`
+            and its GPUs as the machine's (0 and None on one machine).
         native: encode phase slices in C (``otel_rl.outputs.perfetto._slices``); by
             default when it is built, unless ``OTEL_RL_PURE_PYTHON=1``.
     """
 
-    def __init__(self, pid: int, process_name: str, native: bool | None = None) -> None:
-        self.pid = pid
+    def __init__(self, pid: int, process_name: str, native: bool | None = None, node: int = 0, host: str | None = None) -> None:
+        self.pid = trace.node_pid(pid, node)
+        self.node, self.host = node, host
         if native is None:
             native = _c_encode_rows is not None and os.environ.get(OTEL_RL_PURE_PYTHON, "").lower() not in ("1", "true")
         if native and _c_encode_rows is None:
@@ -226,15 +229,16 @@ class TraceEncoder:
     def gpu_stream_track(self, device: int, stream: int, kernels: bool = False) -> tuple[int, list[bytes]]:
         """A track of one CUDA stream in the ``GPU n`` process: CUDA-timed phases, or the profiler's ``kernels``."""
         # One "GPU n" process per device; its pid is synthetic (negative pids are reserved).
-        gpu_uuid = track_uuid("gpu", device)
+        machine = (self.node,) if self.node else ()  # one machine's GPUs keep the ids they always had
+        gpu_uuid = track_uuid("gpu", *machine, device)
 
         def fill_gpu(d: TrackDescriptor) -> None:
             d.uuid = gpu_uuid
-            d.process.pid = trace.GPU_PID_BASE + device
-            d.process.process_name = trace.gpu_process(device)
+            d.process.pid = trace.GPU_PID_BASE + self.node * trace.GPUS_PER_NODE + device
+            d.process.process_name = trace.gpu_process(device, self.host)
 
         out = self._descriptor(gpu_uuid, fill_gpu)
-        uuid = track_uuid("gpu", device, "kernels" if kernels else "stream", stream)
+        uuid = track_uuid("gpu", *machine, device, "kernels" if kernels else "stream", stream)
 
         def fill(d: TrackDescriptor) -> None:
             d.uuid = uuid

@@ -26,8 +26,8 @@ from otel_rl.run import files
 _logger = logger(__name__)
 
 
-def merge_fragments(path: Path) -> None:
-    """Append the fragments of worker processes to ``path``: serialized traces concatenate.
+def merge_fragments(path: Path, prefix: str = files.fragment_prefix()) -> None:
+    """Append the fragments of worker processes (named ``prefix*``) to ``path``: serialized traces concatenate.
 
     Finished fragments (``trace-<role>.perfetto-trace``) go in whole. A
     ``.partial`` fragment whose process is gone is a worker that crashed:
@@ -35,8 +35,9 @@ def merge_fragments(path: Path) -> None:
     :data:`otel_rl.formats.trace.CRASH_MARK` instant on that process. A ``.partial`` fragment of a
     live process is still being written and is left alone.
     """
-    fragments = sorted(path.parent.glob(files.FRAGMENT_GLOB))
-    crashed = [p for p in sorted(path.parent.glob(files.FRAGMENT_GLOB + files.PARTIAL_SUFFIX)) if not _writer_alive(p)]
+    pattern = prefix + "*" + files.TRACE_SUFFIX
+    fragments = sorted(path.parent.glob(pattern))
+    crashed = [p for p in sorted(path.parent.glob(pattern + files.PARTIAL_SUFFIX)) if not _writer_alive(p)]
     if not fragments and not crashed:
         return
     with open(path, "ab") as merged:
@@ -55,7 +56,8 @@ def merge_fragments(path: Path) -> None:
 
 
 def _writer_alive(fragment: Path) -> bool:
-    _, _, pid = _whole_packets(fragment.read_bytes()[:65536])
+    _, _, shown = _whole_packets(fragment.read_bytes()[:65536])
+    pid = None if shown is None else trace.local_pid(shown)  # fragments are merged on the machine that wrote them
     return pid != os.getpid() and pid_alive(pid)
 
 

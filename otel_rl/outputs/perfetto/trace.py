@@ -47,8 +47,9 @@ DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 PIECE = 64
 """Iterations of a batch encoded in one piece at first; then as many as the file has room for, at the size they took."""
 QUEUE_CAPACITY = 100_000
-COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_", "Perf/queue")
+COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_", "Perf/queue", trace.CLOCK_OFFSET_KEY)
 MAX_COUNTER_TRACKS = 64
+"""Counter tracks per process at most (the clock offset, which readers need, is always kept)."""
 MAX_CLASSIFIED_KEYS = 10_000
 """Scalar keys whose counter-or-not decision is remembered (bounds memory with ever-new keys)."""
 
@@ -63,12 +64,15 @@ class PerfettoTraceSink(RecordSink):
         thread_time: add a CPU-share counter per thread (needs iteration thread times).
         cuda_events: put device intervals on GPU stream tracks.
         max_bytes: rotate the file past this size.
-        merge_fragments: this trace takes in the fragments of its workers when it ends (a learner's).
+        fragments: this trace takes in the fragments named so (:func:`otel_rl.run.files.fragment_prefix`) when it
+            ends (a machine's first learner rank's); None: it is a fragment itself.
         pid: the process the trace shows (default: this one; an agent passes its producer's).
         profile: the ``torch.profiler`` window configured, ``(start, count)``: the intervals of the iterations and
             phases around it are kept until its event arrives, so that its operators are fitted inside them
             (:mod:`otel_rl.outputs.perfetto.profile`).
         clock_offset_ns: the producer's epoch minus ``perf_counter_ns`` (the profile's markers are read on the latter).
+        node, host: the producer's machine in a job of several (its pids and GPUs are told apart by it,
+            :func:`otel_rl.formats.trace.node_pid`); 0 and None on one machine.
     """
 
     def __init__(
@@ -80,17 +84,19 @@ class PerfettoTraceSink(RecordSink):
         cuda_events: bool = True,
         max_bytes: int = DEFAULT_MAX_BYTES,
         capacity: int = QUEUE_CAPACITY,
-        merge_fragments: bool = False,
+        fragments: str | None = None,
         pid: int | None = None,
         profile: tuple[int, int] | None = None,
         clock_offset_ns: int = 0,
+        node: int = 0,
+        host: str | None = None,
     ) -> None:
         self.path = Path(path)
-        self._merge_fragments = merge_fragments
+        self._fragments = fragments
         # A worker's fragment is written under a temporary name and renamed when
         # complete, so the learner only ever merges finished fragments.
-        self._writing = self.path if merge_fragments else files.partial(self.path)
-        self._encoder = TraceEncoder(os.getpid() if pid is None else pid, process_name)
+        self._writing = self.path if fragments is not None else files.partial(self.path)
+        self._encoder = TraceEncoder(os.getpid() if pid is None else pid, process_name, node=node, host=host)
         self._thread_time = thread_time
         self._cuda_events = cuda_events
         self._max_bytes = max_bytes
@@ -206,7 +212,8 @@ class PerfettoTraceSink(RecordSink):
         enc, out = self._encoder, []
         for time_ns, row in rows:
             for key, value in zip(names, row):
-                if value is None or (key not in self._counters and len(self._counters) >= MAX_COUNTER_TRACKS):
+                full = key not in self._counters and len(self._counters) >= MAX_COUNTER_TRACKS and key != trace.CLOCK_OFFSET_KEY
+                if value is None or full:
                     continue
                 track, descriptors = enc.counter_track(key, schema.metric_spec(key).unit)
                 self._counters[key] = track
@@ -274,8 +281,8 @@ class PerfettoTraceSink(RecordSink):
         try:
             if self._writing != self.path and self._writing.exists():
                 os.replace(self._writing, self.path)
-            if self._merge_fragments:
-                merge_fragments(self.path)
+            if self._fragments is not None:
+                merge_fragments(self.path, self._fragments)
         except OSError as exc:
             _logger.warning("otel-rl: could not finish %s (%s)", self.path, exc)
 

@@ -10,23 +10,35 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from otel_rl.base.environment_variables import OTEL_RL_TRACE_PROCESSOR
 from otel_rl.readers.analysis.report import analyze_model, render_text
 from otel_rl.readers.analysis.trace_model import TraceModel
+from otel_rl.run.files import TRACE_GLOB
 
 __all__ = ["analyze", "trace_files", "read_trace", "render_text"]
 
 _logger = logging.getLogger(__name__)
 
 
-def trace_files(path: Path | str) -> list[Path]:
-    """The trace files of a run folder (every process's, rotated ones included) or a single file."""
-    path = Path(path)
+def trace_files(paths: Path | str | Sequence[Path | str]) -> list[Path]:
+    """The trace files of run folders (every process's and machine's parts, rotated ones included) or single files.
+
+    Several folders are one job whose machines kept their parts on their own disks: they are read as one trace.
+    """
+    found: dict[Path, None] = {}
+    for path in [paths] if isinstance(paths, (str, Path)) else paths:
+        for file in _trace_files(Path(path)):
+            found.setdefault(file.resolve(), None)
+    return list(found)
+
+
+def _trace_files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(path.glob("*.perfetto-trace"))
+        files = sorted(path.glob(TRACE_GLOB))
         if not files:
             raise FileNotFoundError(f"no *.perfetto-trace file in {path}")
         return files
@@ -37,8 +49,8 @@ def trace_files(path: Path | str) -> list[Path]:
     return [path]
 
 
-def read_trace(path: Path | str, engine: str = "auto", bin_path: str | None = None) -> tuple[TraceModel, str]:
-    """Read a trace into the model; returns it and the engine used.
+def read_trace(path: Path | str | Sequence[Path | str], engine: str = "auto", bin_path: str | None = None) -> tuple[TraceModel, str]:
+    """Read a trace (one or several files or run folders, as one trace) into the model; returns it and the engine used.
 
     ``auto`` uses the SQL engine when a trace processor binary is configured
     (``bin_path`` or ``OTEL_RL_TRACE_PROCESSOR``), else the Python engine.
@@ -61,7 +73,7 @@ def read_trace(path: Path | str, engine: str = "auto", bin_path: str | None = No
     raise ValueError(f"unknown engine {engine!r}; expected auto, python or sql")
 
 
-def analyze(path: Path | str, engine: str = "auto", bin_path: str | None = None) -> dict[str, Any]:
+def analyze(path: Path | str | Sequence[Path | str], engine: str = "auto", bin_path: str | None = None) -> dict[str, Any]:
     """The analysis report of a trace file or run folder (see :mod:`otel_rl.readers.analysis.report`)."""
     model, used = read_trace(path, engine, bin_path)
     report = analyze_model(model)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 
+from otel_rl.formats import trace
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 _BEGIN = TrackEvent.Type.TYPE_SLICE_BEGIN
@@ -65,6 +66,7 @@ def read(paths: list[Path]) -> TraceModel:
     threads: dict[int, tuple[int, int]] = {}
     named: dict[int, tuple[int, str]] = {}
     counter_names: dict[int, str] = {}
+    counter_process: dict[int, int] = {}
 
     def track_of(uuid: int) -> tuple[str, str]:
         if uuid in threads:
@@ -98,6 +100,7 @@ def read(paths: list[Path]) -> TraceModel:
                     process_by_pid[d.process.pid] = d.process.process_name
                 elif d.HasField("counter"):
                     counter_names[d.uuid] = d.name
+                    counter_process[d.uuid] = d.parent_uuid
                 else:
                     named[d.uuid] = (d.parent_uuid, d.name)
                 continue
@@ -107,7 +110,10 @@ def read(paths: list[Path]) -> TraceModel:
             uuid = event.track_uuid
             if event.type == _COUNTER:
                 value = event.double_counter_value if event.HasField("double_counter_value") else event.counter_value
-                model.counters.setdefault(counter_names.get(uuid, str(uuid)), []).append((packet.timestamp, value))
+                name = counter_names.get(uuid, str(uuid))
+                model.counters.setdefault(name, []).append((packet.timestamp, value))
+                if name == trace.CLOCK_OFFSET_KEY and counter_process.get(uuid) in process_by_uuid:
+                    model.clock_offsets.setdefault(process_by_uuid[counter_process[uuid]], []).append(value)
             elif event.type == _BEGIN:
                 name = event.name or names.get(seq, {}).get(event.name_iid, "?")
                 category = ",".join(categories.get(seq, {}).get(i, "?") for i in event.category_iids) or "?"
@@ -121,5 +127,6 @@ def read(paths: list[Path]) -> TraceModel:
                 start, name, category, flows, steps = stack.pop()
                 key, process = track_of(uuid)
                 model.slices.append(Slice(category, name, start, packet.timestamp, key, process, flows, env_steps=steps))
+    model.align_clocks()
     model.link_parents()
     return model

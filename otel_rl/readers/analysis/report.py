@@ -24,9 +24,11 @@ Every finding carries the numbers behind it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from otel_rl.formats import schema
+from otel_rl.readers.analysis import ranks
 from otel_rl.readers.analysis.operators import operators_by_phase, render_operators
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
@@ -85,23 +87,38 @@ def _stats(durations_ns: list[int]) -> dict[str, float]:
     return {"count": len(ms), "mean_ms": mean, "std_ms": std, "p50_ms": nearest_rank(ms, 0.5), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms)}
 
 
-RESTART_GAP_S = 60.0
-"""Iterations further apart than this are parts of a resumed run: the time between them is not training."""
-
-
-def _throughput(iterations: dict[str, list[Slice]]) -> float | None:
-    """Env steps per second between consecutive iterations that carry them (the learner's, else the collector's)."""
+def _throughput(iterations: dict[str, list[Slice]]) -> tuple[float | None, dict[int, float]]:
+    """Env steps per second of the job and of each rank (:func:`ranks.throughput`), the learner's, else the collector's."""
     for timeline in (schema.LEARNER, schema.COLLECTOR):
-        marked = sorted((s for s in iterations.get(timeline, []) if s.env_steps is not None), key=lambda s: s.start_ns)
-        steps = seconds = 0.0
-        for before, after in zip(marked, marked[1:]):
-            elapsed = (after.start_ns - before.start_ns) / 1e9
-            if 0 < elapsed <= RESTART_GAP_S and after.env_steps >= before.env_steps:  # type: ignore[operator]
-                steps += after.env_steps - before.env_steps  # type: ignore[operator]
-                seconds += elapsed
-        if seconds:
-            return steps / seconds
-    return None
+        job, per_rank = ranks.throughput(iterations.get(timeline, []))
+        if job is not None:
+            return job, per_rank
+    return None, {}
+
+
+def _timeline_entry(timeline: str, cycles: list[Slice], own: list[Slice], is_top: Callable[[Slice], bool]) -> tuple[dict[str, Any], list[Slice]]:
+    """A timeline's table (cycles, phases, accounted and other shares) from its cycles and phases, and its top-level phases."""
+    # Top-level phases inside cycles (or all of them for a timeline without cycles).
+    top = [s for s in own if is_top(s) and (s.parent != -1 or not cycles)]
+    wall = sum(c.duration_ns for c in cycles) if cycles else sum(s.duration_ns for s in top)
+    entry: dict[str, Any] = {"cycles": len(cycles), "cycle_ms": _stats([c.duration_ns for c in cycles]) if cycles else None}
+    by_name: dict[str, list[Slice]] = {}
+    for s in own:
+        by_name.setdefault(phase_name(timeline, s.name), []).append(s)
+    table = {}
+    for name, occurrences in by_name.items():
+        stat = _stats([s.duration_ns for s in occurrences])
+        stat["title"] = occurrences[0].name
+        stat["nested"] = not any(is_top(s) for s in occurrences)
+        # Work on other threads, never inside this timeline's cycles: it overlaps them.
+        stat["background"] = bool(cycles) and not stat["nested"] and all(s.parent == -1 for s in occurrences)
+        stat["share"] = stat["total_ms"] * 1e6 / wall if wall else 0.0
+        table[name] = stat
+    accounted = sum(s.duration_ns for s in top)
+    entry["phases"] = dict(sorted(table.items(), key=lambda kv: (kv[1]["nested"], -kv[1]["total_ms"])))
+    entry["accounted_share"] = accounted / wall if wall else 0.0
+    entry["other_share"] = max(wall - accounted, 0) / wall if wall and cycles else 0.0
+    return entry, top
 
 
 def analyze_model(model: TraceModel) -> dict[str, Any]:
@@ -135,26 +152,10 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
         cycles = iterations.get(timeline, [])
         if not own and not cycles:
             continue
-        # Top-level phases inside cycles (or all of them for a timeline without cycles).
-        top = [s for s in own if is_top(s) and (s.parent != -1 or not cycles)]
-        wall = sum(c.duration_ns for c in cycles) if cycles else sum(s.duration_ns for s in top)
-        entry: dict[str, Any] = {"cycles": len(cycles), "cycle_ms": _stats([c.duration_ns for c in cycles]) if cycles else None}
-        by_name: dict[str, list[Slice]] = {}
-        for s in own:
-            by_name.setdefault(phase_name(timeline, s.name), []).append(s)
-        table = {}
-        for name, occurrences in by_name.items():
-            stat = _stats([s.duration_ns for s in occurrences])
-            stat["title"] = occurrences[0].name
-            stat["nested"] = not any(is_top(s) for s in occurrences)
-            # Work on other threads, never inside this timeline's cycles: it overlaps them.
-            stat["background"] = bool(cycles) and not stat["nested"] and all(s.parent == -1 for s in occurrences)
-            stat["share"] = stat["total_ms"] * 1e6 / wall if wall else 0.0
-            table[name] = stat
-        accounted = sum(s.duration_ns for s in top)
-        entry["phases"] = dict(sorted(table.items(), key=lambda kv: (kv[1]["nested"], -kv[1]["total_ms"])))
-        entry["accounted_share"] = accounted / wall if wall else 0.0
-        entry["other_share"] = max(wall - accounted, 0) / wall if wall and cycles else 0.0
+        entry, top = _timeline_entry(timeline, cycles, own, is_top)
+        per_rank = ranks.rank_tables(cycles, own, lambda c, p, t=timeline: _timeline_entry(t, c, p, is_top)[0])
+        if per_rank:
+            entry["ranks"] = per_rank
         timelines[timeline] = entry
         busy[timeline] = _union([(s.start_ns, s.end_ns) for s in top if phase_name(timeline, s.name) != _WAITS[timeline]])
 
@@ -166,10 +167,12 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
         intervals = _union([(s.start_ns, s.end_ns) for s in slices if s.category == "gpu" and s.track == track])
         gpu[track] = _total(intervals) / span
 
+    job_steps, rank_steps = _throughput(iterations)
     report: dict[str, Any] = {
         "wall_s": span / 1e9 if everything else 0.0,
         "turns": _turns(iterations, span),
-        "env_steps_per_s": _throughput(iterations),
+        "env_steps_per_s": job_steps,
+        "env_steps_per_s_by_rank": {str(rank): v for rank, v in sorted(rank_steps.items())} if len(rank_steps) > 1 else None,
         "timelines": timelines,
         "overlap_share": (
             _intersection(busy[schema.LEARNER], busy[schema.COLLECTOR]) / span
@@ -181,6 +184,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     profile = operators_by_phase(slices)
     if profile:
         report["profile"] = profile
+    report["straggler"] = next((found for entry in timelines.values() if (found := ranks.straggler(entry.get("ranks", []))) is not None), None)
     report["diagnosis"] = diagnose(report)
     return report
 
@@ -229,6 +233,13 @@ def _title(report: dict[str, Any], timeline: str, name: str) -> str:
 def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     """The main bottleneck in one plain line, and findings with their evidence."""
     bottleneck, findings = _bottleneck(report)
+    found = report.get("straggler")
+    if found is not None:
+        findings.insert(0, {
+            "finding": f"rank {found['rank']} is the straggler",
+            "evidence": found["verdict"],
+            "check": f"what rank {found['rank']} does differently in {found['title']}: its data, its device, its host's load",
+        })  # fmt: skip
     findings += _hot_spots(report)
     other = report["timelines"].get(schema.LEARNER, {}).get("other_share", 0.0)
     if other >= HIGH_OTHER and not any(f["finding"].startswith("much of") for f in findings):
@@ -401,7 +412,10 @@ def _in_turns(report: dict[str, Any], turns: dict[str, float]) -> tuple[str, dic
 
 def render_text(report: dict[str, Any]) -> str:
     """A plain report that leads with the bottleneck line."""
-    lines = [f"bottleneck: {report['diagnosis']['bottleneck']}", ""]
+    lines = [f"bottleneck: {report['diagnosis']['bottleneck']}"]
+    if report.get("straggler") is not None:
+        lines.append(f"straggler: {report['straggler']['verdict']}")
+    lines.append("")
     for finding in report["diagnosis"]["findings"]:
         lines.append(f"- {finding['finding']}: {finding['evidence']}. Check: {finding['check']}.")
     if report["diagnosis"]["findings"]:
@@ -423,6 +437,7 @@ def render_text(report: dict[str, Any]) -> str:
             lines.append(f"  {'accounted':28s} {'':8s} {'':10s} {'':10s} {'':10s} {100 * entry['accounted_share']:6.1f}%")
             lines.append(f"  {'Other':28s} {'':8s} {'':10s} {'':10s} {'':10s} {100 * entry['other_share']:6.1f}%")
         lines.append("")
+        lines += _render_ranks(timeline, entry.get("ranks", []), report.get("straggler"))
     turns = report.get("turns")
     if turns is not None:
         lines.append(
@@ -435,6 +450,29 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"{track} busy: {100 * share:.1f}% of wall time")
     lines += render_operators(report.get("profile", {}))
     if report.get("env_steps_per_s") is not None:
-        lines.append(f"throughput: {report['env_steps_per_s']:,.0f} env steps/s")
+        by_rank = report.get("env_steps_per_s_by_rank") or {}
+        each = f" (per rank: {', '.join(f'{rank}: {v:,.0f}' for rank, v in by_rank.items())})" if by_rank else ""
+        lines.append(f"throughput: {report['env_steps_per_s']:,.0f} env steps/s{each}")
     lines.append(f"wall time analysed: {report['wall_s']:.2f} s")
     return "\n".join(lines)
+
+
+def _render_ranks(timeline: str, per_rank: list[dict[str, Any]], found: dict[str, Any] | None) -> list[str]:
+    """Each rank's row per top-level phase of ``timeline`` (the straggler's marked); nothing for one rank."""
+    if not per_rank:
+        return []
+    lines = [f"{timeline} by rank:", f"  {'phase':24s} {'rank':>5s} {'host':16s} {'count':>8s} {'mean ms':>10s} {'p95 ms':>10s} {'share':>7s}"]
+    names = [name for name, stat in max(per_rank, key=lambda e: len(e["phases"]))["phases"].items() if not stat["nested"]]
+    for name in names:
+        for index, entry in enumerate(per_rank):
+            stat = entry["phases"].get(name)
+            if stat is None:
+                continue
+            label = stat["title"] if index == 0 or name not in per_rank[0]["phases"] else ""
+            mark = "  <- straggler" if found is not None and found["rank"] == entry["rank"] and found["phase"] == name else ""
+            lines.append(
+                f"  {label[:24]:24s} {entry['rank']:5d} {(entry['host'] or '')[:16]:16s} {stat['count']:8d} "
+                f"{stat['mean_ms']:10.3f} {stat['p95_ms']:10.3f} {100 * stat['share']:6.1f}%{mark}"
+            )
+    lines.append("")
+    return lines

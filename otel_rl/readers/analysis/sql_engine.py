@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from otel_rl.formats import trace
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 _SLICES = """
@@ -36,6 +37,13 @@ _COUNTERS = """
 SELECT t.name AS name, c.ts AS ts, c.value AS value
 FROM counter c JOIN counter_track t ON t.id = c.track_id
 ORDER BY c.ts
+"""
+
+
+_CLOCK_OFFSETS = f"""
+SELECT p.name AS process_name, c.value AS value
+FROM counter c JOIN process_counter_track t ON t.id = c.track_id JOIN process p USING (upid)
+WHERE t.name = '{trace.CLOCK_OFFSET_KEY}'
 """
 
 
@@ -74,7 +82,10 @@ def read(files: list[Path], bin_path: str | None) -> TraceModel:
                 model.slices.append(Slice(row.category, row.name, row.ts, row.ts + row.dur, key, row.process_name, env_steps=steps))
             for row in tp.query(_COUNTERS):
                 model.counters.setdefault(row.name, []).append((row.ts, row.value))
+            for row in tp.query(_CLOCK_OFFSETS):
+                model.clock_offsets.setdefault(row.process_name or "", []).append(row.value)
         finally:
             tp.close()
+    model.align_clocks()
     model.link_parents()
     return model

@@ -6,7 +6,10 @@ is computed from this model, so the two engines give the same answers.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
+
+from otel_rl.formats import trace
 
 
 @dataclass(slots=True)
@@ -37,6 +40,28 @@ class Slice:
 class TraceModel:
     slices: list[Slice] = field(default_factory=list)
     counters: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    clock_offsets: dict[str, list[float]] = field(default_factory=dict)
+    """Per process: its clock minus rank 0's as measured (ms, :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`)."""
+
+    def align_clocks(self) -> dict[str, float]:
+        """Put every machine on rank 0's clock: subtract the median of the offsets measured on its processes.
+
+        The processes of one machine (one host in their names) share its clock,
+        so they share one offset, and a process's slices keep their nesting;
+        processes without a measurement keep their wall-clock times. Returns
+        the offset applied per machine (ms).
+        """
+        measured: dict[str, list[float]] = {}
+        for process, values in self.clock_offsets.items():
+            measured.setdefault(_machine(process), []).extend(values)
+        applied = {machine: statistics.median(values) for machine, values in measured.items() if values}
+        shifts = {machine: round(ms * 1e6) for machine, ms in applied.items() if ms}
+        for s in self.slices:
+            shift = shifts.get(_machine(s.process))
+            if shift:
+                s.start_ns -= shift
+                s.end_ns -= shift
+        return applied
 
     def link_parents(self) -> None:
         """Set each slice's parent from interval nesting on its track."""
@@ -51,3 +76,9 @@ class TraceModel:
                 stack.pop()
             s.parent = stack[-1] if stack else -1
             stack.append(index)
+
+
+def _machine(process: str) -> str:
+    """The machine a process runs on: its host where its name says one, else the process itself."""
+    host = trace.parse_process(process)[2]
+    return f"host {host}" if host else process
