@@ -164,9 +164,9 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if args.plot:
         require(extras.PLOT)
-    for target in (args.plot, args.merged_trace):
+    for flag, target in (("--plot", args.plot), ("--merged-trace", args.merged_trace)):
         if target and not os.path.isdir(os.path.dirname(os.path.abspath(target))):
-            print(f"otel-rl analyze: {target}: no such folder", file=sys.stderr)
+            print(f"otel-rl analyze: {flag} {target}: no such folder", file=sys.stderr)
             return 2
     if args.merged_trace and _read_as_part(Path(args.merged_trace), args.path):
         print(f"otel-rl analyze: --merged-trace {args.merged_trace} would be read as one more part of the run: write it outside its folder", file=sys.stderr)

@@ -525,3 +525,11 @@ def parse_rank_key(key: str) -> tuple[int, str] | None:
     """``(rank, the job's key)`` of a :func:`rank_key`; None for any other key."""
     match = _RANK_KEY.match(key)
     return (int(match[1]), "Perf/" + match[2]) if match else None
+
+
+def is_learner_timing(key: str) -> bool:
+    """A learner timing of a log window (:meth:`otel_rl.Telemetry.window_timings`): each rank's is kept per rank."""
+    return key == "Perf/iteration_time" or key in _LEARNER_TIMING_KEYS or (key.startswith("Perf/learner_") and key.endswith("_ms"))
+
+
+_LEARNER_TIMING_KEYS = frozenset(key for (timeline, _), key in _SECONDS_PHASE_KEYS.items() if timeline == LEARNER)

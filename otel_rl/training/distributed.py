@@ -5,8 +5,8 @@ throughput is summed (``Perf/total_fps`` is the whole job's), with one
 packed ``all_reduce`` however many keys there are (after a fixed-size one
 that checks every rank has the same keys). A key's schema aggregation says
 which: ``sum`` keys are summed, everything else is averaged. Each rank's own
-timings are gathered too (rank 0 records them per rank), and the ranks'
-clocks are compared through timed all-reduces (:func:`clock_offsets`).
+timings travel in the same all-reduce (rank 0 records them per rank), and the
+ranks' clocks are compared through timed all-reduces (:func:`clock_offsets`).
 """
 
 from __future__ import annotations
@@ -25,19 +25,26 @@ def _key_hash(keys: list[str]) -> float:
 
 
 def reduce_across_ranks(values: Mapping[str, float], group: Any = None) -> dict[str, float]:
-    """Mean or sum of each key over the ranks of ``group``.
+    """Mean or sum of each key over the ranks of ``group`` (see :func:`reduce_and_gather`)."""
+    return reduce_and_gather(values, lambda key: False, group)[0]
+
+
+def reduce_and_gather(values: Mapping[str, float], gathered: Callable[[str], bool], group: Any = None) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Mean or sum of each key over the ranks of ``group``, and each rank's own value of the keys ``gathered`` picks.
 
     A key a rank does not have (or has as None) counts as missing there: the
     mean is over the ranks that have it. Two all-reduces when every rank has
-    the same keys (the usual window); when they differ (a rank whose window
-    is still empty, a phase only some ranks run), the ranks first agree on the
-    union of their keys: a collective of mismatched sizes would abort the job.
+    the same keys (the usual window): the second carries a row per rank for
+    the gathered keys, which only that rank fills. When the keys differ (a rank
+    whose window is still empty, a phase only some ranks run), the ranks first
+    agree on the union of their keys: a collective of mismatched sizes would
+    abort the job. ``gathered`` must pick by name alone, the same on every rank.
     """
     import torch
     import torch.distributed as dist
 
     keys = sorted(values)
-    world = dist.get_world_size(group)
+    world, me = dist.get_world_size(group), dist.get_rank(group)
     digest = _key_hash(keys)
     numbers = [0.0 if values[k] is None else float(values[k]) for k in keys]
     present = [0.0 if values[k] is None else 1.0 for k in keys]
@@ -51,7 +58,11 @@ def reduce_across_ranks(values: Mapping[str, float], group: Any = None) -> dict[
         keys = sorted(set().union(*everyone))
         numbers = [0.0 if values.get(k) is None else float(values[k]) for k in keys]
         present = [0.0 if values.get(k) is None else 1.0 for k in keys]
-    packed = torch.tensor([*numbers, *present], dtype=torch.float64)
+    own = [i for i, key in enumerate(keys) if gathered(key)]
+    rows = torch.zeros((2, world, len(own)), dtype=torch.float64)
+    rows[0, me] = torch.tensor([numbers[i] for i in own], dtype=torch.float64)
+    rows[1, me] = torch.tensor([present[i] for i in own], dtype=torch.float64)
+    packed = torch.cat([torch.tensor([*numbers, *present], dtype=torch.float64), rows.flatten()])
     dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
     n = len(keys)
     out: dict[str, float] = {}
@@ -61,7 +72,9 @@ def reduce_across_ranks(values: Mapping[str, float], group: Any = None) -> dict[
             continue
         total_i = packed[i].item()
         out[key] = total_i if schema.metric_spec(key).aggregation == "sum" else total_i / count
-    return out
+    rows = packed[2 * n :].reshape(2, world, len(own)).tolist()
+    per_rank = [{keys[i]: rows[0][r][j] for j, i in enumerate(own) if rows[1][r][j]} for r in range(world)]
+    return out, per_rank
 
 
 ALIGN_ROUNDS = 8
@@ -92,10 +105,3 @@ def clock_offsets(now_ns: Callable[[], int], group: Any = None, rounds: int = AL
     return [statistics.median((theirs - first).tolist()) / 1e6 for theirs in everyone]
 
 
-def gather_per_rank(values: Mapping[str, float], group: Any = None) -> list[dict[str, float]]:
-    """Every rank's ``values`` (one all-gather of small objects), in the group's rank order."""
-    import torch.distributed as dist
-
-    everyone: list[dict[str, float]] = [{}] * dist.get_world_size(group)
-    dist.all_gather_object(everyone, dict(values), group=group)
-    return everyone

@@ -45,11 +45,10 @@ class Windows:
     def across_ranks(self, values: Mapping[str, Any] | None, group: Any) -> tuple[dict[str, float], list[dict[str, float]]]:
         """This window's timings and ``values``, reduced across the ranks of ``group`` when one is given, and each
         rank's own timings (none without a group; see :meth:`otel_rl.Telemetry.log_window`)."""
-        timings = self.timings()
-        local = {**timings, **snapshot(values or {})}
+        local = {**self.timings(), **snapshot(values or {})}
         if group is None:
             return local, []
-        from otel_rl.training.distributed import gather_per_rank, reduce_across_ranks
+        from otel_rl.training.distributed import reduce_and_gather
 
         self.count += 1
-        return reduce_across_ranks(local, group), gather_per_rank(timings, group)
+        return reduce_and_gather(local, schema.is_learner_timing, group)

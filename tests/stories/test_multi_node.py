@@ -69,7 +69,26 @@ def job(tmp_path_factory):
         rank_keys = [k for k in keys if schema.parse_rank_key(k)]
         query = "&".join(f"key={k}" for k in rank_keys if k.endswith("/learning_time"))
         points = json.load(urllib.request.urlopen(f"{server.url}/api/v1/runs/multi/scalars?{query}&max_points=1000"))
-    return {"run_dir": run_dir, "outputs": outputs, "runs": runs, "keys": keys, "points": points}
+        page = _rank_table_in_a_browser(server.url, tmp / "ranks.png")
+    return {"run_dir": run_dir, "outputs": outputs, "runs": runs, "keys": keys, "points": points, "page": page}
+
+
+def _rank_table_in_a_browser(url: str, screenshot: Path) -> dict:
+    """The run page's rank table as headless Chromium renders it: each row's cells and the columns marked slowest."""
+    from browser import Browser
+
+    browser = Browser()
+    try:
+        browser.goto(f"{url}/runs/multi")
+        rows = browser.wait_for("document.querySelectorAll('#rank-table tr[data-rank]').length === 4 && "
+                                "[...document.querySelectorAll('#rank-table tr[data-rank]')].map(r => [r.dataset.rank, "
+                                "[...r.querySelectorAll('td.slowest')].map(td => td.cellIndex)])")  # fmt: skip
+        header = browser.eval("[...document.querySelectorAll('#rank-table th')].map(th => th.textContent)")
+        charts = browser.eval("[...document.querySelectorAll('.chart')].map(c => c.dataset.key)")
+        browser.screenshot(screenshot)
+        return {"rows": dict(rows), "header": header, "charts": charts, "screenshot": screenshot.stat().st_size}
+    finally:
+        browser.close()
 
 
 def test_every_file_parses_and_one_writer_wrote_each(job):
@@ -143,6 +162,14 @@ def test_a_merged_trace_holds_every_part_on_rank_0s_clock(job, tmp_path):
     one, _ = read_trace(merged)
     key = lambda s: (s.process, s.name, s.start_ns, s.end_ns)  # noqa: E731
     assert sorted(map(key, one.slices)) == sorted(map(key, parts.slices))  # the same slices, at the aligned times
+
+
+def test_the_run_page_shows_the_ranks_side_by_side_with_the_slowest_marked(job):
+    page = job["page"]
+    learning = page["header"].index("learning_time (s)")
+    assert learning in page["rows"]["3"] and all(learning not in page["rows"][r] for r in "012"), page
+    assert not [key for key in page["charts"] if schema.parse_rank_key(key)]  # the table shows them, not a chart each
+    assert page["screenshot"] > 10_000
 
 
 def test_the_server_holds_one_run_with_each_ranks_timings(job):

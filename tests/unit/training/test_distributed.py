@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import socket
+from collections import Counter
 
 import pytest
 import torch
@@ -12,6 +13,8 @@ import torch.multiprocessing as mp
 from dist_workers import rank_data
 from otlp_receivers import HttpReceiver
 
+from otel_rl.formats import schema, trace
+from otel_rl.readers.analysis import read_trace
 from otel_rl.stats_tracker import (
     ReduceType,
     StatsError,
@@ -142,12 +145,20 @@ def test_rank_aware_telemetry(world, tmp_path):
     # The mean of the ranks, not the slowest rank's (10 ms more) nor their sum; sleep() may overshoot a little.
     assert mean_sleep_s <= reduced[0]["Perf/learning_time"] < mean_sleep_s + 0.008
     assert all(reduced[r] == reduced[0] for r in range(world))
-    # Rank 0 owns the local outputs; the job's window is recorded there once.
+    # Rank 0 owns the local outputs; every rank writes its part of the trace (each with its own agent here: a
+    # fragment rank 0's trace took in if it was complete by then, else a file beside it).
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["metrics.jsonl", "run_config.json", "run_summary.json", "trace.perfetto-trace"]
+    assert [n for n in names if not n.startswith("trace-learner-rank")] == ["metrics.jsonl", "run_config.json", "run_summary.json", "trace.perfetto-trace"]
+    learning = Counter(s.process for s in read_trace(tmp_path)[0].slices if s.name == "Learning")
+    assert learning == {trace.process_name("learner", r): 5 for r in range(world)}
+    # The job's window is recorded once, by rank 0, with each rank's own timings beside the mean.
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     windows = [r for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     assert len(windows) == 1 and windows[0]["values"]["Perf/total_fps"] == reduced[0]["Perf/total_fps"]
+    for r in range(world):
+        assert 0.02 * (r + 1) <= windows[0]["values"][schema.rank_key(r, "Perf/learning_time")] < 0.02 * (r + 1) + 0.008
+    offsets = [r["values"][trace.CLOCK_OFFSET_KEY] for r in records if trace.CLOCK_OFFSET_KEY in r.get("values", {})]
+    assert len(offsets) == 1 and abs(offsets[0]) < 1e-9  # rank 0's own clock, measured once (the first window)
     assert {r["writer"] for r in records} == {records[0]["writer"]}  # one writer: rank 0
     # Every rank exports OTLP, each span and data point carrying its rank.
     ranks = set()

@@ -343,7 +343,8 @@ function runView(runId) {
   const controls = el("div", { class: "controls" });
   const charts = el("section", { id: "charts" });
   const details = el("section", { id: "details", class: "details" });
-  app(header, controls, charts, details);
+  const ranks = el("section", { id: "ranks", class: "details" });
+  app(header, controls, ranks, charts, details);
   const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); refresh(); } },
     Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
   const smoothing = el("input", { id: "smoothing", type: "range", min: 0, max: 0.99, step: 0.01, value: params().get("smooth") || 0,
@@ -367,11 +368,11 @@ function runView(runId) {
         "started " + when(run.created), "last seen " + ago(run.last_seen),
         "env steps " + number(run.env_steps) + (started.total_steps ? " of " + number(started.total_steps) : ""),
         keyList.keys.length + " keys"].filter(Boolean).join(" · ")));
-    keys = keyList.keys;
+    keys = keyList.keys.filter((k) => !rankKey(k));
     events = info.events;
     board.place(keys);
     round += 1;
-    await draw(true);
+    await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey))]);
     eventList(details, events, info.events_total);
     detailTables(details, started);
   }
@@ -394,6 +395,41 @@ function runView(runId) {
     stackedPerf(stacks, curves, charts, stackHolders, x);
   }
   live(refresh);
+}
+
+// -- the ranks of a job ------------------------------------------------------------------
+
+// "Perf/rank_3/learning_time" -> [3, "Perf/learning_time"]: one rank's timing, as rank 0 records it (log_window).
+function rankKey(key) {
+  const match = /^Perf\/rank_(\d+)\/(.+)$/.exec(key);
+  return match ? [Number(match[1]), "Perf/" + match[2]] : null;
+}
+
+// Each rank's latest timings side by side, the slowest of each column marked: where a job of several ranks waits.
+async function rankTable(section, runId, keys) {
+  if (!keys.length) return section.replaceChildren();
+  const curves = await fetchCurves(runId, keys, "ts");
+  const latest = new Map(); // rank -> Map(job key -> value)
+  for (const [key, curve] of curves) {
+    const [rank, job] = rankKey(key);
+    if (!latest.has(rank)) latest.set(rank, new Map());
+    if (curve.y.length) latest.get(rank).set(job, curve.y[curve.y.length - 1]);
+  }
+  const columns = [...new Set([...latest.values()].flatMap((m) => [...m.keys()]))].sort();
+  const slowest = new Map(columns.map((c) => [c, Math.max(...[...latest.values()].map((m) => m.get(c) ?? -Infinity))]));
+  const rows = [...latest.keys()].sort((a, b) => a - b).map((rank) => el("tr", { "data-rank": String(rank) }, el("td", {}, "rank " + rank),
+    columns.map((c) => {
+      const value = latest.get(rank).get(c);
+      const worst = value !== undefined && latest.size > 1 && value === slowest.get(c);
+      return el("td", { class: worst ? "num slowest" : "num", title: worst ? "the slowest rank" : null }, number(value));
+    })));
+  section.replaceChildren(el("h2", {}, "Ranks (the latest log window; the slowest of each column marked)"),
+    el("table", { id: "rank-table" }, el("tr", {}, el("th", {}, "rank"), columns.map((c) => el("th", {}, c.slice(5) + unitOf(c)))), rows));
+}
+
+function unitOf(key) {
+  if (key.endsWith("_ms")) return "";
+  return key.endsWith("_time") ? " (s)" : "";
 }
 
 function phaseOf(key) {

@@ -1,0 +1,54 @@
+"""Every name in a run folder, for a job on one machine and on several."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import otel_rl
+from otel_rl.run import files
+
+D = Path("/runs/job")
+
+
+def test_one_machine_keeps_the_names_it_always_had():
+    assert files.trace_part(D, 0) == D / "trace.perfetto-trace"
+    assert files.trace_part(D, 2) == D / "trace.resume-2.perfetto-trace"
+    assert files.fragment_name("learner", 3) == "trace-learner-rank3.perfetto-trace"
+    assert files.fragment_name("collector 0") == "trace-collector-0.perfetto-trace"
+
+
+def test_each_machine_of_a_job_has_its_own_part_and_fragments():
+    assert files.trace_part(D, 0, node=1) == D / "trace.node-1.perfetto-trace"
+    assert files.trace_part(D, 1, node=1) == D / "trace.node-1.resume-1.perfetto-trace"
+    assert files.fragment_name("learner", 3, node=1) == "trace-node1-learner-rank3.perfetto-trace"
+    assert files.fragment_name("learner", 3, node=1).startswith(files.fragment_prefix(1))
+    assert not files.fragment_name("learner", 1, node=0).startswith(files.fragment_prefix(1))
+    assert files.agent_part(D / "trace.node-1.perfetto-trace", 2).name == "trace.agent-2.node-1.perfetto-trace"
+    every = [files.trace_part(D, 0, n).name for n in range(3)] + [files.fragment_name("learner", r, r // 2) for r in range(6)]
+    assert all(Path(name).match(files.TRACE_GLOB) for name in every)  # the readers' glob finds every part
+
+
+def test_a_ranks_place_comes_from_torchruns_variables(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    monkeypatch.setenv("GROUP_RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    config = otel_rl.TelemetryConfig.from_options(run_dir=Path("/tmp/x"))
+    assert (config.rank, config.node_rank, config.local_rank, config.nodes, config.machine) == (5, 1, 1, 2, 1)
+    assert not config.first_on_node and config.trace_enabled and not config.jsonl  # its part of the trace, not rank 0's files
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"rank": 3, "world_size": 4, "node_rank": 3, "local_world_size": 2}, "node_rank=3"),
+        ({"rank": 1, "world_size": 4, "local_world_size": 0}, "local_world_size must be a positive integer"),
+        ({"rank": 1, "world_size": 4, "local_rank": "1"}, "local_rank must be an integer"),
+    ],
+)
+def test_a_place_that_does_not_fit_the_job_is_refused_naming_it(options, says):
+    with pytest.raises((ValueError, TypeError), match=says):
+        otel_rl.TelemetryConfig(**options)
