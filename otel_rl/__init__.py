@@ -71,6 +71,9 @@ def init(
     outputs_on_every_rank: bool = DEFAULT,
     rank: int = DEFAULT,
     world_size: int = DEFAULT,
+    node_rank: int = DEFAULT,
+    local_rank: int | None = DEFAULT,
+    local_world_size: int | None = DEFAULT,
     **misspelt: Any,
 ) -> Telemetry | NoOpTelemetry:
     """Start telemetry for this process and return its handle.

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from synthetic_trace import MS, T0, cycle
 
@@ -92,3 +96,19 @@ def test_throughput_counts_each_ranks_env_steps_once(tmp_path):
 def test_process_names_round_trip(name):
     role, rank, host = trace.parse_process(name)
     assert trace.process_name(role, rank, host) == name or host == ""
+
+
+def test_machines_that_kept_their_parts_on_their_own_disks_are_read_as_one_job(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    job(shared, slow_rank=3)
+    node0, node1 = tmp_path / "node0", tmp_path / "node1"
+    for folder, ranks in ((node0, (0, 1)), (node1, (2, 3))):
+        folder.mkdir()
+        for rank in ranks:
+            (shared / f"rank{rank}.perfetto-trace").rename(folder / f"rank{rank}.perfetto-trace")
+    report = analyze_model(read_trace([node0, node1])[0])
+    assert report["straggler"]["rank"] == 3 and len(report["timelines"]["learner"]["ranks"]) == 4
+    assert analyze_model(read_trace([node0, node1, node0])[0])["timelines"]["learner"]["cycles"] == 4 * CYCLES  # a folder named twice counts once
+    cli = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(node0), str(node1), "--json"], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0 and json.loads(cli.stdout)["straggler"]["rank"] == 3, cli.stderr
