@@ -31,7 +31,8 @@ NODE_PID_STRIDE = 1 << 22
 """Above Linux's largest pid: machine ``k`` of a job shows process ``pid`` as ``pid + k * NODE_PID_STRIDE``,
 so the parts of several machines (whose pids may repeat, in containers above all) merge without collisions."""
 MAX_NODES = 255
-"""Machines one timeline tells apart (their pids stay below :data:`GPU_PID_BASE`)."""
+"""Machines one timeline tells apart by pid (their pids stay below :data:`GPU_PID_BASE`); machine ``k`` past it
+shares the pids of machine ``k % (MAX_NODES + 1)`` (its processes' names still say its host)."""
 GPUS_PER_NODE = 256
 """Machine ``k``'s device ``n`` is the process ``GPU_PID_BASE + k * GPUS_PER_NODE + n``."""
 CLOCK_OFFSET_KEY = "Perf/clock_offset_ms"
@@ -68,7 +69,7 @@ def parse_process(name: str) -> tuple[str, int, str | None]:
 
 def node_pid(pid: int, node: int) -> int:
     """The pid machine ``node`` shows for its process ``pid`` (see :data:`NODE_PID_STRIDE`)."""
-    return pid + node * NODE_PID_STRIDE
+    return pid + node % (MAX_NODES + 1) * NODE_PID_STRIDE
 
 
 def local_pid(shown: int) -> int:

@@ -234,7 +234,7 @@ class TraceEncoder:
 
         def fill_gpu(d: TrackDescriptor) -> None:
             d.uuid = gpu_uuid
-            d.process.pid = trace.GPU_PID_BASE + self.node * trace.GPUS_PER_NODE + device
+            d.process.pid = trace.GPU_PID_BASE + self.node % (trace.MAX_NODES + 1) * trace.GPUS_PER_NODE + device % trace.GPUS_PER_NODE
             d.process.process_name = trace.gpu_process(device, self.host)
 
         out = self._descriptor(gpu_uuid, fill_gpu)

@@ -52,3 +52,23 @@ def test_a_ranks_place_comes_from_torchruns_variables(monkeypatch):
 def test_a_place_that_does_not_fit_the_job_is_refused_naming_it(options, says):
     with pytest.raises((ValueError, TypeError), match=says):
         otel_rl.TelemetryConfig(**options)
+
+
+def test_a_job_of_many_machines_keeps_every_pid_a_valid_trace_pid(tmp_path):
+    from synthetic_trace import T0, cycle
+
+    from otel_rl.base.deadline import Deadline
+    from otel_rl.core.batches import IterationBatch
+    from otel_rl.formats import trace
+    from otel_rl.outputs.perfetto.trace import PerfettoTraceSink
+    from otel_rl.readers.analysis import read_trace
+
+    assert trace.node_pid(4_194_303, 255) < trace.GPU_PID_BASE
+    for node in (0, 1, 255, 256, 4095):  # a thousand-machine job: pids past 255 machines repeat, never overflow int32
+        assert 0 < trace.node_pid(4_194_303, node) < 2**31 and trace.local_pid(trace.node_pid(1234, node)) == 1234
+        sink = PerfettoTraceSink(tmp_path / f"n{node}.perfetto-trace", trace.process_name("learner", node, f"h{node}"), pid=4_194_303, node=node, host=f"h{node}")
+        sink.on_iterations(IterationBatch.of([cycle("learner", 0, T0, [("learning", 1.0, [])], 1, "MainThread")[0]]))
+        sink.flush(Deadline(5))
+        sink.shutdown(Deadline(5))
+    processes = {s.process for s in read_trace(tmp_path)[0].slices}  # every part parses
+    assert processes == {trace.process_name("learner", node, f"h{node}") for node in (0, 1, 255, 256, 4095)}
