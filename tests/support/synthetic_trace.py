@@ -40,6 +40,7 @@ def write_trace(
     collector: list[tuple[str, float, list]] | None = None,
     cycles: int = 50,
     learner_other_ms: float = 0.1,
+    collector_other_ms: float = 0.0,
     background: tuple[str, float] | None = None,
     gpu: list[tuple[int, float, float]] | None = None,
 ) -> Path:
@@ -61,7 +62,7 @@ def write_trace(
                 )
         if collector:
             while t_collector < t_learner:
-                c, t_collector = cycle("collector", i, t_collector, collector, 2, "collector")
+                c, t_collector = cycle("collector", i, t_collector, collector, 2, "collector", collector_other_ms)
                 sink.on_iterations(IterationBatch.of([c]))
     sink.flush(Deadline(10))
     sink.shutdown(Deadline(10))

@@ -241,10 +241,19 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
             "check": f"what rank {found['rank']} does differently in {found['title']}: its data, its device, its host's load",
         })  # fmt: skip
     findings += _hot_spots(report)
-    other = report["timelines"].get(schema.LEARNER, {}).get("other_share", 0.0)
-    if other >= HIGH_OTHER and not any(f["finding"].startswith("much of") for f in findings):
-        findings.append(_unaccounted_finding(report, schema.LEARNER))
+    for timeline in (schema.LEARNER, schema.COLLECTOR):  # every timeline by the same rule
+        other = report["timelines"].get(timeline, {}).get("other_share", 0.0)
+        if other >= HIGH_OTHER and not any(f["finding"].startswith(f"much of the {timeline}'s") for f in findings):
+            findings.append(_unaccounted_finding(report, timeline))
     return {"bottleneck": bottleneck, "findings": findings}
+
+
+def _pace_setter(report: dict[str, Any], timeline: str) -> tuple[str | None, str | None]:
+    """What holds ``timeline``'s cycle: (its largest phase, or None when time in no phase outweighs it; the words for it)."""
+    if _unaccounted_leads(report, timeline):
+        return None, f"unaccounted: {_pct(report['timelines'][timeline]['other_share'])} of its cycle is in no phase"
+    culprit = _largest(report, timeline, exclude=tuple(_WAITS.values()))
+    return culprit, (_title(report, timeline, culprit).lower() if culprit else None)
 
 
 def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
@@ -261,31 +270,35 @@ def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
         bottleneck, finding = _in_turns(report, turns)
         findings.append(finding)
     elif have_l and collector_wait >= HIGH_WAIT:
-        culprit = _largest(report, C, exclude=("learner_action_wait",)) if have_c else None
-        where = _title(report, C, culprit).lower() if culprit else "not instrumented"
-        bottleneck = f"collector ({where})"
+        culprit, where = _pace_setter(report, C) if have_c else (None, None)
+        bottleneck = f"collector ({where or 'not instrumented'})"
         evidence = f"learner Collector Wait is {_pct(collector_wait)} of Iter Wall (p50 {_p50(report, L, 'collector_wait'):.2f} ms)"
         if culprit:
             evidence += f"; collector {_title(report, C, culprit)} is {_pct(_share(report, C, culprit))} of its cycle"
+        elif where:
+            evidence += f"; the collector's cycle is {_pct(report['timelines'][C]['other_share'])} in no phase"
         findings.append(
             {
                 "finding": "the learner waits for the collector",
                 "evidence": evidence,
-                "check": "env step cost, transition post-processing, collector liveness and IPC",
+                "check": "env step cost, transition post-processing, collector liveness and IPC" if culprit or not where
+                else "time the collector's remaining work as phases (env-runner bookkeeping, connectors, resets) before blaming a phase",
             }
-        )
+        )  # fmt: skip
     elif have_c and action_wait >= HIGH_WAIT:
-        culprit = _largest(report, L, exclude=("collector_wait",)) or "learning"
-        bottleneck = f"learner ({_title(report, L, culprit).lower()})"
+        culprit, where = _pace_setter(report, L) if have_l else (None, None)
+        bottleneck = f"learner ({where or 'not instrumented'})"
+        evidence = f"collector Learner Action Wait is {_pct(action_wait)} of its cycle while learner Collector Wait is {_pct(collector_wait)} of Iter Wall"
+        if culprit:
+            evidence += f"; learner {_title(report, L, culprit)} is {_pct(_share(report, L, culprit))} of Iter Wall"
         findings.append(
             {
                 "finding": "the collector waits for the learner",
-                "evidence": f"collector Learner Action Wait is {_pct(action_wait)} of its cycle while learner "
-                f"Collector Wait is {_pct(collector_wait)} of Iter Wall; learner {_title(report, L, culprit)} is "
-                f"{_pct(_share(report, L, culprit))} of Iter Wall",
-                "check": "Learning cost, updates per step, batch size; then the inference sub-phases",
+                "evidence": evidence,
+                "check": "Learning cost, updates per step, batch size; then the inference sub-phases" if culprit or not where
+                else "time the learner's remaining work as phases (the update's parts, bookkeeping, logging) before blaming a phase",
             }
-        )
+        )  # fmt: skip
     elif have_l and _unaccounted_leads(report, L):
         bottleneck = f"learner (unaccounted: {_pct(report['timelines'][L]['other_share'])} of Iter Wall is in no phase)"
         findings.append(_unaccounted_finding(report, L))
@@ -302,9 +315,9 @@ def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                 }
             )
     elif have_c:
-        culprit = _largest(report, C, exclude=("learner_action_wait",))
-        if culprit:
-            bottleneck = f"collector ({_title(report, C, culprit).lower()})"
+        culprit, where = _pace_setter(report, C)
+        if where:
+            bottleneck = f"collector ({where})"
     return bottleneck, findings
 
 
@@ -369,10 +382,10 @@ def _unaccounted_leads(report: dict[str, Any], timeline: str) -> bool:
 
 
 def _unaccounted_finding(report: dict[str, Any], timeline: str) -> dict[str, str]:
-    word = "Iter Wall" if timeline == schema.LEARNER else "its cycle"
+    word, whose = ("Iter Wall", "Iter Wall") if timeline == schema.LEARNER else ("cycle", "its cycle")
     return {
         "finding": f"much of the {timeline}'s {word} is in no phase",
-        "evidence": f"Other is {_pct(report['timelines'][timeline]['other_share'])} of {word}",
+        "evidence": f"Other is {_pct(report['timelines'][timeline]['other_share'])} of {whose}",
         "check": "time the loop's remaining work as phases (the update's parts, bookkeeping, logging) before blaming a phase",
     }
 

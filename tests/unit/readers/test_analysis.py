@@ -175,3 +175,14 @@ def test_the_run_summary_quantiles_agree_with_analyze(tmp_path):
         truth = exact["phases"]["learning"][quantile]
         assert abs(summary["phases"]["learning"][quantile] - truth) <= QUANTILE_ACCURACY * truth * 1.001 + 1e-6, quantile
         assert abs(summary["iterations"][quantile] - exact["cycle_ms"][quantile]) <= QUANTILE_ACCURACY * exact["cycle_ms"][quantile] * 1.001 + 1e-6
+
+
+def test_the_collectors_time_in_no_phase_is_named_unaccounted_by_the_same_rule(tmp_path):
+    """As the learner's: a collector cycle mostly in no phase (RLlib's env runner before its connectors were timed)."""
+    collector = [("policy_inference", 1.0, []), ("env_step", 0.5, [])]
+    report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=COLLECTOR_BOUND["learner"], collector=collector, collector_other_ms=5.0))
+    assert report["diagnosis"]["bottleneck"] == "collector (unaccounted: 77% of its cycle is in no phase)"
+    (waits, *_) = report["diagnosis"]["findings"]
+    assert "the collector's cycle is 77% in no phase" in waits["evidence"] and "remaining work as phases" in waits["check"]
+    (finding,) = [f for f in report["diagnosis"]["findings"] if f["finding"] == "much of the collector's cycle is in no phase"]
+    assert "Other is 77% of its cycle" in finding["evidence"]
