@@ -132,35 +132,40 @@ def verdict(comparison: dict[str, Any]) -> str:
 def render_comparison(comparison: dict[str, Any]) -> str:
     """The comparison as text, led by the verdict."""
     lines = [f"verdict: {comparison['verdict']}", ""]
-
-    def ms(value: float | None) -> str:
-        return "-" if value is None else f"{value:.3f}"
-
-    def pct(value: float | None) -> str:
-        return "-" if value is None else f"{100 * value:+.1f}%"
-
     for timeline, entry in comparison["timelines"].items():
         if "phases" not in entry:
             lines += [f"{timeline}: only in the {entry['in']}", ""]
             continue
         header = f"{timeline}: cycles {entry['cycles'][0]} -> {entry['cycles'][1]}"
         if "cycle_mean_ms" in entry:
-            before, after, change = entry["cycle_mean_ms"]
-            header += f", mean {ms(before)} -> {ms(after)} ms ({pct(change)})"
-        lines.append(header)
-        lines.append(f"  {'phase':28s} {'mean ms':>17s} {'change':>8s} {'p95 change':>10s} {'per cycle':>9s} {'share':>13s}")
+            header += f", mean {_change(entry['cycle_mean_ms'])}"
+        rows = [("phase", "mean", "p95", "per cycle", "share")]
         for stat in entry["phases"].values():
             label = ("  " if stat["nested"] else "") + (stat["title"] or "?") + ("" if stat["in"] == "both" else f" ({stat['in']} only)")
-            before, after, change = stat["mean_ms"]
-            share = "  ->  ".join("-" if v is None else f"{100 * v:.0f}%" for v in stat["share"])
-            lines.append(
-                f"  {label:28s} {ms(before):>8s}>{ms(after):>8s} {pct(change):>8s} {pct(stat['p95_ms'][2]):>10s} "
-                f"{pct(stat['per_cycle_ms'][2]):>9s} {share:>13s}"
-            )
+            share = " -> ".join("-" if v is None else f"{100 * v:.0f}%" for v in stat["share"])
+            rows.append((label, _change(stat["mean_ms"]), _pct(stat["p95_ms"][2]), _pct(stat["per_cycle_ms"][2]), share))
         before_other, after_other = entry["other_share"]
-        lines += [f"  {'Other':28s} {'':>17s} {'':>8s} {'':>10s} {'':>9s} {100 * before_other:.0f}%  ->  {100 * after_other:.0f}%", ""]
+        rows.append(("Other", "", "", "", f"{100 * before_other:.0f}% -> {100 * after_other:.0f}%"))
+        lines += [header, *_aligned(rows), ""]
     before, after, change = comparison["env_steps_per_s"]
     if before is not None or after is not None:
-        shown = "  ->  ".join("-" if v is None else f"{v:,.0f}" for v in (before, after))
-        lines.append(f"throughput (env steps/s): {shown} ({pct(change)})")
+        shown = " -> ".join("-" if v is None else f"{v:,.0f}" for v in (before, after))
+        lines.append(f"throughput (env steps/s): {shown} ({_pct(change)})")
     return "\n".join(lines)
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:+.0f}%"
+
+
+def _change(cell: tuple[float | None, float | None, float | None]) -> str:
+    """``1,629.6 -> 806.4 ms (-51%)``: a mean before and after, and its change."""
+    before, after, change = cell
+    shown = " -> ".join("-" if v is None else f"{v:,.1f}" for v in (before, after))
+    return f"{shown} ms" + ("" if change is None else f" ({_pct(change)})")
+
+
+def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows as text columns as wide as their widest cell: the first left-aligned, the others right-aligned."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
