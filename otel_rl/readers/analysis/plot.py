@@ -24,6 +24,16 @@ def timeline_rows(slices: list[Slice]) -> dict[tuple[str, str, str], list[Slice]
 
 
 def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
+    """Draw the figure (:func:`figure`) to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(model, report)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def figure(model: TraceModel, report: dict[str, Any]) -> Any:
+    """The timeline of the last learner iterations and each timeline's phase shares, as a matplotlib figure."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -64,14 +74,15 @@ def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
     for timeline_name, entry in report["timelines"].items():
         top = [(n, v) for n, v in entry["phases"].items() if not v["nested"]]
         rows.append((timeline_name, top, entry.get("other_share", 0.0)))
+    labels = []
     for y, (timeline_name, top, other) in enumerate(rows):
         left = 0.0
         for name, stat in top:
             title = stat["title"]
-            shares.barh(y, 100 * stat["share"], left=left, color=colors.get(title, cmap(hash(phase_name(timeline_name, title)) % 20)))
-            if stat["share"] > 0.06:
-                shares.text(left + 50 * stat["share"], y, title, ha="center", va="center", fontsize=8)
-            left += 100 * stat["share"]
+            width = 100 * stat["share"]
+            shares.barh(y, width, left=left, color=colors.get(title, cmap(hash(phase_name(timeline_name, title)) % 20)))
+            labels.append((shares.text(left + width / 2, y, title, ha="center", va="center", fontsize=8), left, width))
+            left += width
         if other > 0:
             shares.barh(y, 100 * other, left=left, color="lightgrey")
     shares.set_yticks(range(len(rows)), [r[0] for r in rows])
@@ -79,5 +90,14 @@ def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
     shares.set_xlim(0, 100)
     shares.set_title(f"phase shares — bottleneck: {report['diagnosis']['bottleneck']}")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _keep_labels_that_fit(fig, shares, labels)
+    return fig
+
+
+def _keep_labels_that_fit(fig: Any, axes: Any, labels: list[tuple[Any, float, float]]) -> None:
+    """Remove each bar's label that is wider than its bar (the legend names its colour): labels never overlap."""
+    renderer = fig.canvas.get_renderer()
+    for text, left, width in labels:
+        bar_px = axes.transData.transform((left + width, 0))[0] - axes.transData.transform((left, 0))[0]
+        if text.get_window_extent(renderer).width > 0.95 * bar_px:
+            text.remove()

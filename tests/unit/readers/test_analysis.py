@@ -186,3 +186,18 @@ def test_the_collectors_time_in_no_phase_is_named_unaccounted_by_the_same_rule(t
     assert "the collector's cycle is 77% in no phase" in waits["evidence"] and "remaining work as phases" in waits["check"]
     (finding,) = [f for f in report["diagnosis"]["findings"] if f["finding"] == "much of the collector's cycle is in no phase"]
     assert "Other is 77% of its cycle" in finding["evidence"]
+
+
+def test_the_plots_share_labels_never_overlap(tmp_path):
+    """Narrow phases side by side (Collector Release beside Inference): a label that does not fit its bar is left to the legend."""
+    pytest.importorskip("matplotlib")
+    from otel_rl.readers.analysis.plot import figure
+
+    learner = [("collector_wait", 3.0, []), ("collector_release", 0.4, []), ("inference", 0.5, []), ("replay_sample", 0.3, []), ("learning", 6.0, [])]
+    model, _ = read_trace(write_trace(tmp_path / "t.perfetto-trace", learner=learner))
+    fig = figure(model, analyze_model(model))
+    renderer = fig.canvas.get_renderer()
+    shares = fig.axes[1]
+    boxes = [t.get_window_extent(renderer) for t in shares.texts]
+    assert {t.get_text() for t in shares.texts} == {"Collector Wait", "Learning"}  # the narrow ones went to the legend
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
