@@ -7,10 +7,12 @@ time per cycle and the share of the cycle, of Other, and of the throughput
 
 The verdict names the phase whose time per cycle moved the cycle most, as a
 share of the baseline's cycle (waits for the other side left out: they grow
-when the other side is slower) ("Learning +38% per iteration, the rest within
-3%: the learner got slower"). A change is noise unless it is over
-:data:`NOISE` of the baseline and over three standard errors of the two
-means; when no cycle and no throughput changed beyond noise, it says so.
+when the other side is slower) ("Learning +38% per iteration, no other phase
+moved the cycle by more than 3%: the learner got slower"). A change is noise
+unless it is over :data:`NOISE` of the baseline and over three standard errors
+of the two means; when no cycle and no throughput changed beyond noise, it
+says so; with fewer than :data:`MIN_CYCLES` cycles on a side it makes no
+verdict at all.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from otel_rl.formats import schema
 _WAITS = frozenset({"collector_wait", "learner_action_wait"})
 NOISE = 0.05
 """Relative changes up to this are within the noise of two runs on one machine."""
+MIN_CYCLES = 10
+"""Cycles a timeline needs on both sides for a verdict: with fewer, one slow cycle is the whole difference."""
 
 
 def _relative(after: float | None, before: float | None) -> float | None:
@@ -114,6 +118,9 @@ def verdict(comparison: dict[str, Any]) -> str:
     throughput = comparison["env_steps_per_s"][2]
     moved_throughput = throughput is not None and abs(throughput) > NOISE
     tail = f"; throughput {throughput:+.0%}" if throughput is not None else ""
+    counts = [n for e in comparison["timelines"].values() if e.get("cycle_mean_ms") for n in e["cycles"]]
+    if counts and min(counts) < MIN_CYCLES:
+        return f"too few cycles to tell (n={min(counts)}; a verdict needs {MIN_CYCLES} on each side): see the table{tail}"
     if not changed and not moved_throughput:
         cycles = [abs(e["cycle_mean_ms"][2]) for e in comparison["timelines"].values() if e.get("cycle_mean_ms")]
         within = max(cycles, default=0.0)
@@ -126,7 +133,7 @@ def verdict(comparison: dict[str, Any]) -> str:
     unit = "per iteration" if timeline == schema.LEARNER else "per cycle"
     how = f"{change:+.0%} {unit}" if change is not None else ("new" if moved > 0 else "gone")
     side = f"the {timeline} got {'slower' if moved > 0 else 'faster'}"
-    return f"{title} {how}, the rest within {rest:.0%}: {side}{tail}"
+    return f"{title} {how}, no other phase moved the cycle by more than {rest:.0%}: {side}{tail}"
 
 
 def render_comparison(comparison: dict[str, Any]) -> str:

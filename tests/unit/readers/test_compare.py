@@ -81,3 +81,19 @@ def test_a_baseline_that_is_not_a_trace_is_one_line_and_an_error(tmp_path, wrong
         baseline.write_bytes(b"\x0a\xff\xff\xff\x0fgarbage")
     result = analyze(run, "--compare", str(baseline))
     assert result.returncode != 0 and len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("cycles", [4, 40])
+def test_too_few_cycles_get_no_verdict_and_enough_get_one(tmp_path, cycles):
+    """Learning 10 -> 15 ms: said with 40 cycles a side, left to the table with 4 (RLlib's few long iterations)."""
+    from synthetic_trace import write_trace
+
+    from otel_rl.readers.analysis import analyze as read
+    from otel_rl.readers.analysis.compare import compare_reports
+
+    before, after = (read(write_trace(tmp_path / f"{ms}.perfetto-trace", learner=[("learning", ms, [])], cycles=cycles)) for ms in (10.0, 15.0))
+    verdict = compare_reports(after, before)["verdict"]
+    if cycles < 10:
+        assert verdict.startswith(f"too few cycles to tell (n={cycles}"), verdict
+    else:
+        assert verdict.startswith("Learning +50% per iteration, no other phase moved the cycle by more than") and "the learner got slower" in verdict
