@@ -18,8 +18,9 @@ demo: $(BIN)/python
 
 test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
-	command -v prometheus >/dev/null && command -v chromium-headless-shell >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb || \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15 chromium-headless-shell)
+	command -v prometheus >/dev/null && command -v chromium-headless-shell >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb \
+		&& command -v unshare >/dev/null && command -v cc >/dev/null || \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15 chromium-headless-shell util-linux gcc)
 	bash collector-config/build.sh
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest

@@ -71,7 +71,7 @@ def init(
     outputs_on_every_rank: bool = DEFAULT,
     rank: int = DEFAULT,
     world_size: int = DEFAULT,
-    node_rank: int = DEFAULT,
+    node_rank: int | None = DEFAULT,
     local_rank: int | None = DEFAULT,
     local_world_size: int | None = DEFAULT,
     **misspelt: Any,

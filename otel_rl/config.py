@@ -210,8 +210,9 @@ class TelemetryConfig:
     world_size: int = 1
     """Number of ranks (``WORLD_SIZE`` is read by default)."""
 
-    node_rank: int = 0
-    """Index of this machine in a job of several (``GROUP_RANK``, which ``torchrun`` sets, is read by default)."""
+    node_rank: int | None = None
+    """Index of this machine in a job of several (``GROUP_RANK``, which ``torchrun`` sets, is read by default);
+    None: ``rank // local_world_size`` (machines hold consecutive ranks, as ``torchrun`` places them)."""
 
     local_rank: int | None = None
     """Rank of this process on its machine (``LOCAL_RANK``); None: ``rank`` minus the ranks of the machines before."""
@@ -266,7 +267,7 @@ class TelemetryConfig:
         for name in ("jsonl", "trace_enabled"):
             if getattr(self, name) is not None:
                 _check(name, getattr(self, name), bool, "True, False or None")
-        for name in ("rank", "world_size", "node_rank"):
+        for name in ("rank", "world_size"):
             _check(name, getattr(self, name), int, "an integer")
         if self.profile is not None:
             self.profile = _profile_window(self.profile)
@@ -350,7 +351,7 @@ class TelemetryConfig:
             "profile": env.read(env.OTEL_RL_PROFILE, _parse_profile, None, "START,COUNT (iterations, COUNT >= 1)"),
             "rank": env.read("RANK", int, 0, "an integer"),
             "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
-            "node_rank": env.read("GROUP_RANK", int, 0, "an integer"),
+            "node_rank": env.read("GROUP_RANK", int, None, "an integer"),
             "local_rank": env.read("LOCAL_RANK", int, None, "an integer"),
             "local_world_size": env.read("LOCAL_WORLD_SIZE", int, None, "an integer"),
         }
@@ -417,6 +418,9 @@ def _place_on_node(config: TelemetryConfig) -> None:
     if config.local_world_size is None:
         config.local_world_size = config.world_size
     _check("local_world_size", config.local_world_size, int, "a positive integer", lambda v: v >= 1)
+    if config.node_rank is None:
+        config.node_rank = config.rank // config.local_world_size
+    _check("node_rank", config.node_rank, int, "an integer")
     if config.local_rank is None:
         config.local_rank = config.rank - config.node_rank * config.local_world_size
     _check("local_rank", config.local_rank, int, "an integer")

@@ -72,3 +72,10 @@ def test_a_job_of_many_machines_keeps_every_pid_a_valid_trace_pid(tmp_path):
         sink.shutdown(Deadline(5))
     processes = {s.process for s in read_trace(tmp_path)[0].slices}  # every part parses
     assert processes == {trace.process_name("learner", node, f"h{node}") for node in (0, 1, 255, 256, 4095)}
+
+
+def test_a_launcher_that_sets_only_the_ranks_per_machine_gets_the_machine_derived(monkeypatch):
+    for name, value in (("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    config = otel_rl.TelemetryConfig.from_options()
+    assert (config.node_rank, config.local_rank, config.machine) == (1, 1, 1)
