@@ -8,6 +8,7 @@ itself failed), never a traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from otel_rl.base import extras
 from otel_rl.base.extras import MissingExtra, require
+from otel_rl.run import files
 
 DESCRIPTION = "otel-rl: OpenTelemetry-native telemetry for reinforcement-learning training loops."
 
@@ -154,8 +156,6 @@ def _agent(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    import json
-
     from google.protobuf.message import DecodeError
 
     from otel_rl.readers.analysis import read_trace
@@ -190,7 +190,8 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.compare is not None:
         from otel_rl.readers.analysis.compare import compare_reports, render_comparison
 
-        comparison = compare_reports(report, analyze_model(read[args.compare][0]))
+        same = _same_settings(Path(args.path[0]), Path(args.compare))
+        comparison = compare_reports(report, analyze_model(read[args.compare][0]), same_settings=same)
         print(json.dumps(comparison, indent=2) if args.json else render_comparison(comparison))
     else:
         print(json.dumps(report, indent=2) if args.json else render_text(report))
@@ -210,6 +211,23 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return 1
         print(f"merged trace written to {args.merged_trace}", file=sys.stderr)
     return 0
+
+
+_SETTINGS = ("program", "args", "algorithm", "family", "config", "num_envs", "total_steps", "git")
+"""What ``run_config.json`` says about how a run was started, beside when and where: two runs alike here had the same settings."""
+
+
+def _same_settings(run: Path, baseline: Path) -> bool | None:
+    """Whether two runs (folders, or traces in their folders) had the same settings; None when either's is unknown."""
+    settings = []
+    for path in (run, baseline):
+        try:
+            written = json.loads(((path if path.is_dir() else path.parent) / files.CONFIG_FILE).read_text())
+        except (OSError, ValueError):
+            return None
+        git = written.get("git") if isinstance(written.get("git"), dict) else {}
+        settings.append({key: (git.get("commit") if key == "git" else written.get(key)) for key in _SETTINGS})
+    return settings[0] == settings[1]
 
 
 def _read_as_part(target: Path, paths: list[str]) -> bool:

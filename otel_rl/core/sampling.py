@@ -22,6 +22,12 @@ def span_ids(count: int) -> np.ndarray:
 class SpanBudget:
     """Token bucket of phase spans per second (burst: one second's worth).
 
+    An iteration of more phases than one second's worth (an env runner's
+    sample call of thousands of steps) goes out whole when the bucket is
+    full, and leaves it in debt: the ones after it wait until the rate has
+    paid for it, so the sustained rate holds and no iteration is too large
+    ever to be sent.
+
     Args:
         spans_per_s: sustained rate; ``0`` sends no phase spans, ``inf`` all.
     """
@@ -41,7 +47,7 @@ class SpanBudget:
         if self._last_s is not None:
             self._tokens = min(self.rate, self._tokens + (now_s - self._last_s) * self.rate)
         self._last_s = now_s
-        if self._tokens >= count:
+        if self._affords(self._tokens, count):
             self._tokens -= count
             return True
         self.sampled_out += count
@@ -55,14 +61,18 @@ class SpanBudget:
         taken, tokens = [], self._tokens
         fewest = min(counts, default=0)
         for index, count in enumerate(counts):
-            if tokens < fewest:  # nothing more fits: the rest are sampled out at once
+            if not self._affords(tokens, fewest):  # nothing more fits: the rest are sampled out at once
                 break
-            if tokens >= count:
+            if self._affords(tokens, count):
                 tokens -= count
                 taken.append(index)
         self._tokens = tokens
         self.sampled_out += sum(counts) - sum(counts[i] for i in taken)
         return taken
+
+    def _affords(self, tokens: float, count: int) -> bool:
+        """``count`` spans fit in ``tokens``, or they are more than a full bucket holds and the bucket is full."""
+        return self.rate > 0 and tokens >= min(count, self.rate)
 
 
 class SpanSampler:

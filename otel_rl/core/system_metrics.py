@@ -1,4 +1,4 @@
-"""``sys/*`` resource metrics: process and host CPU and memory, and per-GPU NVML readings.
+"""``sys/*`` resource metrics: process and host CPU and memory, the host's pressure, and per-GPU NVML readings.
 
 A background worker samples every ``interval_s`` and records the values as
 scalars (so they reach the JSONL file, the live service, the panel and the
@@ -6,11 +6,19 @@ scalars (so they reach the JSONL file, the live service, the panel and the
 observable gauges named after the semantic conventions (``process.cpu.utilization``...).
 Nothing is sampled unless telemetry is enabled; GPU keys appear only where
 NVML finds a GPU.
+
+The host's pressure tells two runs on a busy and a quiet host apart
+(``otel-rl analyze --compare`` reads it from the trace): ``sys/cpu_steal_percent``
+(taken by the hypervisor), ``sys/load_per_cpu``
+(the 1-minute load average per core) and ``sys/process_involuntary_switches_per_s``
+(how often the training process was preempted).
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -66,6 +74,8 @@ def sample_host(process: psutil.Process | None) -> dict[str, float]:
         except psutil.Error:  # it ended (an agent samples its producer, which may die first)
             values = {}
     values["sys/cpu_percent"] = psutil.cpu_percent(None)
+    values["sys/cpu_steal_percent"] = float(getattr(psutil.cpu_times_percent(None), "steal", 0.0))
+    values["sys/load_per_cpu"] = os.getloadavg()[0] / (os.cpu_count() or 1)
     values["sys/memory_percent"] = memory.percent
     values["sys/memory_used_bytes"] = float(memory.total - memory.available)
     torch = sys.modules.get("torch")
@@ -91,12 +101,24 @@ class SystemSampler(BackgroundLoop):
         except psutil.Error:  # the producer an agent serves is already gone: the host is still sampled
             self._process = None
         psutil.cpu_percent(None)
+        psutil.cpu_times_percent(None)
+        self._switches = self._involuntary_switches()
         self._nvml = Nvml()
         self.latest: dict[str, float] = {}
         self.start()
 
+    def _involuntary_switches(self) -> tuple[int, float] | None:
+        try:
+            return (self._process.num_ctx_switches().involuntary, time.monotonic()) if self._process is not None else None
+        except psutil.Error:
+            return None
+
     def sample(self) -> dict[str, float]:
         values = sample_host(self._process)
+        switches, previous = self._involuntary_switches(), self._switches
+        if switches is not None and previous is not None and switches[1] > previous[1]:
+            values["sys/process_involuntary_switches_per_s"] = (switches[0] - previous[0]) / (switches[1] - previous[1])
+        self._switches = switches
         values.update(self._nvml.sample())
         self.latest = values
         return values

@@ -13,7 +13,10 @@ instantiates it: the driver and every EnvRunner actor. Then:
 - each EnvRunner actor (a process Ray scheduled, on this machine or another)
   starts its own telemetry in the run's trace (:func:`otel_rl.worker_processes.init_worker`):
   each ``sample()`` call is a ``collector`` iteration with ``policy_inference``
-  (the RLModule's forward pass) and ``env_step`` phases; its spans are
+  (the RLModule's forward pass), ``env_step``, ``env_to_module`` and
+  ``module_to_env`` (the connector pipelines on either side of the forward
+  pass, most of an env runner's time on small models) and
+  ``episode_bookkeeping`` (the episode callbacks and sample counters) phases; its spans are
   children of the run span in OTLP, its Perfetto fragment becomes its own
   process in the run's trace when the driver closes, and a summary of each
   cycle travels back over a Ray queue so the learner's panel and live
@@ -32,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from numbers import Number
 from typing import Any, ClassVar
 
@@ -152,12 +155,35 @@ class TelemetryCallbacks(RLlibCallback):
                 modules.append(module)
                 for name in ("forward_exploration", "forward_inference"):
                     wrap(module, name, lambda forward: timed(self._tel, "policy_inference", forward))
-            with self._tel.iteration(self._samples, timeline=schema.COLLECTOR):
-                result = sample(*args, **kwargs)
+            undo = self._time_sampling_parts(env_runner)
+            try:
+                with self._tel.iteration(self._samples, timeline=schema.COLLECTOR):
+                    result = sample(*args, **kwargs)
+            finally:
+                undo()
             self._samples += 1
             return result
 
         return wrapped
+
+    def _time_sampling_parts(self, env_runner: Any) -> Callable[[], None]:
+        """Time the connectors and the episode bookkeeping for one ``sample()`` call; returns what undoes it.
+
+        Set for the call only: outside it (checkpoints, state syncs) the env runner
+        holds its own pipelines and methods.
+        """
+        undo = [wrap(env_runner, name, lambda method: timed(self._tel, "episode_bookkeeping", method)) for name in _BOOKKEEPING if hasattr(env_runner, name)]
+        for attribute, phase in _CONNECTORS.items():
+            pipeline = getattr(env_runner, attribute, None)
+            if pipeline is not None:
+                setattr(env_runner, attribute, _TimedPipeline(pipeline, self._tel.phase(phase, schema.COLLECTOR)))
+                undo.append(lambda attribute=attribute: _untime_pipeline(env_runner, attribute))
+
+        def undo_all() -> None:
+            for step in undo:
+                step()
+
+        return undo_all
 
     def _closing(self, stop):
         def wrapped(*args: Any, **kwargs: Any):
@@ -170,6 +196,34 @@ class TelemetryCallbacks(RLlibCallback):
 
 
 _ON_POLICY = frozenset({"PPO", "APPO", "IMPALA"})
+
+_CONNECTORS = {"_env_to_module": "env_to_module", "_module_to_env": "module_to_env"}
+"""The env runner's connector pipelines, by attribute, and the phase each call is."""
+_BOOKKEEPING = ("_make_on_episode_callback", "_increase_sampled_metrics")
+"""The env runner's per-step episode callbacks and its per-sample counters: ``episode_bookkeeping``."""
+
+
+class _TimedPipeline:
+    """A connector pipeline whose calls are recorded as a phase; every other attribute is the pipeline's own."""
+
+    __slots__ = ("pipeline", "_recorded")
+
+    def __init__(self, pipeline: Any, recorded: Any) -> None:
+        self.pipeline = pipeline
+        self._recorded = recorded
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with self._recorded:
+            return self.pipeline(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.pipeline, name)
+
+
+def _untime_pipeline(env_runner: Any, attribute: str) -> None:
+    current = getattr(env_runner, attribute, None)
+    if isinstance(current, _TimedPipeline):  # left alone when RLlib replaced it during the call
+        setattr(env_runner, attribute, current.pipeline)
 
 
 def _plain_config(config: Any) -> dict[str, Any]:

@@ -122,3 +122,64 @@ def test_torchrl_ppo(tmp_path, slow):
     collector.shutdown()
     tel.close()
     assert verdict(tmp_path).startswith("collector" if slow == "collection" else "learner")
+
+
+def test_rllib_ppo_few_epochs_wait_for_the_env_runners_and_many_for_the_learner(tmp_path):
+    """RLlib's driver waits for its env runner, then learns: the side that takes the wall time is named, both ways,
+    the env runner's cycle is mostly in phases (connectors, inference, env step, bookkeeping), and two runs of
+    three iterations are too few to compare."""
+    import ray
+    from ray.rllib.algorithms.ppo import PPOConfig
+
+    from otel_rl.integrations.rllib import TelemetryCallbacks
+    from otel_rl.readers.analysis.compare import compare_reports
+
+    reports = {}
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        for epochs in (1, 30):
+            run_dir = tmp_path / f"epochs-{epochs}"
+            tel = otel_rl.init(run_dir=run_dir)
+            config = (
+                PPOConfig()
+                .environment("CartPole-v1")
+                .env_runners(num_env_runners=1)
+                .training(train_batch_size_per_learner=1000, minibatch_size=100, num_epochs=epochs)
+                .callbacks(TelemetryCallbacks.for_run(tel, system_metrics_interval_s=0))
+            )
+            algo = config.build_algo()
+            for _ in range(3):
+                algo.train()
+            algo.stop()
+            tel.close()
+            reports[epochs] = analyze(run_dir, engine="python")
+    finally:
+        ray.shutdown()
+    few, many = reports[1], reports[30]
+    assert few["turns"] is not None and many["turns"] is not None, render_text(few)
+    assert few["diagnosis"]["bottleneck"].startswith("collector ("), render_text(few)
+    assert many["diagnosis"]["bottleneck"].startswith("learner (learning"), render_text(many)
+    runner = few["timelines"]["collector"]
+    assert {"Env To Module", "Module To Env", "Policy Inference", "Env Step", "Episode Bookkeeping"} <= {s["title"] for s in runner["phases"].values()}
+    assert runner["other_share"] <= 0.20, render_text(few)
+    assert compare_reports(many, few)["verdict"].startswith("too few cycles to tell (n=3")
+
+
+def test_sb3_sac_more_gradient_steps_is_named_by_compare(tmp_path):
+    """SAC gradient_steps 1 -> 2: learning doubles in a loop whose collector holds a few percent of the wall time."""
+    from stable_baselines3 import SAC
+
+    from otel_rl.integrations.sb3 import TelemetryCallback
+    from otel_rl.readers.analysis.compare import compare_reports
+
+    reports = []
+    for steps in (1, 2):
+        tel = otel_rl.init(run_dir=tmp_path / f"g{steps}", system_metrics_interval_s=0)
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=50, batch_size=64, gradient_steps=steps, device="cpu", seed=0)
+        model.learn(300, callback=TelemetryCallback(tel))
+        tel.close()
+        reports.append(analyze(tmp_path / f"g{steps}", engine="python"))
+    comparison = compare_reports(reports[1], reports[0])
+    assert comparison["verdict"].startswith("Learning +"), comparison["verdict"]
+    assert "the learner got slower" in comparison["verdict"] and comparison["env_steps_per_s"][2] < -0.2
+    assert comparison["timelines"]["collector"]["weight"] < 0.3

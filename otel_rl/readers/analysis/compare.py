@@ -1,30 +1,43 @@
-"""``otel-rl analyze RUN --compare BASELINE``: what changed between two runs of the same job, and a verdict.
+"""``otel-rl analyze RUN --compare BASELINE``: what changed between two runs of the same job, and how sure that is.
 
 Both runs are analysed as ``otel-rl analyze`` does (:func:`report.analyze_model`),
-then compared per timeline and phase: the change of the mean, the p95, the
-time per cycle and the share of the cycle, of Other, and of the throughput
-(env steps per second). A phase one run lacks is shown on its side only.
+then compared per timeline and phase: the mean (with the median and p95
+beside it), the time per cycle, its weight in the wall time, the share of the
+cycle, Other, and the throughput (env steps per second). A phase one run
+lacks is shown on its side only.
 
-The verdict names the phase whose time per cycle moved the cycle most, as a
-share of the baseline's cycle (waits for the other side left out: they grow
-when the other side is slower) ("Learning +38% per iteration, no other phase
-moved the cycle by more than 3%: the learner got slower"). A change is noise
-unless it is over :data:`NOISE` of the baseline and over three standard errors
-of the two means; when no cycle and no throughput changed beyond noise, it
-says so; with fewer than :data:`MIN_CYCLES` cycles on a side it makes no
-verdict at all.
+A phase's change counts by where the wall time is: its change per cycle,
+as a share of the baseline's cycle, times its timeline's weight (``wall``
+in the table). In a loop that takes turns the weight is the timeline's
+share of the wall time; where both sides run at once, the share of its
+cycle a side does not wait for the other (the side everyone waits for
+weighs 1); a trace of one timeline weighs it 1. So a side that holds 3% of
+the wall time cannot explain the run.
+
+The verdict names the phase that moved the wall time most ("Learning +38%
+per iteration (+30% of wall time), no other phase moved the wall time by
+more than 3%: the learner got slower"). It is only as sure as the data:
+with fewer than :data:`MIN_CYCLES` cycles on a side it makes none; a cycle
+changed only when its median moved by more than :data:`NOISE` and the
+rank-sum test over the per-cycle samples gives p < :data:`ALPHA`; when the
+hosts differed (other processes' CPU, steal, load, preemptions), or the
+host was busy in both runs, it says so before it names a phase, and that
+the runs had the same settings when they did.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from otel_rl.formats import schema
+from otel_rl.readers.analysis import host
+from otel_rl.readers.analysis.significance import rank_sum_p
 
-_WAITS = frozenset({"collector_wait", "learner_action_wait"})
+_WAITS = {schema.LEARNER: "collector_wait", schema.COLLECTOR: "learner_action_wait"}
 NOISE = 0.05
 """Relative changes up to this are within the noise of two runs on one machine."""
+ALPHA = 0.01
+"""A change of the cycle is significant below this p-value of the rank-sum test."""
 MIN_CYCLES = 10
 """Cycles a timeline needs on both sides for a verdict: with fewer, one slow cycle is the whole difference."""
 
@@ -35,105 +48,146 @@ def _relative(after: float | None, before: float | None) -> float | None:
     return after / before - 1.0
 
 
-def _beyond_noise(after: dict[str, float], before: dict[str, float]) -> bool:
-    """Means that differ by more than :data:`NOISE` and by more than three standard errors."""
-    change = _relative(after["mean_ms"], before["mean_ms"])
-    if change is None or abs(change) <= NOISE:
-        return False
-    error = math.sqrt(after["std_ms"] ** 2 / after["count"] + before["std_ms"] ** 2 / before["count"])
-    return abs(after["mean_ms"] - before["mean_ms"]) > 3 * error
-
-
 def _per_cycle(stat: dict[str, Any] | None, cycles: int) -> float | None:
     if stat is None:
         return None
     return stat["total_ms"] / cycles if cycles else stat["mean_ms"]
 
 
-def _phase(after: dict[str, Any] | None, before: dict[str, Any] | None, cycles: tuple[int, int]) -> dict[str, Any]:
+def _cell(after: dict[str, Any], before: dict[str, Any], key: str) -> tuple[float | None, float | None, float | None]:
+    return before.get(key), after.get(key), _relative(after.get(key), before.get(key))
+
+
+def _phase(after: dict[str, Any] | None, before: dict[str, Any] | None, cycles: tuple[int, int], base_cycle: float | None, weight: float) -> dict[str, Any]:
     a, b = after or {}, before or {}
-    per_cycle = (_per_cycle(after, cycles[0]), _per_cycle(before, cycles[1]))
+    per_cycle = (_per_cycle(before, cycles[1]), _per_cycle(after, cycles[0]))
+    moved = ((per_cycle[1] or 0.0) - (per_cycle[0] or 0.0)) / base_cycle if base_cycle else 0.0
     return {
         "title": a.get("title") or b.get("title"),
         "nested": a.get("nested", b.get("nested", False)),
         "background": a.get("background", b.get("background", False)),
         "in": "both" if after and before else ("run" if after else "baseline"),
-        "mean_ms": (b.get("mean_ms"), a.get("mean_ms"), _relative(a.get("mean_ms"), b.get("mean_ms"))),
-        "p95_ms": (b.get("p95_ms"), a.get("p95_ms"), _relative(a.get("p95_ms"), b.get("p95_ms"))),
-        "per_cycle_ms": (per_cycle[1], per_cycle[0], _relative(per_cycle[0], per_cycle[1])),
+        "mean_ms": _cell(a, b, "mean_ms"),
+        "p50_ms": _cell(a, b, "p50_ms"),
+        "p95_ms": _cell(a, b, "p95_ms"),
+        "per_cycle_ms": (*per_cycle, _relative(per_cycle[1], per_cycle[0])),
+        "wall": moved * weight,
         "share": (b.get("share"), a.get("share")),
     }
 
 
-def _timeline(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+def weight(timeline: str, run: dict[str, Any], baseline: dict[str, Any]) -> float:
+    """How much of the wall time a change of ``timeline``'s cycle moves (the larger of the two runs')."""
+    weights = []
+    for report in (baseline, run):
+        turns = report.get("turns")
+        if len(report["timelines"]) < 2:
+            weights.append(1.0)  # its waits are for a side the trace does not show: they absorb nothing
+        elif turns is not None:
+            weights.append(turns.get(timeline, 0.0))
+        else:
+            wait = report["timelines"].get(timeline, {}).get("phases", {}).get(_WAITS[timeline], {}).get("share", 0.0)
+            weights.append(1.0 - wait)
+    return max(weights)
+
+
+def _timeline(name: str, run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    after, before = run["timelines"][name], baseline["timelines"][name]
     cycles = (after["cycles"], before["cycles"])
+    base_cycle = before["cycle_ms"]["mean_ms"] if before["cycle_ms"] else None
+    share = weight(name, run, baseline)
     names = list(dict.fromkeys([*before["phases"], *after["phases"]]))
     out: dict[str, Any] = {
         "cycles": (before["cycles"], after["cycles"]),
-        "phases": {name: _phase(after["phases"].get(name), before["phases"].get(name), cycles) for name in names},
+        "weight": share,
+        "phases": {n: _phase(after["phases"].get(n), before["phases"].get(n), cycles, base_cycle, share) for n in names},
         "other_share": (before.get("other_share", 0.0), after.get("other_share", 0.0)),
     }
     if after["cycle_ms"] and before["cycle_ms"]:
-        mean = (before["cycle_ms"]["mean_ms"], after["cycle_ms"]["mean_ms"])
-        out["cycle_mean_ms"] = (*mean, _relative(mean[1], mean[0]))
-        out["changed"] = _beyond_noise(after["cycle_ms"], before["cycle_ms"])
+        out["cycle_mean_ms"] = _cell(after["cycle_ms"], before["cycle_ms"], "mean_ms")
+        out["cycle_p50_ms"] = _cell(after["cycle_ms"], before["cycle_ms"], "p50_ms")
+        out["p_value"] = rank_sum_p(before["cycle_ms"].get("samples", []), after["cycle_ms"].get("samples", []))
+        out["changed"] = abs(out["cycle_p50_ms"][2] or 0.0) > NOISE and out["p_value"] < ALPHA
+        other = (before.get("other_share", 0.0) * out["cycle_mean_ms"][0], after.get("other_share", 0.0) * out["cycle_mean_ms"][1])
+        out["other_wall"] = (other[1] - other[0]) / base_cycle * share if base_cycle else 0.0
     return out
 
 
-def compare_reports(run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-    """The comparison of two analysis reports as a JSON-ready dict: per timeline, per phase, throughput, verdict."""
+def compare_reports(run: dict[str, Any], baseline: dict[str, Any], same_settings: bool | None = None) -> dict[str, Any]:
+    """The comparison of two analysis reports as a JSON-ready dict: per timeline, per phase, throughput, hosts, verdict.
+
+    ``same_settings``: whether the two runs had the same settings (their ``run_config.json``), when known.
+    """
     timelines: dict[str, Any] = {}
     for name in dict.fromkeys([*baseline["timelines"], *run["timelines"]]):
-        after, before = run["timelines"].get(name), baseline["timelines"].get(name)
-        timelines[name] = _timeline(after, before) if after and before else {"in": "run" if after else "baseline"}
+        if name in run["timelines"] and name in baseline["timelines"]:
+            timelines[name] = _timeline(name, run, baseline)
+        else:
+            timelines[name] = {"in": "run" if name in run["timelines"] else "baseline"}
     throughput = (baseline.get("env_steps_per_s"), run.get("env_steps_per_s"))
-    out = {"timelines": timelines, "env_steps_per_s": (*throughput, _relative(throughput[1], throughput[0]))}
+    hosts = (baseline.get("host") or {}, run.get("host") or {})
+    out = {
+        "timelines": timelines,
+        "env_steps_per_s": (*throughput, _relative(throughput[1], throughput[0])),
+        "host": {"baseline": hosts[0], "run": hosts[1], "differences": host.differences(*hosts), "busy_in_both": host.busy_in_both(*hosts)},
+        "same_settings": same_settings,
+    }
     out["verdict"] = verdict(out)
     return out
 
 
 def _contributions(comparison: dict[str, Any]) -> list[tuple[float, str, str, float | None]]:
-    """(change of a phase's time per cycle as a share of the baseline cycle, timeline, title, its own change), largest first."""
+    """(a phase's change as a share of the baseline's wall time, timeline, title, its change per cycle), largest first."""
     found = []
     for timeline, entry in comparison["timelines"].items():
         if "cycle_mean_ms" not in entry:
             continue
-        base_cycle = entry["cycle_mean_ms"][0]
         for name, stat in entry["phases"].items():
-            if stat["nested"] or stat["background"] or name in _WAITS:
+            if stat["nested"] or stat["background"] or name in _WAITS.values():
                 continue  # a wait grows when the other side is slower: that side's phase is named instead
-            before, after, change = stat["per_cycle_ms"]
-            moved = ((after or 0.0) - (before or 0.0)) / base_cycle if base_cycle else 0.0
-            found.append((moved, timeline, stat["title"], change))
+            found.append((stat["wall"], timeline, stat["title"], stat["per_cycle_ms"][2]))
         before_other, after_other = entry["other_share"]
-        cycle_before, cycle_after, _ = entry["cycle_mean_ms"]
-        moved = (after_other * cycle_after - before_other * cycle_before) / base_cycle if base_cycle else 0.0
-        found.append((moved, timeline, "Other", _relative(after_other * cycle_after, before_other * cycle_before)))
+        before_cycle, after_cycle, _ = entry["cycle_mean_ms"]
+        found.append((entry["other_wall"], timeline, "Other", _relative(after_other * after_cycle, before_other * before_cycle)))
     return sorted(found, key=lambda c: -abs(c[0]))
 
 
+def _caveat(comparison: dict[str, Any]) -> str:
+    """What to know before reading a phase's change: the hosts differed, or were busy, and whether the settings were the same."""
+    hosts = comparison["host"]
+    same = comparison["same_settings"]
+    if hosts["differences"]:
+        whose = "the host's, not the job's" if same else "the host's as much as the job's"
+        settings = "the same settings, but " if same else ""
+        return f"{settings}the hosts differed ({'; '.join(hosts['differences'])}): the change may be {whose}. "
+    if hosts["busy_in_both"]:
+        settings = " with the same settings" if same else ""
+        return f"a busy host ({hosts['busy_in_both']}){settings}: expect changes from the host alone. "
+    return ""
+
+
 def verdict(comparison: dict[str, Any]) -> str:
-    """One sentence: which phase changed the run and which side it slowed or sped up, or that nothing changed beyond noise."""
-    changed = [t for t, e in comparison["timelines"].items() if e.get("changed")]
+    """One sentence: how sure, then which phase changed the run and which side it slowed or sped up, or that nothing changed beyond noise."""
+    changed = [e for e in comparison["timelines"].values() if e.get("changed")]
     throughput = comparison["env_steps_per_s"][2]
     moved_throughput = throughput is not None and abs(throughput) > NOISE
     tail = f"; throughput {throughput:+.0%}" if throughput is not None else ""
     counts = [n for e in comparison["timelines"].values() if e.get("cycle_mean_ms") for n in e["cycles"]]
     if counts and min(counts) < MIN_CYCLES:
         return f"too few cycles to tell (n={min(counts)}; a verdict needs {MIN_CYCLES} on each side): see the table{tail}"
+    caveat = _caveat(comparison)
     if not changed and not moved_throughput:
-        cycles = [abs(e["cycle_mean_ms"][2]) for e in comparison["timelines"].values() if e.get("cycle_mean_ms")]
-        within = max(cycles, default=0.0)
-        return f"nothing changed beyond noise: every cycle within {within:.0%} of the baseline{tail}"
+        medians = [abs(e["cycle_p50_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_p50_ms")]
+        return f"{caveat}nothing changed beyond noise: every cycle's median within {max(medians, default=0.0):.0%} of the baseline{tail}"
     contributions = _contributions(comparison)
     if not contributions:
-        return f"the runs share no timeline to compare{tail}"
+        return f"{caveat}the runs share no timeline to compare{tail}"
     moved, timeline, title, change = contributions[0]
     rest = max((abs(c[0]) for c in contributions[1:]), default=0.0)
     unit = "per iteration" if timeline == schema.LEARNER else "per cycle"
     how = f"{change:+.0%} {unit}" if change is not None else ("new" if moved > 0 else "gone")
     side = f"the {timeline} got {'slower' if moved > 0 else 'faster'}"
-    return f"{title} {how}, no other phase moved the cycle by more than {rest:.0%}: {side}{tail}"
+    return f"{caveat}{title} {how} ({moved:+.0%} of wall time), no other phase moved the wall time by more than {rest:.0%}: {side}{tail}"
 
 
 def render_comparison(comparison: dict[str, Any]) -> str:
@@ -143,21 +197,25 @@ def render_comparison(comparison: dict[str, Any]) -> str:
         if "phases" not in entry:
             lines += [f"{timeline}: only in the {entry['in']}", ""]
             continue
-        header = f"{timeline}: cycles {entry['cycles'][0]} -> {entry['cycles'][1]}"
+        header = f"{timeline}: cycles {entry['cycles'][0]} -> {entry['cycles'][1]}, weight {entry['weight']:.0%} of wall time"
         if "cycle_mean_ms" in entry:
-            header += f", mean {_change(entry['cycle_mean_ms'])}"
-        rows = [("phase", "mean", "p95", "per cycle", "share")]
+            header += f", mean {_change(entry['cycle_mean_ms'])}, median {_pct(entry['cycle_p50_ms'][2])} (p={entry['p_value']:.2g})"
+        rows = [("phase", "mean", "median", "p95", "per cycle", "wall", "share")]
         for stat in entry["phases"].values():
             label = ("  " if stat["nested"] else "") + (stat["title"] or "?") + ("" if stat["in"] == "both" else f" ({stat['in']} only)")
             share = " -> ".join("-" if v is None else f"{100 * v:.0f}%" for v in stat["share"])
-            rows.append((label, _change(stat["mean_ms"]), _pct(stat["p95_ms"][2]), _pct(stat["per_cycle_ms"][2]), share))
+            cells = (_change(stat["mean_ms"]), _pct(stat["p50_ms"][2]), _pct(stat["p95_ms"][2]), _pct(stat["per_cycle_ms"][2]))
+            rows.append((label, *cells, "" if stat["nested"] or stat["background"] else _pct(stat["wall"]), share))
         before_other, after_other = entry["other_share"]
-        rows.append(("Other", "", "", "", f"{100 * before_other:.0f}% -> {100 * after_other:.0f}%"))
+        rows.append(("Other", "", "", "", "", _pct(entry.get("other_wall")), f"{100 * before_other:.0f}% -> {100 * after_other:.0f}%"))
         lines += [header, *_aligned(rows), ""]
     before, after, change = comparison["env_steps_per_s"]
     if before is not None or after is not None:
         shown = " -> ".join("-" if v is None else f"{v:,.0f}" for v in (before, after))
         lines.append(f"throughput (env steps/s): {shown} ({_pct(change)})")
+    for side in ("baseline", "run"):
+        if (line := host.render(comparison["host"][side])) is not None:
+            lines.append(f"{side} {line}")
     return "\n".join(lines)
 
 
@@ -175,4 +233,4 @@ def _change(cell: tuple[float | None, float | None, float | None]) -> str:
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
     """Rows as text columns as wide as their widest cell: the first left-aligned, the others right-aligned."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))) for row in rows]
+    return ["  " + "  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip() for row in rows]

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 
-from otel_rl.formats import trace
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 _BEGIN = TrackEvent.Type.TYPE_SLICE_BEGIN
@@ -111,9 +110,7 @@ def read(paths: list[Path]) -> TraceModel:
             if event.type == _COUNTER:
                 value = event.double_counter_value if event.HasField("double_counter_value") else event.counter_value
                 name = counter_names.get(uuid, str(uuid))
-                model.counters.setdefault(name, []).append((packet.timestamp, value))
-                if name == trace.CLOCK_OFFSET_KEY and counter_process.get(uuid) in process_by_uuid:
-                    model.clock_offsets.setdefault(process_by_uuid[counter_process[uuid]], []).append(value)
+                model.add_counter(process_by_uuid.get(counter_process.get(uuid)), name, packet.timestamp, value)
             elif event.type == _BEGIN:
                 name = event.name or names.get(seq, {}).get(event.name_iid, "?")
                 category = ",".join(categories.get(seq, {}).get(i, "?") for i in event.category_iids) or "?"

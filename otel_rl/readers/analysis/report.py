@@ -11,12 +11,17 @@ applies the bottleneck-reading table of the learner/collector design:
 * learner Replay Batch Wait high: device prefetch falls behind;
 * collector Replay Write high: the replay ingress is saturated;
 * a high background submit time with healthy main phases is not a bottleneck;
-* a loop that collects and learns in turn (its collector and learner cycles
-  never overlap: one thread, as in most single-process libraries) is judged
-  by where the wall time goes: the side with the larger share, through its
-  largest phase;
+* a loop that collects and learns in turn (the collector works only while
+  the learner waits for it, and the other way round: one thread, as in most
+  single-process libraries, or a driver that waits for its env runners, as
+  RLlib's) is judged by where the wall time goes: the side with the larger
+  share, through its largest phase;
 * time in no phase that outweighs every phase is named as unaccounted,
-  never attributed to a phase.
+  never attributed to a phase;
+* a rare occurrence far above its phase's median (over :data:`STALL_FACTOR`
+  times it and :data:`STALL_MIN_MS`, at most :data:`STALL_MAX_FRACTION` of the
+  occurrences) is a stall: counted and shown as such, never averaged into its
+  phase, so one host stall cannot name a bottleneck.
 
 Every finding carries the numbers behind it.
 """
@@ -28,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from otel_rl.formats import schema
-from otel_rl.readers.analysis import ranks
+from otel_rl.readers.analysis import host, ranks
 from otel_rl.readers.analysis.operators import operators_by_phase, render_operators
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
@@ -38,6 +43,16 @@ HIGH_INFERENCE = 0.25
 HIGH_REPLAY_BATCH_WAIT = 0.15
 HIGH_REPLAY_WRITE = 0.30
 HIGH_OTHER = 0.20
+HIGH_STALLS = 0.05
+"""Stalls holding more than this share of a timeline's time are a finding of their own."""
+STALL_FACTOR = 10.0
+STALL_MIN_MS = 50.0
+STALL_MAX_FRACTION = 0.02
+"""Above this share of a phase's occurrences, long ones are its steady cost, not stalls."""
+TRIM = 0.1
+"""The trimmed mean leaves out this share of the occurrences at each end."""
+MAX_SAMPLES = 1000
+"""Per-cycle durations kept in the report (evenly spaced) for the comparison's significance test."""
 
 _WAITS = {schema.LEARNER: "collector_wait", schema.COLLECTOR: "learner_action_wait"}
 _TITLES = {(p.timeline, p.title): p.name for p in schema.PHASES.values()}
@@ -56,6 +71,24 @@ def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((start, end))
     return merged
+
+
+def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of the merged intervals ``a`` outside the merged intervals ``b``."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > start:
+                out.append((start, b[k][0]))
+            start = max(start, b[k][1])
+            k += 1
+        if start < end:
+            out.append((start, end))
+    return out
 
 
 def _total(intervals: list[tuple[int, int]]) -> int:
@@ -80,11 +113,34 @@ def nearest_rank(ordered: list[float], q: float) -> float:
     return ordered[max(1, math.ceil(q * len(ordered) - 1e-9)) - 1]
 
 
-def _stats(durations_ns: list[int]) -> dict[str, float]:
-    ms = sorted(d / 1e6 for d in durations_ns)
+def _stats(ms: list[float]) -> dict[str, float]:
+    """Count, mean, standard deviation, median, trimmed mean, p95 and total of sorted durations (ms)."""
     mean = sum(ms) / len(ms)
     std = math.sqrt(sum((x - mean) ** 2 for x in ms) / (len(ms) - 1)) if len(ms) > 1 else 0.0
-    return {"count": len(ms), "mean_ms": mean, "std_ms": std, "p50_ms": nearest_rank(ms, 0.5), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms)}
+    cut = int(TRIM * len(ms))
+    kept = ms[cut : len(ms) - cut]
+    return {
+        "count": len(ms), "mean_ms": mean, "std_ms": std, "p50_ms": nearest_rank(ms, 0.5),
+        "trimmed_mean_ms": sum(kept) / len(kept), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms),
+    }  # fmt: skip
+
+
+def _cycle_stats(durations_ns: list[int]) -> dict[str, Any]:
+    """A timeline's cycle statistics, with up to :data:`MAX_SAMPLES` of its durations (in order, evenly spaced)."""
+    ms = [d / 1e6 for d in durations_ns]
+    stride = max(1, math.ceil(len(ms) / MAX_SAMPLES))
+    return {**_stats(sorted(ms)), "samples": [round(x, 4) for x in ms[::stride]]}
+
+
+def _phase_stats(durations_ns: list[int]) -> dict[str, Any]:
+    """A phase's statistics without its stalls, and the stalls' count and time."""
+    ms = sorted(d / 1e6 for d in durations_ns)
+    threshold = max(STALL_FACTOR * nearest_rank(ms, 0.5), STALL_MIN_MS)
+    stalls = [x for x in ms if x > threshold]
+    if len(stalls) > max(1, STALL_MAX_FRACTION * len(ms)):
+        stalls = []  # long occurrences this common are how the phase runs
+    steady = ms[: len(ms) - len(stalls)]
+    return {**_stats(steady), "stalls": len(stalls), "stall_ms": sum(stalls), "stall_max_ms": max(stalls, default=0.0)}
 
 
 def _throughput(iterations: dict[str, list[Slice]]) -> tuple[float | None, dict[int, float]]:
@@ -101,13 +157,13 @@ def _timeline_entry(timeline: str, cycles: list[Slice], own: list[Slice], is_top
     # Top-level phases inside cycles (or all of them for a timeline without cycles).
     top = [s for s in own if is_top(s) and (s.parent != -1 or not cycles)]
     wall = sum(c.duration_ns for c in cycles) if cycles else sum(s.duration_ns for s in top)
-    entry: dict[str, Any] = {"cycles": len(cycles), "cycle_ms": _stats([c.duration_ns for c in cycles]) if cycles else None}
+    entry: dict[str, Any] = {"cycles": len(cycles), "cycle_ms": _cycle_stats([c.duration_ns for c in cycles]) if cycles else None}
     by_name: dict[str, list[Slice]] = {}
     for s in own:
         by_name.setdefault(phase_name(timeline, s.name), []).append(s)
     table = {}
     for name, occurrences in by_name.items():
-        stat = _stats([s.duration_ns for s in occurrences])
+        stat = _phase_stats([s.duration_ns for s in occurrences])
         stat["title"] = occurrences[0].name
         stat["nested"] = not any(is_top(s) for s in occurrences)
         # Work on other threads, never inside this timeline's cycles: it overlaps them.
@@ -115,8 +171,10 @@ def _timeline_entry(timeline: str, cycles: list[Slice], own: list[Slice], is_top
         stat["share"] = stat["total_ms"] * 1e6 / wall if wall else 0.0
         table[name] = stat
     accounted = sum(s.duration_ns for s in top)
+    stalled = sum(stat["stall_ms"] for stat in table.values() if not stat["nested"] and not stat["background"]) * 1e6
     entry["phases"] = dict(sorted(table.items(), key=lambda kv: (kv[1]["nested"], -kv[1]["total_ms"])))
-    entry["accounted_share"] = accounted / wall if wall else 0.0
+    entry["accounted_share"] = (accounted - stalled) / wall if wall else 0.0
+    entry["stall_share"] = stalled / wall if wall else 0.0
     entry["other_share"] = max(wall - accounted, 0) / wall if wall and cycles else 0.0
     return entry, top
 
@@ -170,7 +228,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     job_steps, rank_steps = _throughput(iterations)
     report: dict[str, Any] = {
         "wall_s": span / 1e9 if everything else 0.0,
-        "turns": _turns(iterations, span),
+        "turns": _turns(iterations, phases, span),
         "env_steps_per_s": job_steps,
         "env_steps_per_s_by_rank": {str(rank): v for rank, v in sorted(rank_steps.items())} if len(rank_steps) > 1 else None,
         "timelines": timelines,
@@ -180,6 +238,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
             else None
         ),
         "gpu_busy_share": gpu,
+        "host": host.readings(model.system),
     }
     profile = operators_by_phase(slices)
     if profile:
@@ -193,15 +252,24 @@ SEQUENTIAL_OVERLAP = 0.05
 """Learner and collector cycles overlapping for less than this share of the shorter side's time: they take turns."""
 
 
-def _turns(iterations: dict[str, list[Slice]], span: int) -> dict[str, float] | None:
-    """For a loop that collects and learns in turn (one thread, most single-process libraries): each side's share of wall time.
+def _turns(iterations: dict[str, list[Slice]], phases: dict[str, list[Slice]], span: int) -> dict[str, float] | None:
+    """For a loop that collects and learns in turn: each side's share of wall time.
 
-    ``collector`` and ``learner``: the share of wall time in each side's
-    cycles; ``outside``: in neither. None when the two sides run at once
-    (or one is missing): then each side's own cycle is what to read.
+    A side works in its cycles, except while it waits for the other side
+    (the learner's Collector Wait, the collector's Learner Action Wait): one
+    thread (most single-process libraries) or a driver that waits for its
+    env runners (RLlib) takes turns. ``collector`` and ``learner``: the share
+    of wall time each side works; ``outside``: neither. None when the two
+    sides work at once (or one is missing): then each side's own cycle is
+    what to read.
     """
-    learner = _union([(s.start_ns, s.end_ns) for s in iterations.get(schema.LEARNER, [])])
-    collector = _union([(s.start_ns, s.end_ns) for s in iterations.get(schema.COLLECTOR, [])])
+
+    def working(timeline: str) -> list[tuple[int, int]]:
+        cycles = _union([(s.start_ns, s.end_ns) for s in iterations.get(timeline, [])])
+        waits = _union([(s.start_ns, s.end_ns) for s in phases.get(timeline, []) if phase_name(timeline, s.name) == _WAITS[timeline]])
+        return _subtract(cycles, waits)
+
+    learner, collector = working(schema.LEARNER), working(schema.COLLECTOR)
     if not learner or not collector:
         return None
     if _intersection(learner, collector) > SEQUENTIAL_OVERLAP * min(_total(learner), _total(collector)):
@@ -240,6 +308,7 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
             "evidence": found["verdict"],
             "check": f"what rank {found['rank']} does differently in {found['title']}: its data, its device, its host's load",
         })  # fmt: skip
+    findings += _stall_findings(report)
     findings += _hot_spots(report)
     for timeline in (schema.LEARNER, schema.COLLECTOR):  # every timeline by the same rule
         other = report["timelines"].get(timeline, {}).get("other_share", 0.0)
@@ -281,7 +350,7 @@ def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
             {
                 "finding": "the learner waits for the collector",
                 "evidence": evidence,
-                "check": "env step cost, transition post-processing, collector liveness and IPC" if culprit or not where
+                "check": _check(C, culprit) if culprit else "env step cost, transition post-processing, collector liveness and IPC" if not where
                 else "time the collector's remaining work as phases (env-runner bookkeeping, connectors, resets) before blaming a phase",
             }
         )  # fmt: skip
@@ -295,7 +364,7 @@ def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
             {
                 "finding": "the collector waits for the learner",
                 "evidence": evidence,
-                "check": "Learning cost, updates per step, batch size; then the inference sub-phases" if culprit or not where
+                "check": _check(L, culprit) if culprit else "Learning cost, updates per step, batch size; then the inference sub-phases" if not where
                 else "time the learner's remaining work as phases (the update's parts, bookkeeping, logging) before blaming a phase",
             }
         )  # fmt: skip
@@ -311,7 +380,7 @@ def _bottleneck(report: dict[str, Any]) -> tuple[str, list[dict[str, str]]]:
                     "finding": "no side waits much for the other; the learner's largest phase sets the pace",
                     "evidence": f"learner {_title(report, L, culprit)} is {_pct(_share(report, L, culprit))} of Iter Wall"
                     + (f"; collector Learner Action Wait is {_pct(action_wait)} of its cycle" if have_c else ""),
-                    "check": "the cost of that phase",
+                    "check": _check(L, culprit),
                 }
             )
     elif have_c:
@@ -410,17 +479,51 @@ def _in_turns(report: dict[str, Any], turns: dict[str, float]) -> tuple[str, dic
     culprit = _largest(report, side, exclude=tuple(_WAITS.values()))
     if _unaccounted_leads(report, side) or culprit is None:
         where = f"unaccounted: {_pct(report['timelines'][side]['other_share'])} of its cycle is in no phase"
+        check = f"time the {side}'s remaining work as phases before blaming a phase"
     else:
         where = f"{_title(report, side, culprit).lower()}, {_pct(_share(report, side, culprit))} of its cycle"
+        check = _check(side, culprit)
     name = "collection" if side == C else "learning"
     return (
         f"{side} ({where})",
-        {
-            "finding": f"collection and learning take turns on one thread, and {name} takes most of the wall time",
-            "evidence": evidence,
-            "check": "env step cost and the number of environments" if side == C else "the update's cost: epochs, batch size, model size",
-        },
+        {"finding": f"collection and learning take turns, and {name} takes most of the wall time", "evidence": evidence, "check": check},
     )
+
+
+_CHECKS = {
+    (schema.COLLECTOR, "env_step"): "env step cost and the number of environments",
+    (schema.COLLECTOR, "policy_inference"): "the policy's forward pass: model size, device, how many environments share a call",
+    (schema.COLLECTOR, "env_to_module"): "the env-to-module connectors: their per-step observation processing",
+    (schema.COLLECTOR, "module_to_env"): "the module-to-env connectors: action sampling, unsquashing and clipping per step",
+    (schema.COLLECTOR, "replay_write"): "free ingress slots, device commit lag",
+    (schema.LEARNER, "learning"): "the update's cost: epochs, updates per step, batch size, model size",
+    (schema.LEARNER, "replay_sample"): "the replay's sampling cost and the batch size",
+    (schema.LEARNER, "gradient_sync"): "the slowest rank and the interconnect",
+}
+
+
+def _check(timeline: str, name: str) -> str:
+    """What to look at when ``name`` sets ``timeline``'s pace."""
+    return _CHECKS.get((timeline, name), f"the cost of {name.replace('_', ' ')}")
+
+
+def _stall_findings(report: dict[str, Any]) -> list[dict[str, str]]:
+    """Timelines whose stalls hold more than :data:`HIGH_STALLS` of their time: named as stalls, not as the phases' cost."""
+    findings = []
+    for timeline, entry in report["timelines"].items():
+        if entry.get("stall_share", 0.0) < HIGH_STALLS:
+            continue
+        stalled = [stat for stat in entry["phases"].values() if stat["stalls"] and not stat["nested"]]
+        parts = "; ".join(
+            f"{stat['title']}: {stat['stalls']} {'stall' if stat['stalls'] == 1 else 'stalls'} of up to {stat['stall_max_ms']:,.0f} ms (median {stat['p50_ms']:,.3f} ms)"
+            for stat in stalled
+        )
+        findings.append({
+            "finding": f"stalls hold {_pct(entry['stall_share'])} of the {timeline}'s time",
+            "evidence": f"{parts}; they are left out of their phases' statistics",
+            "check": "what the host did at those moments (other processes, swapping, I/O, garbage collection): a stall is not the phase's steady cost",
+        })  # fmt: skip
+    return findings
 
 
 def render_text(report: dict[str, Any]) -> str:
@@ -439,16 +542,7 @@ def render_text(report: dict[str, Any]) -> str:
         if cycle:
             header += f", mean {cycle['mean_ms']:.3f} ms, p50 {cycle['p50_ms']:.3f} ms"
         lines.append(header)
-        lines.append(f"  {'phase':28s} {'count':>8s} {'mean ms':>10s} {'p50 ms':>10s} {'p95 ms':>10s} {'share':>7s}")
-        for name, stat in entry["phases"].items():
-            label = ("  " if stat["nested"] else "") + stat["title"] + (" (background)" if stat["background"] else "")
-            lines.append(
-                f"  {label:28s} {stat['count']:8d} {stat['mean_ms']:10.3f} {stat['p50_ms']:10.3f} "
-                f"{stat['p95_ms']:10.3f} {100 * stat['share']:6.1f}%"
-            )
-        if entry["cycles"]:
-            lines.append(f"  {'accounted':28s} {'':8s} {'':10s} {'':10s} {'':10s} {100 * entry['accounted_share']:6.1f}%")
-            lines.append(f"  {'Other':28s} {'':8s} {'':10s} {'':10s} {'':10s} {100 * entry['other_share']:6.1f}%")
+        lines += _phase_table(entry)
         lines.append("")
         lines += _render_ranks(timeline, entry.get("ranks", []), report.get("straggler"))
     turns = report.get("turns")
@@ -461,6 +555,8 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"learner and collector both busy: {100 * report['overlap_share']:.1f}% of wall time")
     for track, share in report["gpu_busy_share"].items():
         lines.append(f"{track} busy: {100 * share:.1f}% of wall time")
+    if (line := host.render(report.get("host", {}))) is not None:
+        lines.append(line)
     lines += render_operators(report.get("profile", {}))
     if report.get("env_steps_per_s") is not None:
         by_rank = report.get("env_steps_per_s_by_rank") or {}
@@ -468,6 +564,24 @@ def render_text(report: dict[str, Any]) -> str:
         lines.append(f"throughput: {report['env_steps_per_s']:,.0f} env steps/s{each}")
     lines.append(f"wall time analysed: {report['wall_s']:.2f} s")
     return "\n".join(lines)
+
+
+def _phase_table(entry: dict[str, Any]) -> list[str]:
+    """A timeline's phases: count, mean, median, trimmed mean, p95, share, stalls; then accounted, stalls and Other."""
+    blank = ("",) * 5
+    rows = [("phase", "count", "mean ms", "p50 ms", "trimmed ms", "p95 ms", "share", "stalls")]
+    for stat in entry["phases"].values():
+        label = ("  " if stat["nested"] else "") + stat["title"] + (" (background)" if stat["background"] else "")
+        numbers = (stat["mean_ms"], stat["p50_ms"], stat["trimmed_mean_ms"], stat["p95_ms"])
+        stalls = f"{stat['stalls']} ({stat['stall_ms']:,.0f} ms)" if stat["stalls"] else ""
+        rows.append((label, f"{stat['count']:,}", *(f"{x:,.3f}" for x in numbers), f"{100 * stat['share']:.1f}%", stalls))
+    if entry["cycles"]:
+        rows.append(("accounted", *blank, f"{100 * entry['accounted_share']:.1f}%", ""))
+        if entry["stall_share"]:
+            rows.append(("stalls", *blank, f"{100 * entry['stall_share']:.1f}%", ""))
+        rows.append(("Other", *blank, f"{100 * entry['other_share']:.1f}%", ""))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
 def _render_ranks(timeline: str, per_rank: list[dict[str, Any]], found: dict[str, Any] | None) -> list[str]:

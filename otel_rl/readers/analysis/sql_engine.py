@@ -13,7 +13,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from otel_rl.formats import trace
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 _SLICES = """
@@ -34,16 +33,10 @@ WHERE s.dur >= 0
 """
 
 _COUNTERS = """
-SELECT t.name AS name, c.ts AS ts, c.value AS value
+SELECT t.name AS name, c.ts AS ts, c.value AS value, p.name AS process_name
 FROM counter c JOIN counter_track t ON t.id = c.track_id
+LEFT JOIN process_counter_track pt ON pt.id = c.track_id LEFT JOIN process p ON p.upid = pt.upid
 ORDER BY c.ts
-"""
-
-
-_CLOCK_OFFSETS = f"""
-SELECT p.name AS process_name, c.value AS value
-FROM counter c JOIN process_counter_track t ON t.id = c.track_id JOIN process p USING (upid)
-WHERE t.name = '{trace.CLOCK_OFFSET_KEY}'
 """
 
 
@@ -81,9 +74,7 @@ def read(files: list[Path], bin_path: str | None) -> TraceModel:
                 steps = None if row.env_steps is None else int(row.env_steps)
                 model.slices.append(Slice(row.category, row.name, row.ts, row.ts + row.dur, key, row.process_name, env_steps=steps))
             for row in tp.query(_COUNTERS):
-                model.counters.setdefault(row.name, []).append((row.ts, row.value))
-            for row in tp.query(_CLOCK_OFFSETS):
-                model.clock_offsets.setdefault(row.process_name or "", []).append(row.value)
+                model.add_counter(row.process_name, row.name, row.ts, row.value)
         finally:
             tp.close()
     model.align_clocks()

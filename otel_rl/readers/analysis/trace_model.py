@@ -42,6 +42,18 @@ class TraceModel:
     counters: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     clock_offsets: dict[str, list[float]] = field(default_factory=dict)
     """Per process: its clock minus rank 0's as measured (ms, :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`)."""
+    system: dict[str, dict[str, list[tuple[int, float]]]] = field(default_factory=dict)
+    """Per process: its ``sys/*`` counters (each process samples its own view of the host)."""
+
+    def add_counter(self, process: str | None, name: str, ts: int, value: float) -> None:
+        """One counter value, also kept per process where it is a clock offset or a ``sys/*`` reading."""
+        self.counters.setdefault(name, []).append((ts, value))
+        if process is None:
+            return
+        if name == trace.CLOCK_OFFSET_KEY:
+            self.clock_offsets.setdefault(process, []).append(value)
+        elif name.startswith("sys/"):
+            self.system.setdefault(process, {}).setdefault(name, []).append((ts, value))
 
     def align_clocks(self) -> dict[str, float]:
         """Put every machine on rank 0's clock: subtract the median of the offsets measured on its processes.
