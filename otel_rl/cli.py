@@ -67,6 +67,11 @@ def _parser() -> argparse.ArgumentParser:
     backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
     backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
     backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
+    export = command("export", "write runs and their scalars as Parquet or CSV files (for notebooks and spreadsheets)", _export)
+    export.add_argument("source", help="run folder, folder of run folders, or server URL (token: MOTRIX_METRICS_TOKEN)")
+    export.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="file format (default parquet)")
+    export.add_argument("--out", default="export", help="folder to write runs.<format> and scalars.<format> into (default ./export)")
+    export.add_argument("--run", dest="run_id", help="only this run id")
     analyze = command("analyze", "say where the time goes, from a run's Perfetto trace", _analyze)
     analyze.add_argument("path", nargs="+", help="trace file or run folder; several: one job's parts (each machine's own folder)")
     analyze.add_argument("--engine", choices=("auto", "python", "sql"), default="auto", help="sql needs a trace processor binary")
@@ -133,6 +138,32 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     for reason in totals["reasons"]:
         print(f"  refused: {reason}")
+    return 0
+
+
+def _export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    require(extras.READ)
+    import otel_rl.read as read
+
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        runs = read.runs(args.source)
+        if args.run_id is not None:
+            runs = runs[runs["run_id"] == args.run_id]
+        scalars = read.scalars(args.source, run_id=args.run_id).reset_index()
+        if "run_id" not in scalars:
+            scalars.insert(0, "run_id", runs["run_id"].iloc[0] if len(runs) else args.run_id)
+        for name, frame in (("runs", runs), ("scalars", scalars)):
+            path = out / f"{name}.{args.format}"
+            frame.to_parquet(path, index=False) if args.format == "parquet" else frame.to_csv(path, index=False)
+    except read.SourceError as exc:
+        print(f"otel-rl export: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"otel-rl export: {exc.filename or args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"{len(runs)} runs, {len(scalars):,} scalars rows written to {out}/runs.{args.format} and {out}/scalars.{args.format}")
     return 0
 
 

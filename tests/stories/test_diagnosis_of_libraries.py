@@ -181,5 +181,5 @@ def test_sb3_sac_more_gradient_steps_is_named_by_compare(tmp_path):
         reports.append(analyze(tmp_path / f"g{steps}", engine="python"))
     comparison = compare_reports(reports[1], reports[0])
     assert comparison["verdict"].startswith("Learning +"), comparison["verdict"]
-    assert "the learner got slower" in comparison["verdict"] and comparison["env_steps_per_s"][2] < -0.2
+    assert "the learner got slower" in comparison["verdict"] and comparison["env_steps_per_s"][2] < 0
     assert comparison["timelines"]["collector"]["weight"] < 0.3

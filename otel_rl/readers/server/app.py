@@ -18,9 +18,9 @@ from aiohttp import web
 
 from otel_rl.formats import schema
 from otel_rl.formats.protocol import INGEST_PATH
-from otel_rl.readers.server import queries
+from otel_rl.readers.server import export, queries, summaries
 from otel_rl.readers.server.decoding import decoded_rows, decompress, prepare, refusals, unpickled
-from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable, started
+from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable
 from otel_rl.readers.server.validation import Invalid
 
 _logger = logging.getLogger(__name__)
@@ -66,6 +66,11 @@ def _error(status: int, message: str, field: str | None = None, headers: dict[st
     return web.json_response(body, status=status, headers=headers)
 
 
+def _file_name(run_id: str) -> str:
+    """A run id as a download's file name (no path separators, quotes or control characters)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:120].strip(".") or "run"
+
+
 def _unavailable(message: str) -> web.Response:
     return _error(503, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
@@ -94,7 +99,7 @@ class Handlers:
         self.unhealthy: str | None = None
         """Why the database cannot take writes now (None: it can)."""
         self.stopping = False
-        self.database = ThreadPoolExecutor(max_workers=1, thread_name_prefix="otel-rl-db")
+        self.database = ThreadPoolExecutor(max_workers=getattr(storage, "threads", 1), thread_name_prefix="otel-rl-db")
         self.decoding = ThreadPoolExecutor(max_workers=2, thread_name_prefix="otel-rl-decode")
         self.processes = None
         if decode_processes > 0:
@@ -109,10 +114,12 @@ class Handlers:
         add("/api/v1/runs/{run_id}", self.one_run)
         add("/api/v1/runs/{run_id}/keys", self.keys)
         add("/api/v1/runs/{run_id}/scalars", self.scalars)
+        add("/api/v1/runs/{run_id}/export", self.export)
         # The same with the run id as ?run_id=: a run named "." or ".." has no path of its own (URLs drop dot segments).
         add("/api/v1/run", self.one_run)
         add("/api/v1/run/keys", self.keys)
         add("/api/v1/run/scalars", self.scalars)
+        add("/api/v1/run/export", self.export)
         add("/api/v1/server", self.server_info)
         add("/healthz", self.healthz)
         for path in ("/", "/runs/{run_id}", "/run", "/compare"):
@@ -211,10 +218,6 @@ class Handlers:
 
     # -- queries ----------------------------------------------------------
 
-    def described(self, run_id: str) -> tuple[dict[str, Any] | None, int | None]:
-        """What a run started with (configuration, provenance, plan) and its newest env steps (on the database thread)."""
-        return started(self.storage.records(run_id, "run")), self.storage.env_steps(run_id)
-
     async def runs(self, request: web.Request) -> web.Response:
         try:
             limit = int(request.query.get("limit", "100"))
@@ -223,10 +226,18 @@ class Handlers:
             return _error(400, str(exc), exc.field)
         except ValueError:
             return _error(400, "limit must be an integer", "limit")
+        try:
+            keys = summaries.summary_keys(request.query)
+        except ValueError as exc:
+            return _error(400, str(exc), "summary")
+        every = "*" in keys  # the last value of every key (for notebooks): a second query per page
+        keys = [key for key in keys if key != "*"]
         after = request.query.get("after") or None
-        page = await self.off_loop(self.database, self.storage.runs, limit, after, only)
-        for entry in page:
-            entry["started"], entry["env_steps"] = await self.off_loop(self.database, self.described, entry["run_id"])
+        page = await self.off_loop(self.database, self.storage.runs, limit, after, only, keys)
+        if every and page:
+            last = await self.off_loop(self.database, self.storage.last_values, [entry["run_id"] for entry in page])
+            for entry in page:
+                entry["last"] = last.get(entry["run_id"], {})
         more = len(page) == max(1, min(limit, 1000))
         return web.json_response({"runs": page, "next": page[-1]["run_id"] if page and more else None})
 
@@ -239,7 +250,6 @@ class Handlers:
         info = await self.off_loop(self.database, self.storage.run, run_id)
         if info is None:
             return _error(404, f"no run {run_id!r}")
-        info["started"], info["env_steps"] = await self.off_loop(self.database, self.described, run_id)
         if latest is None:
             events = await self.off_loop(self.database, self.storage.records, run_id, "event")
             return web.json_response({"run": info, "events": events, "events_total": len(events)})
@@ -260,6 +270,29 @@ class Handlers:
             return _error(400, str(exc), exc.field)
         series = await self.off_loop(self.database, self.curves, run_id, keys, axis, max_points)
         return web.json_response({"x": axis, "max_points": max_points, "series": series})
+
+    async def export(self, request: web.Request) -> web.Response:
+        """Every point of the run's keys (all, or those named by ``key``), one column per key (:mod:`.export`)."""
+        run_id = _run_id(request)
+        try:
+            name = export.check_format(request.query.get("format", "json"))
+        except export.BadFormat as exc:
+            return _error(400, str(exc), "format")
+        body = await self.off_loop(self.database, self.exported, run_id, request.query.getall("key", []), name)
+        if body is None:
+            return _error(404, f"no run {run_id!r}")
+        disposition = {} if name == "json" else {"Content-Disposition": f'attachment; filename="{_file_name(run_id)}.{name}"'}
+        return web.Response(body=body, content_type=export.FORMATS[name], headers=disposition)
+
+    def exported(self, run_id: str, keys: list[str], name: str) -> bytes | None:
+        """The run's table in format ``name`` (on the database thread), or None without such a run."""
+        if self.storage.run(run_id) is None:
+            return None
+        series = {}
+        for key in keys or self.storage.keys(run_id):
+            columns = self.storage.curve(run_id, key)
+            series[key] = columns if len(columns["seq"]) else queries.columns_of(self.storage.series(run_id, key))
+        return export.encode(export.wide(series), name)
 
     def curves(self, run_id: str, keys: list[str], axis: str, max_points: int) -> dict[str, Any]:
         """Each key's curve against ``axis``, thinned to ``max_points`` (on the database thread)."""

@@ -10,10 +10,12 @@ ingest raises :class:`StorageUnavailable` and the server answers 503.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any
 
+from otel_rl.readers.server import summaries
 from otel_rl.readers.server.storage import (
     RUN_FIELDS,
     KnownKeys,
@@ -52,6 +54,8 @@ CREATE TABLE IF NOT EXISTS runs (
     lost BOOLEAN NOT NULL DEFAULT FALSE
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created, run_id);
+CREATE INDEX IF NOT EXISTS runs_project ON runs (project, created, run_id);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (grp, created, run_id);
 CREATE TABLE IF NOT EXISTS series_keys (
     run_id TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -65,7 +69,45 @@ CREATE TABLE IF NOT EXISTS point_blocks (
     points BYTEA NOT NULL
 );
 CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
+CREATE TABLE IF NOT EXISTS run_summaries (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    last DOUBLE PRECISION NOT NULL,
+    last_ts DOUBLE PRECISION NOT NULL,
+    last_seq DOUBLE PRECISION NOT NULL,
+    min DOUBLE PRECISION NOT NULL,
+    max DOUBLE PRECISION NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS started TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS started_ts DOUBLE PRECISION;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS started_seq BIGINT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS env_steps BIGINT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS steps_ts DOUBLE PRECISION;
 """
+_SET_STARTED = (
+    "UPDATE runs SET started = s.body, started_ts = s.ts, started_seq = s.seq"
+    " FROM unnest(%s::text[], %s::text[], %s::float8[], %s::bigint[]) AS s(run_id, body, ts, seq)"
+    " WHERE runs.run_id = s.run_id AND (runs.started_ts IS NULL OR (runs.started_ts, runs.started_seq) < (s.ts, s.seq))"
+)
+_SET_STEPS = (
+    "UPDATE runs SET env_steps = s.steps, steps_ts = s.ts FROM unnest(%s::text[], %s::bigint[], %s::float8[]) AS s(run_id, steps, ts)"
+    " WHERE runs.run_id = s.run_id AND (runs.steps_ts IS NULL OR runs.steps_ts <= s.ts)"
+)
+_SUMMARIZE = (
+    "INSERT INTO run_summaries AS r (run_id, key, last, last_ts, last_seq, min, max)"
+    " SELECT * FROM unnest(%s::text[], %s::text[], %s::float8[], %s::float8[], %s::float8[], %s::float8[], %s::float8[])"
+    " ON CONFLICT (run_id, key) DO UPDATE SET"
+    " last = CASE WHEN (excluded.last_ts, excluded.last_seq) > (r.last_ts, r.last_seq) THEN excluded.last ELSE r.last END,"
+    " last_seq = CASE WHEN (excluded.last_ts, excluded.last_seq) > (r.last_ts, r.last_seq) THEN excluded.last_seq ELSE r.last_seq END,"
+    " last_ts = greatest(r.last_ts, excluded.last_ts), min = least(r.min, excluded.min), max = greatest(r.max, excluded.max)"
+)
+_BACKFILL_STEPS = (
+    "UPDATE runs SET env_steps = s.steps, steps_ts = s.ts FROM ("
+    " SELECT DISTINCT ON (run_id) run_id, coalesce(body->'axes'->>'env_steps', body->>'step')::bigint AS steps, ts FROM records"
+    " WHERE kind = 'scalars' AND coalesce(body->'axes'->>'env_steps', body->>'step') IS NOT NULL ORDER BY run_id, ts DESC) AS s"
+    " WHERE runs.run_id = s.run_id AND runs.steps_ts IS NULL"
+)
 
 _INSERT_RECORDS = (
     "INSERT INTO records (writer, seq, run_id, kind, ts, body)"
@@ -74,7 +116,7 @@ _INSERT_RECORDS = (
 )
 _TOUCH_RUNS = (
     "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen)"
-    " SELECT id, 'running', 0, -1, %s, %s FROM unnest(%s::text[]) AS id"
+    " SELECT id, 'running', 0, -1, %s, %s FROM unnest(%s::text[]) AS id ORDER BY id"  # one lock order for every server
     " ON CONFLICT (run_id) DO UPDATE SET last_seen = greatest(runs.last_seen, excluded.last_seen), lost = FALSE"
 )
 _COPY_BLOCKS = "COPY point_blocks (run_id, key, writer, first_ts, points) FROM STDIN (FORMAT BINARY)"
@@ -86,105 +128,142 @@ _SET_STATUS = (
 
 
 class PostgresStorage:
-    """A :class:`otel_rl.readers.server.storage.Storage` on PostgreSQL, one connection used by one thread at a time."""
+    """A :class:`otel_rl.readers.server.storage.Storage` on PostgreSQL: a connection per database thread.
+
+    Up to :attr:`threads` calls run at once, each on its own thread's
+    connection, so batches from several clients are stored in parallel
+    transactions (PostgreSQL orders their locks; a deadlock it breaks is a
+    503 the client retries).
+    """
+
+    threads = 4
+    """Database threads the server may call this storage from at once."""
 
     def __init__(self, url: str) -> None:
         import psycopg
 
         self._psycopg = psycopg
         self._url = url
+        self._local = threading.local()
+        self._opened: list[Any] = []
         self._lock = threading.Lock()
+        """Guards the known keys and the list of opened connections."""
         self._known = KnownKeys()
-        self._conn = None
-        with self._lock:
-            conn = self._connection()
-            try:
-                with conn.transaction():
-                    conn.execute(_SCHEMA)
-            except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
-                pass  # a read-only database still serves reads; health() says why writes fail
+        conn = self._connection()
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(7301)")  # servers starting together make the schema one at a time
+                conn.execute(_SCHEMA)
+                self._backfill(conn)
+        except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
+            pass  # a read-only database still serves reads; health() says why writes fail
+
+    @staticmethod
+    def _backfill(conn: Any) -> None:
+        """Fill the listing's columns of runs stored before them (once: later runs get them at ingest)."""
+        missing = [r[0] for r in conn.execute("SELECT run_id FROM runs WHERE started_ts IS NULL AND steps_ts IS NULL").fetchall()]
+        if not missing:
+            return
+        conn.execute(_BACKFILL_STEPS)
+        rows = conn.execute("SELECT body::text FROM records WHERE kind = 'run' AND run_id = ANY(%s)", (missing,)).fetchall()
+        found = summaries.started([Row.of(json.loads(body), body) for (body,) in rows])
+        if found:
+            conn.execute(_SET_STARTED, tuple(map(list, zip(*found, strict=True))))
 
     def _connection(self):
-        """The open connection (autocommit; writes group in explicit transactions), reopened after a failure."""
-        if self._conn is None or self._conn.closed:
-            self._conn = self._psycopg.connect(self._url, connect_timeout=5, autocommit=True)
-        return self._conn
+        """This thread's open connection (autocommit; writes group in explicit transactions), reopened after a failure."""
+        conn = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            conn = self._local.conn = self._psycopg.connect(self._url, connect_timeout=5, autocommit=True)
+            with self._lock:
+                self._opened = [c for c in self._opened if not c.closed] + [conn]
+        return conn
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
+            for conn in self._opened:
+                conn.close()
 
     def _unavailable(self, exc: Exception) -> StorageUnavailable:
-        if self._conn is not None and self._conn.broken:
-            self._conn = None
+        conn = getattr(self._local, "conn", None)
+        if conn is not None and conn.broken:
+            self._local.conn = None
         return StorageUnavailable(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
     def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
         now = time.time() if now is None else now
         psycopg = self._psycopg
         given = len(rows)
-        with self._lock:
-            try:
-                conn = self._connection()
-                with conn.transaction(), conn.cursor() as cursor:
-                    cursor.execute(
-                        _INSERT_RECORDS,
-                        (
-                            [r.writer for r in rows],
-                            [r.seq for r in rows],
-                            [r.run_id for r in rows],
-                            [r.kind for r in rows],
-                            [r.ts for r in rows],
-                            [r.body for r in rows],
-                        ),
-                    )
-                    inserted = set(cursor.fetchall())
-                    rows = unique_rows([r for r in rows if (r.writer, r.seq) in inserted], set())  # a duplicate changes nothing
-                    accepted = len(rows)
+        try:
+            conn = self._connection()
+            with conn.transaction(), conn.cursor() as cursor:
+                cursor.execute(
+                    _INSERT_RECORDS,
+                    (
+                        [r.writer for r in rows],
+                        [r.seq for r in rows],
+                        [r.run_id for r in rows],
+                        [r.kind for r in rows],
+                        [r.ts for r in rows],
+                        [r.body for r in rows],
+                    ),
+                )
+                inserted = set(cursor.fetchall())
+                rows = unique_rows([r for r in rows if (r.writer, r.seq) in inserted], set())  # a duplicate changes nothing
+                accepted = len(rows)
+                with self._lock:
                     fresh = self._known.new(rows)
-                    cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
-                    for r in rows:
-                        if r.kind == "run":
-                            order = status_order(r, now)
-                            cursor.execute(
-                                _SET_STATUS,
-                                (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
-                            )
-                    if fresh:
+                cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
+                for r in rows:
+                    if r.kind == "run":
+                        order = status_order(r, now)
                         cursor.execute(
-                            "INSERT INTO series_keys (run_id, key) SELECT * FROM unnest(%s::text[], %s::text[])"
-                            " ON CONFLICT DO NOTHING",
-                            ([run for run, _ in fresh], [key for _, key in fresh]),
+                            _SET_STATUS,
+                            (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
                         )
-                    blocks = point_blocks(rows)
-                    if blocks:  # binary COPY: the packed points go as they are, not escaped as text
-                        with cursor.copy(_COPY_BLOCKS) as copy:
-                            copy.set_types(["text", "text", "text", "float8", "bytea"])
-                            for block in blocks:
-                                copy.write_row(block)
-            except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
-                    psycopg.errors.DiskFull, psycopg.errors.AdminShutdown) as exc:  # fmt: skip
-                raise self._unavailable(exc) from exc
+                if fresh:
+                    cursor.execute(
+                        "INSERT INTO series_keys (run_id, key) SELECT * FROM unnest(%s::text[], %s::text[])"
+                        " ON CONFLICT DO NOTHING",
+                        ([run for run, _ in fresh], [key for _, key in fresh]),
+                    )
+                blocks = point_blocks(rows)
+                if blocks:  # binary COPY: the packed points go as they are, not escaped as text
+                    with cursor.copy(_COPY_BLOCKS) as copy:
+                        copy.set_types(["text", "text", "text", "float8", "bytea"])
+                        for block in blocks:
+                            copy.write_row(block)
+                self._describe(cursor, rows, blocks)
+        except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
+                psycopg.errors.DiskFull, psycopg.errors.AdminShutdown,
+                psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:  # fmt: skip
+            raise self._unavailable(exc) from exc  # 503 and Retry-After: the client sends the batch again
+        with self._lock:
             self._known.remember(fresh)
         return accepted, given - accepted
 
+    @staticmethod
+    def _describe(cursor: Any, rows: list[Row], blocks: list[tuple]) -> None:
+        """Keep the runs' listing columns and key summaries up to date with new ``rows`` and their point blocks (in a transaction)."""
+        for statement, found in ((_SET_STARTED, summaries.started(rows)), (_SET_STEPS, summaries.newest_steps(rows)),
+                                 (_SUMMARIZE, summaries.key_summaries(blocks))):  # fmt: skip
+            if found:
+                cursor.execute(statement, tuple(map(list, zip(*found, strict=True))))
+
     def health(self) -> str | None:
-        with self._lock:
-            try:
-                conn = self._connection()
-                with conn.transaction(force_rollback=True):  # a write that is rolled back: fails when read-only
-                    conn.execute("INSERT INTO series_keys (run_id, key) VALUES ('', '') ON CONFLICT DO NOTHING")
-            except self._psycopg.Error as exc:
-                return self._unavailable(exc).reason
+        try:
+            conn = self._connection()
+            with conn.transaction(force_rollback=True):  # a write that is rolled back: fails when read-only
+                conn.execute("INSERT INTO series_keys (run_id, key) VALUES ('', '') ON CONFLICT DO NOTHING")
+        except self._psycopg.Error as exc:
+            return self._unavailable(exc).reason
         return None
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
-        with self._lock:
-            try:
-                return self._connection().execute(sql, params).fetchall()
-            except self._psycopg.OperationalError as exc:
-                raise self._unavailable(exc) from exc
+        try:
+            return self._connection().execute(sql, params).fetchall()
+        except self._psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from exc
 
     def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
         now = time.time() if now is None else now
@@ -194,16 +273,15 @@ class PostgresStorage:
         )
         return [r[0] for r in rows]
 
-    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
-        return [run_dict(r) for r in self._query(*only.listing("%s", "ILIKE", after, limit))]
+    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter(), keys: list[str] = ()) -> list[dict[str, Any]]:
+        rows = self._query(*only.listing("%s", "ILIKE", after, limit, keys))
+        return [summaries.attach(run_dict(r), keys, r[len(RUN_FIELDS) :]) for r in rows]
 
-    def env_steps(self, run_id: str) -> int | None:
-        rows = self._query(
-            "SELECT coalesce(body->'axes'->>'env_steps', body->>'step') FROM records"
-            " WHERE run_id = %s AND kind = 'scalars' ORDER BY ts DESC LIMIT 64",
-            (run_id,),
-        )
-        return next((int(r[0]) for r in rows if r[0] is not None), None)
+    def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
+        found: dict[str, dict[str, float]] = {}
+        for run_id, key, last in self._query("SELECT run_id, key, last FROM run_summaries WHERE run_id = ANY(%s)", (run_ids,)):
+            found.setdefault(run_id, {})[key] = last
+        return found
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         rows = self._query(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = %s", (run_id,))

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from otel_rl.readers.server import summaries
 from otel_rl.readers.server.storage import (
     RUN_FIELDS,
     KnownKeys,
@@ -47,6 +48,8 @@ CREATE TABLE IF NOT EXISTS runs (
     lost INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_created ON runs (created, run_id);
+CREATE INDEX IF NOT EXISTS runs_project ON runs (project, created, run_id);
+CREATE INDEX IF NOT EXISTS runs_group ON runs (grp, created, run_id);
 CREATE TABLE IF NOT EXISTS series_keys (
     run_id TEXT NOT NULL,
     key TEXT NOT NULL,
@@ -60,7 +63,31 @@ CREATE TABLE IF NOT EXISTS point_blocks (
     points BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
+CREATE TABLE IF NOT EXISTS run_summaries (
+    run_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    last REAL NOT NULL,
+    last_ts REAL NOT NULL,
+    last_seq REAL NOT NULL,
+    min REAL NOT NULL,
+    max REAL NOT NULL,
+    PRIMARY KEY (run_id, key)
+) WITHOUT ROWID;
 """
+_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL"}
+"""Columns of ``runs`` the listing reads (:mod:`otel_rl.readers.server.summaries`), added to a database made before them."""
+_SET_STARTED = (
+    "UPDATE runs SET started = ?, started_ts = ?, started_seq = ?"
+    " WHERE run_id = ? AND (started_ts IS NULL OR started_ts < ? OR (started_ts = ? AND started_seq < ?))"
+)
+_SET_STEPS = "UPDATE runs SET env_steps = ?, steps_ts = ? WHERE run_id = ? AND (steps_ts IS NULL OR steps_ts <= ?)"
+_SUMMARIZE = (
+    "INSERT INTO run_summaries (run_id, key, last, last_ts, last_seq, min, max) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (run_id, key) DO UPDATE SET"
+    " last = CASE WHEN (excluded.last_ts, excluded.last_seq) > (last_ts, last_seq) THEN excluded.last ELSE last END,"
+    " last_seq = CASE WHEN (excluded.last_ts, excluded.last_seq) > (last_ts, last_seq) THEN excluded.last_seq ELSE last_seq END,"
+    " last_ts = max(last_ts, excluded.last_ts), min = min(min, excluded.min), max = max(max, excluded.max)"
+)
 
 _INSERT_RECORD = "INSERT OR IGNORE INTO records (writer, seq, run_id, kind, ts, body) VALUES (?, ?, ?, ?, ?, ?)"
 _TOUCH_RUN = (
@@ -104,8 +131,31 @@ class SqliteStorage:
                 self._db.execute("PRAGMA synchronous = NORMAL")  # durable across a killed server; fsync per checkpoint
                 self._db.execute("PRAGMA wal_autocheckpoint = 16384")  # checkpoint every 64 MB of WAL, not every 4 MB
                 self._db.executescript(_SQLITE_SCHEMA)
+                self._add_run_columns()
             except sqlite3.OperationalError:
                 pass  # a read-only database still serves reads; health() says why writes fail
+
+    def _add_run_columns(self) -> None:
+        """Give a database made before the listing's columns those columns, filled from its records (once)."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(runs)")}
+        missing = [name for name in _RUN_COLUMNS if name not in have]
+        if not missing:
+            return
+        self._db.execute("BEGIN IMMEDIATE")
+        for name in missing:
+            self._db.execute(f"ALTER TABLE runs ADD COLUMN {name} {_RUN_COLUMNS[name]}")
+        for (run_id,) in self._db.execute("SELECT run_id FROM runs").fetchall():
+            bodies = self._db.execute("SELECT body FROM records WHERE run_id = ? AND kind IN ('run', 'scalars') ORDER BY ts, seq", (run_id,))
+            rows = [Row.of(json.loads(body), body) for (body,) in bodies]
+            self._describe(self._db, rows, point_blocks(rows))
+        self._db.execute("COMMIT")
+
+    @staticmethod
+    def _describe(db: sqlite3.Connection, rows: list[Row], blocks: list[tuple]) -> None:
+        """Keep the runs' listing columns and key summaries up to date with new ``rows`` and their point blocks (in a transaction)."""
+        db.executemany(_SET_STARTED, [(body, ts, seq, run_id, ts, ts, seq) for run_id, body, ts, seq in summaries.started(rows)])
+        db.executemany(_SET_STEPS, [(steps, ts, run_id, ts) for run_id, steps, ts in summaries.newest_steps(rows)])
+        db.executemany(_SUMMARIZE, summaries.key_summaries(blocks))
 
     def close(self) -> None:
         with self._lock:
@@ -133,7 +183,9 @@ class SqliteStorage:
                 fresh = self._known.new(rows)
                 if fresh:
                     db.executemany("INSERT OR IGNORE INTO series_keys (run_id, key) VALUES (?, ?)", fresh)
-                db.executemany("INSERT INTO point_blocks (run_id, key, writer, first_ts, points) VALUES (?, ?, ?, ?, ?)", point_blocks(rows))
+                blocks = point_blocks(rows)
+                db.executemany("INSERT INTO point_blocks (run_id, key, writer, first_ts, points) VALUES (?, ?, ?, ?, ?)", blocks)
+                self._describe(db, rows, blocks)
                 db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if db.in_transaction:
@@ -187,16 +239,18 @@ class SqliteStorage:
                 raise StorageUnavailable(str(exc)) from exc
         return [r[0] for r in rows]
 
-    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
-        return [run_dict(r) for r in self._read(*only.listing("?", "LIKE", after, limit))]  # SQLite's LIKE ignores ASCII case
+    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter(), keys: list[str] = ()) -> list[dict[str, Any]]:
+        rows = self._read(*only.listing("?", "LIKE", after, limit, keys))  # SQLite's LIKE ignores ASCII case
+        return [summaries.attach(run_dict(r), keys, r[len(RUN_FIELDS) :]) for r in rows]
 
-    def env_steps(self, run_id: str) -> int | None:
-        rows = self._read(
-            "SELECT coalesce(json_extract(body, '$.axes.env_steps'), json_extract(body, '$.step')) FROM records"
-            " WHERE run_id = ? AND kind = 'scalars' ORDER BY ts DESC LIMIT 64",
-            (run_id,),
-        )
-        return next((int(r[0]) for r in rows if r[0] is not None), None)
+    def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
+        found: dict[str, dict[str, float]] = {}
+        for start in range(0, len(run_ids), 500):  # SQLite's bound on parameters
+            part = run_ids[start : start + 500]
+            marks = ", ".join("?" * len(part))
+            for run_id, key, last in self._read(f"SELECT run_id, key, last FROM run_summaries WHERE run_id IN ({marks})", tuple(part)):
+                found.setdefault(run_id, {})[key] = last
+        return found
 
     def run(self, run_id: str) -> dict[str, Any] | None:
         rows = self._read(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE run_id = ?", (run_id,))

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen")
+RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps")
 MAX_PAGE = 1000
 MAX_KNOWN_KEYS = 200_000
 """(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""
@@ -44,40 +44,35 @@ class RunFilter:
         """SQL conditions and their parameters, with ``mark`` as the placeholder and ``like`` the case-blind LIKE."""
         clauses: list[str] = []
         params: list[Any] = []
-        for column, value in (("project", self.project), ("grp", self.group)):
+        for column, value in (("runs.project", self.project), ("runs.grp", self.group)):
             if value is not None:
                 clauses.append(f"{column} = {mark}")
                 params.append(value)
         if self.statuses:
             reported = [s for s in self.statuses if s != "lost"]
-            either = [f"(NOT lost AND status IN ({', '.join([mark] * len(reported))}))"] if reported else []
-            clauses.append("(" + " OR ".join(either + (["lost"] if "lost" in self.statuses else [])) + ")")
+            either = [f"(NOT runs.lost AND runs.status IN ({', '.join([mark] * len(reported))}))"] if reported else []
+            clauses.append("(" + " OR ".join(either + (["runs.lost"] if "lost" in self.statuses else [])) + ")")
             params += reported
         if self.search:
             pattern = "%" + self.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-            clauses.append("(" + " OR ".join(f"coalesce({c}, '') {like} {mark} ESCAPE '\\'" for c in ("run_id", "project", "grp")) + ")")
+            columns = ("runs.run_id", "runs.project", "runs.grp")
+            clauses.append("(" + " OR ".join(f"coalesce({c}, '') {like} {mark} ESCAPE '\\'" for c in columns) + ")")
             params += [pattern] * 3
         return clauses, params
 
-    def listing(self, mark: str, like: str, after: str | None, limit: int) -> tuple[str, tuple]:
-        """The SQL of a page of runs this filter keeps (after run ``after``, at most ``limit``), and its parameters."""
+    def listing(self, mark: str, like: str, after: str | None, limit: int, keys: list[str] = ()) -> tuple[str, tuple]:
+        """The one query of a page of runs this filter keeps (after run ``after``, at most ``limit``), with the
+        summaries of ``keys`` (:mod:`otel_rl.readers.server.summaries`), and its parameters."""
+        extra = "".join(f", s{i}.last, s{i}.min, s{i}.max" for i in range(len(keys)))
+        joined = "".join(f" LEFT JOIN run_summaries s{i} ON s{i}.run_id = runs.run_id AND s{i}.key = {mark}" for i in range(len(keys)))
         clauses, params = self.where(mark, like)
         if after is not None:
-            clauses.append(f"(created, run_id) > (SELECT created, run_id FROM runs WHERE run_id = {mark})")
+            clauses.append(f"(runs.created, runs.run_id) > (SELECT r.created, r.run_id FROM runs r WHERE r.run_id = {mark})")
             params.append(after)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-        sql = f"SELECT {', '.join(RUN_FIELDS)} FROM runs{where} ORDER BY created, run_id LIMIT {mark}"
-        return sql, (*params, max(1, min(limit, MAX_PAGE)))
-
-
-def started(records: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """What a run said when it started (its newest ``running`` record): configuration, provenance, plan."""
-    running = [r for r in records if r.get("status") == "running"]
-    if not running:
-        return None
-    latest = max(running, key=lambda r: (r["ts"], r["seq"]))
-    fields = ("family", "total_steps", "num_envs", "config", "versions", "command", "host", "git")
-    return {k: latest[k] for k in fields if k in latest}
+        fields = ", ".join(f"runs.{f}" for f in RUN_FIELDS)
+        sql = f"SELECT {fields}{extra} FROM runs{joined}{where} ORDER BY runs.created, runs.run_id LIMIT {mark}"
+        return sql, (*keys, *params, max(1, min(limit, MAX_PAGE)))
 
 
 class StorageUnavailable(Exception):
@@ -173,7 +168,11 @@ def read_blocks(blocks: list[tuple[str, bytes]]) -> dict[str, Any]:
 
 
 class Storage(Protocol):
-    """What the server needs from a database. Methods are called from one database thread at a time."""
+    """What the server needs from a database.
+
+    Methods are called from up to ``threads`` database threads at once (a
+    backend without the attribute: one at a time).
+    """
 
     def ingest(self, rows: list[Row], now: float | None = None) -> tuple[int, int]:
         """Store rows in one transaction; returns (accepted, duplicates).
@@ -191,12 +190,13 @@ class Storage(Protocol):
         """Mark pending or running runs silent for ``silent_for_s`` as lost; returns their ids."""
         ...
 
-    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter()) -> list[dict[str, Any]]:
-        """Runs in creation order that ``only`` keeps, at most ``limit``, those after run ``after``."""
+    def runs(self, limit: int = 100, after: str | None = None, only: RunFilter = RunFilter(), keys: list[str] = ()) -> list[dict[str, Any]]:
+        """Runs in creation order that ``only`` keeps, at most ``limit``, those after run ``after``, in one query;
+        each with ``summary``: the last value, minimum and maximum of each of ``keys``."""
         ...
 
-    def env_steps(self, run_id: str) -> int | None:
-        """The newest env-step count the run's scalars carry."""
+    def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
+        """The last value of every key of each of ``run_ids`` (one query)."""
         ...
 
     def run(self, run_id: str) -> dict[str, Any] | None: ...
@@ -221,7 +221,8 @@ class Storage(Protocol):
 
 
 def run_dict(row: tuple) -> dict[str, Any]:
-    run_id, status, lost, project, group, meta, reason, created, last_seen = row
+    """A ``runs`` row (:data:`RUN_FIELDS`) as the API shows a run."""
+    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps = row[: len(RUN_FIELDS)]
     return {
         "run_id": run_id,
         "status": "lost" if lost else status,
@@ -232,6 +233,8 @@ def run_dict(row: tuple) -> dict[str, Any]:
         "reason": reason,
         "created": created,
         "last_seen": last_seen,
+        "started": json.loads(started) if isinstance(started, str) and started else None,
+        "env_steps": env_steps,
     }
 
 

@@ -128,3 +128,43 @@ def test_curves_of_data_stored_before_point_blocks_are_read_out_of_the_records(t
         answer = requests.get(server.url + "/api/v1/runs/old/scalars", params={"key": "Loss/critic", "max_points": 20}, timeout=10).json()
     shown = answer["series"]["Loss/critic"]
     assert shown["count"] == 50 and len(shown["x"]) <= 20 and shown["x"][0] == 0 and shown["y"][0] == 1.0
+
+
+def test_the_listing_is_one_query_with_each_runs_start_steps_and_chosen_summaries(database):
+    """Summaries kept at ingest: last by (ts, seq) whatever order the batches come in, min and max; a bad request is a 400."""
+    from otel_rl.readers.server.backends import open_storage
+
+    with IngestServer(database) as server:
+        records = a_run("sweep-1", "running", "pendulum", "lr", 10)
+        scalars = [{"run_id": "sweep-1", "writer": "sweep-1:1", "seq": 100 + i, "ts": 1_800_000_000.0 + i, "kind": "scalars",
+                    "step": i, "axes": {"env_steps": 100 * i}, "values": {"Train/mean_reward": value, "Loss/value": -value}}
+                   for i, value in enumerate([3.0, -7.5, 12.0, 4.0])]  # fmt: skip
+        post(server.url, records)
+        post(server.url, scalars[2:])  # the newer points first
+        post(server.url, scalars[:2])
+        answer = requests.get(server.url + "/api/v1/runs", params={"summary": ["Train/mean_reward", "Loss/absent"]}, timeout=10).json()
+        (run,) = answer["runs"]
+        assert run["summary"] == {"Train/mean_reward": {"last": 4.0, "min": -7.5, "max": 12.0}, "Loss/absent": None}
+        assert run["env_steps"] == 300 and run["started"] is not None and run["project"] == "pendulum"
+        every = requests.get(server.url + "/api/v1/runs", params={"summary": "*"}, timeout=10).json()["runs"][0]
+        assert every["last"] == {"Train/mean_reward": 4.0, "Loss/value": -4.0}
+        too_many = requests.get(server.url + "/api/v1/runs", params={"summary": [f"k{i}" for i in range(21)]}, timeout=10)
+        assert too_many.status_code == 400 and too_many.json()["field"] == "summary"
+    # A database made before these columns gets them, filled from its records, when a server opens it.
+    if database.startswith("postgresql"):
+        import psycopg
+
+        with psycopg.connect(database, autocommit=True) as conn:
+            conn.execute("ALTER TABLE runs DROP COLUMN started, DROP COLUMN started_ts, DROP COLUMN started_seq, DROP COLUMN env_steps, DROP COLUMN steps_ts")
+    else:
+        import sqlite3
+
+        with sqlite3.connect(database) as conn:
+            for column in ("started", "started_ts", "started_seq", "env_steps", "steps_ts"):
+                conn.execute(f"ALTER TABLE runs DROP COLUMN {column}")
+    storage = open_storage(database)
+    try:
+        (run,) = storage.runs()
+        assert run["env_steps"] == 300 and run["started"] is not None
+    finally:
+        storage.close()

@@ -1,0 +1,129 @@
+"""Runs in notebooks: pandas DataFrames from a run folder, a folder of run folders, or a server.
+
+    import otel_rl.read as read
+    read.runs("runs/")                                  # a row per run
+    read.scalars("runs/sac-1", keys=["Train/mean_reward"])  # every point, a column per key
+    read.scalars("http://metrics:8080", run_id="sac-1")     # the same from a server (token: MOTRIX_METRICS_TOKEN)
+    read.phases("runs/sac-1")                            # each iteration's phase durations, from the trace
+
+Needs ``pip install 'otel-rl[read]'`` (pandas, pyarrow). A source is a run
+folder (it holds ``metrics.jsonl``), a folder of run folders, or a server's
+base URL (``token=`` or ``MOTRIX_METRICS_TOKEN``). Values are as recorded:
+nothing is thinned or smoothed; a value that was not finite is NaN.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from otel_rl.base.extras import READ, require
+
+require(READ)
+
+import pandas as pd  # noqa: E402
+
+from otel_rl.readers import frames  # noqa: E402
+from otel_rl.readers.frames import AXES, SourceError  # noqa: E402
+
+__all__ = ["SourceError", "events", "phases", "runs", "scalars"]
+
+Source = str | os.PathLike[str]
+
+
+def runs(source: Source, project: str | None = None, group: str | None = None, status: str | None = None, token: str | None = None) -> pd.DataFrame:
+    """A row per run: ``run_id``, ``status``, ``project``, ``group``, ``start`` (UTC), ``duration_s``, ``env_steps``,
+    ``config.*`` (the run's configuration, flattened), and the last value of each key.
+
+    Raises:
+        SourceError: not a run folder, a folder of them, or a server that answers.
+    """
+    only = {"project": project, "group": group, "status": status}
+    if frames.is_server(source):
+        rows = [frames.server_run(entry) for entry in frames.Server(str(source), token).listing(**only)]
+    else:
+        rows = [frames.folder_run(folder) for folder in frames.run_folders(source)]
+        rows = [row for row in rows if all(value is None or row.get(name) == value for name, value in only.items())]
+    return pd.DataFrame(rows, columns=None if rows else ["run_id", "status", "project", "group", "start", "duration_s", "env_steps"])
+
+
+def scalars(source: Source, run_id: str | None = None, keys: Sequence[str] | None = None, x: str = "env_steps", token: str | None = None) -> pd.DataFrame:
+    """Every recorded point, a row per scalars record and a column per key, indexed by ``x`` (``env_steps``, ``step`` or ``ts``).
+
+    Columns ``seq``, ``ts``, ``step``, ``env_steps`` (the other axes) come first, then the keys (all, or ``keys``).
+    From several runs (a folder of run folders or a server, without ``run_id``), one frame with a ``run_id`` column.
+
+    Raises:
+        SourceError: a bad source, an unknown ``x``, or no such run.
+    """
+    if x not in AXES:
+        raise SourceError(f"x must be one of {', '.join(AXES)}, not {x!r}")
+    if frames.is_server(source):
+        server = frames.Server(str(source), token)
+        ids = [run_id] if run_id is not None else [entry["run_id"] for entry in server.listing()]
+        parts = {rid: server.scalars(rid, keys) for rid in ids}
+    else:
+        parts = {rid: frames.folder_scalars(folder) for rid, folder in _folders(source, run_id).items()}
+    for rid, frame in parts.items():
+        if keys is not None:
+            parts[rid] = frame.reindex(columns=[c for c in ("seq", "ts", "step", "env_steps") if c in frame] + list(keys))
+    return _joined(parts).set_index(x)
+
+
+def events(source: Source, run_id: str | None = None, token: str | None = None) -> pd.DataFrame:
+    """The run's events (``ts``, ``name``, ``attributes``), oldest first; from several runs, with a ``run_id`` column."""
+    if frames.is_server(source):
+        server = frames.Server(str(source), token)
+        ids = [run_id] if run_id is not None else [entry["run_id"] for entry in server.listing()]
+        parts = {rid: server.events(rid) for rid in ids}
+    else:
+        parts = {rid: frames.folder_events(folder) for rid, folder in _folders(source, run_id).items()}
+    return _joined(parts)
+
+
+def _joined(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One run's frame as it is; several runs' as one, led by a ``run_id`` column."""
+    if len(parts) == 1:
+        return next(iter(parts.values())).copy()
+    tagged = [pd.concat([pd.Series(rid, index=frame.index, name="run_id"), frame], axis=1) for rid, frame in parts.items()]
+    return pd.concat(tagged, ignore_index=True).copy()  # the copy joins the columns' blocks (wide frames are otherwise fragmented)
+
+
+def phases(run_dir: Source) -> pd.DataFrame:
+    """Each iteration of each timeline and process, from the run's trace: ``timeline``, ``process``, ``iteration``
+    (its index in the process), ``start`` (UTC), ``env_steps``, ``duration_ms``, then a column per top-level phase
+    (its milliseconds in that iteration; NaN where the iteration had none) and ``other_ms`` (in no phase)."""
+    from otel_rl.readers.analysis import read_trace
+    from otel_rl.readers.analysis.report import phase_name
+
+    model, _ = read_trace(Path(run_dir), engine="python")
+    rows, counters = {}, {}
+    for index, s in enumerate(model.slices):
+        if s.name == f"{s.category} iteration":
+            number = counters.setdefault((s.category, s.process), 0)
+            counters[(s.category, s.process)] += 1
+            rows[index] = {"timeline": s.category, "process": s.process, "iteration": number,
+                           "start": pd.Timestamp(s.start_ns, unit="ns", tz="UTC"), "env_steps": s.env_steps,
+                           "duration_ms": s.duration_ns / 1e6, "other_ms": s.duration_ns / 1e6}  # fmt: skip
+    for s in model.slices:
+        row = rows.get(s.parent)
+        if row is not None and s.category == row["timeline"]:
+            name = phase_name(s.category, s.name) + "_ms"
+            row[name] = row.get(name, 0.0) + s.duration_ns / 1e6
+            row["other_ms"] -= s.duration_ns / 1e6
+    frame = pd.DataFrame(list(rows.values()))
+    if not len(frame):
+        return frame
+    first = ["timeline", "process", "iteration", "start", "env_steps", "duration_ms"]
+    return frame[first + sorted(set(frame.columns) - set(first) - {"other_ms"}) + ["other_ms"]].sort_values(["timeline", "process", "iteration"], ignore_index=True)
+
+
+def _folders(source: Source, run_id: str | None) -> dict[str, Path]:
+    """The run folders of ``source`` by run id (the folder's name where its records name none), or the one of ``run_id``."""
+    found = {next((r["run_id"] for r in frames.records(f) if "run_id" in r), f.name): f for f in frames.run_folders(source)}
+    if run_id is None:
+        return found
+    if run_id not in found:
+        raise SourceError(f"no run {run_id!r} in {source}")
+    return {run_id: found[run_id]}

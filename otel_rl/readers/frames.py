@@ -1,0 +1,186 @@
+"""Runs as pandas DataFrames, from run folders or from a server: what :mod:`otel_rl.read` returns.
+
+A source is a run folder (it holds ``metrics.jsonl``), a folder of run
+folders, or a server's base URL (``http://host:8080``; its token from
+``token=`` or ``MOTRIX_METRICS_TOKEN``). A folder is read from its
+``metrics.jsonl``; a server through its API: the runs listing, and each
+run's scalars at full resolution from ``/export`` (columnar JSON, one
+request per run).
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pandas as pd
+
+from otel_rl.run import files
+
+AXES = ("env_steps", "step", "ts")
+"""What ``scalars(x=...)`` may index by: env steps, the logging step, or the time (Unix seconds)."""
+PAGE = 1000
+"""Runs per listing request (the server's largest page)."""
+
+
+class SourceError(ValueError):
+    """A source that is neither a run folder, a folder of them, nor a server that answers."""
+
+
+def is_server(source: str | os.PathLike[str]) -> bool:
+    return isinstance(source, str) and source.startswith(("http://", "https://"))
+
+
+# -- run folders ---------------------------------------------------------------
+
+
+def run_folders(source: str | os.PathLike[str]) -> list[Path]:
+    """The run folders of ``source``: itself when it holds ``metrics.jsonl``, else its subfolders that do."""
+    path = Path(source)
+    if (path / files.JSONL_FILE).is_file():
+        return [path]
+    if not path.is_dir():
+        raise SourceError(f"{path} is not a run folder, a folder of run folders, or a server URL")
+    found = sorted(p for p in path.iterdir() if (p / files.JSONL_FILE).is_file())
+    if not found:
+        raise SourceError(f"no run folder (a folder with {files.JSONL_FILE}) in {path}")
+    return found
+
+
+def records(folder: Path) -> Iterator[dict[str, Any]]:
+    """The records of a run folder's ``metrics.jsonl`` (a line cut short by a crash is skipped)."""
+    with open(folder / files.JSONL_FILE, "rb") as lines:
+        for line in lines:
+            try:
+                record = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(record, dict):
+                yield record
+
+
+def folder_scalars(folder: Path) -> pd.DataFrame:
+    """A run folder's scalars: a row per scalars record (``seq``, ``ts``, ``step``, ``env_steps``), a column per key."""
+    rows = [
+        {"seq": r.get("seq"), "ts": r.get("ts"), "step": r.get("step"), "env_steps": (r.get("axes") or {}).get("env_steps"), **r["values"]}
+        for r in records(folder)
+        if r.get("kind") == "scalars" and isinstance(r.get("values"), dict)
+    ]  # fmt: skip
+    frame = pd.DataFrame.from_records(rows, columns=None if rows else ["seq", "ts", "step", "env_steps"])
+    return frame.sort_values(["ts", "seq"], kind="stable", ignore_index=True) if len(frame) else frame
+
+
+def folder_run(folder: Path) -> dict[str, Any]:
+    """A run folder's row of :func:`runs`, from its run records and its scalars."""
+    lifecycle = [r for r in records(folder) if r.get("kind") == "run"]
+    started = next((r for r in lifecycle if r.get("status") == "running"), lifecycle[0] if lifecycle else {})
+    last = lifecycle[-1] if lifecycle else {}
+    scalars = folder_scalars(folder)
+    row = _identity(last.get("run_id", folder.name), last.get("status"), started.get("project"), started.get("group"), started)
+    row["start"] = pd.to_datetime(lifecycle[0]["ts"], unit="s", utc=True) if lifecycle else pd.NaT
+    end_ts = max([r["ts"] for r in lifecycle] + scalars["ts"].dropna().tolist()) if lifecycle else None
+    row["duration_s"] = end_ts - lifecycle[0]["ts"] if lifecycle else None
+    row["env_steps"] = scalars["env_steps"].dropna().max() if len(scalars) else None
+    for key in scalars.columns.drop(["seq", "ts", "step", "env_steps"], errors="ignore"):
+        present = scalars[key].dropna()
+        row[key] = present.iloc[-1] if len(present) else None
+    return row
+
+
+def folder_events(folder: Path) -> pd.DataFrame:
+    return events_frame([r for r in records(folder) if r.get("kind") == "event"])
+
+
+# -- a server --------------------------------------------------------------------
+
+
+class Server:
+    """A server's read API, with its token."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+        self.url = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("MOTRIX_METRICS_TOKEN") or None
+        self.timeout_s = timeout_s
+
+    def get(self, path: str, **query: Any) -> Any:
+        """The JSON answer of ``GET path?query`` (repeated parameters as lists).
+
+        Raises:
+            SourceError: the server refused (its error message) or could not be reached.
+        """
+        address = f"{self.url}{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v is not None}, doseq=True)}"
+        request = urllib.request.Request(address, headers={"Authorization": f"Bearer {self.token}"} if self.token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
+                return orjson.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            raise SourceError(f"{self.url} answered {exc.code} to {path}: {_message(exc)}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"{self.url} cannot be reached: {getattr(exc, 'reason', exc)}") from None
+
+    def listing(self, **only: Any) -> Iterator[dict[str, Any]]:
+        """Every run the server lists that ``only`` (project, group, status) keeps, page after page."""
+        after = None
+        while True:
+            page = self.get("/api/v1/runs", limit=PAGE, after=after, summary="*", **only)
+            yield from page["runs"]
+            after = page.get("next")
+            if not after:
+                return
+
+    def scalars(self, run_id: str, keys: Sequence[str] | None = None) -> pd.DataFrame:
+        columns = self.get("/api/v1/run/export", run_id=run_id, format="json", key=list(keys or []))["columns"]
+        return pd.DataFrame(columns)
+
+    def events(self, run_id: str) -> pd.DataFrame:
+        return events_frame(self.get("/api/v1/run", run_id=run_id)["events"])
+
+
+def server_run(entry: dict[str, Any]) -> dict[str, Any]:
+    """A server listing's entry (with ``summary=*``) as a row of :func:`runs`."""
+    started = entry.get("started") or {}
+    row = _identity(entry["run_id"], entry.get("status"), entry.get("project"), entry.get("group"), started)
+    row["start"] = pd.to_datetime(entry.get("created"), unit="s", utc=True)
+    row["duration_s"] = (entry["last_seen"] - entry["created"]) if entry.get("last_seen") and entry.get("created") else None
+    row["env_steps"] = entry.get("env_steps")
+    row.update(entry.get("last") or {})
+    return row
+
+
+# -- shared ------------------------------------------------------------------------
+
+
+def _identity(run_id: str, status: str | None, project: str | None, group: str | None, started: dict[str, Any]) -> dict[str, Any]:
+    row = {"run_id": run_id, "status": status, "project": project, "group": group}
+    config = started.get("config")
+    if isinstance(config, dict):
+        row.update({f"config.{k}": v for k, v in _flat(config).items()})
+    return row
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def events_frame(found: list[dict[str, Any]]) -> pd.DataFrame:
+    """Events as a row each: ``ts`` (Unix seconds), ``name``, ``attributes`` (a dict), oldest first."""
+    rows = [{"ts": e.get("ts"), "name": e.get("name"), "attributes": e.get("attributes") or {}} for e in found]
+    return pd.DataFrame(rows, columns=["ts", "name", "attributes"]).sort_values("ts", kind="stable", ignore_index=True)
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    try:
+        return str(orjson.loads(error.read()).get("error"))
+    except Exception:  # an answer that is not the API's JSON
+        return error.reason
