@@ -5,7 +5,9 @@ loopback, once per storage backend (SQLite, and PostgreSQL from Debian's
 binaries), and measures:
 
 1. server capacity: 500-record gzip batches of 40-key scalars records,
-   already encoded, posted by 4 loader processes (what the server can take);
+   already encoded, posted by 4 loader processes (what the server can take),
+   with the CPU per 1,000 records of the server (its decoding processes
+   included) and of PostgreSQL's processes;
 2. end to end: 1 and 20 real otel-rl client processes each recording 1,000
    40-key ``scalars()`` calls (what a team's runs at once get), with a check
    that every record is stored exactly once and every run is ``finished``;
@@ -33,6 +35,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests" / "support"))
 
@@ -92,8 +96,31 @@ def loader(url: str, bodies: list[bytes], ready, go) -> None:
         post(url, body)
 
 
-def capacity(url: str, records: int, loaders: int = 4) -> float:
-    """Records/s stored from pre-encoded batches (the server's side only)."""
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def server_processes(pid: int) -> list[psutil.Process]:
+    """The server and its decoding processes."""
+    server = psutil.Process(pid)
+    return [server, *server.children(recursive=True)]
+
+
+def database_processes() -> list[psutil.Process]:
+    """PostgreSQL's processes (none for SQLite, which runs inside the server)."""
+    return [p for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
+
+
+def capacity(url: str, records: int, server_pid: int, loaders: int = 4) -> tuple[float, float, float]:
+    """Records/s stored from pre-encoded batches (the server's side only), and the CPU ms per 1,000 records of the server
+    (with its decoding processes) and of the database's processes."""
     context = mp.get_context("fork")
     ready, go = context.Barrier(loaders + 1), context.Event()
     per = records // loaders
@@ -102,11 +129,15 @@ def capacity(url: str, records: int, loaders: int = 4) -> float:
     for p in procs:
         p.start()
     ready.wait()
+    server, database = server_processes(server_pid), database_processes()
+    cpu = (cpu_seconds(server), cpu_seconds(database))
     start = time.perf_counter()
     go.set()
     for p in procs:
         p.join()
-    return per * loaders / (time.perf_counter() - start)
+    elapsed = time.perf_counter() - start
+    per_thousand = 1000 * 1000 / (per * loaders)
+    return per * loaders / elapsed, (cpu_seconds(server) - cpu[0]) * per_thousand, (cpu_seconds(database) - cpu[1]) * per_thousand
 
 
 CLIENT = textwrap.dedent(
@@ -205,7 +236,7 @@ def main() -> None:
         for name, db in backends.items():
             server, url = start_server(db)
             try:
-                rate = capacity(url, records)
+                rate, server_ms, database_ms = capacity(url, records, server.pid)
                 one, one_check = clients(url, 1, tmp)
                 twenty, twenty_check = clients(url, 20, tmp)
                 idle, busy, size = health_latency(url, 100_000)
@@ -213,7 +244,7 @@ def main() -> None:
                 server.terminate()
                 server.wait(30)
             print(
-                f"| {name} | {rate:,.0f} records/s | {one:,.0f} records/s ({one_check}) | {twenty:,.0f} records/s ({twenty_check})"
+                f"| {name} | {rate:,.0f} records/s (CPU per 1,000 records: server {server_ms:,.0f} ms, database {database_ms:,.0f} ms) | {one:,.0f} records/s ({one_check}) | {twenty:,.0f} records/s ({twenty_check})"
                 f" | {quantiles(idle)} | {quantiles(busy)} ({len(busy)} probes, body {size / 1e6:.1f} MB gzip) |"
             )
     finally:

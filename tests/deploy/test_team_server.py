@@ -20,6 +20,7 @@ import sys
 import textwrap
 import time
 
+import psutil
 import pytest
 import requests
 from round_robin import RoundRobin
@@ -96,7 +97,11 @@ def test_clients_switching_servers_mid_run_store_every_record_once(two_servers, 
             assert time.monotonic() < deadline and all(c.poll() is None for c in clients), balancer.connections
             time.sleep(0.1)
         time.sleep(1)
+        helpers = psutil.Process(servers[0].pid).children(recursive=True)  # its decoding processes and their forkserver
+        assert helpers
         servers[0].send_signal(signal.SIGKILL)  # one server dies mid-run: its clients reconnect to the other
+        gone, alive = psutil.wait_procs(helpers, timeout=20)
+        assert not alive, alive  # a killed server leaves no process behind
         for client in clients:
             assert client.wait(120) == 0
         servers[0] = serve(database, ports[0])  # back, with nothing of its own to have gone stale

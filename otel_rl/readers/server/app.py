@@ -6,6 +6,7 @@ import asyncio
 import hmac
 import logging
 import multiprocessing
+import os
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -19,7 +20,7 @@ from aiohttp import web
 from otel_rl.formats import schema
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.readers.server import export, queries, summaries
-from otel_rl.readers.server.decoding import decoded_rows, decompress, prepare, refusals, unpickled
+from otel_rl.readers.server.decoding import decoded_rows, decompress, exit_with, prepare, refusals, unpickled
 from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable
 from otel_rl.readers.server.validation import Invalid
 
@@ -103,7 +104,8 @@ class Handlers:
         self.decoding = ThreadPoolExecutor(max_workers=2, thread_name_prefix="otel-rl-decode")
         self.processes = None
         if decode_processes > 0:
-            self.processes = ProcessPoolExecutor(max_workers=decode_processes, mp_context=multiprocessing.get_context("forkserver"))
+            self.processes = ProcessPoolExecutor(max_workers=decode_processes, mp_context=multiprocessing.get_context("forkserver"),
+                                                 initializer=exit_with, initargs=(os.getpid(),))  # fmt: skip
 
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self.authorize])

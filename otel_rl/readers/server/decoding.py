@@ -7,7 +7,11 @@ server (:func:`decoded_rows`), where a large body is decoded chunk by chunk.
 
 from __future__ import annotations
 
+import os
 import pickle
+import select
+import threading
+import time
 import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
@@ -21,6 +25,36 @@ CHUNK_RECORDS = 2000
 
 OffLoop = Callable[..., Awaitable[Any]]
 """``off_loop(executor, fn, *args)``: ``fn(*args)`` on ``executor``, awaited on the event loop."""
+
+
+def exit_with(server_pid: int) -> None:
+    """Initializer of a decoding process: exit as soon as the server that started it is gone.
+
+    A server killed outright (SIGKILL, the OOM killer) cannot stop its pool;
+    its decoding processes would wait on their queues forever, and keep the
+    forkserver that made them alive with them.
+    """
+
+    def watch() -> None:
+        try:
+            server = os.pidfd_open(server_pid)  # readable when the process ends: no polling
+            select.select([server], [], [])
+        except (AttributeError, OSError):  # no pidfd here: look every second
+            while _alive(server_pid):
+                time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="otel-rl-server-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 def decompress(body: bytes, limit: int) -> bytes:
