@@ -138,6 +138,16 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     for reason in totals["reasons"]:
         print(f"  refused: {reason}")
+    from otel_rl.readers.run_upload import UploadError, upload
+
+    run_dir = Path(args.run_dir)
+    try:
+        sent = upload(run_dir if run_dir.is_dir() else run_dir.parent, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None)
+    except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
+        print(f"otel-rl backfill: the records are sent; the trace and diagnosis are not: {exc}", file=sys.stderr)
+        return 1
+    if sent is not None:
+        print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")
     return 0
 
 

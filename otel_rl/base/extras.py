@@ -40,7 +40,7 @@ OUTPUTS = {
 SERVE = Extra("otel-rl serve", "aiohttp", "serve")
 POSTGRES = Extra("otel-rl serve --db postgresql://", "psycopg", "serve")
 PLOT = Extra("otel-rl analyze --plot", "matplotlib", "analysis")
-READ = Extra("otel_rl.read and otel-rl export", "pandas", "read")
+READ = Extra("reading runs into DataFrames (otel_rl.read, otel-rl export)", "pandas", "read")
 
 
 class MissingExtra(ImportError):

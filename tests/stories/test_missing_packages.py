@@ -86,6 +86,7 @@ def test_an_environment_setting_whose_package_is_missing_is_ignored_with_one_war
         (("serve", "--port", "0"), "aiohttp", "otel-rl: otel-rl serve needs the aiohttp package: pip install 'otel-rl[serve]'"),
         (("analyze", "RUN", "--plot", "PLOT"), "matplotlib",
          "otel-rl: otel-rl analyze --plot needs the matplotlib package: pip install 'otel-rl[analysis]'"),
+        (("export", "RUN"), "pandas", "otel-rl: reading runs into DataFrames (otel_rl.read, otel-rl export) needs the pandas package: pip install 'otel-rl[read]'"),
     ],
 )  # fmt: skip
 def test_a_subcommand_whose_extra_is_missing_says_so_in_one_line(tmp_path, args, hidden, says):
@@ -98,3 +99,10 @@ def test_a_subcommand_whose_extra_is_missing_says_so_in_one_line(tmp_path, args,
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [says]
+
+
+def test_the_notebook_api_without_pandas_names_its_extra(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE="pandas")
+    result = subprocess.run([sys.executable, "-c", "import otel_rl.read"], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1 and "reading runs into DataFrames (otel_rl.read, otel-rl export) needs the pandas package: pip install 'otel-rl[read]'" in result.stderr

@@ -21,6 +21,7 @@ from otel_rl.formats import schema
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.readers.server import export, queries, summaries
 from otel_rl.readers.server.decoding import decoded_rows, decompress, exit_with, prepare, refusals, unpickled
+from otel_rl.readers.server.run_files import RunFiles
 from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable
 from otel_rl.readers.server.validation import Invalid
 
@@ -124,6 +125,7 @@ class Handlers:
         add("/api/v1/run/export", self.export)
         add("/api/v1/server", self.server_info)
         add("/healthz", self.healthz)
+        RunFiles(self).add_routes(app)
         for path in ("/", "/runs/{run_id}", "/run", "/compare"):
             add(path, self.page)
         app.router.add_static("/static", STATIC)

@@ -69,6 +69,13 @@ CREATE TABLE IF NOT EXISTS point_blocks (
     points BYTEA NOT NULL
 );
 CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
+CREATE TABLE IF NOT EXISTS run_files (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    stored DOUBLE PRECISION NOT NULL,
+    data BYTEA NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
 -- Packed float64 points gain little from compression and cost much CPU to compress: stored as they are.
 ALTER TABLE point_blocks ALTER COLUMN points SET STORAGE EXTERNAL;
 CREATE TABLE IF NOT EXISTS run_summaries (
@@ -262,9 +269,10 @@ class PostgresStorage:
         return None
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        errors = self._psycopg.errors
         try:
             return self._connection().execute(sql, params).fetchall()
-        except self._psycopg.OperationalError as exc:
+        except (self._psycopg.OperationalError, errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege, errors.DiskFull) as exc:
             raise self._unavailable(exc) from exc
 
     def mark_lost(self, silent_for_s: float, now: float | None = None) -> list[str]:
@@ -317,6 +325,18 @@ class PostgresStorage:
 
     def keys(self, run_id: str) -> list[str]:
         return [r[0] for r in self._query("SELECT key FROM series_keys WHERE run_id = %s ORDER BY key", (run_id,))]
+
+    def put_file(self, run_id: str, name: str, data: bytes) -> bool:
+        rows = self._query(
+            "INSERT INTO run_files (run_id, name, stored, data) SELECT run_id, %s, %s, %s FROM runs WHERE run_id = %s"
+            " ON CONFLICT (run_id, name) DO UPDATE SET stored = excluded.stored, data = excluded.data RETURNING run_id",
+            (name, time.time(), data, run_id),
+        )
+        return bool(rows)
+
+    def file(self, run_id: str, name: str) -> bytes | None:
+        rows = self._query("SELECT data FROM run_files WHERE run_id = %s AND name = %s", (run_id, name))
+        return bytes(rows[0][0]) if rows else None
 
     def count(self, run_id: str | None = None) -> int:
         if run_id is None:

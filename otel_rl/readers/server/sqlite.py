@@ -74,6 +74,15 @@ CREATE TABLE IF NOT EXISTS run_summaries (
     PRIMARY KEY (run_id, key)
 ) WITHOUT ROWID;
 """
+_RUN_FILES = """
+CREATE TABLE IF NOT EXISTS run_files (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    stored REAL NOT NULL,
+    data BLOB NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+"""
 _RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL"}
 """Columns of ``runs`` the listing reads (:mod:`otel_rl.readers.server.summaries`), added to a database made before them."""
 _SET_STARTED = (
@@ -130,7 +139,7 @@ class SqliteStorage:
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute("PRAGMA synchronous = NORMAL")  # durable across a killed server; fsync per checkpoint
                 self._db.execute("PRAGMA wal_autocheckpoint = 16384")  # checkpoint every 64 MB of WAL, not every 4 MB
-                self._db.executescript(_SQLITE_SCHEMA)
+                self._db.executescript(_SQLITE_SCHEMA + _RUN_FILES)
                 self._add_run_columns()
             except sqlite3.OperationalError:
                 pass  # a read-only database still serves reads; health() says why writes fail
@@ -284,6 +293,24 @@ class SqliteStorage:
 
     def keys(self, run_id: str) -> list[str]:
         return [r[0] for r in self._read("SELECT key FROM series_keys WHERE run_id = ? ORDER BY key", (run_id,))]
+
+    def put_file(self, run_id: str, name: str, data: bytes) -> bool:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                known = self._db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
+                if known:
+                    self._db.execute("INSERT OR REPLACE INTO run_files (run_id, name, stored, data) VALUES (?, ?, ?, ?)", (run_id, name, time.time(), data))
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StorageUnavailable(str(exc)) from exc
+        return known
+
+    def file(self, run_id: str, name: str) -> bytes | None:
+        rows = self._read("SELECT data FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))
+        return bytes(rows[0][0]) if rows else None
 
     def count(self, run_id: str | None = None) -> int:
         if run_id is None:

@@ -344,7 +344,8 @@ function runView(runId) {
   const charts = el("section", { id: "charts" });
   const details = el("section", { id: "details", class: "details" });
   const ranks = el("section", { id: "ranks", class: "details" });
-  app(header, controls, ranks, charts, details);
+  const diagnosis = el("section", { id: "diagnosis", class: "diagnosis" });
+  app(header, controls, diagnosis, ranks, charts, details);
   const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); refresh(); } },
     Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
   const smoothing = el("input", { id: "smoothing", type: "range", min: 0, max: 0.99, step: 0.01, value: params().get("smooth") || 0,
@@ -372,7 +373,7 @@ function runView(runId) {
     events = info.events;
     board.place(keys);
     round += 1;
-    await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey))]);
+    await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey)), diagnosisPanel(diagnosis, runId)]);
     eventList(details, events, info.events_total);
     detailTables(details, started);
   }
@@ -395,6 +396,48 @@ function runView(runId) {
     stackedPerf(stacks, curves, charts, stackHolders, x);
   }
   live(refresh);
+}
+
+// -- what otel-rl analyze says of the run's trace ----------------------------------------
+
+// The verdict, the findings and each timeline's phases (sent with the trace by `otel-rl backfill`), and the trace itself.
+async function diagnosisPanel(section, runId) {
+  if (section.dataset.shown) return; // sent once the run is over: read once
+  let report;
+  try {
+    report = await runApi(runId, "/diagnosis");
+  } catch (error) {
+    if (error instanceof NeedsToken) throw error;
+    return section.replaceChildren(); // no diagnosis for this run (yet)
+  }
+  section.dataset.shown = "1";
+  const tables = Object.entries(report.timelines).map(([timeline, entry]) => el("table", { class: "phases", "data-timeline": timeline },
+    el("caption", {}, `${timeline}: ${entry.cycles} cycles` + (entry.cycle_ms ? `, mean ${number(entry.cycle_ms.mean_ms)} ms` : "")),
+    el("tr", {}, ["phase", "count", "mean ms", "p50 ms", "p95 ms", "share"].map((h) => el("th", {}, h))),
+    Object.values(entry.phases).map((s) => el("tr", { class: s.nested ? "nested" : null }, el("td", {}, s.title),
+      [s.count, s.mean_ms, s.p50_ms, s.p95_ms].map((v) => el("td", { class: "num" }, number(v))),
+      el("td", { class: "num" }, (100 * s.share).toFixed(1) + "%"))),
+    entry.cycles ? el("tr", {}, el("td", {}, "Other"), el("td", { colspan: 4 }), el("td", { class: "num" }, (100 * entry.other_share).toFixed(1) + "%")) : ""));
+  const download = el("button", { id: "trace-download", onclick: () => downloadTrace(runId).catch((e) => { download.textContent = e.message; }) },
+    "download the trace (for ui.perfetto.dev)");
+  section.replaceChildren(el("h2", {}, "Diagnosis (otel-rl analyze)"),
+    el("p", { id: "verdict", class: "verdict" }, "bottleneck: " + report.diagnosis.bottleneck),
+    el("ul", { id: "findings" }, report.diagnosis.findings.map((f) => el("li", {}, `${f.finding}: ${f.evidence}. Check: ${f.check}.`))),
+    el("div", { class: "timelines" }, tables), download);
+}
+
+// The trace through the API (it needs the token, which a plain link cannot send), saved as a file.
+async function downloadTrace(runId) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const response = await fetch("/api/v1/run/trace?" + new URLSearchParams({ run_id: runId }),
+    { headers: token ? { Authorization: "Bearer " + token } : {} });
+  if (!response.ok) throw new Error("the trace cannot be read: " + response.status);
+  const trace = await response.blob();
+  const link = el("a", { href: URL.createObjectURL(trace), download: runId + ".perfetto-trace" });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  window.otelRl.traceBytes = trace.size; // what was handed to the browser, for a check
 }
 
 // -- the ranks of a job ------------------------------------------------------------------
@@ -505,7 +548,8 @@ function compareView() {
     "Showing the first " + ids.length + " of the " + asked.length + " runs asked for.") : "";
   const charts = el("section", { id: "charts" });
   const diff = el("section", { id: "diff" });
-  app(note, diff, charts);
+  const verdicts = el("section", { id: "verdicts", class: "diagnosis" });
+  app(note, verdicts, diff, charts);
   const view = visibility(() => draw(false).catch(() => {}));
   const board = chartHolders(charts, view);
   let keysOf = new Map(); // run id -> its keys (runs found only)
@@ -521,7 +565,7 @@ function compareView() {
     keys = [...new Set([...keysOf.values()].flatMap((k) => [...k]))].sort();
     board.place(keys, false);
     round += 1;
-    await draw(true);
+    await Promise.all([draw(true), compareVerdicts(verdicts, ids)]);
     const found = ids.filter((id) => keysOf.has(id));
     const configs = new Map(found.map((id) => [id, flatten((infos[ids.indexOf(id)].value.run.started || {}).config)]));
     const names = [...new Set([...configs.values()].flatMap(Object.keys))].sort();
@@ -551,6 +595,18 @@ function compareView() {
     }
   }
   live(refresh);
+}
+
+// What otel-rl analyze --compare says of each run against the first, from the diagnoses the server holds.
+async function compareVerdicts(section, ids) {
+  if (ids.length < 2 || section.dataset.shown) return;
+  const answer = await api("/api/v1/compare?" + new URLSearchParams({ runs: ids.join(",") }));
+  const lines = Object.entries(answer.comparisons).map(([id, c]) => el("li", { "data-run-id": id }, el("b", {}, id), " against ",
+    answer.baseline + ": ", c.verdict));
+  if (!lines.length && !answer.missing.length) return;
+  section.dataset.shown = "1";
+  section.replaceChildren(el("h2", {}, "What changed (otel-rl analyze --compare)"), el("ul", { id: "compare-verdicts" }, lines),
+    answer.missing.length ? el("p", { class: "muted" }, "No diagnosis for " + answer.missing.join(", ") + " (otel-rl backfill sends it).") : "");
 }
 
 // Each promise's outcome as {ok, value} or {ok: false, error}; a missing token still stops the view.

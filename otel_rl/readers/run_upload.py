@@ -1,0 +1,86 @@
+"""A run folder's trace and diagnosis sent to a server (``otel-rl backfill``): every part as one trace, and what analyze says.
+
+The server keeps them with the run (:mod:`otel_rl.readers.server.run_files`):
+its page shows the verdict and the per-phase tables, and hands the trace to
+ui.perfetto.dev, for runs whose folder is on another machine.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import orjson
+
+from otel_rl.readers.analysis import analyze, trace_files
+from otel_rl.readers.analysis.merge import merge_parts
+from otel_rl.run import files
+
+
+class UploadError(RuntimeError):
+    """The server refused the trace or the diagnosis (its answer), or could not be reached."""
+
+
+def run_id_of(run_dir: Path) -> str | None:
+    """The run id the folder's ``metrics.jsonl`` records carry."""
+    try:
+        with open(run_dir / files.JSONL_FILE, "rb") as lines:
+            for line in lines:
+                try:
+                    record = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                if isinstance(record, dict) and isinstance(record.get("run_id"), str):
+                    return record["run_id"]
+    except OSError:
+        return None
+    return None
+
+
+def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0) -> tuple[int, str] | None:
+    """Send the folder's trace (its parts merged) and its analysis; returns (trace bytes, bottleneck), None without a trace.
+
+    Raises:
+        UploadError: the server refused either, or could not be reached.
+    """
+    run_id = run_id_of(run_dir)
+    try:
+        parts = trace_files(run_dir)
+    except FileNotFoundError:
+        return None
+    if run_id is None:
+        return None
+    report = analyze(run_dir, engine="python")
+    with tempfile.TemporaryDirectory() as folder:
+        merged = Path(folder) / "merged.perfetto-trace"
+        if len(parts) > 1:
+            merge_parts(parts, merged)
+        trace = (merged if len(parts) > 1 else parts[0]).read_bytes()
+    base = f"{url.rstrip('/')}/api/v1/run"
+    query = urllib.parse.urlencode({"run_id": run_id})
+    _put(f"{base}/trace?{query}", trace, token, timeout_s)
+    _put(f"{base}/diagnosis?{query}", json.dumps(report).encode(), token, timeout_s)
+    return len(trace), report["diagnosis"]["bottleneck"]
+
+
+def _put(address: str, data: bytes, token: str | None, timeout_s: float) -> None:
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/octet-stream"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(address, data=gzip.compress(data, 6), headers=headers, method="PUT")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            answer.read()
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read()).get("error")
+        except ValueError:
+            reason = exc.reason
+        raise UploadError(f"the server answered {exc.code}: {reason}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise UploadError(f"the server cannot be reached: {getattr(exc, 'reason', exc)}") from None

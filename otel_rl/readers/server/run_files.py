@@ -1,0 +1,172 @@
+"""A run's trace and diagnosis, kept with the run: ``PUT`` and ``GET /api/v1/runs/{run_id}/trace`` and ``/diagnosis``.
+
+``trace``: the run's Perfetto trace (every part merged, as ``otel-rl analyze
+--merged-trace`` writes it), at most :data:`MAX_TRACE_BYTES` (gzip
+``Content-Encoding`` accepted, inflated within the same bound), downloaded
+as ``<run id>.perfetto-trace`` for ui.perfetto.dev. ``diagnosis``: what
+``otel-rl analyze --json`` says of it (a JSON object with ``diagnosis`` and
+``timelines``), at most :data:`MAX_DIAGNOSIS_BYTES`. Both are sent by
+``otel-rl backfill``, need the token like every route of the API, belong to
+a run the server knows (404 otherwise), and replace what was there.
+
+``GET /api/v1/compare?runs=a,b,c`` puts each run's diagnosis beside the first
+one's as ``otel-rl analyze --compare`` does (its verdict and tables): a run
+without a diagnosis is named in ``missing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import zlib
+from typing import Any
+
+from aiohttp import web
+
+from otel_rl.readers.analysis.compare import compare_reports
+
+MAX_TRACE_BYTES = 256 * 1024 * 1024
+MAX_DIAGNOSIS_BYTES = 8 * 1024 * 1024
+TRACE = "trace.perfetto-trace"
+DIAGNOSIS = "diagnosis.json"
+
+
+class TooLarge(ValueError):
+    """A body past its bound."""
+
+
+async def read_bounded(request: web.Request, limit: int, timeout_s: float) -> bytes:
+    """The request's body, inflated when gzip, refused past ``limit`` bytes either way (no more is read or inflated)."""
+    gzip = request.headers.get("Content-Encoding", "identity").lower() == "gzip"
+    inflate = zlib.decompressobj(wbits=31) if gzip else None
+    parts, size = [], 0
+
+    async def read() -> None:
+        nonlocal size
+        async for chunk in request.content.iter_chunked(1 << 20):
+            if inflate is not None:
+                chunk = inflate.decompress(chunk, limit + 1 - size)
+            size += len(chunk)
+            if size > limit:
+                raise TooLarge(f"larger than {limit} bytes")
+            parts.append(chunk)
+
+    await asyncio.wait_for(read(), timeout_s)
+    return b"".join(parts)
+
+
+class RunFiles:
+    """The routes of a run's files, over the server's handlers (their storage, database threads and limits)."""
+
+    def __init__(self, handlers: Any) -> None:
+        self.handlers = handlers
+
+    def add_routes(self, app: web.Application) -> None:
+        for base in ("/api/v1/runs/{run_id}", "/api/v1/run"):
+            app.router.add_put(base + "/trace", self.put_trace)
+            app.router.add_get(base + "/trace", self.get_trace)
+            app.router.add_put(base + "/diagnosis", self.put_diagnosis)
+            app.router.add_get(base + "/diagnosis", self.get_diagnosis)
+        app.router.add_get("/api/v1/compare", self.compare)
+
+    async def _put(self, request: web.Request, name: str, limit: int, check: Any) -> web.Response:
+        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        handlers = self.handlers
+        if request.headers.get("Content-Encoding", "identity").lower() not in ("gzip", "identity"):
+            return _error(400, "Content-Encoding must be gzip or identity", "Content-Encoding")
+        try:
+            data = await read_bounded(request, limit, handlers.limits.read_timeout_s)
+        except TooLarge as exc:
+            response = _error(413, f"{name} {exc}")
+            response.force_close()  # the rest of the body is never read
+            return response
+        except zlib.error:
+            return _error(400, "the body is not gzip", "Content-Encoding")
+        except asyncio.TimeoutError:
+            return _error(408, f"the body did not arrive within {handlers.limits.read_timeout_s:.0f} s")
+        problem = check(data)
+        if problem is not None:
+            return _error(400, problem, "body")
+        stored = await handlers.off_loop(handlers.database, handlers.storage.put_file, run_id, name, data)
+        if not stored:
+            return _error(404, f"no run {run_id!r}")
+        return web.json_response({"run_id": run_id, "file": name, "bytes": len(data)})
+
+    async def _get(self, request: web.Request, name: str) -> bytes | web.Response:
+        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        data = await self.handlers.off_loop(self.handlers.database, self.handlers.storage.file, run_id, name)
+        return _error(404, f"run {run_id!r} has no {name.split('.')[0]}") if data is None else data
+
+    async def put_trace(self, request: web.Request) -> web.Response:
+        return await self._put(request, TRACE, MAX_TRACE_BYTES, lambda data: None if data else "the trace is empty")
+
+    async def get_trace(self, request: web.Request) -> web.StreamResponse:
+        found = await self._get(request, TRACE)
+        if isinstance(found, web.Response):
+            return found
+        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:120].strip(".") or "run"
+        return web.Response(body=found, content_type="application/octet-stream",
+                            headers={"Content-Disposition": f'attachment; filename="{name}.perfetto-trace"'})  # fmt: skip
+
+    async def put_diagnosis(self, request: web.Request) -> web.Response:
+        return await self._put(request, DIAGNOSIS, MAX_DIAGNOSIS_BYTES, _diagnosis_problem)
+
+    async def get_diagnosis(self, request: web.Request) -> web.Response:
+        found = await self._get(request, DIAGNOSIS)
+        return found if isinstance(found, web.Response) else web.Response(body=found, content_type="application/json")
+
+
+    async def compare(self, request: web.Request) -> web.Response:
+        ids = list(dict.fromkeys(r for r in request.query.get("runs", "").split(",") if r))
+        if not 2 <= len(ids) <= MAX_COMPARED:
+            return _error(400, f"runs must name 2 to {MAX_COMPARED} runs, comma-separated", "runs")
+        handlers = self.handlers
+        found = await handlers.off_loop(handlers.database, self.diagnoses, ids)
+        missing = [run_id for run_id in ids if run_id not in found]
+        baseline = ids[0]
+        if baseline in missing:
+            return web.json_response({"baseline": baseline, "comparisons": {}, "missing": missing})
+        comparisons = {}
+        for run_id in ids[1:]:
+            if run_id in found:
+                (report, started), (base, base_started) = found[run_id], found[baseline]
+                comparisons[run_id] = compare_reports(report, base, same_settings=_same_settings(started, base_started))
+        return web.json_response({"baseline": baseline, "comparisons": comparisons, "missing": missing})
+
+    def diagnoses(self, ids: list[str]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+        """Each run's diagnosis and what it started with (on a database thread), for those that have one."""
+        storage, out = self.handlers.storage, {}
+        for run_id in ids:
+            data = storage.file(run_id, DIAGNOSIS)
+            run = storage.run(run_id) if data is not None else None
+            if run is not None:
+                out[run_id] = (json.loads(data), run.get("started") or {})
+        return out
+
+
+MAX_COMPARED = 20
+_SETTINGS = ("family", "total_steps", "num_envs", "config", "command")
+
+
+def _same_settings(started: dict[str, Any], other: dict[str, Any]) -> bool | None:
+    """Whether two runs started with the same settings (and code commit); None when either did not say."""
+    if not started or not other:
+        return None
+    commit = ((started.get("git") or {}).get("commit"), (other.get("git") or {}).get("commit"))
+    return commit[0] == commit[1] and all(started.get(k) == other.get(k) for k in _SETTINGS)
+
+
+def _diagnosis_problem(data: bytes) -> str | None:
+    """Why ``data`` is not an analysis report (None: it is one)."""
+    try:
+        report = json.loads(data)
+    except ValueError:
+        return "the diagnosis is not JSON"
+    if not isinstance(report, dict) or not isinstance(report.get("diagnosis"), dict) or not isinstance(report.get("timelines"), dict):
+        return "the diagnosis must be otel-rl analyze --json's report (an object with 'diagnosis' and 'timelines')"
+    return None
+
+
+def _error(status: int, message: str, field: str | None = None) -> web.Response:
+    return web.json_response({"error": message, **({"field": field} if field else {})}, status=status)

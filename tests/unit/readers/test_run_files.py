@@ -1,0 +1,128 @@
+"""A run's trace and diagnosis on the server: sent by ``otel-rl backfill``, downloaded as they were, bad ones refused alone."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import requests
+
+import otel_rl
+from otel_rl.readers.analysis import analyze
+from otel_rl.readers.server import IngestServer, run_files
+
+TOKEN = "files-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "traced"
+    tel = otel_rl.init(run_dir=run_dir, run_id="traced", system_metrics_interval_s=0, quiet=True)
+    with tel.run():
+        for i in range(30):
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                with tel.phase("collector_wait"):
+                    time.sleep(0.001)
+                with tel.phase("learning"):
+                    time.sleep(0.004)
+            tel.scalars({"Loss/value": 1.0 / (i + 1)})
+    tel.close()
+    return run_dir
+
+
+def test_backfill_sends_the_trace_and_the_diagnosis(run_dir, database):
+    with IngestServer(database, token=TOKEN) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env["MOTRIX_METRICS_TOKEN"] = TOKEN
+        result = subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url],
+                                capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        assert "sent the trace (" in result.stdout and "bottleneck: learner (learning" in result.stdout
+        trace = requests.get(server.url + "/api/v1/runs/traced/trace", headers=AUTH, timeout=30)
+        assert trace.status_code == 200 and trace.content == (run_dir / "trace.perfetto-trace").read_bytes()
+        assert trace.headers["Content-Disposition"] == 'attachment; filename="traced.perfetto-trace"'
+        diagnosis = requests.get(server.url + "/api/v1/runs/traced/diagnosis", headers=AUTH, timeout=30).json()
+        local = analyze(run_dir, engine="python")
+        assert diagnosis["diagnosis"]["bottleneck"] == local["diagnosis"]["bottleneck"]
+        assert diagnosis["timelines"]["learner"]["cycles"] == 30
+        assert requests.get(server.url + "/api/v1/runs/traced/trace", timeout=30).status_code == 401  # the token, as everywhere
+
+
+def test_bad_uploads_cost_only_their_request(run_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(run_files, "MAX_TRACE_BYTES", 1000)
+    with IngestServer(str(tmp_path / "files.sqlite3")) as server:
+        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], capture_output=True, timeout=120)
+        url = server.url + "/api/v1/runs/traced"
+        big = requests.put(url + "/trace", data=b"x" * 5000, timeout=30)
+        assert big.status_code == 413
+        bomb = requests.put(url + "/trace", data=gzip.compress(b"\0" * 100_000), headers={"Content-Encoding": "gzip"}, timeout=30)
+        assert bomb.status_code == 413  # inflated within the same bound
+        assert requests.put(url + "/trace", data=b"not gzip", headers={"Content-Encoding": "gzip"}, timeout=30).status_code == 400
+        wrong = requests.put(url + "/diagnosis", data=json.dumps({"bottleneck": "x"}), timeout=30)
+        assert wrong.status_code == 400 and wrong.json()["field"] == "body"
+        assert requests.put(server.url + "/api/v1/runs/nobody/trace", data=b"trace", timeout=30).status_code == 404
+        assert requests.get(server.url + "/api/v1/runs/nobody/diagnosis", timeout=30).status_code == 404
+        small = requests.put(url + "/trace", data=b"t" * 500, timeout=30)
+        assert small.status_code == 200 and requests.get(url + "/trace", timeout=30).content == b"t" * 500  # the server goes on
+        assert requests.get(server.url + "/healthz", timeout=30).status_code == 200
+
+
+def test_the_run_page_shows_the_diagnosis_and_hands_over_the_trace(run_dir, tmp_path):
+    from browser import Browser
+
+    with IngestServer(str(tmp_path / "page.sqlite3"), token=TOKEN) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env["MOTRIX_METRICS_TOKEN"] = TOKEN
+        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], check=True, timeout=120, env=env)
+        browser = Browser()
+        try:
+            browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
+            verdict = browser.wait_for("document.querySelector('#verdict') && document.querySelector('#verdict').textContent")
+            assert verdict == "bottleneck: " + analyze(run_dir, engine="python")["diagnosis"]["bottleneck"]
+            phases = browser.eval("[...document.querySelectorAll('table.phases[data-timeline=\"learner\"] tr td:first-child')].map(c => c.textContent)")
+            assert {"Learning", "Collector Wait", "Other"} <= set(phases)
+            browser.eval("document.querySelector('#trace-download').click()")
+            size = browser.wait_for("window.otelRl.traceBytes")
+            assert size == (run_dir / "trace.perfetto-trace").stat().st_size
+            assert browser.screenshot(tmp_path / "diagnosis.png").stat().st_size > 10_000
+        finally:
+            browser.close()
+
+
+def a_loop(run_dir, run_id: str, learning_s: float) -> None:
+    tel = otel_rl.init(run_dir=run_dir, run_id=run_id, system_metrics_interval_s=0, quiet=True)
+    with tel.run(config={"learning_s": learning_s}):
+        for i in range(60):
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                with tel.phase("collector_wait"):
+                    time.sleep(0.001)
+                with tel.phase("learning"):
+                    time.sleep(learning_s)
+    tel.close()
+
+
+def test_the_compare_page_says_what_changed(tmp_path):
+    """Learning 2 -> 6 ms: the verdict of analyze --compare on the page, from the diagnoses on the server."""
+    from browser import Browser
+
+    a_loop(tmp_path / "fast", "fast", 0.002)
+    a_loop(tmp_path / "slow", "slow", 0.006)
+    with IngestServer(str(tmp_path / "compare.sqlite3")) as server:
+        for name in ("fast", "slow"):
+            subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(tmp_path / name), "--url", server.url], check=True, timeout=120)
+        answer = requests.get(server.url + "/api/v1/compare", params={"runs": "fast,slow,ghost"}, timeout=30).json()
+        assert answer["missing"] == ["ghost"] and answer["comparisons"]["slow"]["verdict"].startswith("Learning +")
+        assert requests.get(server.url + "/api/v1/compare", params={"runs": "fast"}, timeout=30).status_code == 400
+        browser = Browser()
+        try:
+            browser.goto(f"{server.url}/compare?runs=fast,slow")
+            line = browser.wait_for("document.querySelector('#compare-verdicts li') && document.querySelector('#compare-verdicts li').textContent")
+            assert line.startswith("slow against fast: Learning +") and "the learner got slower" in line
+        finally:
+            browser.close()
