@@ -67,6 +67,7 @@ def _parser() -> argparse.ArgumentParser:
     backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
     backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
     backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
+    backfill.add_argument("--trace-only", action="store_true", help="send only the trace and its diagnosis (what an agent does when a run ends)")
     export = command("export", "write runs and their scalars as Parquet or CSV files (for notebooks and spreadsheets)", _export)
     export.add_argument("source", help="run folder, folder of run folders, or server URL (token: MOTRIX_METRICS_TOKEN)")
     export.add_argument("--format", choices=("parquet", "csv"), default="parquet", help="file format (default parquet)")
@@ -127,6 +128,9 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if not args.url:
         parser.error("--url (or MOTRIX_METRICS_URL) is required")
+    if args.trace_only:
+        os.nice(10)  # after a run, beside whatever runs next: the analysis yields the CPU
+        return _send_trace(args)
     try:
         totals = backfill(args.run_dir, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
     except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
@@ -138,13 +142,17 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     for reason in totals["reasons"]:
         print(f"  refused: {reason}")
+    return _send_trace(args)
+
+
+def _send_trace(args: argparse.Namespace) -> int:
     from otel_rl.readers.run_upload import UploadError, upload
 
     run_dir = Path(args.run_dir)
     try:
         sent = upload(run_dir if run_dir.is_dir() else run_dir.parent, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None)
     except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
-        print(f"otel-rl backfill: the records are sent; the trace and diagnosis are not: {exc}", file=sys.stderr)
+        print(f"otel-rl backfill: the trace and its diagnosis are not sent: {exc}", file=sys.stderr)
         return 1
     if sent is not None:
         print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")

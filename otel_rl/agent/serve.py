@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from otel_rl.agent.producer import ProducerOutputs
+from otel_rl.agent.trace_upload import send_trace_later
 from otel_rl.agent.watch import ProducerDeadline, ProducerWatch
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger
@@ -150,6 +151,7 @@ class SegmentServer(BackgroundLoop):
             source.commit()
             self.publish()  # what closing dropped, for the producer's last stats()
             self.reader.set("agent_state", shm.AGENT_DONE)
+            send_trace_later(identity.config)
 
     def _commit_file_sizes(self) -> None:
         outputs = self.producer.outputs

@@ -126,3 +126,24 @@ def test_the_compare_page_says_what_changed(tmp_path):
             assert line.startswith("slow against fast: Learning +") and "the learner got slower" in line
         finally:
             browser.close()
+
+
+def test_a_run_streaming_to_the_server_sends_its_trace_when_it_ends(tmp_path):
+    """No backfill: the agent starts the upload once the run's outputs are closed, and training does not wait for it."""
+    with IngestServer(str(tmp_path / "live.sqlite3"), token=TOKEN) as server:
+        tel = otel_rl.init(run_dir=tmp_path / "live", run_id="live", motrix_url=server.url, motrix_token=TOKEN, system_metrics_interval_s=0, quiet=True)
+        with tel.run():
+            for i in range(20):
+                with tel.iteration(i, env_steps=i + 1):
+                    with tel.phase("learning"):
+                        time.sleep(0.002)
+        started = time.monotonic()
+        tel.close()
+        assert time.monotonic() - started < 10
+        deadline = time.monotonic() + 60
+        while (answer := requests.get(server.url + "/api/v1/runs/live/diagnosis", headers=AUTH, timeout=30)).status_code == 404:
+            assert time.monotonic() < deadline, answer.text
+            time.sleep(0.2)
+        assert answer.json()["timelines"]["learner"]["cycles"] == 20
+        trace = requests.get(server.url + "/api/v1/runs/live/trace", headers=AUTH, timeout=30).content
+        assert trace == (tmp_path / "live" / "trace.perfetto-trace").read_bytes()
