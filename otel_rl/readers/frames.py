@@ -146,7 +146,7 @@ def server_run(entry: dict[str, Any]) -> dict[str, Any]:
     started = entry.get("started") or {}
     row = _identity(entry["run_id"], entry.get("status"), entry.get("project"), entry.get("group"), started)
     row["start"] = pd.to_datetime(entry.get("created"), unit="s", utc=True)
-    row["duration_s"] = (entry["last_seen"] - entry["created"]) if entry.get("last_seen") and entry.get("created") else None
+    row["duration_s"] = entry.get("duration_s")
     row["env_steps"] = entry.get("env_steps")
     row.update(entry.get("last") or {})
     return row

@@ -68,6 +68,14 @@ def _error(status: int, message: str, field: str | None = None, headers: dict[st
     return web.json_response(body, status=status, headers=headers)
 
 
+def _unit(key: str) -> str:
+    try:
+        unit = schema.metric_spec(key).unit
+    except schema.SchemaError:  # a key outside the schema's namespaces: no unit to say
+        return ""
+    return "" if unit in ("1", "") else unit
+
+
 def _file_name(run_id: str) -> str:
     """A run id as a download's file name (no path separators, quotes or control characters)."""
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:120].strip(".") or "run"
@@ -261,7 +269,9 @@ class Handlers:
         return web.json_response({"run": info, "events": events, "events_total": total})
 
     async def keys(self, request: web.Request) -> web.Response:
-        return web.json_response({"keys": await self.off_loop(self.database, self.storage.keys, _run_id(request))})
+        """The run's keys, and the unit the schema gives each (``ms``, ``s``, ``By``, ``%``...; none for a plain number)."""
+        keys = await self.off_loop(self.database, self.storage.keys, _run_id(request))
+        return web.json_response({"keys": keys, "units": {key: unit for key in keys if (unit := _unit(key))}})
 
     async def scalars(self, request: web.Request) -> web.Response:
         run_id = _run_id(request)

@@ -21,7 +21,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps")
+RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps", "status_ts", "started_ts")
+TERMINAL = frozenset({"finished", "failed", "killed"})
 MAX_PAGE = 1000
 MAX_KNOWN_KEYS = 200_000
 """(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""
@@ -230,7 +231,10 @@ class Storage(Protocol):
 
 def run_dict(row: tuple) -> dict[str, Any]:
     """A ``runs`` row (:data:`RUN_FIELDS`) as the API shows a run."""
-    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps = row[: len(RUN_FIELDS)]
+    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps, status_ts, started_ts = row[: len(RUN_FIELDS)]
+    # From its running record to its end (its terminal record), or to now's last word: in the run's own clock where it can be.
+    end = status_ts if status in TERMINAL else last_seen
+    duration = max(0.0, end - started_ts) if started_ts is not None and end is not None else None
     return {
         "run_id": run_id,
         "status": "lost" if lost else status,
@@ -243,6 +247,7 @@ def run_dict(row: tuple) -> dict[str, Any]:
         "last_seen": last_seen,
         "started": json.loads(started) if isinstance(started, str) and started else None,
         "env_steps": env_steps,
+        "duration_s": duration,
     }
 
 

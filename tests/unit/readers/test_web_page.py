@@ -160,3 +160,42 @@ def test_a_server_without_a_token_warns_on_the_page(tmp_path):
             assert warning.startswith("no token is configured")
         finally:
             browser.close()
+
+
+def test_the_runs_table_sorts_and_shows_summary_columns_and_durations(site):
+    """Sorted by a summary column both ways, the finished run's last and minimum Loss/critic as the API has them."""
+    server, browser = site
+    signed_in(server, browser, "/?sum=Loss/critic,Loss/critic:min&sort=-sum:Loss/critic")
+    order = browser.wait_for("document.querySelectorAll('#runs tbody tr[data-run-id]').length === 4 && "
+                             "[...document.querySelectorAll('#runs tbody tr[data-run-id]')].map(r => r.dataset.runId)")  # fmt: skip
+    listing = {r["run_id"]: r for r in requests.get(server.url + "/api/v1/runs", params={"summary": "Loss/critic"},
+                                                     headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()["runs"]}  # fmt: skip
+    # Runs change while the page reads them (two are running): the order is checked against the values it shows.
+    shown = browser.eval("[...document.querySelectorAll('#runs tbody tr[data-run-id]')].map(r => [r.dataset.runId, "
+                         "[...r.querySelectorAll('td.summary')].map(c => c.textContent)])")  # fmt: skip
+    lasts = [float(cells[0]) for _, cells in shown]
+    assert lasts == sorted(lasts, reverse=True) and [run for run, _ in shown] == order
+    finished = dict(shown)["sac-lr-3e-4"]
+    summary = listing["sac-lr-3e-4"]["summary"]["Loss/critic"]
+    assert float(finished[0]) == pytest.approx(summary["last"], rel=1e-3) and float(finished[1]) == pytest.approx(summary["min"], rel=1e-3)
+    headers = browser.eval("[...document.querySelectorAll('#runs thead th')].map(h => h.textContent)")
+    assert "duration" in headers and "Loss/critic ▼" in headers and "Loss/critic (min)" in headers
+    browser.eval("document.querySelector('th[data-sort=\"run_id\"]').click()")
+    ids = browser.wait_for("document.querySelector('th[data-sort=\"run_id\"]').textContent === 'run ▲' && "
+                           "[...document.querySelectorAll('#runs tbody tr[data-run-id]')].map(r => r.dataset.runId)")  # fmt: skip
+    assert ids == sorted(ids)
+
+
+def test_a_run_chart_has_a_log_scale_the_raw_curve_behind_the_smoothed_one_and_units(site):
+    server, browser = site
+    signed_in(server, browser, "/runs/sac-lr-3e-4?smooth=0.8&log=1")
+    assert browser.wait_for("window.otelRl.charts['Loss/critic'] > 0")
+    holder = "document.querySelector('[data-key=\"Loss/critic\"]')"
+    assert browser.eval(f"{holder}.dataset.log") == "1" and browser.eval(f"{holder}._plot.scales.y.distr") == 3
+    assert browser.eval(f"{holder}.dataset.series") == "2"  # the raw curve and the smoothed one
+    assert browser.eval(f"{holder}._plot.series[1].stroke()") .endswith("40")  # the raw one faint
+    assert browser.eval("document.querySelector('#smoothing-value').textContent") == "0.8"
+    assert browser.wait_for("document.querySelector('[data-key=\"Perf/learner_collector_wait_ms\"] .unit') && "
+                            "document.querySelector('[data-key=\"Perf/learner_collector_wait_ms\"] .unit').textContent") == " (ms)"  # fmt: skip
+    width = browser.eval(f"{holder}._plot.width")
+    assert width >= browser.eval(f"{holder}.clientWidth") - 20  # as wide as its card

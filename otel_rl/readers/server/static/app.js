@@ -61,6 +61,16 @@ function when(seconds) {
   return seconds ? new Date(seconds * 1000).toLocaleString() : "-";
 }
 
+// An axis value with an SI prefix (12.5k, 3.2M, 450µ), and a byte count in kB, MB, GB: readable at any size.
+function si(value, unit = "") {
+  if (value === null || value === undefined || !Number.isFinite(value)) return "";
+  const bytes = unit === "By";
+  const magnitude = Math.abs(value);
+  const prefixes = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"], [1, ""], [1e-3, "m"], [1e-6, "µ"], [1e-9, "n"]];
+  const [scale, prefix] = magnitude === 0 ? [1, ""] : prefixes.find(([s]) => magnitude >= s) || prefixes[prefixes.length - 1];
+  return String(+(value / scale).toPrecision(3)) + prefix + (bytes ? "B" : "");
+}
+
 function number(value) {
   if (value === null || value === undefined) return "-";
   if (typeof value !== "number") return String(value);
@@ -151,8 +161,10 @@ function runsView() {
   let everything = [];
   async function refresh() {
     const query = params();
+    const summaries = summaryColumns(query.get("sum"));
     const filtered = new URLSearchParams({ limit: "1000" });
     for (const name of ["project", "group", "status", "q"]) if (query.get(name)) filtered.set(name, query.get(name));
+    for (const key of new Set(summaries.map((s) => s.key))) filtered.append("summary", key);
     // The unfiltered list fills the filters' choices; without a filter it is the list shown, asked for once.
     const everyRun = api("/api/v1/runs?limit=1000");
     const [all, shown] = await Promise.all([everyRun, filtered.size > 1 ? api("/api/v1/runs?" + filtered) : everyRun]);
@@ -168,12 +180,22 @@ function runsView() {
         configKeys.map((k) => el("option", { value: k, selected: columns.includes(k) }, k)));
       filters.replaceChildren(control("project", "projects", distinct("project")), control("group", "groups", distinct("group")),
         control("status", "statuses", ["pending", "running", "finished", "failed", "killed", "lost"]), search,
-        el("label", { class: "muted" }, "configuration columns ", picker));
+        el("label", { class: "muted" }, "configuration columns ", picker),
+        el("label", { class: "muted" }, "summary columns ", el("input", { id: "summary-columns", type: "text", size: 34, value: query.get("sum") || "",
+          placeholder: "Train/mean_reward, Loss/value:min", title: "keys, each with :last (the default), :min or :max",
+          onchange: (e) => { setParams({ sum: e.target.value.replace(/\s+/g, "") }); refresh(); } })));
       filters.dataset.known = JSON.stringify([distinct("project"), distinct("group"), configKeys]);
     }
-    const head = el("tr", {}, el("th", {}, ""), ["status", "run", "project", "group", "started", "last seen", "env steps", "progress"]
-      .map((h) => el("th", {}, h)), columns.map((c) => el("th", { class: "config" }, c)));
-    const rows = shown.runs.map((run) => {
+    const sort = query.get("sort") || "";
+    const header = (name, label, cls) => el("th", { class: cls, "data-sort": name, title: "sort by " + label,
+      onclick: () => { setParams({ sort: sort === name ? "-" + name : name }); refresh(); } },
+      label + (sort === name ? " ▲" : sort === "-" + name ? " ▼" : ""));
+    const head = el("tr", {}, el("th", {}, ""), [["status", "status"], ["run_id", "run"], ["project", "project"], ["group", "group"],
+      ["created", "started"], ["duration", "duration"], ["last_seen", "last seen"], ["env_steps", "env steps"]].map(([n, l]) => header(n, l)),
+      el("th", {}, "progress"), summaries.map((s) => header("sum:" + s.name, s.name, "summary")),
+      columns.map((c) => header("config:" + c, c, "config")));
+    const runs = sorted(shown.runs, sort);
+    const rows = runs.map((run) => {
       const started = run.started || {};
       const config = flatten(started.config);
       const total = started.total_steps;
@@ -186,15 +208,61 @@ function runsView() {
         el("td", {}, box), el("td", {}, badge(run.status, run.reason)),
         el("td", {}, el("a", { href: runHref(run.run_id) }, run.run_id)),
         el("td", {}, run.project || "-"), el("td", {}, run.group || "-"), el("td", {}, when(run.created)),
+        el("td", { class: "num" }, duration(run.duration_s)),
         el("td", { title: when(run.last_seen) }, ago(run.last_seen)), el("td", { class: "num" }, number(run.env_steps)),
         el("td", {}, fraction === null ? "-" : el("span", { class: "progress", title: Math.round(100 * fraction) + "%" },
           el("span", { style: "width:" + (100 * fraction).toFixed(1) + "%" }))),
+        summaries.map((s) => el("td", { class: "num summary" }, number(summaryValue(run, s)))),
         columns.map((c) => el("td", { class: "config" }, c in config ? String(config[c]) : "-")));
     });
-    table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 9, class: "muted" }, "No run matches."))));
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No run matches."))));
     compare.disabled = selected.size < 2;
   }
   live(refresh);
+}
+
+// "Train/mean_reward,Loss/value:min" -> [{key, stat, name}]: the summary columns asked for (last, the default; min; max).
+function summaryColumns(text) {
+  return (text || "").split(",").filter(Boolean).slice(0, 20).map((item) => {
+    const match = /^(.*?)(?::(last|min|max))?$/.exec(item);
+    const stat = match[2] || "last";
+    return { key: match[1], stat, name: stat === "last" ? match[1] : match[1] + " (" + stat + ")" };
+  });
+}
+
+function summaryValue(run, column) {
+  const found = run.summary && run.summary[column.key];
+  return found ? found[column.stat] : null;
+}
+
+function duration(seconds) {
+  if (seconds === null || !Number.isFinite(seconds) || seconds < 0) return "-";
+  const h = Math.floor(seconds / 3600), m = Math.floor((seconds % 3600) / 60), s = Math.round(seconds % 60);
+  return h ? `${h}h ${m}m` : m ? `${m}m ${s}s` : `${s}s`;
+}
+
+// The runs in the order `sort` names ("env_steps", "-env_steps", "sum:<name>", "config:<setting>"); runs without a value last.
+function sorted(runs, sort) {
+  if (!sort) return runs;
+  const descending = sort.startsWith("-");
+  const name = descending ? sort.slice(1) : sort;
+  const value = (run) => {
+    if (name === "duration") return run.duration_s;
+    if (name.startsWith("sum:")) {
+      const column = summaryColumns(params().get("sum")).find((c) => c.name === name.slice(4));
+      return column ? summaryValue(run, column) : null;
+    }
+    if (name.startsWith("config:")) return flatten(run.started && run.started.config)[name.slice(7)];
+    return run[name];
+  };
+  const keyed = runs.map((run) => [value(run), run]);
+  keyed.sort(([a], [b]) => {
+    if (a === null || a === undefined) return b === null || b === undefined ? 0 : 1;
+    if (b === null || b === undefined) return -1;
+    const order = typeof a === "number" && typeof b === "number" ? a - b : String(a).localeCompare(String(b), undefined, { numeric: true });
+    return descending ? -order : order;
+  });
+  return keyed.map(([, run]) => run);
 }
 
 // -- charts -----------------------------------------------------------------------------
@@ -205,23 +273,37 @@ function smooth(values, weight) {
   return values.map((v) => (v === null ? null : (last = last === null ? v : last * weight + v * (1 - weight))));
 }
 
-function chart(holder, key, data, labels, marks, stacked, x = "env_steps") {
-  const width = Math.max(280, Math.min(holder.clientWidth || 420, 560));
-  const series = [{}, ...labels.map((label, i) => ({ label, stroke: COLORS[i % COLORS.length], width: 1.5,
-    fill: stacked ? COLORS[i % COLORS.length] + "55" : undefined, spanGaps: true }))];
-  const options = { width, height: 200, series, legend: { live: false }, scales: { x: { time: x === "ts" } },
-    axes: [{}, { size: 64, values: (u, splits) => splits.map((v) => (v === null ? "" : number(v))) }],
+// A chart as wide as its card (and again when the card resizes). `style`: {unit, log (a log10 y axis), raw (series
+// index -> faint: the raw curve behind its smoothed one)}.
+function chart(holder, key, data, labels, marks, stacked, x = "env_steps", style = {}) {
+  const width = Math.max(240, (holder.clientWidth || 420) - 14);
+  const raw = style.raw || new Set();
+  const color = (i) => COLORS[(raw.size ? 0 : i) % COLORS.length]; // a raw curve and its smoothed one share their colour
+  const series = [{}, ...labels.map((label, i) => ({ label, stroke: color(i) + (raw.has(i) ? "40" : ""), width: raw.has(i) ? 1 : 1.5,
+    fill: stacked ? color(i) + "55" : undefined, spanGaps: true }))];
+  if (style.log) data = [data[0], ...data.slice(1).map((ys) => ys.map((v) => (v > 0 ? v : null)))]; // a log axis shows positive values
+  const options = { width, height: 200, series, legend: { live: false },
+    scales: { x: { time: x === "ts" }, y: style.log ? { distr: 3 } : {} },
+    axes: [{ values: x === "ts" ? undefined : (u, splits) => splits.map((v) => si(v)) },
+      { size: 56, values: (u, splits) => splits.map((v) => si(v, style.unit)) }],
     hooks: { draw: [(u) => drawMarks(u, marks)] } };
   const existing = holder._plot;
-  if (existing && existing.series.length === series.length && holder._axis === x) {
+  const shape = JSON.stringify([x, !!style.log, series.map((s) => s.stroke || "")]);
+  if (existing && holder._shape === shape) {
     existing._marks = marks;
     existing.setData(data);
   } else {
     if (existing) existing.destroy();
     holder._plot = new uPlot(options, data, holder);
     holder._plot._marks = marks;
-    holder._axis = x;
+    holder._shape = shape;
+    if (!holder._resizes) {
+      holder._resizes = new ResizeObserver(() => holder._plot && holder._plot.setSize({ width: Math.max(240, holder.clientWidth - 14), height: 200 }));
+      holder._resizes.observe(holder);
+    }
   }
+  holder.dataset.log = style.log ? "1" : "";
+  holder.dataset.series = String(labels.length);
   const points = data[0].length;
   holder.dataset.points = points;
   drawn.charts[key] = points;
@@ -307,11 +389,14 @@ function visibility(onShow) {
 }
 
 // One holder per key, grouped by family, created once; a chart is drawn in it when it scrolls into view.
+const UNIT_NAMES = { ms: "ms", s: "s", By: "bytes", "%": "%" };
+
 function chartHolders(charts, view) {
   const holders = new Map();
   const sections = new Map();
   return {
     holders,
+    units: {},
     place(keys, grouped = true) {
       for (const key of keys) {
         if (holders.has(key)) continue;
@@ -326,7 +411,8 @@ function chartHolders(charts, view) {
           }
           parent = sections.get(name).lastChild;
         }
-        const holder = el("div", { class: "chart", "data-key": key }, el("h3", {}, key));
+        const unit = this.units[key];
+        const holder = el("div", { class: "chart", "data-key": key }, el("h3", {}, key, unit ? el("span", { class: "unit" }, " (" + (UNIT_NAMES[unit] || unit) + ")") : ""));
         holders.set(key, holder);
         parent.append(holder);
         view.observe(holder);
@@ -348,9 +434,12 @@ function runView(runId) {
   app(header, controls, diagnosis, ranks, charts, details);
   const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); refresh(); } },
     Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
+  const smoothingValue = el("output", { id: "smoothing-value" }, params().get("smooth") || "0");
   const smoothing = el("input", { id: "smoothing", type: "range", min: 0, max: 0.99, step: 0.01, value: params().get("smooth") || 0,
-    oninput: () => { setParams({ smooth: smoothing.value === "0" ? "" : smoothing.value }); refresh(); } });
-  controls.append(el("label", {}, "x axis ", axis), el("label", {}, " smoothing ", smoothing));
+    oninput: () => { smoothingValue.textContent = smoothing.value; setParams({ smooth: smoothing.value === "0" ? "" : smoothing.value }); refresh(); } });
+  const log = el("input", { id: "log-scale", type: "checkbox", checked: params().get("log") === "1",
+    onchange: () => { setParams({ log: log.checked ? "1" : "" }); refresh(); } });
+  controls.append(el("label", {}, "x axis ", axis), el("label", {}, " smoothing ", smoothing, " ", smoothingValue), el("label", {}, " ", log, " log scale"));
   const view = visibility(() => draw(false).catch(() => {}));
   const board = chartHolders(charts, view);
   const stackHolders = new Map();
@@ -371,6 +460,7 @@ function runView(runId) {
         keyList.keys.length + " keys"].filter(Boolean).join(" · ")));
     keys = keyList.keys.filter((k) => !rankKey(k));
     events = info.events;
+    board.units = keyList.units || {};
     board.place(keys);
     round += 1;
     await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey)), diagnosisPanel(diagnosis, runId)]);
@@ -389,9 +479,15 @@ function runView(runId) {
     const thisRound = round;
     wanted.forEach((k) => drawnAt.set(k, thisRound));
     const curves = await fetchCurves(runId, needed, x);
+    const log = params().get("log") === "1";
     for (const key of wanted) {
       const c = curves.get(key);
-      if (c) chart(board.holders.get(key), key, [c.x, smooth(c.y, weight)], [key], eventXs(events, c, x), false, x);
+      if (!c) continue;
+      const style = { unit: board.units[key], log };
+      // Smoothed: the raw curve stays, faint, behind it.
+      const [data, labels] = weight ? [[c.x, c.y, smooth(c.y, weight)], [key + " (raw)", key]] : [[c.x, c.y], [key]];
+      if (weight) style.raw = new Set([0]);
+      chart(board.holders.get(key), key, data, labels, eventXs(events, c, x), false, x, style);
     }
     stackedPerf(stacks, curves, charts, stackHolders, x);
   }
