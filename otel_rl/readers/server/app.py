@@ -21,6 +21,7 @@ from otel_rl.formats import schema
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.readers.server import export, queries, summaries
 from otel_rl.readers.server.decoding import decoded_rows, decompress, exit_with, prepare, refusals, unpickled
+from otel_rl.readers.server.run_edits import RunEdits
 from otel_rl.readers.server.run_files import RunFiles
 from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable
 from otel_rl.readers.server.validation import Invalid
@@ -122,6 +123,7 @@ class Handlers:
         add = app.router.add_get
         app.router.add_post(INGEST_PATH, self.ingest)
         add("/api/v1/runs", self.runs)
+        add("/api/v1/facets", self.facets)
         add("/api/v1/runs/{run_id}", self.one_run)
         add("/api/v1/runs/{run_id}/keys", self.keys)
         add("/api/v1/runs/{run_id}/scalars", self.scalars)
@@ -134,6 +136,7 @@ class Handlers:
         add("/api/v1/server", self.server_info)
         add("/healthz", self.healthz)
         RunFiles(self).add_routes(app)
+        RunEdits(self).add_routes(app)
         for path in ("/", "/runs/{run_id}", "/run", "/compare"):
             add(path, self.page)
         app.router.add_static("/static", STATIC)
@@ -252,6 +255,10 @@ class Handlers:
                 entry["last"] = last.get(entry["run_id"], {})
         more = len(page) == max(1, min(limit, 1000))
         return web.json_response({"runs": page, "next": page[-1]["run_id"] if page and more else None})
+
+    async def facets(self, request: web.Request) -> web.Response:
+        """The distinct projects and groups of the runs, for the page's filters."""
+        return web.json_response(await self.off_loop(self.database, self.storage.facets))
 
     async def one_run(self, request: web.Request) -> web.Response:
         run_id = _run_id(request)

@@ -18,6 +18,7 @@ from typing import Any
 from otel_rl.readers.server import summaries
 from otel_rl.readers.server.storage import (
     RUN_FIELDS,
+    RUN_TABLES,
     KnownKeys,
     Row,
     RunFilter,
@@ -93,6 +94,8 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS started_ts DOUBLE PRECISION;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS started_seq BIGINT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS env_steps BIGINT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS steps_ts DOUBLE PRECISION;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS tags TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS note TEXT;
 """
 _SET_STARTED = (
     "UPDATE runs SET started = s.body, started_ts = s.ts, started_seq = s.seq"
@@ -287,6 +290,11 @@ class PostgresStorage:
         rows = self._query(*only.listing("%s", "ILIKE", after, limit, keys))
         return [summaries.attach(run_dict(r), keys, r[len(RUN_FIELDS) :]) for r in rows]
 
+    def facets(self) -> dict[str, list[str]]:
+        rows = self._query("SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
+                           " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL")
+        return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group")}
+
     def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
         found: dict[str, dict[str, float]] = {}
         for run_id, key, last in self._query("SELECT run_id, key, last FROM run_summaries WHERE run_id = ANY(%s)", (run_ids,)):
@@ -325,6 +333,22 @@ class PostgresStorage:
 
     def keys(self, run_id: str) -> list[str]:
         return [r[0] for r in self._query("SELECT key FROM series_keys WHERE run_id = %s ORDER BY key", (run_id,))]
+
+    def annotate(self, run_id: str, tags: list[str] | None, note: str | None) -> bool:
+        rows = self._query("UPDATE runs SET tags = coalesce(%s, tags), note = coalesce(%s, note) WHERE run_id = %s RETURNING run_id",
+                           (None if tags is None else json.dumps(tags), note, run_id))  # fmt: skip
+        return bool(rows)
+
+    def delete(self, run_id: str) -> bool:
+        errors = self._psycopg.errors
+        try:
+            conn = self._connection()
+            with conn.transaction():
+                for table in RUN_TABLES[:-1]:
+                    conn.execute(f"DELETE FROM {table} WHERE run_id = %s", (run_id,))
+                return conn.execute("DELETE FROM runs WHERE run_id = %s RETURNING run_id", (run_id,)).fetchone() is not None
+        except (self._psycopg.OperationalError, errors.ReadOnlySqlTransaction, errors.InsufficientPrivilege, errors.DiskFull) as exc:
+            raise self._unavailable(exc) from exc
 
     def put_file(self, run_id: str, name: str, data: bytes) -> bool:
         rows = self._query(

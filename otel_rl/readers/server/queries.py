@@ -32,12 +32,16 @@ class BadQuery(ValueError):
 
 
 def run_filter(query: Mapping[str, str]) -> RunFilter:
-    """``project``, ``group``, ``status`` (one or several, comma-separated) and ``q`` of a listing request."""
+    """``project``, ``group``, ``status`` (one or several, comma-separated), ``q``, ``tag`` and ``order`` of a listing request."""
     statuses = tuple(s.strip() for s in query.get("status", "").split(",") if s.strip())
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
         raise BadQuery("status", f"unknown status {unknown[0]!r}; one of {', '.join(STATUSES)}")
-    return RunFilter(query.get("project") or None, query.get("group") or None, statuses, query.get("q") or None)
+    order = query.get("order", "created")
+    if order not in ("created", "newest"):
+        raise BadQuery("order", "order must be created (oldest first, the default) or newest")
+    return RunFilter(query.get("project") or None, query.get("group") or None, statuses, query.get("q") or None, query.get("tag") or None,
+                     newest_first=order == "newest")  # fmt: skip
 
 
 def events_limit(query: Mapping[str, str]) -> int | None:

@@ -12,6 +12,7 @@ from typing import Any
 from otel_rl.readers.server import summaries
 from otel_rl.readers.server.storage import (
     RUN_FIELDS,
+    RUN_TABLES,
     KnownKeys,
     Row,
     RunFilter,
@@ -83,7 +84,7 @@ CREATE TABLE IF NOT EXISTS run_files (
     PRIMARY KEY (run_id, name)
 );
 """
-_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL"}
+_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL", "tags": "TEXT", "note": "TEXT"}
 """Columns of ``runs`` the listing reads (:mod:`otel_rl.readers.server.summaries`), added to a database made before them."""
 _SET_STARTED = (
     "UPDATE runs SET started = ?, started_ts = ?, started_seq = ?"
@@ -252,6 +253,11 @@ class SqliteStorage:
         rows = self._read(*only.listing("?", "LIKE", after, limit, keys))  # SQLite's LIKE ignores ASCII case
         return [summaries.attach(run_dict(r), keys, r[len(RUN_FIELDS) :]) for r in rows]
 
+    def facets(self) -> dict[str, list[str]]:
+        rows = self._read("SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
+                           " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL")
+        return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group")}
+
     def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
         found: dict[str, dict[str, float]] = {}
         for start in range(0, len(run_ids), 500):  # SQLite's bound on parameters
@@ -293,6 +299,29 @@ class SqliteStorage:
 
     def keys(self, run_id: str) -> list[str]:
         return [r[0] for r in self._read("SELECT key FROM series_keys WHERE run_id = ? ORDER BY key", (run_id,))]
+
+    def _write(self, statements: list[tuple[str, tuple]], run_id: str) -> bool:
+        """Run ``statements`` in one transaction when the run exists; whether it did."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                known = self._db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
+                if known:
+                    for sql, params in statements:
+                        self._db.execute(sql, params)
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise StorageUnavailable(str(exc)) from exc
+        return known
+
+    def annotate(self, run_id: str, tags: list[str] | None, note: str | None) -> bool:
+        return self._write([("UPDATE runs SET tags = coalesce(?, tags), note = coalesce(?, note) WHERE run_id = ?",
+                             (None if tags is None else json.dumps(tags), note, run_id))], run_id)  # fmt: skip
+
+    def delete(self, run_id: str) -> bool:
+        return self._write([(f"DELETE FROM {table} WHERE run_id = ?", (run_id,)) for table in RUN_TABLES], run_id)
 
     def put_file(self, run_id: str, name: str, data: bytes) -> bool:
         with self._lock:

@@ -21,7 +21,12 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
-RUN_FIELDS = ("run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps", "status_ts", "started_ts")
+RUN_FIELDS = (
+    "run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps", "status_ts", "started_ts",
+    "tags", "note",
+)  # fmt: skip
+RUN_TABLES = ("records", "series_keys", "point_blocks", "run_summaries", "run_files", "runs")
+"""Every table that holds a run's rows: what deleting a run empties."""
 TERMINAL = frozenset({"finished", "failed", "killed"})
 MAX_PAGE = 1000
 MAX_KNOWN_KEYS = 200_000
@@ -40,6 +45,8 @@ class RunFilter:
     group: str | None = None
     statuses: tuple[str, ...] = ()
     search: str | None = None
+    tag: str | None = None
+    newest_first: bool = False
 
     def where(self, mark: str, like: str) -> tuple[list[str], list[Any]]:
         """SQL conditions and their parameters, with ``mark`` as the placeholder and ``like`` the case-blind LIKE."""
@@ -54,6 +61,9 @@ class RunFilter:
             either = [f"(NOT runs.lost AND runs.status IN ({', '.join([mark] * len(reported))}))"] if reported else []
             clauses.append("(" + " OR ".join(either + (["runs.lost"] if "lost" in self.statuses else [])) + ")")
             params += reported
+        if self.tag:  # tags are kept as a JSON list: a tag is there with its quotes
+            clauses.append(f"coalesce(runs.tags, '') LIKE {mark} ESCAPE '\\'")
+            params.append("%" + json.dumps(self.tag).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
         if self.search:
             pattern = "%" + self.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             columns = ("runs.run_id", "runs.project", "runs.grp")
@@ -67,12 +77,13 @@ class RunFilter:
         extra = "".join(f", s{i}.last, s{i}.min, s{i}.max" for i in range(len(keys)))
         joined = "".join(f" LEFT JOIN run_summaries s{i} ON s{i}.run_id = runs.run_id AND s{i}.key = {mark}" for i in range(len(keys)))
         clauses, params = self.where(mark, like)
+        beyond, order = ("<", " DESC") if self.newest_first else (">", "")
         if after is not None:
-            clauses.append(f"(runs.created, runs.run_id) > (SELECT r.created, r.run_id FROM runs r WHERE r.run_id = {mark})")
+            clauses.append(f"(runs.created, runs.run_id) {beyond} (SELECT r.created, r.run_id FROM runs r WHERE r.run_id = {mark})")
             params.append(after)
         where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
         fields = ", ".join(f"runs.{f}" for f in RUN_FIELDS)
-        sql = f"SELECT {fields}{extra} FROM runs{joined}{where} ORDER BY runs.created, runs.run_id LIMIT {mark}"
+        sql = f"SELECT {fields}{extra} FROM runs{joined}{where} ORDER BY runs.created{order}, runs.run_id{order} LIMIT {mark}"
         return sql, (*keys, *params, max(1, min(limit, MAX_PAGE)))
 
 
@@ -200,6 +211,10 @@ class Storage(Protocol):
         """The last value of every key of each of ``run_ids`` (one query)."""
         ...
 
+    def facets(self) -> dict[str, list[str]]:
+        """The distinct projects and groups of every run (what the runs page filters by)."""
+        ...
+
     def run(self, run_id: str) -> dict[str, Any] | None: ...
 
     def records(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]: ...
@@ -216,6 +231,14 @@ class Storage(Protocol):
 
     def keys(self, run_id: str) -> list[str]: ...
 
+    def annotate(self, run_id: str, tags: list[str] | None, note: str | None) -> bool:
+        """Set the run's tags and/or note (None: leave it); False when there is no such run."""
+        ...
+
+    def delete(self, run_id: str) -> bool:
+        """Remove the run and everything stored of it (:data:`RUN_TABLES`); False when there is no such run."""
+        ...
+
     def put_file(self, run_id: str, name: str, data: bytes) -> bool:
         """Keep ``data`` as the run's file ``name`` (replacing it); False when there is no such run."""
         ...
@@ -231,7 +254,7 @@ class Storage(Protocol):
 
 def run_dict(row: tuple) -> dict[str, Any]:
     """A ``runs`` row (:data:`RUN_FIELDS`) as the API shows a run."""
-    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps, status_ts, started_ts = row[: len(RUN_FIELDS)]
+    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps, status_ts, started_ts, tags, note = row[: len(RUN_FIELDS)]
     # From its running record to its end (its terminal record), or to now's last word: in the run's own clock where it can be.
     end = status_ts if status in TERMINAL else last_seen
     duration = max(0.0, end - started_ts) if started_ts is not None and end is not None else None
@@ -248,6 +271,8 @@ def run_dict(row: tuple) -> dict[str, Any]:
         "started": json.loads(started) if isinstance(started, str) and started else None,
         "env_steps": env_steps,
         "duration_s": duration,
+        "tags": json.loads(tags) if isinstance(tags, str) and tags else [],
+        "note": note or "",
     }
 
 

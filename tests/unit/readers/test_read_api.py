@@ -168,3 +168,31 @@ def test_the_listing_is_one_query_with_each_runs_start_steps_and_chosen_summarie
         assert run["env_steps"] == 300 and run["started"] is not None
     finally:
         storage.close()
+
+
+def test_runs_are_tagged_noted_and_deleted_with_everything_stored_of_them(database, tmp_path):
+    from otel_rl.readers.server.backends import open_storage
+
+    with IngestServer(database) as server:
+        post(server.url, a_run("keep", "finished", "p", "g", 10))
+        post(server.url, a_run("drop", "finished", "p", "g", 20))
+        post(server.url, [{"run_id": "drop", "writer": "drop:1", "seq": 30, "ts": 1.8e9, "kind": "scalars", "step": 1, "axes": {"env_steps": 8},
+                           "values": {"Loss/value": 1.0}}])  # fmt: skip
+        assert requests.put(server.url + "/api/v1/runs/drop/trace", data=b"trace", timeout=10).status_code == 200
+        edited = requests.patch(server.url + "/api/v1/runs/keep", json={"tags": ["baseline", " sweep ", "baseline"], "note": "the reference"}, timeout=10)
+        assert edited.status_code == 200 and edited.json()["tags"] == ["baseline", "sweep"] and edited.json()["note"] == "the reference"
+        assert requests.patch(server.url + "/api/v1/runs/keep", json={"note": "kept"}, timeout=10).json()["tags"] == ["baseline", "sweep"]
+        assert runs(server.url, tag="baseline") == ["keep"] and runs(server.url, tag="base") == []
+        for bad in ({"tags": "baseline"}, {"tags": ["x" * 65]}, {"note": 3}, {"owner": "me"}, [1]):
+            answer = requests.patch(server.url + "/api/v1/runs/keep", json=bad, timeout=10)
+            assert answer.status_code == 400 and answer.json()["field"] == "body", bad
+        assert requests.patch(server.url + "/api/v1/runs/ghost", json={"note": "x"}, timeout=10).status_code == 404
+        assert requests.delete(server.url + "/api/v1/runs/drop", timeout=10).json() == {"deleted": "drop"}
+        assert requests.delete(server.url + "/api/v1/runs/drop", timeout=10).status_code == 404
+        assert runs(server.url) == ["keep"]
+    storage = open_storage(database)
+    try:  # nothing of the deleted run is left in any table
+        assert storage.count("drop") == 0 and storage.keys("drop") == [] and storage.file("drop", "trace.perfetto-trace") is None
+        assert storage.curve("drop", "Loss/value")["seq"].size == 0 and storage.last_values(["drop"]) == {}
+    finally:
+        storage.close()

@@ -147,3 +147,34 @@ def test_a_run_streaming_to_the_server_sends_its_trace_when_it_ends(tmp_path):
         assert answer.json()["timelines"]["learner"]["cycles"] == 20
         trace = requests.get(server.url + "/api/v1/runs/live/trace", headers=AUTH, timeout=30).content
         assert trace == (tmp_path / "live" / "trace.perfetto-trace").read_bytes()
+
+
+def test_a_run_is_tagged_noted_and_deleted_from_its_page(run_dir, tmp_path):
+    from browser import Browser
+
+    with IngestServer(str(tmp_path / "edits.sqlite3"), token=TOKEN) as server:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env["MOTRIX_METRICS_TOKEN"] = TOKEN
+        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], check=True, timeout=120, env=env)
+        browser = Browser()
+        try:
+            browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
+            browser.wait_for("document.querySelector('#tags') !== null")
+            browser.eval("document.querySelector('#tags').value = 'baseline, pendulum'; document.querySelector('#note').value = 'the reference';"
+                         "document.querySelector('#save-edits').click()")  # fmt: skip
+            assert browser.wait_for("document.querySelector('#edit-status').textContent") == "saved"
+            run = requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).json()["run"]
+            assert run["tags"] == ["baseline", "pendulum"] and run["note"] == "the reference"
+            browser.goto(f"{server.url}/")
+            tags = browser.wait_for("document.querySelector('#runs a.tag') && [...document.querySelectorAll('#runs a.tag')].map(a => a.textContent)")
+            assert tags == ["baseline", "pendulum"]
+            browser.goto(f"{server.url}/runs/traced")
+            browser.wait_for("document.querySelector('#delete-run') !== null")
+            browser.eval("window.confirm = () => false; document.querySelector('#delete-run').click()")  # asked, and declined
+            time.sleep(0.5)
+            assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 200
+            browser.eval("window.confirm = () => true; document.querySelector('#delete-run').click()")
+            assert browser.wait_for("location.pathname === '/' && document.querySelector('#runs tbody td.muted') !== null")
+            assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 404
+        finally:
+            browser.close()

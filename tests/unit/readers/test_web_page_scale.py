@@ -125,3 +125,37 @@ def test_a_token_link_pasted_into_an_open_tab_signs_it_in(site):
     browser.eval(f"location.hash = 'token={TOKEN}'")
     assert browser.wait_for("document.querySelectorAll('#runs tbody tr[data-run-id]').length", 20) == len(RUNS) + 1
     assert browser.eval("location.hash") == ""
+
+
+def test_thousands_of_runs_are_read_a_page_at_a_time_newest_first(tmp_path):
+    """2,500 runs: the page shows the newest 100 at once and pages back through the others; the API's listing is one query."""
+    from otel_rl.readers.server.backends import open_storage
+    from otel_rl.readers.server.storage import Row
+
+    location = tmp_path / "many.sqlite3"
+    storage = open_storage(location)
+    rows = []
+    for r in range(2500):
+        record = {"run_id": f"run-{r:05d}", "writer": f"w{r}", "seq": 1, "ts": 1.7e9 + r, "kind": "run", "status": "finished",
+                  "project": f"p{r % 3}", "group": None, "meta": {}}  # fmt: skip
+        rows.append(Row.of(record, __import__("json").dumps(record)))
+    for start in range(0, len(rows), 500):
+        storage.ingest(rows[start : start + 500], now=1.7e9 + start)
+    storage.close()
+    with IngestServer(location) as server:
+        browser = Browser()
+        try:
+            browser.goto(f"{server.url}/")
+            first = browser.wait_for("document.querySelectorAll('#runs tbody tr[data-run-id]').length === 100 && "
+                                     "[...document.querySelectorAll('#runs tbody tr[data-run-id]')].map(r => r.dataset.runId)")  # fmt: skip
+            assert first[0] == "run-02499" and set(first) == {f"run-{r:05d}" for r in range(2400, 2500)}
+            assert browser.eval("[...document.querySelectorAll('#filter-project option')].map(o => o.value)") == ["", "p0", "p1", "p2"]
+            browser.eval("document.querySelector('#older').click()")
+            second = browser.wait_for("new URLSearchParams(location.search).get('after') === 'run-02400' && "
+                                      "document.querySelector('#runs tbody tr[data-run-id]').dataset.runId === 'run-02399' && "
+                                      "[...document.querySelectorAll('#runs tbody tr[data-run-id]')].map(r => r.dataset.runId)")  # fmt: skip
+            assert set(second) == {f"run-{r:05d}" for r in range(2300, 2400)}
+            browser.eval("document.querySelector('#newest').click()")
+            assert browser.wait_for("document.querySelector('#runs tbody tr[data-run-id]').dataset.runId === 'run-02499' && !location.search.includes('after')")
+        finally:
+            browser.close()

@@ -149,32 +149,33 @@ function runsView() {
   const compare = el("button", { id: "compare", disabled: true, onclick: () => {
     location.href = "/compare?runs=" + [...selected].map(encodeURIComponent).join(",");
   } }, "Compare selected");
-  app(filters, el("div", { class: "actions" }, compare), table);
+  const pager = el("span", { id: "pager", class: "muted" });
+  app(filters, el("div", { class: "actions" }, compare, " ", pager), table);
 
   function control(name, label, options) {
     const current = params().get(name) || "";
-    const select = el("select", { id: "filter-" + name, onchange: () => { setParams({ [name]: select.value }); refresh(); } },
+    const select = el("select", { id: "filter-" + name, onchange: () => { setParams({ [name]: select.value, after: "" }); refresh(); } },
       el("option", { value: "" }, "all " + label), options.map((o) => el("option", { value: o, selected: o === current }, o)));
     return select;
   }
 
-  let everything = [];
   async function refresh() {
     const query = params();
     const summaries = summaryColumns(query.get("sum"));
-    const filtered = new URLSearchParams({ limit: "1000" });
-    for (const name of ["project", "group", "status", "q"]) if (query.get(name)) filtered.set(name, query.get(name));
+    // A page of the newest runs (the filters' and the sort's), then older ones page by page: a team's thousands stay quick.
+    const filtered = new URLSearchParams({ limit: String(RUNS_PER_PAGE), order: "newest" });
+    for (const name of ["project", "group", "status", "q", "tag", "after"]) if (query.get(name)) filtered.set(name, query.get(name));
     for (const key of new Set(summaries.map((s) => s.key))) filtered.append("summary", key);
-    // The unfiltered list fills the filters' choices; without a filter it is the list shown, asked for once.
-    const everyRun = api("/api/v1/runs?limit=1000");
-    const [all, shown] = await Promise.all([everyRun, filtered.size > 1 ? api("/api/v1/runs?" + filtered) : everyRun]);
-    everything = all.runs;
-    const distinct = (field) => [...new Set(everything.map((r) => r[field]).filter(Boolean))].sort();
-    const configKeys = [...new Set(everything.flatMap((r) => Object.keys(flatten(r.started && r.started.config))))].sort();
+    const [facets, shown] = await Promise.all([api("/api/v1/facets"), api("/api/v1/runs?" + filtered)]);
+    const distinct = (field) => facets[field] || [];
+    const configKeys = [...new Set(shown.runs.flatMap((r) => Object.keys(flatten(r.started && r.started.config))))].sort();
+    pager.replaceChildren(query.get("after") ? el("button", { id: "newest", onclick: () => { setParams({ after: "" }); refresh(); } }, "← newest") : "",
+      " " + shown.runs.length + " runs" + (query.get("after") ? " (older)" : "") + " ",
+      shown.next ? el("button", { id: "older", onclick: () => { setParams({ after: shown.next }); refresh(); } }, "older →") : "");
     const columns = (query.get("cols") || "").split(",").filter((c) => configKeys.includes(c));
     if (!filters.childElementCount || filters.dataset.known !== JSON.stringify([distinct("project"), distinct("group"), configKeys])) {
       const search = el("input", { id: "filter-q", type: "search", placeholder: "search runs", value: query.get("q") || "",
-        oninput: () => { setParams({ q: search.value }); refresh(); } });
+        oninput: () => { setParams({ q: search.value, after: "" }); refresh(); } });
       const picker = el("select", { id: "columns", multiple: true, size: 3, title: "configuration columns",
         onchange: () => { setParams({ cols: [...picker.selectedOptions].map((o) => o.value).join(",") }); refresh(); } },
         configKeys.map((k) => el("option", { value: k, selected: columns.includes(k) }, k)));
@@ -192,7 +193,8 @@ function runsView() {
       label + (sort === name ? " ▲" : sort === "-" + name ? " ▼" : ""));
     const head = el("tr", {}, el("th", {}, ""), [["status", "status"], ["run_id", "run"], ["project", "project"], ["group", "group"],
       ["created", "started"], ["duration", "duration"], ["last_seen", "last seen"], ["env_steps", "env steps"]].map(([n, l]) => header(n, l)),
-      el("th", {}, "progress"), summaries.map((s) => header("sum:" + s.name, s.name, "summary")),
+      el("th", {}, "progress"), el("th", {}, "tags" + (query.get("tag") ? " (" + query.get("tag") + ")" : "")),
+      summaries.map((s) => header("sum:" + s.name, s.name, "summary")),
       columns.map((c) => header("config:" + c, c, "config")));
     const runs = sorted(shown.runs, sort);
     const rows = runs.map((run) => {
@@ -212,10 +214,11 @@ function runsView() {
         el("td", { title: when(run.last_seen) }, ago(run.last_seen)), el("td", { class: "num" }, number(run.env_steps)),
         el("td", {}, fraction === null ? "-" : el("span", { class: "progress", title: Math.round(100 * fraction) + "%" },
           el("span", { style: "width:" + (100 * fraction).toFixed(1) + "%" }))),
+        el("td", { class: "tags" }, (run.tags || []).map((t) => el("a", { class: "tag", href: "?tag=" + encodeURIComponent(t), title: "runs tagged " + t }, t))),
         summaries.map((s) => el("td", { class: "num summary" }, number(summaryValue(run, s)))),
         columns.map((c) => el("td", { class: "config" }, c in config ? String(config[c]) : "-")));
     });
-    table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 10, class: "muted" }, "No run matches."))));
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 11, class: "muted" }, "No run matches."))));
     compare.disabled = selected.size < 2;
   }
   live(refresh);
@@ -346,6 +349,7 @@ function family(key) {
 const KEYS_PER_REQUEST = 50; // the server's bound on keys per curves request
 const EVENTS_SHOWN = 500; // the newest events a run page reads (list and chart marks); the total is shown
 const MAX_COMPARED = 20;
+const RUNS_PER_PAGE = 100; // the runs page reads a page at a time: sorting sorts the page shown
 
 // A run's API, with the run id as a parameter: a run named "." or ".." has no path of its own.
 function runApi(runId, what = "", query = {}) {
@@ -431,7 +435,8 @@ function runView(runId) {
   const details = el("section", { id: "details", class: "details" });
   const ranks = el("section", { id: "ranks", class: "details" });
   const diagnosis = el("section", { id: "diagnosis", class: "diagnosis" });
-  app(header, controls, diagnosis, ranks, charts, details);
+  const editor = el("section", { id: "editor", class: "editor" });
+  app(header, editor, controls, diagnosis, ranks, charts, details);
   const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); refresh(); } },
     Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
   const smoothingValue = el("output", { id: "smoothing-value" }, params().get("smooth") || "0");
@@ -452,6 +457,7 @@ function runView(runId) {
     const [info, keyList] = await Promise.all([runApi(runId, "", { events: EVENTS_SHOWN }), runApi(runId, "/keys")]);
     const run = info.run;
     const started = run.started || {};
+    if (!editor.dataset.shown) runEditor(editor, runId, run);
     header.replaceChildren(el("h1", {}, runId, " ", badge(run.status, run.reason)),
       run.reason ? el("p", { id: "reason", class: "reason" }, run.reason) : "",
       el("p", { class: "muted" }, [run.project && "project " + run.project, run.group && "group " + run.group,
@@ -492,6 +498,33 @@ function runView(runId) {
     stackedPerf(stacks, curves, charts, stackHolders, x);
   }
   live(refresh);
+}
+
+// -- what a team writes on a run ---------------------------------------------------------
+
+// The run's tags and note, saved with the button; and deleting the run, once asked to confirm.
+function runEditor(section, runId, run) {
+  section.dataset.shown = "1";
+  const tags = el("input", { id: "tags", type: "text", size: 40, value: (run.tags || []).join(", "), placeholder: "tags, comma-separated" });
+  const note = el("textarea", { id: "note", rows: 2, cols: 60, placeholder: "a note on this run" }, run.note || "");
+  const said = el("span", { id: "edit-status", class: "muted" });
+  const save = el("button", { id: "save-edits", onclick: async () => {
+    const body = { tags: tags.value.split(",").map((t) => t.trim()).filter(Boolean), note: note.value };
+    said.textContent = await send("PATCH", runId, body).then(() => "saved", (e) => e.message);
+  } }, "save");
+  const remove = el("button", { id: "delete-run", class: "danger", onclick: async () => {
+    if (!confirm(`Delete run ${runId} and everything stored of it? This cannot be undone.`)) return;
+    await send("DELETE", runId).then(() => { location.href = "/"; }, (e) => { said.textContent = e.message; });
+  } }, "delete run");
+  section.replaceChildren(el("label", {}, "tags ", tags), " ", save, " ", remove, " ", said, el("div", {}, note));
+}
+
+async function send(method, runId, body) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const headers = { "Content-Type": "application/json", ...(token ? { Authorization: "Bearer " + token } : {}) };
+  const response = await fetch("/api/v1/run?" + new URLSearchParams({ run_id: runId }), { method, headers, body: body ? JSON.stringify(body) : undefined });
+  if (!response.ok) throw new Error((await response.json().catch(() => ({}))).error || response.statusText);
+  return response.json();
 }
 
 // -- what otel-rl analyze says of the run's trace ----------------------------------------
