@@ -138,7 +138,13 @@ def test_two_runs_compared_overlay_their_curves_and_show_the_configuration_diffe
     differs = browser.wait_for("[...document.querySelectorAll('#config-diff tr.differs')].map(r => r.dataset.setting)")
     same = browser.eval("[...document.querySelectorAll('#config-diff tr.same')].map(r => r.dataset.setting)")
     assert differs == ["lr"] and {"batch_size", "env.id"} <= set(same)
+    holder = "document.querySelector('[data-key=\"Train/mean_reward\"]')"
+    assert browser.eval(f"{holder}.dataset.marks") == "2"  # each run's checkpoint event, on its own curve
     browser.screenshot(tmp_path / "compare.png")
+    # The x axis and smoothing, as on a run's page (and in the address).
+    signed_in(server, browser, "/compare?runs=sac-lr-3e-4,sac-lr-1e-2&x=ts&smooth=0.5")
+    assert browser.wait_for(f"window.otelRl.charts['Train/mean_reward'] > 0 && {holder}._plot.scales.x.time")
+    assert browser.eval("document.querySelector('#smoothing-value').textContent") == "0.5"
 
 
 def test_without_the_token_the_page_asks_for_it_and_shows_no_run(site):

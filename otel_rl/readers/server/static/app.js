@@ -678,9 +678,18 @@ function compareView() {
   const charts = el("section", { id: "charts" });
   const diff = el("section", { id: "diff" });
   const verdicts = el("section", { id: "verdicts", class: "diagnosis" });
-  app(note, verdicts, diff, charts);
+  const controls = el("div", { class: "controls" });
+  app(note, verdicts, diff, controls, charts);
+  const redraw = () => { round += 1; draw(true).catch(() => {}); };
+  const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); redraw(); } },
+    Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
+  const smoothingValue = el("output", { id: "smoothing-value" }, params().get("smooth") || "0");
+  const smoothing = el("input", { id: "smoothing", type: "range", min: 0, max: 0.99, step: 0.01, value: params().get("smooth") || 0,
+    oninput: () => { smoothingValue.textContent = smoothing.value; setParams({ smooth: smoothing.value === "0" ? "" : smoothing.value }); redraw(); } });
+  controls.append(el("label", {}, "x axis ", axis), el("label", {}, " smoothing ", smoothing, " ", smoothingValue));
   const view = visibility(() => draw(false).catch(() => {}));
   const board = chartHolders(charts, view);
+  let eventsOf = new Map(); // run id -> its newest events (the marks on its curves)
   let keysOf = new Map(); // run id -> its keys (runs found only)
   let keys = [];
   const drawnAt = new Map();
@@ -688,9 +697,10 @@ function compareView() {
 
   async function refresh() {
     // A run that cannot be read (a wrong id, a deleted run) is marked; the others are compared all the same.
-    const [infos, keyLists] = await Promise.all([settled(ids.map((id) => runApi(id, "", { events: 0 }))),
+    const [infos, keyLists] = await Promise.all([settled(ids.map((id) => runApi(id, "", { events: EVENTS_SHOWN }))),
       settled(ids.map((id) => runApi(id, "/keys")))]);
     keysOf = new Map(ids.flatMap((id, i) => (infos[i].ok && keyLists[i].ok ? [[id, new Set(keyLists[i].value.keys)]] : [])));
+    eventsOf = new Map(ids.flatMap((id, i) => (infos[i].ok ? [[id, infos[i].value.events]] : [])));
     keys = [...new Set([...keysOf.values()].flatMap((k) => [...k]))].sort();
     board.place(keys, false);
     round += 1;
@@ -717,10 +727,16 @@ function compareView() {
     const thisRound = round;
     wanted.forEach((k) => drawnAt.set(k, thisRound));
     const found = [...keysOf.keys()];
-    const answers = await settled(found.map((id) => fetchCurves(id, wanted.filter((k) => keysOf.get(id).has(k)), "env_steps")));
+    const x = params().get("x") || "env_steps";
+    const weight = Number(params().get("smooth") || 0);
+    const answers = await settled(found.map((id) => fetchCurves(id, wanted.filter((k) => keysOf.get(id).has(k)), x)));
     for (const key of wanted) {
-      const tables = answers.map((a) => (a.ok && a.value.has(key) ? [a.value.get(key).x, a.value.get(key).y] : [[], []]));
-      chart(board.holders.get(key), key, uPlot.join(tables), found, [], false);
+      const curves = answers.map((a) => (a.ok && a.value.has(key) ? a.value.get(key) : null));
+      const tables = curves.map((c) => (c ? [c.x, smooth(c.y, weight)] : [[], []]));
+      // Every run's events, each at its own curve's x: where a checkpoint or a restart fell in each.
+      const marks = curves.flatMap((c, i) => (c ? eventXs(eventsOf.get(found[i]) || [], c, x) : []));
+      chart(board.holders.get(key), key, uPlot.join(tables), found, marks, false, x);
+      board.holders.get(key).dataset.marks = String(marks.length);
     }
   }
   live(refresh);
