@@ -159,3 +159,30 @@ def test_thousands_of_runs_are_read_a_page_at_a_time_newest_first(tmp_path):
             assert browser.wait_for("document.querySelector('#runs tbody tr[data-run-id]').dataset.runId === 'run-02499' && !location.search.includes('after')")
         finally:
             browser.close()
+
+
+def test_a_distribution_is_one_band_chart(tmp_path):
+    """tel.distribution() of a real run: one chart with min-max and p05-p95 bands around the mean, not nine line charts."""
+    import numpy as np
+
+    import otel_rl
+
+    with IngestServer(tmp_path / "bands.sqlite3") as server:
+        tel = otel_rl.init(run_id="bands", motrix_url=server.url, system_metrics_interval_s=0, quiet=True)
+        rng = np.random.default_rng(0)
+        with tel.run():
+            for i in range(40):
+                with tel.iteration(i, env_steps=8 * (i + 1)):
+                    tel.distribution("Policy/action", rng.normal(i / 10, 1.0, 256))
+        tel.close()
+        browser = Browser()
+        try:
+            browser.goto(f"{server.url}/runs/bands")
+            assert browser.wait_for("window.otelRl.charts['dist:Policy/action'] > 0")
+            holder = "document.querySelector('[data-key=\"dist:Policy/action\"]')"
+            assert browser.eval(f"{holder}.dataset.series") == "5" and browser.eval(f"{holder}._plot.bands.length") == 2
+            assert browser.eval("[...document.querySelectorAll('[data-key^=\"Policy/action/\"]')].length") == 0
+            means = browser.eval(f"{holder}._plot.data[3]")
+            assert len(means) == 40 and means[-1] > means[0]  # the mean drifts up as the loop made it
+        finally:
+            browser.close()

@@ -285,7 +285,12 @@ function chart(holder, key, data, labels, marks, stacked, x = "env_steps", style
   const series = [{}, ...labels.map((label, i) => ({ label, stroke: color(i) + (raw.has(i) ? "40" : ""), width: raw.has(i) ? 1 : 1.5,
     fill: stacked ? color(i) + "55" : undefined, spanGaps: true }))];
   if (style.log) data = [data[0], ...data.slice(1).map((ys) => ys.map((v) => (v > 0 ? v : null)))]; // a log axis shows positive values
+  if (style.band) { // min, p05, mean, p95, max: two bands around the mean line
+    series.forEach((s, i) => { if (i && i !== 3) { s.stroke = COLORS[0] + (i === 1 || i === 5 ? "30" : "70"); s.width = 1; } });
+    series[3].stroke = COLORS[0];
+  }
   const options = { width, height: 200, series, legend: { live: false },
+    bands: style.band ? [{ series: [5, 1], fill: COLORS[0] + "14" }, { series: [4, 2], fill: COLORS[0] + "33" }] : undefined,
     scales: { x: { time: x === "ts" }, y: style.log ? { distr: 3 } : {} },
     axes: [{ values: x === "ts" ? undefined : (u, splits) => splits.map((v) => si(v)) },
       { size: 56, values: (u, splits) => splits.map((v) => si(v, style.unit)) }],
@@ -341,7 +346,24 @@ function eventXs(events, curve, axis) {
 }
 
 function family(key) {
-  return key.includes("/") ? key.split("/")[0] + "/" : "other";
+  const name = key.startsWith("dist:") ? key.slice(5) : key;
+  return name.includes("/") ? name.split("/")[0] + "/" : "other";
+}
+
+const BAND = ["min", "p05", "mean", "p95", "max"];
+
+// tel.distribution()'s keys ("Policy/action/p05", ...) as one band chart each ("dist:Policy/action"): min-max, p05-p95 and the mean.
+function distributions(keys) {
+  const stats = new Map();
+  for (const key of keys) {
+    const match = /^(.*)\/(min|mean|max|std|p05|p25|p50|p75|p95)$/.exec(key);
+    if (match) (stats.get(match[1]) || stats.set(match[1], new Set()).get(match[1])).add(match[2]);
+  }
+  const members = new Map();
+  for (const [base, found] of stats) if (BAND.every((s) => found.has(s))) members.set("dist:" + base, BAND.map((s) => base + "/" + s));
+  const bases = new Set([...members.keys()].map((k) => k.slice(5)));
+  const charts = keys.filter((k) => !bases.has(k.slice(0, k.lastIndexOf("/"))) || !/\/(min|mean|max|std|p05|p25|p50|p75|p95)$/.test(k));
+  return { keys: [...charts, ...members.keys()].sort((a, b) => family(a).localeCompare(family(b)) || a.localeCompare(b)), members };
 }
 
 // -- reading a run -----------------------------------------------------------------------
@@ -416,7 +438,9 @@ function chartHolders(charts, view) {
           parent = sections.get(name).lastChild;
         }
         const unit = this.units[key];
-        const holder = el("div", { class: "chart", "data-key": key }, el("h3", {}, key, unit ? el("span", { class: "unit" }, " (" + (UNIT_NAMES[unit] || unit) + ")") : ""));
+        const title = key.startsWith("dist:") ? key.slice(5) : key;
+        const holder = el("div", { class: "chart", "data-key": key }, el("h3", {}, title, unit ? el("span", { class: "unit" }, " (" + (UNIT_NAMES[unit] || unit) + ")") : "",
+          key.startsWith("dist:") ? el("span", { class: "unit" }, " min–max, p05–p95, mean") : ""));
         holders.set(key, holder);
         parent.append(holder);
         view.observe(holder);
@@ -450,6 +474,7 @@ function runView(runId) {
   const stackHolders = new Map();
   const drawnAt = new Map(); // key -> the refresh it was last drawn in
   let keys = [];
+  let members = new Map(); // "dist:<key>" -> its min, p05, mean, p95 and max keys
   let events = [];
   let round = 0;
 
@@ -464,7 +489,9 @@ function runView(runId) {
         "started " + when(run.created), "last seen " + ago(run.last_seen),
         "env steps " + number(run.env_steps) + (started.total_steps ? " of " + number(started.total_steps) : ""),
         keyList.keys.length + " keys"].filter(Boolean).join(" · ")));
-    keys = keyList.keys.filter((k) => !rankKey(k));
+    const shaped = distributions(keyList.keys.filter((k) => !rankKey(k)));
+    keys = shaped.keys;
+    members = shaped.members;
     events = info.events;
     board.units = keyList.units || {};
     board.place(keys);
@@ -480,13 +507,21 @@ function runView(runId) {
     const weight = Number(params().get("smooth") || 0);
     const wanted = keys.filter((k) => view.shown.has(k) && (all || drawnAt.get(k) !== round));
     const stacks = all ? perfLayers(keys) : new Map();
-    const needed = [...new Set([...wanted, ...[...stacks.values()].flat()])];
+    const needed = [...new Set([...wanted.flatMap((k) => members.get(k) || [k]), ...[...stacks.values()].flat()])];
     if (!needed.length) return;
     const thisRound = round;
     wanted.forEach((k) => drawnAt.set(k, thisRound));
     const curves = await fetchCurves(runId, needed, x);
     const log = params().get("log") === "1";
     for (const key of wanted) {
+      if (members.has(key)) {
+        const band = members.get(key).map((k) => curves.get(k));
+        if (band.every(Boolean)) {
+          chart(board.holders.get(key), key, uPlot.join(band.map((c) => [c.x, c.y])), BAND, eventXs(events, band[2], x), false, x,
+            { unit: board.units[members.get(key)[2]], log, band: true });
+        }
+        continue;
+      }
       const c = curves.get(key);
       if (!c) continue;
       const style = { unit: board.units[key], log };
