@@ -169,7 +169,11 @@ def test_a_run_is_tagged_noted_and_deleted_from_its_page(run_dir, tmp_path):
             tags = browser.wait_for("document.querySelector('#runs a.tag') && [...document.querySelectorAll('#runs a.tag')].map(a => a.textContent)")
             assert tags == ["baseline", "pendulum"]
             browser.goto(f"{server.url}/runs/traced")
-            browser.wait_for("document.querySelector('#delete-run') !== null")
+            browser.wait_for("document.querySelector('#export-csv') !== null")
+            browser.eval("document.querySelector('#export-csv').click()")
+            got = browser.wait_for("window.otelRl.downloaded && window.otelRl.downloaded.name === 'traced.csv' && window.otelRl.downloaded.bytes")
+            csv = requests.get(server.url + "/api/v1/runs/traced/export", params={"format": "csv"}, headers=AUTH, timeout=10).content
+            assert got == len(csv) and csv.startswith(b"seq,ts,step,env_steps,")
             browser.eval("window.confirm = () => false; document.querySelector('#delete-run').click()")  # asked, and declined
             time.sleep(0.5)
             assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 200

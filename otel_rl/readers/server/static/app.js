@@ -551,7 +551,24 @@ function runEditor(section, runId, run) {
     if (!confirm(`Delete run ${runId} and everything stored of it? This cannot be undone.`)) return;
     await send("DELETE", runId).then(() => { location.href = "/"; }, (e) => { said.textContent = e.message; });
   } }, "delete run");
-  section.replaceChildren(el("label", {}, "tags ", tags), " ", save, " ", remove, " ", said, el("div", {}, note));
+  const exports = ["csv", "parquet"].map((format) => el("button", { id: "export-" + format, onclick: () =>
+    download("/api/v1/run/export?" + new URLSearchParams({ run_id: runId, format }), runId + "." + format).catch((e) => { said.textContent = e.message; }) },
+    "download " + format.toUpperCase()));
+  section.replaceChildren(el("label", {}, "tags ", tags), " ", save, " ", remove, " ", ...exports, " ", said, el("div", {}, note));
+}
+
+// A file from the API (it needs the token, which a plain link cannot send), handed to the browser to save.
+async function download(path, name) {
+  const token = sessionStorage.getItem(TOKEN_KEY);
+  const response = await fetch(path, { headers: token ? { Authorization: "Bearer " + token } : {} });
+  if (!response.ok) throw new Error(name + " cannot be read: " + response.status);
+  const file = await response.blob();
+  const link = el("a", { href: URL.createObjectURL(file), download: name });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  window.otelRl.downloaded = { name, bytes: file.size };
+  return file.size;
 }
 
 async function send(method, runId, body) {
@@ -590,18 +607,9 @@ async function diagnosisPanel(section, runId) {
     el("div", { class: "timelines" }, tables), download);
 }
 
-// The trace through the API (it needs the token, which a plain link cannot send), saved as a file.
+// The trace, saved as a file for ui.perfetto.dev.
 async function downloadTrace(runId) {
-  const token = sessionStorage.getItem(TOKEN_KEY);
-  const response = await fetch("/api/v1/run/trace?" + new URLSearchParams({ run_id: runId }),
-    { headers: token ? { Authorization: "Bearer " + token } : {} });
-  if (!response.ok) throw new Error("the trace cannot be read: " + response.status);
-  const trace = await response.blob();
-  const link = el("a", { href: URL.createObjectURL(trace), download: runId + ".perfetto-trace" });
-  document.body.append(link);
-  link.click();
-  link.remove();
-  window.otelRl.traceBytes = trace.size; // what was handed to the browser, for a check
+  window.otelRl.traceBytes = await download("/api/v1/run/trace?" + new URLSearchParams({ run_id: runId }), runId + ".perfetto-trace");
 }
 
 // -- the ranks of a job ------------------------------------------------------------------
