@@ -1,7 +1,9 @@
 """PostgreSQL storage for the ingest server (``otel-rl serve --db postgresql://...``), for teams.
 
 The same tables and rules as :class:`otel_rl.readers.server.sqlite.SqliteStorage`,
-through psycopg 3: record bodies are ``jsonb``; a batch is inserted with one
+through psycopg 3: record bodies are ``json`` (kept as the checked text
+they came as: cheaper to store than ``jsonb``, which a database made before
+keeps); a batch is inserted with one
 statement over arrays (``unnest``), de-duplicated by ``ON CONFLICT DO
 NOTHING``, in one transaction with its run updates. A lost connection is
 reopened on the next call; while the database is unreachable or read-only,
@@ -37,7 +39,7 @@ CREATE TABLE IF NOT EXISTS records (
     run_id TEXT NOT NULL,
     kind TEXT NOT NULL,
     ts DOUBLE PRECISION NOT NULL,
-    body JSONB NOT NULL,
+    body JSON NOT NULL,
     PRIMARY KEY (writer, seq)
 );
 CREATE INDEX IF NOT EXISTS records_run ON records (run_id, kind, ts);
@@ -123,7 +125,7 @@ _BACKFILL_STEPS = (
 
 _INSERT_RECORDS = (
     "INSERT INTO records (writer, seq, run_id, kind, ts, body)"
-    " SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], %b::text[], %b::float8[], %b::jsonb[])"  # %b: arrays sent in binary, not escaped element by element
+    " SELECT * FROM unnest(%b::text[], %b::bigint[], %b::text[], %b::text[], %b::float8[], %b::{body}[])"  # %b: arrays sent in binary, not escaped element by element
     " ON CONFLICT DO NOTHING RETURNING writer, seq"
 )
 _TOUCH_RUNS = (
@@ -169,6 +171,9 @@ class PostgresStorage:
                 self._backfill(conn)
         except (psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege):
             pass  # a read-only database still serves reads; health() says why writes fail
+        # A database made before keeps its jsonb bodies: a batch is cast to what the column is.
+        body = conn.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'records' AND column_name = 'body'").fetchone()
+        self._insert_records = _INSERT_RECORDS.replace("{body}", body[0] if body and body[0] in ("json", "jsonb") else "json")
 
     @staticmethod
     def _backfill(conn: Any) -> None:
@@ -210,7 +215,7 @@ class PostgresStorage:
             conn = self._connection()
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.execute(
-                    _INSERT_RECORDS,
+                    self._insert_records,
                     (
                         [r.writer for r in rows],
                         [r.seq for r in rows],
@@ -322,7 +327,7 @@ class PostgresStorage:
         rows = self._query(
             "SELECT (body->>'step')::bigint, (body->'axes'->>'env_steps')::bigint, (body->'axes'->>'iteration')::bigint,"
             " (body->'values'->>%s)::float8, ts FROM records"
-            " WHERE run_id = %s AND kind = 'scalars' AND body->'values' ? %s ORDER BY ts, seq",
+            " WHERE run_id = %s AND kind = 'scalars' AND body->'values'->%s IS NOT NULL ORDER BY ts, seq",
             (key, run_id, key),
         )
         return [dict(zip(("step", "env_steps", "iteration", "value", "ts"), r, strict=True)) for r in rows]

@@ -196,3 +196,21 @@ def test_runs_are_tagged_noted_and_deleted_with_everything_stored_of_them(databa
         assert storage.curve("drop", "Loss/value")["seq"].size == 0 and storage.last_values(["drop"]) == {}
     finally:
         storage.close()
+
+
+def test_a_postgresql_database_made_with_jsonb_bodies_keeps_them(postgres):
+    """New databases keep bodies as json (cheaper to store); one made before, with jsonb, is written and read as it is."""
+    import psycopg
+
+    url = postgres.database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE records (writer TEXT NOT NULL, seq BIGINT NOT NULL, run_id TEXT NOT NULL, kind TEXT NOT NULL,"
+                     " ts DOUBLE PRECISION NOT NULL, body JSONB NOT NULL, PRIMARY KEY (writer, seq))")  # fmt: skip
+    with IngestServer(url) as server:
+        post(server.url, a_run("old", "running", "p", "g", 1))
+        post(server.url, [{"run_id": "old", "writer": "old:1", "seq": 10 + i, "ts": 1.8e9 + i, "kind": "scalars", "step": i,
+                           "axes": {"env_steps": i}, "values": {"Loss/value": float(i)}} for i in range(5)])  # fmt: skip
+        points = requests.get(server.url + "/api/v1/runs/old/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"]
+        assert [p["value"] for p in points] == [0.0, 1.0, 2.0, 3.0, 4.0]
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'records' AND column_name = 'body'").fetchone() == ("jsonb",)
