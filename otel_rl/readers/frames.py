@@ -21,6 +21,7 @@ import orjson
 import pandas as pd
 
 from otel_rl.run import files
+from otel_rl.run.jsonl import read_records
 
 AXES = ("env_steps", "step", "ts")
 """What ``scalars(x=...)`` may index by: env steps, the logging step, or the time (Unix seconds)."""
@@ -53,15 +54,8 @@ def run_folders(source: str | os.PathLike[str]) -> list[Path]:
 
 
 def records(folder: Path) -> Iterator[dict[str, Any]]:
-    """The records of a run folder's ``metrics.jsonl`` (a line cut short by a crash is skipped)."""
-    with open(folder / files.JSONL_FILE, "rb") as lines:
-        for line in lines:
-            try:
-                record = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(record, dict):
-                yield record
+    """The records of a run folder's ``metrics.jsonl`` (a line cut short by a crash is skipped, with a warning)."""
+    return read_records(folder / files.JSONL_FILE)
 
 
 def folder_scalars(folder: Path) -> pd.DataFrame:

@@ -15,11 +15,10 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import orjson
-
 from otel_rl.readers.analysis import analyze, trace_files
 from otel_rl.readers.analysis.merge import merge_parts
 from otel_rl.run import files
+from otel_rl.run.jsonl import read_records
 
 
 class UploadError(RuntimeError):
@@ -29,17 +28,9 @@ class UploadError(RuntimeError):
 def run_id_of(run_dir: Path) -> str | None:
     """The run id the folder's ``metrics.jsonl`` records carry."""
     try:
-        with open(run_dir / files.JSONL_FILE, "rb") as lines:
-            for line in lines:
-                try:
-                    record = orjson.loads(line)
-                except orjson.JSONDecodeError:
-                    continue
-                if isinstance(record, dict) and isinstance(record.get("run_id"), str):
-                    return record["run_id"]
+        return next((r["run_id"] for r in read_records(run_dir / files.JSONL_FILE) if isinstance(r.get("run_id"), str)), None)
     except OSError:
         return None
-    return None
 
 
 def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0) -> tuple[int, str] | None:

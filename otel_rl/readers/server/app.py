@@ -20,6 +20,7 @@ from aiohttp import web
 from otel_rl.formats import schema
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.readers.server import export, queries, summaries
+from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.decoding import decoded_rows, decompress, exit_with, prepare, refusals, unpickled
 from otel_rl.readers.server.run_edits import RunEdits
 from otel_rl.readers.server.run_files import RunFiles
@@ -57,18 +58,6 @@ class Limits:
     """Bodies arriving at once (each at most ``max_body_bytes``); past it, 503."""
 
 
-def _run_id(request: web.Request) -> str:
-    """The run a read request names: in its path, else its ``run_id`` parameter."""
-    return request.match_info.get("run_id") or request.query.get("run_id", "")
-
-
-def _error(status: int, message: str, field: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
-    body: dict[str, Any] = {"error": message}
-    if field is not None:
-        body["field"] = field
-    return web.json_response(body, status=status, headers=headers)
-
-
 def _unit(key: str) -> str:
     try:
         unit = schema.metric_spec(key).unit
@@ -77,13 +66,8 @@ def _unit(key: str) -> str:
     return "" if unit in ("1", "") else unit
 
 
-def _file_name(run_id: str) -> str:
-    """A run id as a download's file name (no path separators, quotes or control characters)."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:120].strip(".") or "run"
-
-
 def _unavailable(message: str) -> web.Response:
-    return _error(503, message, headers={"Retry-After": str(RETRY_AFTER_S)})
+    return error(503, message, headers={"Retry-After": str(RETRY_AFTER_S)})
 
 
 async def _each(batches: list[list[Row]] | AsyncIterator[list[Row]]) -> AsyncIterator[list[Row]]:
@@ -148,7 +132,7 @@ class Handlers:
         if self.expected is not None and request.path.startswith("/api/"):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, self.expected):
-                return _error(401, "missing or wrong bearer token")
+                return error(401, "missing or wrong bearer token")
         try:
             return await handler(request)
         except StorageUnavailable as exc:  # a query the database cannot answer now
@@ -183,9 +167,9 @@ class Handlers:
         try:
             body = await asyncio.wait_for(request.read(), limits.read_timeout_s)
         except web.HTTPRequestEntityTooLarge:
-            return _error(413, f"body larger than {limits.max_body_bytes} bytes")
+            return error(413, f"body larger than {limits.max_body_bytes} bytes")
         except asyncio.TimeoutError:
-            response = _error(408, f"the body did not arrive within {limits.read_timeout_s:.0f} s")
+            response = error(408, f"the body did not arrive within {limits.read_timeout_s:.0f} s")
             response.force_close()
             return response
         finally:
@@ -200,7 +184,7 @@ class Handlers:
 
     async def _ingest(self, encoding: str, body: bytes) -> web.Response:
         if encoding not in ("gzip", "identity"):
-            return _error(400, f"unsupported Content-Encoding {encoding!r}", "Content-Encoding")
+            return error(400, f"unsupported Content-Encoding {encoding!r}", "Content-Encoding")
         limit = self.limits.max_decompressed_bytes
         accepted = duplicates = 0
         rejected: list[dict[str, Any]] = []
@@ -219,11 +203,11 @@ class Handlers:
                     stored = await self.store(rows)
                     accepted, duplicates = accepted + stored[0], duplicates + stored[1]
         except OverflowError:
-            return _error(413, f"decompressed body larger than {limit} bytes")
+            return error(413, f"decompressed body larger than {limit} bytes")
         except zlib.error:
-            return _error(400, "body is not valid gzip", "$")
+            return error(400, "body is not valid gzip", "$")
         except Invalid as exc:
-            return _error(400, exc.message, exc.shown())
+            return error(400, exc.message, exc.shown())
         except StorageUnavailable as exc:
             return _unavailable(f"the database cannot take writes: {exc.reason}")
         answer: dict[str, Any] = {"accepted": accepted, "duplicates": duplicates}
@@ -238,13 +222,13 @@ class Handlers:
             limit = int(request.query.get("limit", "100"))
             only = queries.run_filter(request.query)
         except queries.BadQuery as exc:
-            return _error(400, str(exc), exc.field)
+            return error(400, str(exc), exc.field)
         except ValueError:
-            return _error(400, "limit must be an integer", "limit")
+            return error(400, "limit must be an integer", "limit")
         try:
             keys = summaries.summary_keys(request.query)
         except ValueError as exc:
-            return _error(400, str(exc), "summary")
+            return error(400, str(exc), "summary")
         every = "*" in keys  # the last value of every key (for notebooks): a second query per page
         keys = [key for key in keys if key != "*"]
         after = request.query.get("after") or None
@@ -261,14 +245,14 @@ class Handlers:
         return web.json_response(await self.off_loop(self.database, self.storage.facets))
 
     async def one_run(self, request: web.Request) -> web.Response:
-        run_id = _run_id(request)
+        run_id = run_id_of(request)
         try:
             latest = queries.events_limit(request.query)
         except queries.BadQuery as exc:
-            return _error(400, str(exc), exc.field)
+            return error(400, str(exc), exc.field)
         info = await self.off_loop(self.database, self.storage.run, run_id)
         if info is None:
-            return _error(404, f"no run {run_id!r}")
+            return error(404, f"no run {run_id!r}")
         if latest is None:
             events = await self.off_loop(self.database, self.storage.records, run_id, "event")
             return web.json_response({"run": info, "events": events, "events_total": len(events)})
@@ -277,32 +261,32 @@ class Handlers:
 
     async def keys(self, request: web.Request) -> web.Response:
         """The run's keys, and the unit the schema gives each (``ms``, ``s``, ``By``, ``%``...; none for a plain number)."""
-        keys = await self.off_loop(self.database, self.storage.keys, _run_id(request))
+        keys = await self.off_loop(self.database, self.storage.keys, run_id_of(request))
         return web.json_response({"keys": keys, "units": {key: unit for key in keys if (unit := _unit(key))}})
 
     async def scalars(self, request: web.Request) -> web.Response:
-        run_id = _run_id(request)
+        run_id = run_id_of(request)
         if "max_points" not in request.query and "x" not in request.query and len(request.query.getall("key", [])) == 1:
             key = request.query["key"]  # one key, as stored: every point with its axes
             return web.json_response({"key": key, "points": await self.off_loop(self.database, self.storage.series, run_id, key)})
         try:
             keys, axis, max_points = queries.curve_request(request.query)
         except queries.BadQuery as exc:
-            return _error(400, str(exc), exc.field)
+            return error(400, str(exc), exc.field)
         series = await self.off_loop(self.database, self.curves, run_id, keys, axis, max_points)
         return web.json_response({"x": axis, "max_points": max_points, "series": series})
 
     async def export(self, request: web.Request) -> web.Response:
         """Every point of the run's keys (all, or those named by ``key``), one column per key (:mod:`.export`)."""
-        run_id = _run_id(request)
+        run_id = run_id_of(request)
         try:
             name = export.check_format(request.query.get("format", "json"))
         except export.BadFormat as exc:
-            return _error(400, str(exc), "format")
+            return error(400, str(exc), "format")
         body = await self.off_loop(self.database, self.exported, run_id, request.query.getall("key", []), name)
         if body is None:
-            return _error(404, f"no run {run_id!r}")
-        disposition = {} if name == "json" else {"Content-Disposition": f'attachment; filename="{_file_name(run_id)}.{name}"'}
+            return error(404, f"no run {run_id!r}")
+        disposition = {} if name == "json" else {"Content-Disposition": f'attachment; filename="{file_name(run_id)}.{name}"'}
         return web.Response(body=body, content_type=export.FORMATS[name], headers=disposition)
 
     def exported(self, run_id: str, keys: list[str], name: str) -> bytes | None:

@@ -19,12 +19,14 @@ from typing import Any
 
 from otel_rl.readers.server import summaries
 from otel_rl.readers.server.storage import (
+    FACETS,
     RUN_FIELDS,
     RUN_TABLES,
     KnownKeys,
     Row,
     RunFilter,
     StorageUnavailable,
+    facets_of,
     point_blocks,
     read_blocks,
     run_dict,
@@ -296,9 +298,7 @@ class PostgresStorage:
         return [summaries.attach(run_dict(r), keys, r[len(RUN_FIELDS) :]) for r in rows]
 
     def facets(self) -> dict[str, list[str]]:
-        rows = self._query("SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
-                           " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL")
-        return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group")}
+        return facets_of(self._query(FACETS))
 
     def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
         found: dict[str, dict[str, float]] = {}

@@ -16,6 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
+from otel_rl.readers.server.answers import error, run_id_of
+
 MAX_TAGS = 32
 MAX_TAG = 64
 MAX_NOTE = 10_000
@@ -34,24 +36,24 @@ class RunEdits:
             app.router.add_delete(path, self.delete)
 
     async def annotate(self, request: web.Request) -> web.Response:
-        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        run_id = run_id_of(request)
         body = await request.content.read(MAX_BODY + 1)
         if len(body) > MAX_BODY:
-            return _error(413, f"body larger than {MAX_BODY} bytes")
+            return error(413, f"body larger than {MAX_BODY} bytes")
         try:
             tags, note = _edits(json.loads(body or b"{}"))
         except (ValueError, TypeError) as exc:
-            return _error(400, str(exc), "body")
+            return error(400, str(exc), "body")
         handlers = self.handlers
         if not await handlers.off_loop(handlers.database, handlers.storage.annotate, run_id, tags, note):
-            return _error(404, f"no run {run_id!r}")
+            return error(404, f"no run {run_id!r}")
         return web.json_response(await handlers.off_loop(handlers.database, handlers.storage.run, run_id))
 
     async def delete(self, request: web.Request) -> web.Response:
-        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        run_id = run_id_of(request)
         handlers = self.handlers
         if not await handlers.off_loop(handlers.database, handlers.storage.delete, run_id):
-            return _error(404, f"no run {run_id!r}")
+            return error(404, f"no run {run_id!r}")
         return web.json_response({"deleted": run_id})
 
 
@@ -73,7 +75,3 @@ def _edits(body: Any) -> tuple[list[str] | None, str | None]:
     if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
         raise ValueError(f"note must be a string of at most {MAX_NOTE} characters")
     return tags, note
-
-
-def _error(status: int, message: str, field: str | None = None) -> web.Response:
-    return web.json_response({"error": message, **({"field": field} if field else {})}, status=status)

@@ -24,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from otel_rl.readers.analysis.compare import compare_reports
+from otel_rl.readers.server.answers import error, file_name, run_id_of
 
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_DIAGNOSIS_BYTES = 8 * 1024 * 1024
@@ -70,32 +71,32 @@ class RunFiles:
         app.router.add_get("/api/v1/compare", self.compare)
 
     async def _put(self, request: web.Request, name: str, limit: int, check: Any) -> web.Response:
-        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        run_id = run_id_of(request)
         handlers = self.handlers
         if request.headers.get("Content-Encoding", "identity").lower() not in ("gzip", "identity"):
-            return _error(400, "Content-Encoding must be gzip or identity", "Content-Encoding")
+            return error(400, "Content-Encoding must be gzip or identity", "Content-Encoding")
         try:
             data = await read_bounded(request, limit, handlers.limits.read_timeout_s)
         except TooLarge as exc:
-            response = _error(413, f"{name} {exc}")
+            response = error(413, f"{name} {exc}")
             response.force_close()  # the rest of the body is never read
             return response
         except zlib.error:
-            return _error(400, "the body is not gzip", "Content-Encoding")
+            return error(400, "the body is not gzip", "Content-Encoding")
         except asyncio.TimeoutError:
-            return _error(408, f"the body did not arrive within {handlers.limits.read_timeout_s:.0f} s")
+            return error(408, f"the body did not arrive within {handlers.limits.read_timeout_s:.0f} s")
         problem = check(data)
         if problem is not None:
-            return _error(400, problem, "body")
+            return error(400, problem, "body")
         stored = await handlers.off_loop(handlers.database, handlers.storage.put_file, run_id, name, data)
         if not stored:
-            return _error(404, f"no run {run_id!r}")
+            return error(404, f"no run {run_id!r}")
         return web.json_response({"run_id": run_id, "file": name, "bytes": len(data)})
 
     async def _get(self, request: web.Request, name: str) -> bytes | web.Response:
-        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
+        run_id = run_id_of(request)
         data = await self.handlers.off_loop(self.handlers.database, self.handlers.storage.file, run_id, name)
-        return _error(404, f"run {run_id!r} has no {name.split('.')[0]}") if data is None else data
+        return error(404, f"run {run_id!r} has no {name.split('.')[0]}") if data is None else data
 
     async def put_trace(self, request: web.Request) -> web.Response:
         return await self._put(request, TRACE, MAX_TRACE_BYTES, lambda data: None if data else "the trace is empty")
@@ -104,10 +105,9 @@ class RunFiles:
         found = await self._get(request, TRACE)
         if isinstance(found, web.Response):
             return found
-        run_id = request.match_info.get("run_id") or request.query.get("run_id", "")
-        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in run_id)[:120].strip(".") or "run"
+        run_id = run_id_of(request)
         return web.Response(body=found, content_type="application/octet-stream",
-                            headers={"Content-Disposition": f'attachment; filename="{name}.perfetto-trace"'})  # fmt: skip
+                            headers={"Content-Disposition": f'attachment; filename="{file_name(run_id)}.perfetto-trace"'})  # fmt: skip
 
     async def put_diagnosis(self, request: web.Request) -> web.Response:
         return await self._put(request, DIAGNOSIS, MAX_DIAGNOSIS_BYTES, _diagnosis_problem)
@@ -120,7 +120,7 @@ class RunFiles:
     async def compare(self, request: web.Request) -> web.Response:
         ids = list(dict.fromkeys(r for r in request.query.get("runs", "").split(",") if r))
         if not 2 <= len(ids) <= MAX_COMPARED:
-            return _error(400, f"runs must name 2 to {MAX_COMPARED} runs, comma-separated", "runs")
+            return error(400, f"runs must name 2 to {MAX_COMPARED} runs, comma-separated", "runs")
         handlers = self.handlers
         found = await handlers.off_loop(handlers.database, self.diagnoses, ids)
         missing = [run_id for run_id in ids if run_id not in found]
@@ -166,7 +166,3 @@ def _diagnosis_problem(data: bytes) -> str | None:
     if not isinstance(report, dict) or not isinstance(report.get("diagnosis"), dict) or not isinstance(report.get("timelines"), dict):
         return "the diagnosis must be otel-rl analyze --json's report (an object with 'diagnosis' and 'timelines')"
     return None
-
-
-def _error(status: int, message: str, field: str | None = None) -> web.Response:
-    return web.json_response({"error": message, **({"field": field} if field else {})}, status=status)

@@ -11,12 +11,14 @@ from typing import Any
 
 from otel_rl.readers.server import summaries
 from otel_rl.readers.server.storage import (
+    FACETS,
     RUN_FIELDS,
     RUN_TABLES,
     KnownKeys,
     Row,
     RunFilter,
     StorageUnavailable,
+    facets_of,
     point_blocks,
     read_blocks,
     run_dict,
@@ -254,9 +256,7 @@ class SqliteStorage:
         return [summaries.attach(run_dict(r), keys, r[len(RUN_FIELDS) :]) for r in rows]
 
     def facets(self) -> dict[str, list[str]]:
-        rows = self._read("SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
-                           " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL")
-        return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group")}
+        return facets_of(self._read(FACETS))
 
     def last_values(self, run_ids: list[str]) -> dict[str, dict[str, float]]:
         found: dict[str, dict[str, float]] = {}
@@ -324,18 +324,8 @@ class SqliteStorage:
         return self._write([(f"DELETE FROM {table} WHERE run_id = ?", (run_id,)) for table in RUN_TABLES], run_id)
 
     def put_file(self, run_id: str, name: str, data: bytes) -> bool:
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                known = self._db.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is not None
-                if known:
-                    self._db.execute("INSERT OR REPLACE INTO run_files (run_id, name, stored, data) VALUES (?, ?, ?, ?)", (run_id, name, time.time(), data))
-                self._db.execute("COMMIT")
-            except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
-                raise StorageUnavailable(str(exc)) from exc
-        return known
+        insert = "INSERT OR REPLACE INTO run_files (run_id, name, stored, data) VALUES (?, ?, ?, ?)"
+        return self._write([(insert, (run_id, name, time.time(), data))], run_id)
 
     def file(self, run_id: str, name: str) -> bytes | None:
         rows = self._read("SELECT data FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))

@@ -28,6 +28,16 @@ RUN_FIELDS = (
 RUN_TABLES = ("records", "series_keys", "point_blocks", "run_summaries", "run_files", "runs")
 """Every table that holds a run's rows: what deleting a run empties."""
 TERMINAL = frozenset({"finished", "failed", "killed"})
+FACETS = (
+    "SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
+    " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL"
+)
+"""The distinct projects and groups of the runs (:meth:`Storage.facets`), as ``(kind, value)`` rows."""
+
+
+def facets_of(rows: list[tuple]) -> dict[str, list[str]]:
+    """:data:`FACETS`' rows as ``{"project": [...], "group": [...]}``, sorted."""
+    return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group")}
 MAX_PAGE = 1000
 MAX_KNOWN_KEYS = 200_000
 """(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 import requests
@@ -73,26 +74,33 @@ def test_bad_uploads_cost_only_their_request(run_dir, tmp_path, monkeypatch):
         assert requests.get(server.url + "/healthz", timeout=30).status_code == 200
 
 
-def test_the_run_page_shows_the_diagnosis_and_hands_over_the_trace(run_dir, tmp_path):
+@contextmanager
+def backfilled_page(run_dir, database):
+    """A server with the run backfilled (records, trace, diagnosis) and a browser; the page signed in later by #token=."""
     from browser import Browser
 
-    with IngestServer(str(tmp_path / "page.sqlite3"), token=TOKEN) as server:
+    with IngestServer(database, token=TOKEN) as server:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
         env["MOTRIX_METRICS_TOKEN"] = TOKEN
         subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], check=True, timeout=120, env=env)
         browser = Browser()
         try:
-            browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
-            verdict = browser.wait_for("document.querySelector('#verdict') && document.querySelector('#verdict').textContent")
-            assert verdict == "bottleneck: " + analyze(run_dir, engine="python")["diagnosis"]["bottleneck"]
-            phases = browser.eval("[...document.querySelectorAll('table.phases[data-timeline=\"learner\"] tr td:first-child')].map(c => c.textContent)")
-            assert {"Learning", "Collector Wait", "Other"} <= set(phases)
-            browser.eval("document.querySelector('#trace-download').click()")
-            size = browser.wait_for("window.otelRl.traceBytes")
-            assert size == (run_dir / "trace.perfetto-trace").stat().st_size
-            assert browser.screenshot(tmp_path / "diagnosis.png").stat().st_size > 10_000
+            yield server, browser
         finally:
             browser.close()
+
+
+def test_the_run_page_shows_the_diagnosis_and_hands_over_the_trace(run_dir, tmp_path):
+    with backfilled_page(run_dir, str(tmp_path / "page.sqlite3")) as (server, browser):
+        browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
+        verdict = browser.wait_for("document.querySelector('#verdict') && document.querySelector('#verdict').textContent")
+        assert verdict == "bottleneck: " + analyze(run_dir, engine="python")["diagnosis"]["bottleneck"]
+        phases = browser.eval("[...document.querySelectorAll('table.phases[data-timeline=\"learner\"] tr td:first-child')].map(c => c.textContent)")
+        assert {"Learning", "Collector Wait", "Other"} <= set(phases)
+        browser.eval("document.querySelector('#trace-download').click()")
+        size = browser.wait_for("window.otelRl.traceBytes")
+        assert size == (run_dir / "trace.perfetto-trace").stat().st_size
+        assert browser.screenshot(tmp_path / "diagnosis.png").stat().st_size > 10_000
 
 
 def a_loop(run_dir, run_id: str, learning_s: float) -> None:
@@ -150,35 +158,26 @@ def test_a_run_streaming_to_the_server_sends_its_trace_when_it_ends(tmp_path):
 
 
 def test_a_run_is_tagged_noted_and_deleted_from_its_page(run_dir, tmp_path):
-    from browser import Browser
-
-    with IngestServer(str(tmp_path / "edits.sqlite3"), token=TOKEN) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
-        env["MOTRIX_METRICS_TOKEN"] = TOKEN
-        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], check=True, timeout=120, env=env)
-        browser = Browser()
-        try:
-            browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
-            browser.wait_for("document.querySelector('#tags') !== null")
-            browser.eval("document.querySelector('#tags').value = 'baseline, pendulum'; document.querySelector('#note').value = 'the reference';"
-                         "document.querySelector('#save-edits').click()")  # fmt: skip
-            assert browser.wait_for("document.querySelector('#edit-status').textContent") == "saved"
-            run = requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).json()["run"]
-            assert run["tags"] == ["baseline", "pendulum"] and run["note"] == "the reference"
-            browser.goto(f"{server.url}/")
-            tags = browser.wait_for("document.querySelector('#runs a.tag') && [...document.querySelectorAll('#runs a.tag')].map(a => a.textContent)")
-            assert tags == ["baseline", "pendulum"]
-            browser.goto(f"{server.url}/runs/traced")
-            browser.wait_for("document.querySelector('#export-csv') !== null")
-            browser.eval("document.querySelector('#export-csv').click()")
-            got = browser.wait_for("window.otelRl.downloaded && window.otelRl.downloaded.name === 'traced.csv' && window.otelRl.downloaded.bytes")
-            csv = requests.get(server.url + "/api/v1/runs/traced/export", params={"format": "csv"}, headers=AUTH, timeout=10).content
-            assert got == len(csv) and csv.startswith(b"seq,ts,step,env_steps,")
-            browser.eval("window.confirm = () => false; document.querySelector('#delete-run').click()")  # asked, and declined
-            time.sleep(0.5)
-            assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 200
-            browser.eval("window.confirm = () => true; document.querySelector('#delete-run').click()")
-            assert browser.wait_for("location.pathname === '/' && document.querySelector('#runs tbody td.muted') !== null")
-            assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 404
-        finally:
-            browser.close()
+    with backfilled_page(run_dir, str(tmp_path / "edits.sqlite3")) as (server, browser):
+        browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
+        browser.wait_for("document.querySelector('#tags') !== null")
+        browser.eval("document.querySelector('#tags').value = 'baseline, pendulum'; document.querySelector('#note').value = 'the reference';"
+                     "document.querySelector('#save-edits').click()")  # fmt: skip
+        assert browser.wait_for("document.querySelector('#edit-status').textContent") == "saved"
+        run = requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).json()["run"]
+        assert run["tags"] == ["baseline", "pendulum"] and run["note"] == "the reference"
+        browser.goto(f"{server.url}/")
+        tags = browser.wait_for("document.querySelector('#runs a.tag') && [...document.querySelectorAll('#runs a.tag')].map(a => a.textContent)")
+        assert tags == ["baseline", "pendulum"]
+        browser.goto(f"{server.url}/runs/traced")
+        browser.wait_for("document.querySelector('#export-csv') !== null")
+        browser.eval("document.querySelector('#export-csv').click()")
+        got = browser.wait_for("window.otelRl.downloaded && window.otelRl.downloaded.name === 'traced.csv' && window.otelRl.downloaded.bytes")
+        csv = requests.get(server.url + "/api/v1/runs/traced/export", params={"format": "csv"}, headers=AUTH, timeout=10).content
+        assert got == len(csv) and csv.startswith(b"seq,ts,step,env_steps,")
+        browser.eval("window.confirm = () => false; document.querySelector('#delete-run').click()")  # asked, and declined
+        time.sleep(0.5)
+        assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 200
+        browser.eval("window.confirm = () => true; document.querySelector('#delete-run').click()")
+        assert browser.wait_for("location.pathname === '/' && document.querySelector('#runs tbody td.muted') !== null")
+        assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 404
