@@ -51,7 +51,8 @@ def runs(source: Source, project: str | None = None, group: str | None = None, s
 def scalars(source: Source, run_id: str | None = None, keys: Sequence[str] | None = None, x: str = "env_steps", token: str | None = None) -> pd.DataFrame:
     """Every recorded point, a row per scalars record and a column per key, indexed by ``x`` (``env_steps``, ``step`` or ``ts``).
 
-    Columns ``seq``, ``ts``, ``step``, ``env_steps`` (the other axes) come first, then the keys (all, or ``keys``).
+    Columns ``seq``, ``ts``, ``step``, ``env_steps`` (the other axes) come first, then the keys (all, or ``keys``:
+    then only the records that carry one of them).
     From several runs (a folder of run folders or a server, without ``run_id``), one frame with a ``run_id`` column.
 
     Raises:
@@ -66,8 +67,9 @@ def scalars(source: Source, run_id: str | None = None, keys: Sequence[str] | Non
     else:
         parts = {rid: frames.folder_scalars(folder) for rid, folder in _folders(source, run_id).items()}
     for rid, frame in parts.items():
-        if keys is not None:
-            parts[rid] = frame.reindex(columns=[c for c in ("seq", "ts", "step", "env_steps") if c in frame] + list(keys))
+        if keys is not None:  # the records that carry one of them, as a server answers
+            frame = frame.reindex(columns=[c for c in ("seq", "ts", "step", "env_steps") if c in frame] + list(keys))
+            parts[rid] = frame.dropna(subset=list(keys), how="all")
     return _joined(parts).set_index(x)
 
 

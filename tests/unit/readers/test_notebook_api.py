@@ -84,7 +84,7 @@ def test_a_folder_of_runs_reads_as_runs_scalars_events_and_phases(runs_dir):
     same(one, jsonl_points(str(runs_dir / "sac-a")))
     every = read.scalars(runs_dir, keys=["Train/mean_reward"], x="step")
     assert set(every["run_id"]) == {"sac-a", "sac-b", "ppo-c"} and list(every.columns) == ["run_id", "seq", "ts", "env_steps", "Train/mean_reward"]
-    assert len(every.dropna(subset=["Train/mean_reward"])) == 120
+    assert len(every.dropna(subset=["Train/mean_reward"])) == 120 and len(every) == 120  # only the records that carry the key
 
     events = read.events(runs_dir / "sac-a")
     assert list(events.columns) == ["ts", "name", "attributes"]
