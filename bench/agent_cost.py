@@ -3,7 +3,7 @@
     python bench/agent_cost.py                 # 20,000 iterations: 4 phases and 40 scalars each
     python bench/agent_cost.py --profile       # the same under cProfile, the top functions printed
     python bench/agent_cost.py --parts         # the agent's time per part: reading the segment, each output's handlers
-    python bench/agent_cost.py --hosts [--compare CHECKOUT]   # both hosts through the public API (and another checkout's)
+    python bench/agent_cost.py --hosts [--compare CHECKOUT ...]   # both hosts through the public API (and other checkouts')
 
 The training side records into a shared-memory segment (the ``Recorder`` of
 a training process); the agent's side reads it back with the code an agent
@@ -24,9 +24,12 @@ process collects cyclic garbage as the agent process does
 fresh process per arm runs the same loop with ``agent="thread"`` and with
 ``agent="process"``, and reports per iteration the training thread's CPU,
 the CPU of the process's other threads and the agent process's, up to a
-``flush()`` that has everything written. ``--compare CHECKOUT`` adds the
-same arms run with another checkout's otel-rl; rounds are interleaved and
-the medians printed.
+``flush()`` that has everything written, with the default outputs and the
+system metrics on, as a user has them (the loop's scalars on its own
+``step=``, the system metrics on the env steps). ``--compare CHECKOUT``
+(repeatable) adds the same arms run with another checkout's otel-rl; rounds
+are interleaved and the medians printed, with each arm's agent CPU as a share
+of a core per 1,000 iterations/s.
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ from otel_rl.training.recorder import Recorder
 KEYS = [f"Loss/key_{i:02d}" for i in range(40)]
 PHASES = ("collector_wait", "inference", "replay_sample", "learning")
 PASS_ITERATIONS = 500  # about what one 100 ms pass reads at 5,000 iterations per second
+SYSTEM_EVERY = 10_000  # iterations between system metrics samples: the default 2 s at 5,000 iterations per second
+SYSTEM_VALUES = {f"sys/key_{i:02d}": float(i) for i in range(12)}
 
 
 def main() -> None:
@@ -71,7 +76,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--parts", action="store_true", help="time each output's handlers and the segment's reading")
     parser.add_argument("--hosts", action="store_true", help="both hosts through the public API, a process per arm")
-    parser.add_argument("--compare", metavar="CHECKOUT", help="with --hosts: the same arms with another checkout's otel-rl")
+    parser.add_argument("--compare", metavar="CHECKOUT", action="append", default=[], help="with --hosts: the same arms with another checkout's otel-rl (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="with --hosts: rounds of every arm, interleaved")
     args = parser.parse_args()
     if args.hosts:
@@ -103,8 +108,10 @@ def main() -> None:
                 for phase in phases:
                     with phase:
                         pass
-            recorder.add_scalars((perf_counter_ns(), pool[i % len(pool)], None, i, i))
+            recorder.add_scalars((perf_counter_ns(), pool[i % len(pool)], i, i, i * 64))
         training_s += time.process_time() - began
+        if start % SYSTEM_EVERY == 0:  # the system metrics, on the env-steps axis, beside the loop's own step
+            producer._system_scalars(SYSTEM_VALUES)  # noqa: SLF001 - what the sampler thread calls
         began = time.process_time()
         if args.profile:
             profile.enable()
@@ -119,7 +126,7 @@ def main() -> None:
     producer.close(Deadline(10.0))
     n = args.iterations - args.iterations % PASS_ITERATIONS
     per_iteration_us = agent_s / n * 1e6
-    print(f"iterations: {n} (4 phases and 40 scalars each), every local output on")
+    print(f"iterations: {n} (4 phases and 40 scalars each), every local output on, system metrics every {SYSTEM_EVERY:,}")
     print(f"training thread, recording: {training_s / n * 1e6:.1f} us per iteration")
     print(f"agent, assembling and writing: {per_iteration_us:.1f} us per iteration "
           f"({agent_s / training_s:.1f}x the recording) = {per_iteration_us / 10:.2f}% of a core per 1,000 iterations/s")  # fmt: skip
@@ -168,7 +175,7 @@ sys.path.insert(0, sys.argv[1])
 import psutil, otel_rl
 host, iterations = sys.argv[2], int(sys.argv[3])
 run_dir = os.path.join(tempfile.mkdtemp(prefix="otel-rl-hosts-"), "run")
-tel = otel_rl.init(run_dir=run_dir, agent=host, quiet=True, panel=False, system_metrics_interval_s=0)
+tel = otel_rl.init(run_dir=run_dir, agent=host, quiet=True, panel=False)  # system metrics on, as a user has them
 rng = random.Random(0)
 pool = [{f"Loss/key_{k:02d}": rng.random() for k in range(40)} for _ in range(997)]
 me = psutil.Process()
@@ -178,11 +185,11 @@ with tel.run():
     agents = me.children()
     thread0, process0, agents0 = time.thread_time(), cpu(me), sum(map(cpu, agents))
     for i in range(iterations):
-        with tel.iteration(i, env_steps=i):
+        with tel.iteration(i, env_steps=i * 64):
             for name in ("collector_wait", "inference", "replay_sample", "learning"):
                 with tel.phase(name):
                     pass
-        tel.scalars(pool[i % len(pool)])
+        tel.scalars(pool[i % len(pool)], step=i)  # the loop's own step; the system metrics step by the env steps
     training = time.thread_time() - thread0
     assert tel.flush(timeout_s=120)
     process, agent = cpu(me) - process0, sum(map(cpu, agents)) - agents0
@@ -191,11 +198,11 @@ print(json.dumps({"training": training / iterations * 1e6, "others": (process - 
 """
 
 
-def compare_hosts(iterations: int, rounds: int, compare: str | None) -> None:
+def compare_hosts(iterations: int, rounds: int, compare: list[str]) -> None:
     """Print, per checkout and host, the medians of :data:`HOST_LOOP`'s CPU per iteration."""
     checkouts = {"this checkout": str(Path(__file__).resolve().parents[1])}
-    if compare:
-        checkouts["--compare"] = str(Path(compare).resolve())
+    for other in compare:
+        checkouts[Path(other).resolve().name[:15]] = str(Path(other).resolve())
     arms = [(name, host) for name in checkouts for host in ("thread", "process")]
     results: dict[tuple[str, str], list[dict[str, float]]] = {arm: [] for arm in arms}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
@@ -205,12 +212,13 @@ def compare_hosts(iterations: int, rounds: int, compare: str | None) -> None:
             if out.returncode != 0:
                 raise SystemExit(f"{name}, agent={host}: {out.stderr.strip().splitlines()[-1:]}")
             results[name, host].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{iterations} iterations of 4 phases and 40 scalars, default outputs; us of CPU per iteration, median of {rounds}")
-    print(f"{'checkout':15s} {'agent=':8s} {'training thread':>16s} {'other threads':>14s} {'agent process':>14s} {'total':>8s}")
+    print(f"{iterations} iterations of 4 phases and 40 scalars, default outputs (system metrics on); us of CPU per iteration, median of {rounds}")
+    print(f"{'checkout':15s} {'agent=':8s} {'training thread':>16s} {'other threads':>14s} {'agent process':>14s} {'total':>8s} {'outputs, % of a core per 1k it/s':>34s}")
     for name, host in arms:
         medians = {part: statistics.median(r[part] for r in results[name, host]) for part in ("training", "others", "agent")}
         total = sum(medians.values())
-        print(f"{name:15s} {host:8s} {medians['training']:16.1f} {medians['others']:14.1f} {medians['agent']:14.1f} {total:8.1f}")
+        outputs = medians["agent"] + medians["others"]  # the thread host's outputs run on the process's other threads
+        print(f"{name:15s} {host:8s} {medians['training']:16.1f} {medians['others']:14.1f} {medians['agent']:14.1f} {total:8.1f} {outputs / 10:33.2f}%")
 
 
 if __name__ == "__main__":

@@ -57,7 +57,7 @@ class ScalarAssembler:
         names = table.names
         canonical = self.keys.accept_all(names)
         steps = table.axis_steps()
-        if canonical and all(table.finite) and self._rises(steps):
+        if canonical and all(table.finite) and self._rises(names, steps):
             self._hand_over()
             seqs = list(itertools.islice(self._seq, len(steps)))
             self._out.append(ScalarBatch(names, table.times_ns + self._offset_ns, table.values, table.steps, table.iterations, table.env_steps, seqs))
@@ -103,6 +103,9 @@ class ScalarAssembler:
             self._pending.append(record)
             return
         self._hand_over()  # the records before it first, their steps noted
+        if self.step_check.rises(step, record.values):  # below another axis's highest step, not below its keys' own
+            self._pending.append(record)
+            return
         self._out.append(ScalarBatch.of([record]))
         regression = self.step_check.check(record.values, step)
         if regression is not None:
@@ -131,11 +134,16 @@ class ScalarAssembler:
             if step is not None:
                 self.step_check.note(dict.fromkeys(record.values, step))
 
-    def _rises(self, steps: list[int | None]) -> bool:
-        """Whether every row's axis step is given and none goes back (then :meth:`StepCheck.rises` took the last)."""
-        if None in steps or any(a > b for a, b in zip(steps, steps[1:])) or not self.step_check.rises(steps[0]):
+    def _rises(self, names: tuple[str, ...], steps: list[int | None]) -> bool:
+        """Whether every row's axis step is given and none goes back, for ``names`` (then :meth:`StepCheck.rises` took the last)."""
+        if None in steps or any(a > b for a, b in zip(steps, steps[1:])):
             return False
-        self.step_check.rises(steps[-1])
+        check = self.step_check
+        if not check.rises(steps[0]):
+            self._hand_over()  # the pending records' steps noted before ``names``' own are compared
+            if not check.rises(steps[0], names):
+                return False
+        check.rises(steps[-1])
         return True
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from otel_rl.base.log import logger
@@ -24,15 +25,22 @@ class StepCheck:
         self._highest = max(self._last.values(), default=None)
         self._reported: set[str] = set()
 
-    def rises(self, step: int) -> bool:
-        """Whether ``step`` is at or above every step so far: then no key can have gone back, and it becomes the highest.
+    def rises(self, step: int, keys: Iterable[str] | None = None) -> bool:
+        """Whether no key went back at ``step``; ``step`` becomes the highest when it is at or above every step so far.
 
-        The keys of such records are noted later, a block at a time (:meth:`note`).
+        At or above every step so far, no key can have gone back (the common case, one comparison).
+        Below it, False unless ``keys`` are given; then each of them is compared with its own last
+        step: records made beside the run (system metrics on the env-steps axis) and a loop's
+        scalars on its own ``step=`` keep separate axes, and neither takes the other off the block
+        path. The caller has noted every earlier record's steps (:meth:`note`) before asking about ``keys``.
         """
         if self._highest is None or step >= self._highest:
             self._highest = step
             return True
-        return False
+        if keys is None:
+            return False
+        last = self._last
+        return all(last.get(key, step) <= step for key in keys)
 
     def note(self, steps: dict[str, int]) -> None:
         """Each key's last step, from records whose steps :meth:`rises` accepted (the same as checking each in turn)."""

@@ -155,6 +155,32 @@ def test_rising_scalars_of_known_keys_go_through_as_one_table():
     assert regression.name == "step_regression" and regression.attributes["last_step"] == 102
 
 
+def test_records_beside_the_run_on_another_axis_leave_the_training_scalars_in_blocks():
+    """System metrics step by the env steps, the loop's scalars by its own ``step=``: neither sends the other call by call."""
+    segment, inbox_segment = shm.Segment(None, b"", 64), shm.Segment(None, b"", 64)
+    sink = _Keep()
+    sources = [SegmentSource(shm.SegmentReader(segment.buffer)), SegmentSource(shm.SegmentReader(inbox_segment.buffer), commits=True)]
+    pipeline = Pipeline(sources, [sink], Clock(), itertools.count(1))
+    recorder, inbox = Recorder(segment, 64), Recorder(inbox_segment, 64)
+    step = 0
+    for round_ in range(4):
+        for _ in range(5):
+            step += 1
+            recorder.add_scalars((perf_counter_ns(), {"Loss/a": float(step), "Loss/b": 1.0}, step, step, step * 1000))
+        inbox.add_scalars((perf_counter_ns(), {"sys/cpu_percent": 5.0}, None, step, step * 1000))  # far above the loop's steps
+        sink.blocks.clear()
+        pipeline.drain()
+        training = [block for block in sink.blocks if "Loss/a" in block.names]
+        assert [len(block) for block in training] == [5], round_  # one block a pass, never a record at a time
+        assert [len(block) for block in sink.blocks if "sys/cpu_percent" in block.names] == [1]
+    assert not sink.events  # no step went back on either axis
+    # A step of the loop's that does go back is still reported, though it is below the other axis's highest.
+    recorder.add_scalars((perf_counter_ns(), {"Loss/a": 0.0, "Loss/b": 0.0}, 3, None, None))
+    pipeline.drain()
+    (regression,) = sink.events
+    assert regression.attributes == {"keys": ["Loss/a", "Loss/b"], "step": 3, "last_step": 20}
+
+
 class _Assembled(RecordSink):
     """The iterations and loose phases a pipeline hands over."""
 

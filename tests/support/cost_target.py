@@ -1,0 +1,46 @@
+"""A loop whose CPU is measured: ``python cost_target.py RUN_DIR ITERATIONS SYSTEM_INTERVAL_S``.
+
+Each iteration is 4 phases and 40 scalars logged on the loop's own ``step=``
+(the system metrics step by the env steps). Prints, per iteration, the
+training thread's CPU, the process's other threads' and the agent process's,
+in microseconds, from the agent's start to a flush that has everything
+written, as one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+
+import psutil
+
+import otel_rl
+
+run_dir, iterations, interval_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+tel = otel_rl.init(run_dir=run_dir, agent="process", quiet=True, panel=False, system_metrics_interval_s=interval_s)
+rng = random.Random(0)
+pool = [{f"Loss/key_{k:02d}": rng.random() for k in range(40)} for _ in range(997)]
+me = psutil.Process()
+
+
+def cpu(process: psutil.Process) -> float:
+    return sum(process.cpu_times()[:2])
+
+
+with tel.run():
+    assert tel.flush(timeout_s=60)  # the agent is up: its start-up is not what this measures
+    agents = me.children()
+    thread0, process0, agents0 = time.thread_time(), cpu(me), sum(map(cpu, agents))
+    for i in range(iterations):
+        with tel.iteration(i, env_steps=i * 64):
+            for name in ("collector_wait", "inference", "replay_sample", "learning"):
+                with tel.phase(name):
+                    pass
+        tel.scalars(pool[i % len(pool)], step=i)
+    training = time.thread_time() - thread0
+    assert tel.flush(timeout_s=120)
+    process, agent = cpu(me) - process0, sum(map(cpu, agents)) - agents0
+tel.close()
+print(json.dumps({"training": training / iterations * 1e6, "others": (process - training) / iterations * 1e6, "agent": agent / iterations * 1e6}))
