@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench
+.PHONY: demo test bench wheel
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,3 +28,8 @@ test: $(BIN)/python
 bench: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/python bench/phase_cost.py
+
+# A wheel of otel-rl (its C extensions built for this machine), to install where there is no clone.
+wheel: $(BIN)/python
+	$(BIN)/pip wheel -q --no-deps -w dist .
+	@ls dist/otel_rl-*.whl

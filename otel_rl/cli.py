@@ -102,6 +102,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    extras.require(*extras.DEMO)
     from otel_rl.demo import run_demo
 
     return run_demo(args)

@@ -41,16 +41,25 @@ SERVE = Extra("otel-rl serve", "aiohttp", "serve")
 POSTGRES = Extra("otel-rl serve --db postgresql://", "psycopg", "serve")
 PLOT = Extra("otel-rl analyze --plot", "matplotlib", "analysis")
 READ = Extra("reading runs into DataFrames (otel_rl.read, otel-rl export)", "pandas", "read")
+DEMO = (Extra("otel-rl demo", "torch", "demo"), Extra("otel-rl demo", "gymnasium", "demo"))
+
+INTEGRATIONS = {
+    "sb3": Extra("otel_rl.integrations.sb3 (Stable-Baselines3)", "stable_baselines3", "sb3"),
+    "torchrl": Extra("otel_rl.integrations.torchrl (TorchRL)", "torchrl", "torchrl"),
+    "rllib": Extra("otel_rl.integrations.rllib (RLlib)", "ray.rllib", "rllib"),
+}
+"""The integrations that import their library when imported (RSL-RL's and skrl's take the library's objects as given)."""
 
 
 class MissingExtra(ImportError):
     """An optional package a requested feature needs is not installed; the message names the extra."""
 
 
-def require(extra: Extra) -> None:
-    """Raise :class:`MissingExtra` naming ``extra`` when its module is missing."""
-    if extra.missing():
-        raise MissingExtra(extra.message())
+def require(*needed: Extra) -> None:
+    """Raise :class:`MissingExtra` naming the first of ``needed`` whose module is missing."""
+    for extra in needed:
+        if extra.missing():
+            raise MissingExtra(extra.message())
 
 
 def missing_outputs(config: object) -> list[Extra]:

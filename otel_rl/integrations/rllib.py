@@ -39,6 +39,10 @@ from collections.abc import Callable, Mapping
 from numbers import Number
 from typing import Any, ClassVar
 
+from otel_rl.base import extras
+
+extras.require(extras.INTEGRATIONS["rllib"])  # an error naming the extra, before the library's own import fails
+
 from ray.rllib.callbacks.callbacks import RLlibCallback
 
 from otel_rl.formats import schema

@@ -26,6 +26,10 @@ from __future__ import annotations
 import numbers
 from typing import Any
 
+from otel_rl.base import extras
+
+extras.require(extras.INTEGRATIONS["sb3"])  # an error naming the extra, before the library's own import fails
+
 from stable_baselines3.common.callbacks import BaseCallback
 from stable_baselines3.common.logger import KVWriter
 

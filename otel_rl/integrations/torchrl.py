@@ -24,6 +24,10 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from otel_rl.base import extras
+
+extras.require(extras.INTEGRATIONS["torchrl"])  # an error naming the extra, before the library's own import fails
+
 from torchrl.record.loggers import Logger
 
 from otel_rl.base.log import logger, once

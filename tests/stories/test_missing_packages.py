@@ -87,6 +87,8 @@ def test_an_environment_setting_whose_package_is_missing_is_ignored_with_one_war
         (("analyze", "RUN", "--plot", "PLOT"), "matplotlib",
          "otel-rl: otel-rl analyze --plot needs the matplotlib package: pip install 'otel-rl[analysis]'"),
         (("export", "RUN"), "pandas", "otel-rl: reading runs into DataFrames (otel_rl.read, otel-rl export) needs the pandas package: pip install 'otel-rl[read]'"),
+        (("demo", "--seconds", "1"), "torch", "otel-rl: otel-rl demo needs the torch package: pip install 'otel-rl[demo]'"),
+        (("demo", "--seconds", "1"), "gymnasium", "otel-rl: otel-rl demo needs the gymnasium package: pip install 'otel-rl[demo]'"),
     ],
 )  # fmt: skip
 def test_a_subcommand_whose_extra_is_missing_says_so_in_one_line(tmp_path, args, hidden, says):
@@ -106,3 +108,21 @@ def test_the_notebook_api_without_pandas_names_its_extra(tmp_path):
     env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE="pandas")
     result = subprocess.run([sys.executable, "-c", "import otel_rl.read"], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 1 and "reading runs into DataFrames (otel_rl.read, otel-rl export) needs the pandas package: pip install 'otel-rl[read]'" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("module", "hidden", "says"),
+    [
+        ("sb3", "stable_baselines3", "otel_rl.integrations.sb3 (Stable-Baselines3) needs the stable_baselines3 package: pip install 'otel-rl[sb3]'"),
+        ("torchrl", "torchrl", "otel_rl.integrations.torchrl (TorchRL) needs the torchrl package: pip install 'otel-rl[torchrl]'"),
+        ("rllib", "ray", "otel_rl.integrations.rllib (RLlib) needs the ray.rllib package: pip install 'otel-rl[rllib]'"),
+    ],
+)  # fmt: skip
+def test_an_integration_without_its_library_names_its_extra(module, hidden, says):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE=hidden)
+    script = f"import otel_rl.integrations.{module}"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == f"otel_rl.base.extras.MissingExtra: {says}"
+    assert "ModuleNotFoundError" not in result.stderr
