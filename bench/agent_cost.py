@@ -72,7 +72,7 @@ SYSTEM_VALUES = {f"sys/key_{i:02d}": float(i) for i in range(12)}
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=20_000)
+    parser.add_argument("--iterations", type=int, default=None, help="default 20,000; with --hosts 150,000 (several system metrics samples a run)")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--parts", action="store_true", help="time each output's handlers and the segment's reading")
     parser.add_argument("--hosts", action="store_true", help="both hosts through the public API, a process per arm")
@@ -80,8 +80,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="with --hosts: rounds of every arm, interleaved")
     args = parser.parse_args()
     if args.hosts:
-        compare_hosts(args.iterations, args.rounds, args.compare)
+        compare_hosts(args.iterations or 150_000, args.rounds, args.compare)
         return
+    args.iterations = args.iterations or 20_000
     gc.set_threshold(*GC_THRESHOLDS)
     run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-agent-cost-")) / "run"
     config = TelemetryConfig.from_options(run_dir, None, jsonl=True, trace_enabled=True, panel=False, system_metrics_interval_s=0)
@@ -205,16 +206,21 @@ def compare_hosts(iterations: int, rounds: int, compare: list[str]) -> None:
         checkouts[Path(other).resolve().name[:15]] = str(Path(other).resolve())
     arms = [(name, host) for name in checkouts for host in ("thread", "process")]
     results: dict[tuple[str, str], list[dict[str, float]]] = {arm: [] for arm in arms}
+    failed: dict[tuple[str, str], str] = {}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     for _ in range(rounds):
         for name, host in arms:
             out = subprocess.run([sys.executable, "-c", HOST_LOOP, checkouts[name], host, str(iterations)], capture_output=True, text=True, env=env, timeout=600)
-            if out.returncode != 0:
-                raise SystemExit(f"{name}, agent={host}: {out.stderr.strip().splitlines()[-1:]}")
+            if out.returncode != 0:  # an older checkout's host may not keep up (its flush() times out): said, and the rest go on
+                failed[name, host] = (out.stderr.strip().splitlines() or ["no output"])[-1]
+                continue
             results[name, host].append(json.loads(out.stdout.strip().splitlines()[-1]))
     print(f"{iterations} iterations of 4 phases and 40 scalars, default outputs (system metrics on); us of CPU per iteration, median of {rounds}")
     print(f"{'checkout':15s} {'agent=':8s} {'training thread':>16s} {'other threads':>14s} {'agent process':>14s} {'total':>8s} {'outputs, % of a core per 1k it/s':>34s}")
     for name, host in arms:
+        if not results[name, host]:
+            print(f"{name:15s} {host:8s} failed: {failed[name, host]}")
+            continue
         medians = {part: statistics.median(r[part] for r in results[name, host]) for part in ("training", "others", "agent")}
         total = sum(medians.values())
         outputs = medians["agent"] + medians["others"]  # the thread host's outputs run on the process's other threads

@@ -9,6 +9,10 @@ builder_version=v0.165.0
 key="$( (cat "$manifest"; echo "$builder_version") | sha256sum | cut -c1-12)"
 cache="${OTEL_RL_COLLECTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/otel-rl/otelcol-$key}"
 binary="$cache/otelcol-rl/otelcol-rl"
+# One build at a time per cache folder: a second `make test` on the machine waits for the first's binary.
+mkdir -p "$(dirname "$cache")"
+exec 9>"$cache.lock"
+flock 9
 if [ -x "$binary" ]; then
   echo "$binary"
   exit 0

@@ -245,6 +245,9 @@ class TelemetryConfig:
             folder = getattr(self, name)
             if folder is not None and folder.exists() and not folder.is_dir():
                 raise ValueError(f"{name} {str(folder)!r} is a file, not a folder")
+            below = next((parent for parent in (folder.parents if folder is not None else ()) if parent.exists()), None)
+            if below is not None and not below.is_dir():  # mkdir would fail later, on the agent's side
+                raise ValueError(f"{name} {str(folder)!r} lies below {str(below)!r}, which is a file, not a folder")
         for name in ("enabled", "strict", "panel", "quiet", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
             _check(name, getattr(self, name), bool, "True or False")
         for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):

@@ -43,7 +43,7 @@ def runs(source: Source, project: str | None = None, group: str | None = None, s
     if frames.is_server(source):
         rows = [frames.server_run(entry) for entry in frames.Server(str(source), token).listing(**only)]
     else:
-        rows = [frames.folder_run(folder) for folder in frames.run_folders(source)]
+        rows = [{**frames.folder_run(folder), "run_id": rid} for rid, folder in frames.folders_by_run(frames.run_folders(source)).items()]
         rows = [row for row in rows if all(value is None or row.get(name) == value for name, value in only.items())]
     return pd.DataFrame(rows, columns=None if rows else ["run_id", "status", "project", "group", "start", "duration_s", "env_steps"])
 
@@ -92,14 +92,52 @@ def _joined(parts: dict[str, pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(tagged, ignore_index=True).copy()  # the copy joins the columns' blocks (wide frames are otherwise fragmented)
 
 
-def phases(run_dir: Source) -> pd.DataFrame:
+def phases(source: Source, run_id: str | None = None, token: str | None = None) -> pd.DataFrame:
     """Each iteration of each timeline and process, from the run's trace: ``timeline``, ``process``, ``iteration``
     (its index in the process), ``start`` (UTC), ``env_steps``, ``duration_ms``, then a column per top-level phase
-    (its milliseconds in that iteration; NaN where the iteration had none) and ``other_ms`` (in no phase)."""
+    (its milliseconds in that iteration; NaN where the iteration had none) and ``other_ms`` (in no phase).
+    From several runs (a folder of run folders or a server, without ``run_id``), one frame with a ``run_id`` column;
+    a run without a trace (one still running, on a server) has no rows.
+
+    Raises:
+        SourceError: a bad source, no such run, or (for one run) no trace of it.
+    """
+    import tempfile
+
     from otel_rl.readers.analysis import read_trace
+
+    def frame_of(path: Path, rid: str) -> pd.DataFrame | None:
+        try:
+            model, _ = read_trace(path, engine="python")
+        except (OSError, ValueError) as exc:  # no trace, or one that cannot be read
+            if one:
+                raise SourceError(f"run {rid!r}: {exc}") from None
+            return None
+        return _phase_frame(model)
+
+    parts: dict[str, pd.DataFrame | None] = {}
+    if frames.is_server(source):
+        server = frames.Server(str(source), token)
+        ids = [run_id] if run_id is not None else [entry["run_id"] for entry in server.listing()]
+        one = len(ids) == 1
+        with tempfile.TemporaryDirectory(prefix="otel-rl-read-") as folder:
+            for rid in ids:
+                trace = server.trace(rid, Path(folder) / "trace.perfetto-trace", required=one)
+                parts[rid] = None if trace is None else frame_of(trace, rid)
+    else:
+        folders = _folders(source, run_id)
+        one = len(folders) == 1
+        parts = {rid: frame_of(folder, rid) for rid, folder in folders.items()}
+    found = {rid: frame for rid, frame in parts.items() if frame is not None and len(frame)}
+    if not found:
+        return pd.DataFrame(columns=["timeline", "process", "iteration", "start", "env_steps", "duration_ms", "other_ms"])
+    return _joined(found)
+
+
+def _phase_frame(model) -> pd.DataFrame:
+    """A trace model's iterations as :func:`phases` returns them."""
     from otel_rl.readers.analysis.report import phase_name
 
-    model, _ = read_trace(Path(run_dir), engine="python")
     rows, counters = {}, {}
     for index, s in enumerate(model.slices):
         if s.name == f"{s.category} iteration":
@@ -123,7 +161,7 @@ def phases(run_dir: Source) -> pd.DataFrame:
 
 def _folders(source: Source, run_id: str | None) -> dict[str, Path]:
     """The run folders of ``source`` by run id (the folder's name where its records name none), or the one of ``run_id``."""
-    found = {next((r["run_id"] for r in frames.records(f) if "run_id" in r), f.name): f for f in frames.run_folders(source)}
+    found = frames.folders_by_run(frames.run_folders(source))
     if run_id is None:
         return found
     if run_id not in found:

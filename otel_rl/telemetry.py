@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 import weakref
+from pathlib import Path
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from time import perf_counter_ns
@@ -106,6 +107,7 @@ class Telemetry:
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
         self._run_folder = run_folder.claim(config.run_dir) if owner else None  # type: ignore[arg-type]
+        moved_from = self._own_folder(config) if owner else None
         try:
             self._start(config, sinks)
         except BaseException:
@@ -119,7 +121,31 @@ class Telemetry:
         atexit.register(self._atexit)
         _live.add(self)
         if self._run_folder is not None:
-            notices.started(config)
+            notices.started(config, moved_from)
+
+    def _own_folder(self, config: TelemetryConfig) -> tuple[Path, str] | None:
+        """A run that does not resume never writes into a folder holding another: it gets a fresh one, and an id of its own.
+
+        Returns the folder and run id it would have shared, None when it keeps its own. A job of several
+        ranks keeps the folder its ranks agreed on (they cannot all move at once), as does a run that resumes.
+        """
+        run_dir = config.run_dir
+        if config.resume or config.world_size > 1 or run_dir is None or not run_folder.holds_run(run_dir):
+            return None
+        earlier, earlier_id = run_dir, config.run_id
+        for fresh in run_folder.fresh_folders(run_dir):
+            try:
+                claim = run_folder.claim(fresh)
+                break
+            except run_folder.RunFolderInUse:  # a process that moved there an instant before: the next one
+                continue
+        run_folder.release(self._run_folder)
+        self._run_folder = claim
+        config.run_dir = fresh
+        if config.trace_output_dir == earlier:
+            config.trace_output_dir = fresh
+        config.run_id = fresh.name if earlier_id == earlier.resolve().name else f"{earlier_id}-{fresh.name.rsplit('-', 1)[1]}"
+        return earlier, earlier_id  # type: ignore[return-value]
 
     def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None) -> None:
         """The trace, the run being resumed, the configuration made plain data, the host, its recorder and the owners."""

@@ -20,8 +20,11 @@ from typing import Any
 import orjson
 import pandas as pd
 
+from otel_rl.base.log import logger
 from otel_rl.run import files
 from otel_rl.run.jsonl import read_records
+
+_logger = logger(__name__)
 
 AXES = ("env_steps", "step", "ts")
 """What ``scalars(x=...)`` may index by: env steps, the logging step, or the time (Unix seconds)."""
@@ -51,6 +54,22 @@ def run_folders(source: str | os.PathLike[str]) -> list[Path]:
     if not found:
         raise SourceError(f"no run folder (a folder with {files.JSONL_FILE}) in {path}")
     return found
+
+
+def folders_by_run(folders: Sequence[Path]) -> dict[str, Path]:
+    """Run folders by the run id their records name (the folder's name where they name none).
+
+    Two folders holding one run id (a sweep whose runs share ``OTEL_RL_RUN_ID``) are two runs:
+    each is then named ``<run id>@<folder name>``, said once, so neither hides the other.
+    """
+    ids = [(next((r["run_id"] for r in records(f)), f.name), f) for f in folders]
+    counts: dict[str, int] = {}
+    for rid, _ in ids:
+        counts[rid] = counts.get(rid, 0) + 1
+    shared = sorted(rid for rid, count in counts.items() if count > 1)
+    if shared:
+        _logger.warning("otel-rl: several run folders hold run %s; each is read as <run id>@<folder name>", ", ".join(map(repr, shared)))
+    return {(f"{rid}@{folder.name}" if counts[rid] > 1 else rid): folder for rid, folder in ids}
 
 
 def records(folder: Path) -> Iterator[dict[str, Any]]:
@@ -114,6 +133,28 @@ class Server:
                 return orjson.loads(answer.read())
         except urllib.error.HTTPError as exc:
             raise SourceError(f"{self.url} answered {exc.code} to {path}: {_message(exc)}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise SourceError(f"{self.url} cannot be reached: {getattr(exc, 'reason', exc)}") from None
+
+    def trace(self, run_id: str, path: Path, required: bool) -> Path | None:
+        """The run's trace from ``GET /api/v1/runs/<id>/trace``, written to ``path``; None when the server has none (unless ``required``).
+
+        Raises:
+            SourceError: the server refused, or has no trace of a ``required`` run.
+        """
+        address = f"{self.url}/api/v1/runs/{urllib.parse.quote(run_id, safe='')}/trace"
+        request = urllib.request.Request(address, headers={"Authorization": f"Bearer {self.token}"} if self.token else {})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer, open(path, "wb") as out:
+                while chunk := answer.read(1 << 20):
+                    out.write(chunk)
+            return path
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404 and not required:
+                return None
+            if exc.code == 404:
+                raise SourceError(f"{self.url} has no trace of run {run_id!r} (it is sent when the run ends)") from None
+            raise SourceError(f"{self.url} answered {exc.code} to the trace of {run_id!r}: {_message(exc)}") from None
         except (urllib.error.URLError, OSError) as exc:
             raise SourceError(f"{self.url} cannot be reached: {getattr(exc, 'reason', exc)}") from None
 

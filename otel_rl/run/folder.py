@@ -11,6 +11,11 @@ and the holder. Processes on other machines sharing the folder over a network
 file system are not seen. The holder removes the lock file when it is done, so
 lock files do not pile up over a machine's runs (only a killed process leaves
 one, which the folder's next run reuses and removes).
+
+A folder that holds an ended run is never written by another one unless it
+resumes it: :func:`fresh_folders` gives the new run a sibling folder of its own
+(``runs/exp`` -> ``runs/exp-2``), so a script run twice leaves two runs, never
+one run with two starts.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import itertools
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from otel_rl.base.log import logger
 from otel_rl.base.user_dir import private_dir
+from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, SUMMARY_FILE, TRACE_GLOB
 
 _logger = logger(__name__)
 
@@ -111,3 +119,19 @@ def release(held: Claim | None) -> None:
             os.unlink(held.path)
         with contextlib.suppress(OSError):
             os.close(held.fd)
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds the files of a run (its records, configuration, summary or trace)."""
+    try:
+        return any((run_dir / name).exists() for name in (JSONL_FILE, CONFIG_FILE, SUMMARY_FILE)) or any(run_dir.glob(TRACE_GLOB))
+    except OSError:
+        return False
+
+
+def fresh_folders(run_dir: Path) -> Iterator[Path]:
+    """``run_dir-2``, ``run_dir-3``, ... that do not exist: the folders for a run whose ``run_dir`` holds another."""
+    for number in itertools.count(2):
+        candidate = run_dir.with_name(f"{run_dir.name}-{number}")
+        if not candidate.exists():
+            yield candidate

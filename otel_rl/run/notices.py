@@ -11,10 +11,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
 from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, PROFILE_DIR, SUMMARY_FILE, TENSORBOARD_DIR, WANDB_DIR, trace_part
 
 _PREFIX = "otel-rl: "
+_logger = logger(__name__)
 
 
 def _say(text: str) -> None:
@@ -31,8 +33,12 @@ def trace_path(config: TelemetryConfig) -> Path | None:
     return trace_part(Path(config.trace_output_dir or config.run_dir or "."), 0, config.machine)
 
 
-def started(config: TelemetryConfig) -> None:
-    """The run's folder and the files it will hold."""
+def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None) -> None:
+    """The run's folder and the files it will hold; ``moved_from``: the folder (and run id) it was given, which holds another run."""
+    if moved_from is not None:  # a warning when quiet: the run is not where its script asked
+        earlier, earlier_id = moved_from
+        text = f"{earlier} holds run {earlier_id} already; this run is {config.run_id}, in {config.run_dir} (resume=True continues {earlier_id})"
+        _logger.warning(_PREFIX + text) if config.quiet else _say(text)
     if config.quiet or config.run_dir is None:
         return
     files = [SUMMARY_FILE, CONFIG_FILE]

@@ -9,6 +9,7 @@ against Prometheus and the spans written by the collector's file exporter.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -333,3 +334,27 @@ def test_spans_came_through_with_their_links(pipeline):
     backend = [s for s in spans if s["name"] == "Backend Step"]
     assert backend and all(by_id[s["parentSpanId"]]["name"] == "Env Step" for s in backend)
     assert len({s["traceId"] for s in spans}) == 1
+
+
+def test_two_collector_builds_on_one_machine_take_turns(tmp_path):
+    """build.sh holds its cache folder's lock: a second build waits for the first's binary instead of building into it too."""
+    import fcntl
+
+    cache = tmp_path / "otelcol"
+    binary = cache / "otelcol-rl" / "otelcol-rl"
+    with open(f"{cache}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a first build, under way
+        second = subprocess.Popen(["bash", str(REPO / "collector-config" / "build.sh")], env={**os.environ, "OTEL_RL_COLLECTOR_CACHE": str(cache)},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            with pytest.raises(subprocess.TimeoutExpired):
+                second.wait(timeout=1.5)  # it waits on the lock, building nothing
+            assert not cache.exists()
+            binary.parent.mkdir(parents=True)  # the first build's binary arrives
+            binary.write_text("#!/bin/sh\n")
+            binary.chmod(0o755)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+        out, err = second.communicate(timeout=60)
+    assert second.returncode == 0, err
+    assert out.strip() == str(binary)  # the second took the first's binary

@@ -330,3 +330,45 @@ def test_a_run_folder_lock_is_removed_when_its_run_ends_and_a_stale_one_is_reuse
         run_folder.claim(run_dir)
     tel.close()
     assert not lock.exists()
+
+
+TWICE = """
+import sys, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+with tel.run():
+    for i in range(30):
+        with tel.iteration(i, env_steps=8 * i):
+            with tel.phase("learning"):
+                pass
+        tel.scalars({"Loss/critic": 0.5 * i})
+tel.close()
+"""
+
+
+def test_a_script_run_twice_into_one_folder_leaves_two_runs_never_one_merged(tmp_path):
+    from otel_rl import read
+
+    run_dir = tmp_path / "exp"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    first = subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
+    assert first.returncode == 0, first.stderr
+    before = (run_dir / "metrics.jsonl").read_bytes()
+    second = subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
+    assert second.returncode == 0, second.stderr
+    moved = tmp_path / "exp-2"
+    said = second.stderr.splitlines()
+    assert said[0] == f"otel-rl: {run_dir} holds run exp already; this run is exp-2, in {moved} (resume=True continues exp)"
+    assert said[1].startswith(f"otel-rl: run exp-2 records into {moved} (")
+    assert (run_dir / "metrics.jsonl").read_bytes() == before  # the first run is left as it was
+    for folder, run_id in ((run_dir, "exp"), (moved, "exp-2")):
+        records = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+        assert {r["run_id"] for r in records} == {run_id}
+        assert [r["status"] for r in records if r["kind"] == "run"] == ["pending", "running", "finished"]
+    runs = read.runs(tmp_path)
+    assert sorted(runs["run_id"]) == ["exp", "exp-2"]
+    points = read.scalars(tmp_path, keys=["Loss/critic"])
+    assert points.groupby("run_id").size().to_dict() == {"exp": 30, "exp-2": 30}
+    # resume=True still continues the run of the folder it names.
+    resumed = otel_rl.init(run_dir=run_dir, resume=True, quiet=True, system_metrics_interval_s=0)
+    assert resumed.run_id == "exp" and resumed.config.run_dir == run_dir
+    resumed.close()

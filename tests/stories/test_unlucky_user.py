@@ -196,6 +196,9 @@ def test_a_run_dir_that_is_a_file_is_refused_before_anything_starts(tmp_path):
     path.write_text("x")
     with pytest.raises(ValueError, match="is a file, not a folder"):
         otel_rl.init(run_dir=path)
+    with pytest.raises(ValueError, match=f"lies below '{path}', which is a file, not a folder"):
+        otel_rl.init(run_dir=path / "deeper" / "run")
+    assert path.read_text() == "x"
 
 
 def test_the_protocol_documents_schema_is_the_packages():

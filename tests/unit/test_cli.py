@@ -69,3 +69,12 @@ def test_analyze_refuses_a_fifo_instead_of_reading_it_forever(tmp_path):
     os.mkfifo(fifo)
     result = cli("analyze", str(fifo), timeout_s=60)
     assert result.returncode == 2 and result.stderr.strip() == f"otel-rl analyze: {fifo} is not a trace file or a run folder"
+
+
+def test_analyze_skips_a_fifo_named_like_a_trace_inside_a_run_folder(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    os.mkfifo(run / "trace.perfetto-trace")
+    result = cli("analyze", str(run), timeout_s=60)
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"otel-rl analyze: no *.perfetto-trace file in {run} (trace.perfetto-trace: not regular files)"

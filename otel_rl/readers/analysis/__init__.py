@@ -38,9 +38,11 @@ def trace_files(paths: Path | str | Sequence[Path | str]) -> list[Path]:
 
 def _trace_files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(path.glob(TRACE_GLOB))
+        named = sorted(path.glob(TRACE_GLOB))
+        files = [file for file in named if file.is_file()]  # a FIFO or a device named like a trace would be read forever
         if not files:
-            raise FileNotFoundError(f"no *.perfetto-trace file in {path}")
+            odd = f" ({', '.join(file.name for file in named)}: not regular files)" if named else ""
+            raise FileNotFoundError(f"no *.perfetto-trace file in {path}{odd}")
         return files
     if not path.exists():
         raise FileNotFoundError(f"no trace at {path}")

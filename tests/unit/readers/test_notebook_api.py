@@ -16,6 +16,7 @@ import requests
 import otel_rl
 import otel_rl.read as read
 from otel_rl.outputs.motrix.backfill import backfill
+from otel_rl.readers.run_upload import upload
 from otel_rl.readers.server import IngestServer
 
 TOKEN = "notebook-token"
@@ -95,6 +96,60 @@ def test_a_folder_of_runs_reads_as_runs_scalars_events_and_phases(runs_dir):
     assert np.allclose(parts, learner["duration_ms"])  # the phases and Other make up each iteration
 
 
+def test_phases_from_a_folder_of_runs_carry_each_runs_id(runs_dir, tmp_path):
+    every = read.phases(runs_dir)
+    assert every.groupby("run_id").size().to_dict() == {"ppo-c": 40, "sac-a": 40, "sac-b": 40}
+    assert list(every.columns[:2]) == ["run_id", "timeline"]
+    assert len(read.phases(runs_dir, run_id="sac-b")) == 40
+    with pytest.raises(read.SourceError, match="no run 'nope'"):
+        read.phases(runs_dir, run_id="nope")
+    (tmp_path / "no-trace").mkdir()
+    (tmp_path / "no-trace" / "metrics.jsonl").write_text((runs_dir / "sac-a" / "metrics.jsonl").read_text())
+    with pytest.raises(read.SourceError, match="no \\*.perfetto-trace file"):
+        read.phases(tmp_path / "no-trace")
+
+
+def test_an_odd_line_in_metrics_jsonl_is_skipped_counted_and_said_once(runs_dir, tmp_path, caplog):
+    import shutil
+
+    run = tmp_path / "runs" / "odd"
+    shutil.copytree(runs_dir / "sac-a", run)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    lines[3:3] = ['{"kind": "run", "run_id": "sac-a"}', '{"kind": "scalars", "run_id": "sac-a", "ts": 1.0, "values": {"Loss/value": "high"}}', "[1, 2]"]
+    (run / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    with caplog.at_level("WARNING", logger="otel_rl"):
+        runs = read.runs(run.parent)
+        points = read.scalars(run.parent)
+    assert list(runs["run_id"]) == ["sac-a"] and runs["status"].iloc[0] == "finished"
+    same(points, jsonl_points(str(runs_dir / "sac-a")))  # every other record read, the odd ones left out
+    said = [r.getMessage() for r in caplog.records if "no motrix.metrics/v1 record" in r.getMessage()]
+    assert said == [f"otel-rl: {run / 'metrics.jsonl'}: 3 line(s) that are no motrix.metrics/v1 record skipped (line 4 has no time (ts))"]
+    exported = subprocess.run([sys.executable, "-m", "otel_rl.cli", "export", str(run.parent), "--format", "csv", "--out", str(tmp_path / "out")],
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert exported.returncode == 0 and "Traceback" not in exported.stderr
+
+
+def test_runs_that_share_a_run_id_are_two_runs_told_apart_by_folder(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("OTEL_RL_RUN_ID", "sweep")  # a sweep's seeds, one run id
+    for seed in (1, 2):
+        tel = otel_rl.init(run_dir=tmp_path / f"seed{seed}", system_metrics_interval_s=0, quiet=True)
+        with tel.run(config={"seed": seed}):
+            for i in range(10):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        pass
+                tel.scalars({"Loss/value": float(seed)})
+        tel.close()
+    with caplog.at_level("WARNING", logger="otel_rl"):
+        runs = read.runs(tmp_path).set_index("run_id")
+    assert runs["config.seed"].to_dict() == {"sweep@seed1": 1, "sweep@seed2": 2}
+    points = read.scalars(tmp_path, keys=["Loss/value"])
+    assert points.groupby("run_id")["Loss/value"].agg(["size", "max"]).to_dict("index") == {
+        "sweep@seed1": {"size": 10, "max": 1.0}, "sweep@seed2": {"size": 10, "max": 2.0}}
+    assert read.phases(tmp_path).groupby("run_id").size().to_dict() == {"sweep@seed1": 10, "sweep@seed2": 10}
+    assert sum("several run folders hold run 'sweep'" in r.getMessage() for r in caplog.records) == 1
+
+
 def test_bad_sources_are_one_clear_error(runs_dir, tmp_path):
     with pytest.raises(read.SourceError, match="not a run folder"):
         read.runs(tmp_path / "missing")
@@ -110,6 +165,11 @@ def test_a_server_answers_the_same_points_as_the_folders(runs_dir, database):
     with IngestServer(database, token=TOKEN) as server:
         for name in ("sac-a", "sac-b", "ppo-c"):
             assert backfill(runs_dir / name, server.url, TOKEN)["rejected"] == 0
+        assert read.phases(server.url, token=TOKEN).empty  # no trace sent yet: no rows
+        with pytest.raises(read.SourceError, match="has no trace of run 'sac-a'"):
+            read.phases(server.url, run_id="sac-a", token=TOKEN)
+        for name in ("sac-a", "sac-b", "ppo-c"):
+            assert upload(runs_dir / name, server.url, TOKEN) is not None
         with pytest.raises(read.SourceError, match="401"):
             read.runs(server.url)  # no token
         runs = read.runs(server.url, token=TOKEN)
@@ -123,6 +183,14 @@ def test_a_server_answers_the_same_points_as_the_folders(runs_dir, database):
         every = read.scalars(server.url, keys=["Loss/value"], token=TOKEN)
         assert sorted(set(every["run_id"])) == ["ppo-c", "sac-a", "sac-b"] and every["Loss/value"].notna().sum() == 120
         assert read.events(server.url, run_id="sac-a", token=TOKEN)["name"].tolist() == read.events(runs_dir / "sac-a")["name"].tolist()
+        # Phases from the server's copy of each trace, as from the folders.
+        served = read.phases(server.url, run_id="sac-a", token=TOKEN)
+        local = read.phases(runs_dir / "sac-a")
+        assert len(served) == 40 and np.allclose(served["learning_ms"], local["learning_ms"])
+        every_phase = read.phases(server.url, token=TOKEN)
+        assert every_phase.groupby("run_id").size().to_dict() == {"ppo-c": 40, "sac-a": 40, "sac-b": 40}
+        with pytest.raises(read.SourceError, match="401"):
+            read.phases(server.url, run_id="sac-a")  # no token
 
         headers = {"Authorization": f"Bearer {TOKEN}"}
         csv = requests.get(server.url + "/api/v1/runs/sac-a/export", params={"format": "csv"}, headers=headers, timeout=30)
