@@ -573,7 +573,10 @@ class Telemetry:
         if self._profile is not None:  # training ended inside the window: what was profiled is still written
             self._profile.shutdown(Deadline(deadline.left() / 2))  # in half the deadline at most: the outputs need the rest
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
-        self._runs.end(getattr(sys, "last_value", None) if self._at_exit else None)
+        uncaught = getattr(sys, "last_value", None) if self._at_exit else None
+        self._runs.end(uncaught)
+        if uncaught is not None:  # between init() and the run: the announced run must not stay pending
+            self._runs.fail_unopened(self._started_ns, uncaught)
         try:
             self._workers.shutdown(deadline)  # records made for the run first: a crashed worker's event, the last relayed cycles
             if self._cuda_timer is not None:

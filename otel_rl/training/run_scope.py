@@ -229,6 +229,16 @@ class RunScope:
                 raise
 
 
+    def fail_unopened(self, announced_ns: int, error: BaseException) -> None:
+        """The process ends of ``error`` before any run was opened: the run its ``init()`` announced (``pending``) ends failed, with the reason."""
+        if self.open or self.status is not None:
+            return
+        status = run_status(error)
+        if status == "finished":  # sys.exit(0) before a run: nothing failed
+            return
+        self._end(announced_ns, status, failure_reason(error))
+
+
 def _count(what: str, value: Any) -> int | None:
     """A non-negative count (env steps, envs) as an int, or None with one warning."""
     if value is None:

@@ -353,3 +353,21 @@ def test_a_sweep_of_runs_in_one_process_keeps_none_of_their_segments_mapped(tmp_
     for trial in range(4):
         summary = json.loads((tmp_path / str(trial) / "run_summary.json").read_text())
         assert summary["status"] == "finished" and summary["timelines"]["learner"]["phases"]["learning"]["count"] == 20
+
+
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_an_exception_between_init_and_the_run_ends_the_announced_run_failed_with_its_reason(tmp_path, agent):
+    script = textwrap.dedent(f"""
+        import sys, otel_rl
+        tel = otel_rl.init(run_dir=sys.argv[1], agent={agent!r}, system_metrics_interval_s=0)
+        raise RuntimeError("the environment config is missing")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 1 and "RuntimeError: the environment config is missing" in result.stderr
+    runs = [r for r in jsonl(tmp_path) if r["kind"] == "run"]
+    assert [r["status"] for r in runs] == ["pending", "failed"]
+    assert runs[-1]["reason"] == "RuntimeError: the environment config is missing"
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert summary["status"] == "failed" and summary["reason"] == "RuntimeError: the environment config is missing"
+    assert result.stderr.strip().splitlines()[-1].startswith(f"otel-rl: run {tmp_path.name} failed after ")

@@ -133,6 +133,10 @@ class Handlers:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, self.expected):
                 return error(401, "missing or wrong bearer token")
+        # A NUL in a parameter or the path: no database stores it (PostgreSQL refuses it mid-query).
+        for name, value in (*request.match_info.items(), *request.query.items()):
+            if "\x00" in value or "\x00" in name:
+                return error(400, f"parameter {name.replace(chr(0), '')!r} holds a NUL character", field=name.replace("\x00", ""))
         try:
             return await handler(request)
         except StorageUnavailable as exc:  # a query the database cannot answer now

@@ -53,9 +53,13 @@ def events_limit(query: Mapping[str, str]) -> int | None:
         latest = int(raw)
     except ValueError:
         raise BadQuery("events", "events must be a number of events") from None
-    if latest < 0:
-        raise BadQuery("events", "events must be a number of events (0 or more)")
+    if not 0 <= latest <= MAX_EVENTS_LIMIT:
+        raise BadQuery("events", f"events must be a number of events, 0 to {MAX_EVENTS_LIMIT:,}")
     return latest
+
+
+MAX_EVENTS_LIMIT = 2**31 - 1
+"""The largest ``events=N`` (a database's integer; a run holds far fewer events)."""
 
 
 def curve_request(query: Any) -> tuple[list[str], str, int]:

@@ -74,4 +74,6 @@ def _edits(body: Any) -> tuple[list[str] | None, str | None]:
             raise ValueError(f"at most {MAX_TAGS} tags of at most {MAX_TAG} characters each")
     if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
         raise ValueError(f"note must be a string of at most {MAX_NOTE} characters")
+    if "\x00" in (note or "") or any("\x00" in t for t in tags or ()):
+        raise ValueError("tags and note must not hold a NUL character")
     return tags, note

@@ -71,9 +71,12 @@ class RunFilter:
             either = [f"(NOT runs.lost AND runs.status IN ({', '.join([mark] * len(reported))}))"] if reported else []
             clauses.append("(" + " OR ".join(either + (["runs.lost"] if "lost" in self.statuses else [])) + ")")
             params += reported
-        if self.tag:  # tags are kept as a JSON list: a tag is there with its quotes
-            clauses.append(f"coalesce(runs.tags, '') LIKE {mark} ESCAPE '\\'")
-            params.append("%" + json.dumps(self.tag).replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%")
+        if self.tag:
+            # Tags are kept as a JSON list, '["a", "b"]': with its first '[' made ', ', each tag is ', "tag"' (the quotes
+            # inside a tag escaped), so one exact, case-sensitive substring test finds a tag and no other.
+            find = "instr" if mark == "?" else "strpos"  # SQLite's and PostgreSQL's
+            clauses.append(f"{find}(', ' || substr(coalesce(runs.tags, ''), 2), {mark}) > 0")
+            params.append(", " + json.dumps(self.tag))
         if self.search:
             pattern = "%" + self.search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             columns = ("runs.run_id", "runs.project", "runs.grp")

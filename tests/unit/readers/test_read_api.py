@@ -183,7 +183,20 @@ def test_runs_are_tagged_noted_and_deleted_with_everything_stored_of_them(databa
         assert edited.status_code == 200 and edited.json()["tags"] == ["baseline", "sweep"] and edited.json()["note"] == "the reference"
         assert requests.patch(server.url + "/api/v1/runs/keep", json={"note": "kept"}, timeout=10).json()["tags"] == ["baseline", "sweep"]
         assert runs(server.url, tag="baseline") == ["keep"] and runs(server.url, tag="base") == []
-        for bad in ({"tags": "baseline"}, {"tags": ["x" * 65]}, {"note": 3}, {"owner": "me"}, [1]):
+        post(server.url, a_run("quoted", "finished", "p", "g", 15))
+        assert requests.patch(server.url + "/api/v1/runs/quoted", json={"tags": ['a"b', "Sweep", "x, \"b\""]}, timeout=10).status_code == 200
+        assert runs(server.url, tag="b") == [] and runs(server.url, tag="sweep") == ["keep"]  # exact, and case-sensitive
+        assert runs(server.url, tag='a"b') == ["quoted"] and runs(server.url, tag="Sweep") == ["quoted"] and runs(server.url, tag='x, "b"') == ["quoted"]
+        assert requests.delete(server.url + "/api/v1/runs/quoted", timeout=10).status_code == 200
+        # A NUL in any parameter, and an events limit past any integer a database holds: 400, naming the parameter.
+        for path, params, field in (("/api/v1/runs", {"tag": "a\x00b"}, "tag"), ("/api/v1/runs", {"q": "\x00"}, "q"),
+                                    ("/api/v1/runs/keep/scalars", {"key": "Loss/\x00"}, "key"), ("/api/v1/run", {"run_id": "k\x00"}, "run_id"),
+                                    ("/api/v1/runs/keep", {"events": str(2**64)}, "events"), ("/api/v1/runs/keep", {"events": "-1"}, "events")):  # fmt: skip
+            answer = requests.get(server.url + path, params=params, timeout=10)
+            assert answer.status_code == 400 and answer.json()["field"] == field, (path, params, answer.text)
+        answer = requests.get(server.url + "/api/v1/runs/ke%00ep/keys", timeout=10)
+        assert answer.status_code == 400 and answer.json()["field"] == "run_id"
+        for bad in ({"tags": "baseline"}, {"tags": ["x" * 65]}, {"note": 3}, {"owner": "me"}, [1], {"note": "a\x00b"}, {"tags": ["\x00"]}):
             answer = requests.patch(server.url + "/api/v1/runs/keep", json=bad, timeout=10)
             assert answer.status_code == 400 and answer.json()["field"] == "body", bad
         assert requests.patch(server.url + "/api/v1/runs/ghost", json={"note": "x"}, timeout=10).status_code == 404
