@@ -53,6 +53,8 @@ async def read_bounded(request: web.Request, limit: int, timeout_s: float) -> by
             parts.append(chunk)
 
     await asyncio.wait_for(read(), timeout_s)
+    if inflate is not None and not inflate.eof:
+        raise zlib.error("the gzip stream ends before its end (truncated)")
     return b"".join(parts)
 
 
@@ -81,11 +83,11 @@ class RunFiles:
             response = error(413, f"{name} {exc}")
             response.force_close()  # the rest of the body is never read
             return response
-        except zlib.error:
-            return error(400, "the body is not gzip", "Content-Encoding")
+        except zlib.error as exc:
+            return error(400, f"the body is not complete gzip ({exc})", "Content-Encoding")
         except asyncio.TimeoutError:
             return error(408, f"the body did not arrive within {handlers.limits.read_timeout_s:.0f} s")
-        problem = check(data)
+        problem = await asyncio.get_running_loop().run_in_executor(None, check, data)  # a large trace is walked off the loop
         if problem is not None:
             return error(400, problem, "body")
         stored = await handlers.off_loop(handlers.database, handlers.storage.put_file, run_id, name, data)
@@ -99,7 +101,7 @@ class RunFiles:
         return error(404, f"run {run_id!r} has no {name.split('.')[0]}") if data is None else data
 
     async def put_trace(self, request: web.Request) -> web.Response:
-        return await self._put(request, TRACE, MAX_TRACE_BYTES, lambda data: None if data else "the trace is empty")
+        return await self._put(request, TRACE, MAX_TRACE_BYTES, _trace_problem)
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
         found = await self._get(request, TRACE)
@@ -157,12 +159,54 @@ def _same_settings(started: dict[str, Any], other: dict[str, Any]) -> bool | Non
     return commit[0] == commit[1] and all(started.get(k) == other.get(k) for k in _SETTINGS)
 
 
+def _trace_problem(data: bytes) -> str | None:
+    """Why ``data`` is not a Perfetto trace (None: it is one): a ``Trace`` is packets (field 1, length-delimited), end to end.
+
+    Only the framing is walked (no packet is decoded): a trace cut short, or bytes of another kind, are refused.
+    """
+    if not data:
+        return "the trace is empty"
+    position, size = 0, len(data)
+    while position < size:
+        if data[position] != 0x0A:  # field 1, wire type 2: a TracePacket
+            return f"the body is not a Perfetto trace (byte {position:,} starts no packet)"
+        position += 1
+        length = shift = 0
+        while True:
+            if position >= size or shift > 63:
+                return f"the trace is cut short at byte {position:,}"
+            byte = data[position]
+            position += 1
+            length |= (byte & 0x7F) << shift
+            shift += 7
+            if byte < 0x80:
+                break
+        position += length
+        if position > size:
+            return f"the trace is cut short: its last packet needs {position - size:,} more bytes"
+    return None
+
+
 def _diagnosis_problem(data: bytes) -> str | None:
-    """Why ``data`` is not an analysis report (None: it is one)."""
+    """Why ``data`` is not an analysis report (None: it is one): the shape ``otel-rl analyze --json`` writes, and one that compares."""
     try:
         report = json.loads(data)
     except ValueError:
         return "the diagnosis is not JSON"
+    shape = "the diagnosis must be otel-rl analyze --json's report (an object with 'diagnosis' and 'timelines')"
     if not isinstance(report, dict) or not isinstance(report.get("diagnosis"), dict) or not isinstance(report.get("timelines"), dict):
-        return "the diagnosis must be otel-rl analyze --json's report (an object with 'diagnosis' and 'timelines')"
+        return shape
+    verdict = report["diagnosis"]
+    if not isinstance(verdict.get("bottleneck"), str) or not isinstance(verdict.get("findings"), list) or not all(isinstance(f, dict) for f in verdict["findings"]):
+        return "the diagnosis's 'diagnosis' must hold a 'bottleneck' text and a list of 'findings' objects"
+    if not report["timelines"]:
+        return "the diagnosis has no timeline: analyze found no iteration in the trace"
+    for name, timeline in report["timelines"].items():
+        if not isinstance(timeline, dict) or not isinstance(timeline.get("cycles"), int) or not isinstance(timeline.get("phases"), dict) \
+                or not isinstance(timeline.get("cycle_ms"), dict):  # fmt: skip
+            return f"timeline {name[:100]!r} of the diagnosis must hold 'cycles', 'cycle_ms' and 'phases' as analyze writes them"
+    try:  # what the run and compare pages do with it
+        compare_reports(report, report, same_settings=None)
+    except Exception as exc:  # a shape the comparison cannot read
+        return f"the diagnosis does not compare ({type(exc).__name__}: {str(exc)[:200]}); send otel-rl analyze --json's report"
     return None

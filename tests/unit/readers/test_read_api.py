@@ -178,7 +178,7 @@ def test_runs_are_tagged_noted_and_deleted_with_everything_stored_of_them(databa
         post(server.url, a_run("drop", "finished", "p", "g", 20))
         post(server.url, [{"run_id": "drop", "writer": "drop:1", "seq": 30, "ts": 1.8e9, "kind": "scalars", "step": 1, "axes": {"env_steps": 8},
                            "values": {"Loss/value": 1.0}}])  # fmt: skip
-        assert requests.put(server.url + "/api/v1/runs/drop/trace", data=b"trace", timeout=10).status_code == 200
+        assert requests.put(server.url + "/api/v1/runs/drop/trace", data=b"\x0a\x05trace", timeout=10).status_code == 200
         edited = requests.patch(server.url + "/api/v1/runs/keep", json={"tags": ["baseline", " sweep ", "baseline"], "note": "the reference"}, timeout=10)
         assert edited.status_code == 200 and edited.json()["tags"] == ["baseline", "sweep"] and edited.json()["note"] == "the reference"
         assert requests.patch(server.url + "/api/v1/runs/keep", json={"note": "kept"}, timeout=10).json()["tags"] == ["baseline", "sweep"]

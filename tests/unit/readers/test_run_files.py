@@ -67,10 +67,29 @@ def test_bad_uploads_cost_only_their_request(run_dir, tmp_path, monkeypatch):
         assert requests.put(url + "/trace", data=b"not gzip", headers={"Content-Encoding": "gzip"}, timeout=30).status_code == 400
         wrong = requests.put(url + "/diagnosis", data=json.dumps({"bottleneck": "x"}), timeout=30)
         assert wrong.status_code == 400 and wrong.json()["field"] == "body"
-        assert requests.put(server.url + "/api/v1/runs/nobody/trace", data=b"trace", timeout=30).status_code == 404
+        kept = requests.get(url + "/diagnosis", timeout=30).content
+        odd = {"diagnosis": {"bottleneck": "x", "findings": []}, "timelines": {"learner": 3}}
+        empty = {"diagnosis": {"bottleneck": "x", "findings": []}, "timelines": {}}
+        broken = {"diagnosis": {"bottleneck": "x", "findings": []}, "timelines": {"learner": {"cycles": 3, "cycle_ms": {}, "phases": {"x": 1}}}}
+        for bad, says in ((odd, "timeline 'learner'"), (empty, "no timeline"), (broken, "does not compare")):
+            answer = requests.put(url + "/diagnosis", data=json.dumps(bad), timeout=30)
+            assert answer.status_code == 400 and says in answer.json()["error"], answer.text
+        assert requests.get(url + "/diagnosis", timeout=30).content == kept  # a refused one replaces nothing
+        compared = requests.get(server.url + "/api/v1/compare", params={"runs": "traced,traced"}, timeout=30)
+        assert compared.status_code == 400  # one run twice is one run
+        valid = b"\x0a\x03abc"  # a trace of one packet
+        truncated = gzip.compress(valid * 50)[:-12]
+        cut = requests.put(url + "/trace", data=truncated, headers={"Content-Encoding": "gzip"}, timeout=30)
+        assert cut.status_code == 400 and "truncated" in cut.json()["error"]
+        short = requests.put(url + "/trace", data=valid * 10 + b"\x0a\x7fabc", timeout=30)
+        assert short.status_code == 400 and "cut short" in short.json()["error"]
+        other = requests.put(url + "/trace", data=b"<html>login</html>", timeout=30)
+        assert other.status_code == 400 and "not a Perfetto trace" in other.json()["error"]
+        assert requests.put(server.url + "/api/v1/runs/nobody/trace", data=valid, timeout=30).status_code == 404
         assert requests.get(server.url + "/api/v1/runs/nobody/diagnosis", timeout=30).status_code == 404
-        small = requests.put(url + "/trace", data=b"t" * 500, timeout=30)
-        assert small.status_code == 200 and requests.get(url + "/trace", timeout=30).content == b"t" * 500  # the server goes on
+        packet = b"\x0a\xf1\x03" + b"t" * 497  # one packet of 497 bytes
+        small = requests.put(url + "/trace", data=packet, timeout=30)
+        assert small.status_code == 200 and requests.get(url + "/trace", timeout=30).content == packet  # the server goes on
         assert requests.get(server.url + "/healthz", timeout=30).status_code == 200
 
 
