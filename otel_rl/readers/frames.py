@@ -10,9 +10,12 @@ request per run).
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import os
+import socket
+import threading
 import urllib.parse
-import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,10 @@ from otel_rl.run.jsonl import read_records
 
 _logger = logger(__name__)
 
+REQUEST_TIMEOUT_S = 60.0
+"""The most one request to a server takes, all of it (a server that trickles its answer is given up on then)."""
+MAX_ANSWER_BYTES = 1 << 30
+"""The largest answer read into memory (a run's export; a trace goes to a file)."""
 AXES = ("env_steps", "step", "ts")
 """What ``scalars(x=...)`` may index by: env steps, the logging step, or the time (Unix seconds)."""
 PAGE = 1000
@@ -113,28 +120,68 @@ def folder_events(folder: Path) -> pd.DataFrame:
 
 
 class Server:
-    """A server's read API, with its token."""
+    """A server's read API, with its token.
 
-    def __init__(self, url: str, token: str | None = None, timeout_s: float = 60.0) -> None:
+    Every request is bounded as a whole (``timeout_s``: connecting, the answer's head and its body, however slowly
+    they trickle in), and an answer that is not the API's JSON (a proxy's login page, another service) is one
+    :class:`SourceError` naming what answered.
+    """
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("MOTRIX_METRICS_TOKEN") or None
-        self.timeout_s = timeout_s
+        self.timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
 
-    def get(self, path: str, **query: Any) -> Any:
-        """The JSON answer of ``GET path?query`` (repeated parameters as lists).
+    def get(self, path: str, expect: str | None = None, **query: Any) -> Any:
+        """The JSON answer of ``GET path?query`` (repeated parameters as lists); ``expect``: a field the answer must hold.
 
         Raises:
-            SourceError: the server refused (its error message) or could not be reached.
+            SourceError: the server refused (its error message), could not be reached in time, or answered something else.
         """
-        address = f"{self.url}{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v is not None}, doseq=True)}"
-        request = urllib.request.Request(address, headers={"Authorization": f"Bearer {self.token}"} if self.token else {})
+        address = f"{path}?{urllib.parse.urlencode({k: v for k, v in query.items() if v is not None}, doseq=True)}"
+        status, kind, body = self._fetch(address, path)
+        if status != 200:
+            raise SourceError(f"{self.url} answered {status} to {path}: {_message(body, kind)}")
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer:
-                return orjson.loads(answer.read())
-        except urllib.error.HTTPError as exc:
-            raise SourceError(f"{self.url} answered {exc.code} to {path}: {_message(exc)}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"{self.url} cannot be reached: {getattr(exc, 'reason', exc)}") from None
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise SourceError(f"{self.url} answered {path} with {_what(body, kind)}, not otel-rl's API (a login page or a proxy in the way?)") from None
+        if expect is not None and (not isinstance(answer, dict) or expect not in answer):
+            raise SourceError(f"{self.url} answered {path} with JSON of another shape (no {expect!r}): is it an otel-rl server?")
+        return answer
+
+    def _fetch(self, address: str, path: str, into: Path | None = None) -> tuple[int, str, bytes]:
+        """``(status, content type, body)`` of ``GET address`` (the body written to ``into`` instead, on 200), within ``timeout_s``."""
+        parts = urllib.parse.urlsplit(self.url)
+        connection_type = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        connection = connection_type(parts.hostname or "", parts.port, timeout=self.timeout_s)
+        expired = threading.Event()
+
+        def expire() -> None:  # a whole request's bound: the blocked read returns when its socket is shut
+            expired.set()
+            with contextlib.suppress(OSError, AttributeError):
+                connection.sock.shutdown(socket.SHUT_RDWR)
+
+        timer = threading.Timer(self.timeout_s, expire)
+        timer.daemon = True
+        timer.start()
+        try:
+            connection.request("GET", parts.path.rstrip("/") + address, headers={"Authorization": f"Bearer {self.token}"} if self.token else {})
+            answer = connection.getresponse()
+            kind = answer.getheader("Content-Type", "")
+            if into is not None and answer.status == 200:
+                with open(into, "wb") as out:
+                    while chunk := answer.read(1 << 20):
+                        out.write(chunk)
+                return 200, kind, b""
+            return answer.status, kind, answer.read(MAX_ANSWER_BYTES)
+        except (OSError, http.client.HTTPException) as exc:
+            if expired.is_set():
+                raise SourceError(f"{self.url} did not answer {path} within {self.timeout_s:.0f} s") from None
+            raise SourceError(f"{self.url} cannot be reached: {getattr(exc, 'reason', exc) or type(exc).__name__}") from None
+        finally:
+            timer.cancel()
+            connection.close()
 
     def trace(self, run_id: str, path: Path, required: bool) -> Path | None:
         """The run's trace from ``GET /api/v1/runs/<id>/trace``, written to ``path``; None when the server has none (unless ``required``).
@@ -142,38 +189,34 @@ class Server:
         Raises:
             SourceError: the server refused, or has no trace of a ``required`` run.
         """
-        address = f"{self.url}/api/v1/runs/{urllib.parse.quote(run_id, safe='')}/trace"
-        request = urllib.request.Request(address, headers={"Authorization": f"Bearer {self.token}"} if self.token else {})
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as answer, open(path, "wb") as out:
-                while chunk := answer.read(1 << 20):
-                    out.write(chunk)
+        route = f"/api/v1/runs/{urllib.parse.quote(run_id, safe='')}/trace"
+        status, kind, body = self._fetch(route, "/api/v1/runs/<id>/trace", into=path)
+        if status == 200:
             return path
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404 and not required:
-                return None
-            if exc.code == 404:
-                raise SourceError(f"{self.url} has no trace of run {run_id!r} (it is sent when the run ends)") from None
-            raise SourceError(f"{self.url} answered {exc.code} to the trace of {run_id!r}: {_message(exc)}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            raise SourceError(f"{self.url} cannot be reached: {getattr(exc, 'reason', exc)}") from None
+        if status == 404 and not required:
+            return None
+        if status == 404:
+            raise SourceError(f"{self.url} has no trace of run {run_id!r} (it is sent when the run ends)")
+        raise SourceError(f"{self.url} answered {status} to the trace of {run_id!r}: {_message(body, kind)}")
 
     def listing(self, **only: Any) -> Iterator[dict[str, Any]]:
         """Every run the server lists that ``only`` (project, group, status) keeps, page after page."""
         after = None
         while True:
-            page = self.get("/api/v1/runs", limit=PAGE, after=after, summary="*", **only)
+            page = self.get("/api/v1/runs", expect="runs", limit=PAGE, after=after, summary="*", **only)
+            if not isinstance(page["runs"], list):
+                raise SourceError(f"{self.url} answered /api/v1/runs with JSON of another shape ('runs' is no list): is it an otel-rl server?")
             yield from page["runs"]
             after = page.get("next")
             if not after:
                 return
 
     def scalars(self, run_id: str, keys: Sequence[str] | None = None) -> pd.DataFrame:
-        columns = self.get("/api/v1/run/export", run_id=run_id, format="json", key=list(keys or []))["columns"]
+        columns = self.get("/api/v1/run/export", expect="columns", run_id=run_id, format="json", key=list(keys or []))["columns"]
         return pd.DataFrame(columns)
 
     def events(self, run_id: str) -> pd.DataFrame:
-        return events_frame(self.get("/api/v1/run", run_id=run_id)["events"])
+        return events_frame(self.get("/api/v1/run", expect="events", run_id=run_id)["events"])
 
 
 def server_run(entry: dict[str, Any]) -> dict[str, Any]:
@@ -214,8 +257,15 @@ def events_frame(found: list[dict[str, Any]]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["ts", "name", "attributes"]).sort_values("ts", kind="stable", ignore_index=True)
 
 
-def _message(error: urllib.error.HTTPError) -> str:
+def _message(body: bytes, kind: str) -> str:
+    """The API's error message in a refusal's body, else what the body is."""
     try:
-        return str(orjson.loads(error.read()).get("error"))
+        return str(orjson.loads(body).get("error"))
     except Exception:  # an answer that is not the API's JSON
-        return error.reason
+        return _what(body, kind)
+
+
+def _what(body: bytes, kind: str) -> str:
+    """A few words on an answer that is not the API's JSON: its type and its start."""
+    start = body[:60].decode("utf-8", "replace").split("\n")[0].strip()
+    return f"{kind or 'no content type'} ({start!r})" if start else f"an empty {kind or 'answer'}"

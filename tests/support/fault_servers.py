@@ -101,9 +101,22 @@ class HtmlPage:
                 self.end_headers()
                 self.wfile.write(page)
 
+            def do_GET(self):
+                outer.requests += 1
+                page = outer.page
+                self.send_response(200)
+                self.send_header("Content-Type", outer.content_type)
+                self.send_header("Content-Length", str(len(page)))
+                self.end_headers()
+                self.wfile.write(page)
+
+            do_PUT = do_POST
+
             def log_message(self, *args):
                 pass
 
+        self.page = b"<html><body><form>Sign in to continue</form></body></html>"
+        self.content_type = "text/html; charset=utf-8"
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._server.server_address[1]}"

@@ -150,6 +150,38 @@ def test_runs_that_share_a_run_id_are_two_runs_told_apart_by_folder(tmp_path, mo
     assert sum("several run folders hold run 'sweep'" in r.getMessage() for r in caplog.records) == 1
 
 
+def test_a_login_page_a_stranger_or_a_trickling_server_is_one_clear_error_in_bounded_time(tmp_path, monkeypatch):
+    from fault_servers import HtmlPage, TrickleServer
+
+    from otel_rl.readers import frames
+
+    page = HtmlPage()
+    try:
+        with pytest.raises(read.SourceError, match=r"answered /api/v1/runs with text/html; charset=utf-8 \('<html><body><form>Sign in.*a login page or a proxy"):
+            read.runs(page.url)
+        for call in (lambda: read.scalars(page.url, run_id="x"), lambda: read.events(page.url, run_id="x"), lambda: read.phases(page.url)):
+            with pytest.raises(read.SourceError, match="not otel-rl's API"):
+                call()
+        exported = subprocess.run([sys.executable, "-m", "otel_rl.cli", "export", page.url, "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+        assert exported.returncode == 1 and len(exported.stderr.strip().splitlines()) == 1 and "login page" in exported.stderr
+        page.page, page.content_type = b'{"hello": "world"}', "application/json"
+        with pytest.raises(read.SourceError, match="JSON of another shape \\(no 'runs'\\): is it an otel-rl server"):
+            read.runs(page.url)
+        with pytest.raises(read.SourceError, match="no 'columns'"):
+            read.scalars(page.url, run_id="x")
+    finally:
+        page.stop()
+    monkeypatch.setattr(frames, "REQUEST_TIMEOUT_S", 2.0)
+    trickle = TrickleServer(every_s=0.3)  # a byte every 0.3 s: no read ever times out, the answer never ends in time
+    try:
+        began = time.monotonic()
+        with pytest.raises(read.SourceError, match="did not answer /api/v1/runs within 2 s"):
+            read.runs(trickle.url)
+        assert time.monotonic() - began < 6
+    finally:
+        trickle.stop()
+
+
 def test_bad_sources_are_one_clear_error(runs_dir, tmp_path):
     with pytest.raises(read.SourceError, match="not a run folder"):
         read.runs(tmp_path / "missing")
