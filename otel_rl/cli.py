@@ -147,17 +147,34 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _send_trace(args: argparse.Namespace) -> int:
+    """Send the run's trace and diagnosis; the outcome is said here and kept in the run folder (``trace_upload.json``),
+    where the user of a run whose agent sent them (detached, its output discarded) finds it."""
     from otel_rl.readers.run_upload import UploadError, upload
 
     run_dir = Path(args.run_dir)
+    folder = run_dir if run_dir.is_dir() else run_dir.parent
     try:
-        sent = upload(run_dir if run_dir.is_dir() else run_dir.parent, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None)
+        sent = upload(folder, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
     except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
         print(f"otel-rl backfill: the trace and its diagnosis are not sent: {exc}", file=sys.stderr)
+        _note_upload(folder, {"url": args.url, "sent": False, "error": str(exc)})
         return 1
     if sent is not None:
         print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")
+        _note_upload(folder, {"url": args.url, "sent": True, "trace_bytes": sent[0], "bottleneck": sent[1]})
     return 0
+
+
+def _note_upload(folder: Path, outcome: dict) -> None:
+    import json
+    import time
+
+    from otel_rl.run.files import TRACE_UPLOAD_FILE
+
+    try:
+        (folder / TRACE_UPLOAD_FILE).write_text(json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
+    except OSError:  # a folder that cannot be written: the exit status and the line above say it
+        pass
 
 
 def _export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

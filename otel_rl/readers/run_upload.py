@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -33,11 +34,15 @@ def run_id_of(run_dir: Path) -> str | None:
         return None
 
 
-def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0) -> tuple[int, str] | None:
+def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0, retry_window_s: float = 60.0) -> tuple[int, str] | None:
     """Send the folder's trace (its parts merged) and its analysis; returns (trace bytes, bottleneck), None without a trace.
 
+    A server that cannot take them now (unreachable, restarting: 5xx, 408, 429) is tried again, with growing
+    pauses, for ``retry_window_s``; a refusal (a wrong token, a bad body) or an answer that is not the API's
+    (a login page) is not.
+
     Raises:
-        UploadError: the server refused either, or could not be reached.
+        UploadError: the server refused either, answered something else, or could not be reached in the window.
     """
     run_id = run_id_of(run_dir)
     try:
@@ -54,24 +59,55 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0)
         trace = (merged if len(parts) > 1 else parts[0]).read_bytes()
     base = f"{url.rstrip('/')}/api/v1/run"
     query = urllib.parse.urlencode({"run_id": run_id})
-    _put(f"{base}/trace?{query}", trace, token, timeout_s)
-    _put(f"{base}/diagnosis?{query}", json.dumps(report).encode(), token, timeout_s)
+    give_up = time.monotonic() + retry_window_s
+    _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
+    _put(f"{base}/diagnosis?{query}", json.dumps(report).encode(), token, timeout_s, give_up)
     return len(trace), report["diagnosis"]["bottleneck"]
 
 
-def _put(address: str, data: bytes, token: str | None, timeout_s: float) -> None:
+class _Again(UploadError):
+    """The server could not take it now: worth another try."""
+
+
+_AGAIN_STATUSES = frozenset((408, 429, 500, 502, 503, 504))
+
+
+def _put(address: str, data: bytes, token: str | None, timeout_s: float, give_up: float) -> None:
+    """PUT ``data`` (gzip'd) to ``address``, tried again until ``give_up`` (monotonic) while the server cannot take it now."""
+    body = gzip.compress(data, 6)
+    pause = 0.5
+    while True:
+        try:
+            _put_once(address, body, token, timeout_s)
+            return
+        except _Again as exc:
+            if time.monotonic() + pause > give_up:
+                raise UploadError(f"{exc} (tried until the retry window closed)") from None
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
+
+
+def _put_once(address: str, body: bytes, token: str | None, timeout_s: float) -> None:
     headers = {"Content-Encoding": "gzip", "Content-Type": "application/octet-stream"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(address, data=gzip.compress(data, 6), headers=headers, method="PUT")
+    request = urllib.request.Request(address, data=body, headers=headers, method="PUT")
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            answer.read()
+            kind, text = answer.headers.get("Content-Type", ""), answer.read(1 << 20)
     except urllib.error.HTTPError as exc:
         try:
             reason = json.loads(exc.read()).get("error")
-        except ValueError:
+        except (ValueError, AttributeError):
             reason = exc.reason
-        raise UploadError(f"the server answered {exc.code}: {reason}") from None
+        error = _Again if exc.code in _AGAIN_STATUSES else UploadError
+        raise error(f"the server answered {exc.code}: {reason}") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise UploadError(f"the server cannot be reached: {getattr(exc, 'reason', exc)}") from None
+        raise _Again(f"the server cannot be reached: {getattr(exc, 'reason', exc)}") from None
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        stored = None
+    if not isinstance(stored, dict) or "bytes" not in stored:  # a proxy's login page answers 200 too
+        start = text[:60].decode("utf-8", "replace").split("\n")[0].strip()
+        raise UploadError(f"the server answered with {kind or 'no content type'} ({start!r}), not otel-rl's API (a login page or a proxy in the way?)")

@@ -25,6 +25,8 @@ CONFIG_FILE = "run_config.json"
 TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 PROFILE_DIR = "profile"
+TRACE_UPLOAD_FILE = "trace_upload.json"
+"""What became of the trace and diagnosis sent to a service when the run ended (``otel-rl backfill --trace-only``)."""
 ERRORS_DIR = "errors"
 """Where a launcher keeps a failed run's error logs (the ``failed`` record lists them)."""
 

@@ -200,3 +200,58 @@ def test_a_run_is_tagged_noted_and_deleted_from_its_page(run_dir, tmp_path):
         browser.eval("window.confirm = () => true; document.querySelector('#delete-run').click()")
         assert browser.wait_for("location.pathname === '/' && document.querySelector('#runs tbody td.muted') !== null")
         assert requests.get(server.url + "/api/v1/runs/traced", headers=AUTH, timeout=10).status_code == 404
+
+
+def test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_the_run_folder(run_dir, tmp_path):
+    """The upload a run's agent starts detached: a server down for a few seconds gets it; a login page or a rotated token is a failure
+    said by the exit status and in the run's trace_upload.json, never "sent"."""
+    import socket
+    import threading
+
+    from fault_servers import HtmlPage
+
+    def send(url: str, token: str | None = None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        if token:
+            env["MOTRIX_METRICS_TOKEN"] = token
+        return subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", url, "--trace-only", "--retry-window", "30"],
+                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+
+    def outcome() -> dict:
+        return json.loads((run_dir / "trace_upload.json").read_text())
+
+    page = HtmlPage()
+    try:
+        result = send(page.url)
+    finally:
+        page.stop()
+    assert result.returncode == 1 and "sent the trace" not in result.stdout and "login page" in result.stderr
+    assert outcome()["sent"] is False and "login page" in outcome()["error"]
+
+    with IngestServer(str(tmp_path / "rotated.sqlite3"), token=TOKEN) as server:
+        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], env={**os.environ, "MOTRIX_METRICS_TOKEN": TOKEN},
+                       capture_output=True, timeout=120, check=True)  # fmt: skip  (the records, with the token of the time)
+        began = time.monotonic()
+        rotated = send(server.url, "the-old-token")
+        assert rotated.returncode == 1 and "401" in rotated.stderr and time.monotonic() - began < 20  # refused: not retried
+        assert outcome()["sent"] is False and "401" in outcome()["error"]
+
+    with socket.socket() as probe:  # a port to come back on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    restarted: list[IngestServer] = []
+    database = str(tmp_path / "restarted.sqlite3")
+    with IngestServer(database) as first:  # the run is known to the server
+        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", first.url], capture_output=True, timeout=120, check=True)
+    timer = threading.Timer(3.0, lambda: restarted.append(IngestServer(database, port=port).__enter__()))
+    timer.start()
+    try:
+        result = send(f"http://127.0.0.1:{port}")
+        assert result.returncode == 0, result.stderr
+        assert "sent the trace" in result.stdout and outcome()["sent"] is True
+        stored = requests.get(f"http://127.0.0.1:{port}/api/v1/runs/traced/trace", timeout=30).content
+        assert stored == (run_dir / "trace.perfetto-trace").read_bytes()
+    finally:
+        timer.join()
+        for server in restarted:
+            server.__exit__(None, None, None)
