@@ -144,6 +144,8 @@ class RunScope:
         """The open (or last) run's span id."""
         self.status: str | None = None
         """How the last run ended."""
+        self.duration_s: float | None = None
+        """How long the last run took, from its start to its end (the close that followed not counted)."""
         self._started: AbstractContextManager | None = None  # the run start() opened
 
     @contextmanager
@@ -200,7 +202,9 @@ class RunScope:
                 error_logs = tuple(sorted(str(p) for p in (self._config.run_dir / files.ERRORS_DIR).glob("*.log")))
             except OSError:
                 pass
-        self._recorder.add_run(RunEnd(status, start_ns, self._clock.now_ns(), reason, error_logs))
+        end_ns = self._clock.now_ns()
+        self.duration_s = (end_ns - start_ns) / 1e9
+        self._recorder.add_run(RunEnd(status, start_ns, end_ns, reason, error_logs))
 
     def start(self, closed: bool, family: Any, total_steps: Any, num_envs: Any, config: Any) -> bool:
         """Open a run that :meth:`end` ends (see :meth:`otel_rl.Telemetry.start_run`)."""

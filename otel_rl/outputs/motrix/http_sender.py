@@ -13,7 +13,9 @@ are dropped (counted); ``run`` and ``event`` records go back to the front of
 the queue and are retried until :meth:`close`'s deadline, so an outage longer
 than the window still delivers the lifecycle once the service returns. While
 nothing gets through for ``stall_warning_s`` the sender warns once. While
-idle it sends heartbeats, so a long compile is not taken for a dead run. The
+idle it sends heartbeats, so a long compile is not taken for a dead run. A
+service that takes nothing from the first request on is said at once (and
+again when it accepts records). The
 token travels only in the ``Authorization`` header: it is never logged, never
 put in a URL and never in an exception.
 """
@@ -71,6 +73,7 @@ class HttpSender(BackgroundLoop):
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._poster = Poster(url.rstrip("/") + INGEST_PATH, headers)
+        self._url = url.rstrip("/")
         self.queue = RecordQueue(capacity, "http", drops)
         self._drops = drops
         self._heartbeat = heartbeat
@@ -140,6 +143,14 @@ class HttpSender(BackgroundLoop):
                 return True
             now = time.monotonic()
             first_failure = now if first_failure is None else first_failure
+            if not self.sent and not self._stalled and outcome.error:  # down from the start: said at once, not at the end
+                self._stalled = True
+                _logger.warning(
+                    "otel-rl: ingest service %s cannot take records (%s); retrying, and metrics.jsonl keeps every record for `otel-rl backfill`",
+                    self._url,
+                    outcome.error,
+                    extra=EVERY_TIME,
+                )
             self._check_stall(len(items))
             if now - first_failure >= self._retry_window_s:
                 kept = [item for item in items if item[0] not in DROPPABLE]
