@@ -45,16 +45,37 @@ def rank_tables(cycles: list[Slice], phases: list[Slice], table: Callable[[list[
     return out
 
 
+def is_wait(name: str) -> bool:
+    """Whether phase ``name`` is time spent waiting for others (a collective, a queue), not work of its own."""
+    lowered = name.lower()
+    return lowered in _WAIT_PHASES or lowered.endswith(("_wait", "_sync", "wait", "barrier")) or any(w in lowered for w in ("all_reduce", "allreduce", "barrier"))
+
+
+_WAIT_PHASES = frozenset(("gradient_sync", "collector_wait", "replay_batch_wait", "learner_action_wait"))
+
+
 def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The rank whose top-level phase most exceeds the median rank's, per iteration; None when no rank's is
-    :data:`STRAGGLER_RATIO` times the median's or more (``ranks``: :func:`rank_tables`' entries)."""
+    """The rank whose top-level phase of work most exceeds the median rank's, per iteration; None when no rank's is
+    :data:`STRAGGLER_RATIO` times the median's or more (``ranks``: :func:`rank_tables`' entries).
+
+    A rank that works longer makes the others wait in their collective, which then exceeds its median on them:
+    with two ranks the two excesses are equal. A phase of waiting (:func:`is_wait`) therefore names a straggler
+    only when no phase of work does: the rank that works longer is named, never the ones that wait for it.
+    """
     per = {entry["rank"]: _per_iteration(entry) for entry in ranks}
     names = sorted(set().union(*per.values()))
     median = {name: statistics.median(own.get(name, 0.0) for own in per.values()) for name in names}
-    candidates = [(own.get(name, 0.0) - median[name], rank, name) for rank, own in per.items() for name in names]
-    excess, rank, name = max(candidates, default=(0.0, None, None))
-    if rank is None or excess <= 0 or (median[name] > 0 and per[rank][name] < STRAGGLER_RATIO * median[name]):
+
+    def slow(rank: int, name: str) -> bool:
+        excess = per[rank].get(name, 0.0) - median[name]
+        return excess > 0 and not (median[name] > 0 and per[rank].get(name, 0.0) < STRAGGLER_RATIO * median[name])
+
+    found = [(per[rank].get(name, 0.0) - median[name], not is_wait(name), rank, name) for rank in per for name in names if slow(rank, name)]
+    work = [candidate for candidate in found if candidate[1]]
+    _, _, rank, name = max(work or found, default=(0.0, False, None, None))
+    if rank is None:
         return None
+    excess = per[rank][name] - median[name]
     entry = next(e for e in ranks if e["rank"] == rank)
     titles = {n: s["title"] for e in ranks for n, s in e["phases"].items()}
     others = [own for r, own in per.items() if r != rank]

@@ -243,7 +243,7 @@ def analyze_model(model: TraceModel) -> dict[str, Any]:
     profile = operators_by_phase(slices)
     if profile:
         report["profile"] = profile
-    report["straggler"] = next((found for entry in timelines.values() if (found := ranks.straggler(entry.get("ranks", []))) is not None), None)
+    report["straggler"] = next(({**found, "timeline": name} for name, entry in timelines.items() if (found := ranks.straggler(entry.get("ranks", []))) is not None), None)
     report["diagnosis"] = diagnose(report)
     return report
 
@@ -302,7 +302,9 @@ def diagnose(report: dict[str, Any]) -> dict[str, Any]:
     """The main bottleneck in one plain line, and findings with their evidence."""
     bottleneck, findings = _bottleneck(report)
     found = report.get("straggler")
-    if found is not None:
+    if found is not None:  # the job goes at its slowest rank's pace: that is the headline
+        ratio = f"{found['ratio']:.1f}x the median rank" if found["ratio"] else "only this rank has it"
+        bottleneck = f"{found.get('timeline', schema.LEARNER)} rank {found['rank']} ({found['title'].lower()}, {ratio}): the straggler"
         findings.insert(0, {
             "finding": f"rank {found['rank']} is the straggler",
             "evidence": found["verdict"],

@@ -112,3 +112,17 @@ def test_machines_that_kept_their_parts_on_their_own_disks_are_read_as_one_job(t
     assert analyze_model(read_trace([node0, node1, node0])[0])["timelines"]["learner"]["cycles"] == 4 * CYCLES  # a folder named twice counts once
     cli = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(node0), str(node1), "--json"], capture_output=True, text=True, timeout=60)
     assert cli.returncode == 0 and json.loads(cli.stdout)["straggler"]["rank"] == 3, cli.stderr
+
+
+@pytest.mark.parametrize("world", [2, 3, 8])
+@pytest.mark.parametrize("slow_rank", [0, 1])
+def test_the_rank_that_works_longer_is_the_straggler_never_one_that_waits(tmp_path, world, slow_rank):
+    """Two ranks: the waiter's excess in its all-reduce equals the worker's in Learning; the worker is named, and leads the headline."""
+    for rank in range(world):
+        slow = rank == slow_rank
+        write_rank(tmp_path, rank, 20.2 if slow else 10.2, 1.0 if slow else 11.0, measured=False)
+    report = analyze_model(read_trace(tmp_path)[0])
+    found = report["straggler"]
+    assert (found["rank"], found["phase"], found["others_wait_in"]) == (slow_rank, "learning", "Gradient Sync")
+    assert report["diagnosis"]["bottleneck"] == f"learner rank {slow_rank} (learning, {found['ratio']:.1f}x the median rank): the straggler"
+    assert render_text(report).startswith(f"bottleneck: learner rank {slow_rank} (learning, ")
