@@ -471,9 +471,11 @@ class Telemetry:
         timings of the window; with an initialised ``torch.distributed`` and a
         ``group`` they are reduced across ranks with one packed all-reduce
         (see :func:`otel_rl.training.distributed.reduce_across_ranks`) and each
-        rank's own timings are gathered. Rank 0 records the result as scalars,
+        rank's own timings are gathered. Rank 0 records ``values`` as reduced,
         and each rank's timings under :func:`otel_rl.formats.schema.rank_key`
-        (the live view's ranks side by side); every rank gets the result back.
+        (the live view's ranks side by side); the learner's timings under their
+        own names are the outputs' (one-second windows, one cadence per curve).
+        Every rank gets the whole result back.
         The first window and every :data:`ALIGN_EVERY`-th also measure the
         ranks' clocks (:meth:`align_clocks`). Every rank of ``group`` calls it
         at the same point, as any collective.
@@ -482,7 +484,10 @@ class Telemetry:
             self.align_clocks(group)
         reduced, per_rank = self._windows.across_ranks(values, group)
         if self.config.rank == 0:
-            self.scalars({**reduced, **{schema.rank_key(rank, key): v for rank, own in enumerate(per_rank) for key, v in own.items()}})
+            # The learner's timings under their own names come from the outputs' one-second windows; written here too, at
+            # the loop's cadence, their curves would zig-zag between two. The job's view is each rank's, side by side.
+            recorded = {key: v for key, v in reduced.items() if not schema.is_learner_timing(key) or key in (values or {})}
+            self.scalars({**recorded, **{schema.rank_key(rank, key): v for rank, own in enumerate(per_rank) for key, v in own.items()}})
         return reduced
 
     def align_clocks(self, group: Any = None) -> float:
