@@ -16,7 +16,9 @@ import operator
 import os
 import re
 import secrets
+import socket
 import time
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,8 +229,9 @@ class TelemetryConfig:
 
     @property
     def machine(self) -> int | None:
-        """This machine's index in a job of several (None on one machine: the run folder's names stay as they were)."""
-        return self.node_rank if self.nodes > 1 else None
+        """This machine's index in a job of several (None on one machine, or rank 0's where the launcher numbers no
+        machine: the run folder's names stay as they were)."""
+        return self.node_rank if self.nodes > 1 or (self.node_rank or 0) > 0 else None
 
     @property
     def first_on_node(self) -> bool:
@@ -358,6 +361,7 @@ class TelemetryConfig:
             "local_rank": env.read("LOCAL_RANK", int, None, "an integer"),
             "local_world_size": env.read("LOCAL_WORLD_SIZE", int, None, "an integer"),
         }
+        _slurm_placement(defaults)
         merged = {**defaults, **options}
         if options.get("enabled") is None or not defaults["enabled"]:
             # OTEL_SDK_DISABLED=true is the operator's kill switch: it wins over code, as in OpenTelemetry.
@@ -416,8 +420,47 @@ def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str,
         raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
+def _slurm_placement(defaults: dict[str, Any]) -> None:
+    """The machine, its ranks and this rank's place among them from Slurm's variables (``srun``), where ``torchrun``'s are not set."""
+    if defaults["world_size"] <= 1:
+        return
+    if defaults["node_rank"] is None:
+        defaults["node_rank"] = env.read("SLURM_NODEID", int, None, "an integer")
+    if defaults["local_rank"] is None:
+        defaults["local_rank"] = env.read("SLURM_LOCALID", int, None, "an integer")
+    if defaults["local_world_size"] is None and defaults["node_rank"] is not None:
+        per_node = env.read("SLURM_TASKS_PER_NODE", _tasks_per_node, None, "Slurm's tasks per node, as 2(x3),1")
+        if per_node is not None and defaults["node_rank"] < len(per_node) and len(set(per_node)) == 1:
+            defaults["local_world_size"] = per_node[0]  # machines of one size: ranks in a row, as torchrun places them
+
+
+def _tasks_per_node(raw: str) -> list[int]:
+    """``SLURM_TASKS_PER_NODE`` (``2(x3),1``) as the count of each machine: ``[2, 2, 2, 1]``."""
+    counts: list[int] = []
+    for part in raw.split(","):
+        count, _, times = part.partition("(x")
+        counts += [int(count)] * (int(times.rstrip(")")) if times else 1)
+    return counts
+
+
+def host_machine(host: str) -> int:
+    """A machine's index from its host name, for a launcher that numbers no machine: 1 to 65,535 (0 is rank 0's)."""
+    return 1 + zlib.crc32(host.encode("utf-8", "surrogatepass")) % 65_535
+
+
 def _place_on_node(config: TelemetryConfig) -> None:
-    """Fill and check ``local_world_size`` and ``local_rank`` (``torchrun`` numbers the ranks of each machine in a row)."""
+    """Fill and check ``local_world_size`` and ``local_rank`` (``torchrun`` numbers the ranks of each machine in a row).
+
+    A launcher that gives each rank its place on its machine (``LOCAL_RANK``) but neither the machine nor its size
+    (``srun`` without Slurm's placement, ``mpirun``) leaves the machines unknown: a rank whose local rank is not its
+    rank is not on rank 0's machine, and its machine is told apart by its host name (:func:`host_machine`), so that
+    no two machines ever write one part of the trace.
+    """
+    if config.local_world_size is None and config.node_rank is None and config.local_rank is not None and config.local_rank != config.rank:
+        _check("local_rank", config.local_rank, int, "an integer", lambda v: 0 <= v < config.world_size)
+        config.node_rank = host_machine(socket.gethostname())
+        config.local_world_size = config.world_size  # unknown: at most every rank
+        return
     if config.local_world_size is None:
         config.local_world_size = config.world_size
     _check("local_world_size", config.local_world_size, int, "a positive integer", lambda v: v >= 1)

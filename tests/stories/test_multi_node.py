@@ -180,3 +180,46 @@ def test_the_server_holds_one_run_with_each_ranks_timings(job):
     for key, series in job["points"]["series"].items():
         last[schema.parse_rank_key(key)[0]] = series["y"][-1]
     assert last[SLOW_RANK] > 1.6 * statistics.median(last.values()), last
+
+
+SRUN_STYLE = """
+import sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0, quiet=True)
+with tel.run():
+    for i in range(30):
+        with tel.iteration(i, env_steps=8 * i):
+            with tel.phase("learning"):
+                time.sleep(0.002)
+tel.close()
+print(tel.config.machine)
+"""
+
+
+@pytest.mark.parametrize("launcher", ["ranks only", "slurm"])
+def test_a_launcher_that_numbers_no_machine_still_gives_each_machine_its_own_trace_part(tmp_path, launcher):
+    """srun-style: RANK, WORLD_SIZE and LOCAL_RANK on two machines sharing the run folder, no GROUP_RANK or LOCAL_WORLD_SIZE."""
+    from otel_rl.config import host_machine
+    from otel_rl.readers.analysis import analyze, read_trace
+
+    run_dir = tmp_path / "srun"
+    launched = []
+    for rank, host in enumerate(("hostA", "hostB")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_"))}
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", OTEL_RL_AGENT=f"srun-{launcher.replace(' ', '')}-{rank}")
+        if launcher == "slurm":
+            env.update(SLURM_NODEID=str(rank), SLURM_LOCALID="0", SLURM_TASKS_PER_NODE="1(x2)", SLURM_PROCID=str(rank))
+        script = f'hostname {host} && exec "$@"'
+        launched.append(subprocess.Popen(["unshare", "--uts", "sh", "-c", script, "sh", sys.executable, "-c", SRUN_STYLE, str(run_dir)],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    outputs = [process.communicate(timeout=120) for process in launched]
+    assert [process.returncode for process in launched] == [0, 0], [err for _, err in outputs]
+    machines = [out.strip().splitlines()[-1] for out, _ in outputs]
+    expected = ["0", "1"] if launcher == "slurm" else ["None", str(host_machine("hostB"))]
+    assert machines == expected
+    parts = sorted(p.name for p in run_dir.glob("*.perfetto-trace"))
+    assert len(parts) == 2 and len(set(parts)) == 2, parts  # one part per machine, never one file for two
+    model, _ = read_trace(run_dir)
+    learning = {s.process for s in model.slices if s.name == "Learning"}
+    assert len(learning) == 2  # both machines' learners, read as one job
+    report = analyze(run_dir, engine="python")
+    assert report["timelines"]["learner"]["cycles"] == 60
