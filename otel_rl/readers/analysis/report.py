@@ -477,7 +477,9 @@ def _in_turns(report: dict[str, Any], turns: dict[str, float]) -> tuple[str, dic
                 "check": "what runs between rollouts and updates (evaluation, checkpoints, logging, resets): time it as phases",
             },
         )
-    side = C if turns[C] >= turns[L] else L
+    # Each side's wall time less its stalls: one long stall is not the side's steady cost (the stalls have a finding of their own).
+    steady = {k: turns[k] * (1.0 - report["timelines"].get(k, {}).get("stall_share", 0.0)) for k in (C, L)}
+    side = C if steady[C] >= steady[L] else L
     culprit = _largest(report, side, exclude=tuple(_WAITS.values()))
     if _unaccounted_leads(report, side) or culprit is None:
         where = f"unaccounted: {_pct(report['timelines'][side]['other_share'])} of its cycle is in no phase"

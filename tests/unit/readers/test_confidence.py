@@ -19,14 +19,14 @@ from otel_rl.readers.analysis.compare import compare_reports
 from otel_rl.readers.analysis.significance import rank_sum_p
 
 
-def turns(run_dir, cycles: int, learning_s: float, inference_s: float, env_s: float, stall_at: int | None = None) -> str:
-    """A loop that collects (Policy Inference, Env Step) and learns in turn on one thread; one Policy Inference stalls for 0.8 s at ``stall_at``."""
+def turns(run_dir, cycles: int, learning_s: float, inference_s: float, env_s: float, stall_at: int | None = None, stall_s: float = 0.8) -> str:
+    """A loop that collects (Policy Inference, Env Step) and learns in turn on one thread; one Policy Inference stalls for ``stall_s`` at ``stall_at``."""
     tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0, quiet=True)
     with tel.run():
         for i in range(cycles):
             with tel.iteration(i, timeline="collector"):
                 with tel.phase("policy_inference", "collector"):
-                    time.sleep(0.8 if i == stall_at else inference_s)
+                    time.sleep(stall_s if i == stall_at else inference_s)
                 with tel.phase("env_step", "collector"):
                     time.sleep(env_s)
             with tel.iteration(i, env_steps=8 * (i + 1)):
@@ -49,6 +49,14 @@ def test_one_stall_is_counted_as_a_stall_and_names_no_bottleneck(tmp_path):
     checks = [f["check"] for f in report["diagnosis"]["findings"] if f["finding"].startswith("collection and learning take turns")]
     assert checks == ["env step cost and the number of environments"]  # the check follows the phase named
     assert "trimmed ms" in text and "stalls" in text
+
+
+def test_a_stall_in_the_side_that_waits_does_not_make_it_the_bottleneck(tmp_path):
+    """Learning 4 ms a cycle against a 0.7 ms collection, and one 1.5 s Policy Inference: the learner sets the pace, the stall is a stall."""
+    report = analyze(turns(tmp_path, 150, learning_s=0.004, inference_s=0.0002, env_s=0.0005, stall_at=70, stall_s=1.5), engine="python")
+    text = render_text(report)
+    assert report["diagnosis"]["bottleneck"].startswith("learner (learning"), text
+    assert any(f["finding"].startswith("stalls hold") for f in report["diagnosis"]["findings"]), text
 
 
 def test_a_change_in_a_side_holding_little_wall_time_does_not_explain_the_run(tmp_path):
