@@ -31,7 +31,7 @@ from pathlib import Path
 
 from otel_rl.base.log import logger
 from otel_rl.base.user_dir import private_dir
-from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, SUMMARY_FILE, TRACE_GLOB
+from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, SUMMARY_FILE
 
 _logger = logger(__name__)
 
@@ -122,9 +122,15 @@ def release(held: Claim | None) -> None:
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether ``run_dir`` holds the files of a run (its records, configuration, summary or trace)."""
+    """Whether ``run_dir`` holds the files a run's owner writes (its records, configuration or summary).
+
+    Trace parts do not count: a worker or another rank of the run starting may have written its own already.
+    """
+    def written(path: Path) -> bool:  # a regular file with something in it (not a FIFO or a device put there)
+        return path.is_file() and path.stat().st_size > 0
+
     try:
-        return any((run_dir / name).exists() for name in (JSONL_FILE, CONFIG_FILE, SUMMARY_FILE)) or any(run_dir.glob(TRACE_GLOB))
+        return any(written(run_dir / name) for name in (JSONL_FILE, CONFIG_FILE, SUMMARY_FILE))
     except OSError:
         return False
 

@@ -376,8 +376,7 @@ def test_disk_faults_never_reach_training(kind, tmp_path, caplog):
 
 
 def test_unwritable_directory(tmp_path, caplog):
-    blocker = tmp_path / "not-a-dir"
-    blocker.write_text("a file where the run folder should be")
+    blocker = Path("/proc") / f"otel-rl-{tmp_path.name}"  # no folder can be made there, not even by root
     with caplog.at_level(logging.WARNING):
         tel = otel_rl.init(run_dir=blocker / "run", jsonl=True)
         train(tel, iterations=5)
