@@ -131,6 +131,9 @@ def a_loop(run_dir, run_id: str, learning_s: float) -> None:
                     time.sleep(0.001)
                 with tel.phase("learning"):
                     time.sleep(learning_s)
+            tel.distribution("Train/advantage", [float(i + k) for k in range(-5, 6)])
+            if i == 30:
+                tel.event("checkpoint_saved", path="ckpt.pt")
     tel.close()
 
 
@@ -151,6 +154,23 @@ def test_the_compare_page_says_what_changed(tmp_path):
             browser.goto(f"{server.url}/compare?runs=fast,slow")
             line = browser.wait_for("document.querySelector('#compare-verdicts li') && document.querySelector('#compare-verdicts li').textContent")
             assert line.startswith("slow against fast: Learning +") and "the learner got slower" in line
+            # Which run is the baseline, said where the runs are named.
+            assert "the baseline, fast" in browser.eval("document.querySelector('#baseline').textContent")
+            assert browser.wait_for("document.querySelector('#config-diff th.baseline') && document.querySelector('#config-diff th.baseline').textContent").startswith("fast (baseline)")
+            # The per-phase table behind the verdict: Learning 2 -> 6 ms, the largest move of the wall time first.
+            rows = browser.eval("[...document.querySelectorAll('details.phase-changes[data-run-id=\"slow\"] table[data-timeline=\"learner\"] tr[data-phase]')]"
+                                ".map(r => [r.dataset.phase, ...[...r.cells].map(c => c.textContent)])")
+            assert rows[0][0] == "learning" and rows[0][1] == "Learning", rows
+            before, after = (float(v) for v in rows[0][2].split(" ms")[0].split(" -> "))
+            assert 1.9 < before < 3.0 and 5.9 < after < 7.5, rows[0]
+            # A distribution is one chart of each run's mean, not a chart per statistic; each run's event in its own colour.
+            assert browser.wait_for("window.otelRl.charts['dist:Train/advantage'] > 0")
+            assert browser.eval("document.querySelectorAll('[data-key^=\"Train/advantage/\"]').length") == 0
+            marks = browser.wait_for("(() => { const p = document.querySelector('[data-key=\"dist:Train/advantage\"]')._plot; return p._marks.length === 2 && p._marks; })()")
+            assert len({m["color"] for m in marks}) == 2
+            labels = browser.eval("document.querySelector('[data-key=\"dist:Train/advantage\"]')._plot.series.slice(1).map(s => s.label)")
+            assert labels == ["fast (baseline)", "slow"]
+            browser.screenshot(tmp_path / "compare.png")
         finally:
             browser.close()
 

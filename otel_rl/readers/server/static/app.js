@@ -27,7 +27,12 @@ async function api(path) {
   const token = sessionStorage.getItem(TOKEN_KEY);
   const response = await fetch(path, { headers: token ? { Authorization: "Bearer " + token } : {} });
   if (response.status === 401) throw new NeedsToken();
-  const body = await response.json();
+  let body;
+  try {
+    body = await response.json();
+  } catch (error) {
+    throw new Error("HTTP " + response.status + ", not the API's JSON");
+  }
   if (!response.ok) throw new Error(body.error || response.statusText);
   return body;
 }
@@ -64,11 +69,15 @@ function when(seconds) {
 // An axis value with an SI prefix (12.5k, 3.2M, 450µ), and a byte count in kB, MB, GB: readable at any size.
 function si(value, unit = "") {
   if (value === null || value === undefined || !Number.isFinite(value)) return "";
-  const bytes = unit === "By";
   const magnitude = Math.abs(value);
+  if (unit === "ms") return si(value / 1000, "s"); // milliseconds read as seconds with their prefix: 13.5 ms, 2.1 s
+  const suffix = unit === "By" ? "B" : unit === "s" ? "s" : "";
+  if (unit === "s" && magnitude >= 60) return duration(value); // minutes and hours as such, never "1.2ks"
+  if (!suffix && magnitude < 1) return String(+value.toPrecision(3)); // a plain number below 1 reads as itself (0.5, not 500m)
   const prefixes = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"], [1, ""], [1e-3, "m"], [1e-6, "µ"], [1e-9, "n"]];
   const [scale, prefix] = magnitude === 0 ? [1, ""] : prefixes.find(([s]) => magnitude >= s) || prefixes[prefixes.length - 1];
-  return String(+(value / scale).toPrecision(3)) + prefix + (bytes ? "B" : "");
+  const text = String(+(value / scale).toPrecision(3));
+  return suffix ? text + " " + prefix + suffix : text + prefix;
 }
 
 function number(value) {
@@ -121,18 +130,27 @@ function showTokenPrompt(retry) {
   input.focus();
 }
 
-// Runs a view's refresh now and every REFRESH_MS, until a token is needed.
+// Runs a view's refresh now and every REFRESH_MS, until a token is needed. A refresh that fails (a server restarting,
+// a network blip) is said in the banner and tried again at the next tick: the page keeps what it drew, and mends itself.
 function live(refresh) {
   let timer = null;
+  let busy = false;
+  let banner = document.getElementById("refresh-status");
+  if (!banner) document.getElementById("banner").after(banner = el("span", { id: "refresh-status" }));
   const tick = async () => {
+    if (busy) return; // one refresh at a time: a slow server is not asked twice
+    busy = true;
     try {
       await refresh();
       drawn.refreshes += 1;
+      if (banner.dataset.failing) { banner.textContent = ""; delete banner.dataset.failing; }
     } catch (error) {
-      clearInterval(timer);
-      if (error instanceof NeedsToken) return showTokenPrompt(start);
-      app(el("p", { class: "error" }, "Could not read the runs: " + error.message));
-      return;
+      if (error instanceof NeedsToken) { clearInterval(timer); return showTokenPrompt(start); }
+      drawn.failures = (drawn.failures || 0) + 1;
+      banner.dataset.failing = "1";
+      banner.textContent = "Could not refresh (" + error.message + "); trying again every " + REFRESH_MS / 1000 + " s";
+    } finally {
+      busy = false;
     }
   };
   tick();
@@ -244,6 +262,44 @@ function duration(seconds) {
   return h ? `${h}h ${m}m` : m ? `${m}m ${s}s` : `${s}s`;
 }
 
+// -- the charts of a page act as one: the cursor's step and values on each, a zoom on one zooms them all ------------
+
+const linked = new Set();
+function linkZoom(plot) {
+  linked.add(plot);
+}
+function unlink(plot) {
+  linked.delete(plot);
+}
+// A range dragged on one chart: every chart of the page shows it (and keeps it across refreshes, until reset).
+function zoomAll(min, max) {
+  drawn.zoom = [min, max];
+  for (const plot of [...linked]) {
+    if (!document.body.contains(plot.root)) { linked.delete(plot); continue; }
+    plot.setScale("x", { min, max });
+  }
+}
+function resetZoom() {
+  drawn.zoom = null;
+  for (const plot of linked) plot.setData(plot.data, true);
+}
+function selected(u) {
+  if (u.select.width > 4) zoomAll(u.posToVal(u.select.left, "x"), u.posToVal(u.select.left + u.select.width, "x"));
+  u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+}
+
+// The y axis as wide as its widest label (never "l.16GB" for "1.16GB").
+function axisWidth() {
+  return (u, values, axisIdx) => {
+    if (!values || !values.length) return 56;
+    u.ctx.save();
+    u.ctx.font = u.axes[axisIdx].font[0];
+    const widest = Math.max(...values.map((v) => u.ctx.measureText(String(v)).width));
+    u.ctx.restore();
+    return Math.max(48, Math.ceil(widest / devicePixelRatio) + 24); // the labels, the ticks and a gap
+  };
+}
+
 // The runs in the order `sort` names ("env_steps", "-env_steps", "sum:<name>", "config:<setting>"); runs without a value last.
 function sorted(runs, sort) {
   if (!sort) return runs;
@@ -284,33 +340,48 @@ function chart(holder, key, data, labels, marks, stacked, x = "env_steps", style
   const color = (i) => COLORS[(raw.size ? 0 : i) % COLORS.length]; // a raw curve and its smoothed one share their colour
   const series = [{}, ...labels.map((label, i) => ({ label, stroke: color(i) + (raw.has(i) ? "40" : ""), width: raw.has(i) ? 1 : 1.5,
     fill: stacked ? color(i) + "55" : undefined, spanGaps: true }))];
-  if (style.log) data = [data[0], ...data.slice(1).map((ys) => ys.map((v) => (v > 0 ? v : null)))]; // a log axis shows positive values
+  let hidden = 0;
+  if (style.log) { // a log axis shows positive values; how many it leaves out is said under the chart
+    data = [data[0], ...data.slice(1).map((ys) => ys.map((v) => { if (v !== null && !(v > 0)) { hidden += 1; return null; } return v; }))];
+  }
   if (style.band) { // min, p05, mean, p95, max: two bands around the mean line
     series.forEach((s, i) => { if (i && i !== 3) { s.stroke = COLORS[0] + (i === 1 || i === 5 ? "30" : "70"); s.width = 1; } });
     series[3].stroke = COLORS[0];
   }
-  const options = { width, height: 200, series, legend: { live: false },
+  const options = { width, height: 200, series, legend: { live: true },
+    cursor: { sync: { key: "otel-rl", setSeries: false }, drag: { x: true, y: false, setScale: false } },
     bands: style.band ? [{ series: [5, 1], fill: COLORS[0] + "14" }, { series: [4, 2], fill: COLORS[0] + "33" }] : undefined,
     scales: { x: { time: x === "ts" }, y: style.log ? { distr: 3 } : {} },
     axes: [{ values: x === "ts" ? undefined : (u, splits) => splits.map((v) => si(v)) },
-      { size: 56, values: (u, splits) => splits.map((v) => si(v, style.unit)) }],
-    hooks: { draw: [(u) => drawMarks(u, marks)] } };
+      { size: axisWidth(), values: (u, splits) => splits.map((v) => si(v, style.unit)) }],
+    hooks: { draw: [(u) => drawMarks(u, marks)], setSelect: [selected] } };
+  series.forEach((s, i) => { if (i) s.value = (u, v) => (v === null || v === undefined ? "-" : si(v, style.unit)); });
+  series[0].label = AXES[x];
+  series[0].value = (u, v) => (v === null || v === undefined ? "-" : x === "ts" ? new Date(v * 1000).toLocaleTimeString() : number(v));
   const existing = holder._plot;
   const shape = JSON.stringify([x, !!style.log, series.map((s) => s.stroke || "")]);
   if (existing && holder._shape === shape) {
     existing._marks = marks;
-    existing.setData(data);
+    existing.setData(data, !drawn.zoom);
+    if (drawn.zoom) existing.setScale("x", { min: drawn.zoom[0], max: drawn.zoom[1] }); // a refresh keeps the zoom
   } else {
-    if (existing) existing.destroy();
+    if (existing) { unlink(existing); existing.destroy(); }
     holder._plot = new uPlot(options, data, holder);
     holder._plot._marks = marks;
     holder._shape = shape;
+    linkZoom(holder._plot);
+    if (drawn.zoom) holder._plot.setScale("x", { min: drawn.zoom[0], max: drawn.zoom[1] });
     if (!holder._resizes) {
       holder._resizes = new ResizeObserver(() => holder._plot && holder._plot.setSize({ width: Math.max(240, holder.clientWidth - 14), height: 200 }));
       holder._resizes.observe(holder);
     }
   }
   holder.dataset.log = style.log ? "1" : "";
+  let note = holder.querySelector(".log-note");
+  if (hidden) {
+    if (!note) holder.append(note = el("p", { class: "log-note muted" }));
+    note.textContent = `${number(hidden)} value${hidden === 1 ? "" : "s"} at or below 0 not shown on the log scale`;
+  } else if (note) note.remove();
   holder.dataset.series = String(labels.length);
   const points = data[0].length;
   holder.dataset.points = points;
@@ -322,7 +393,9 @@ function drawMarks(plot, marks) {
   ctx.save();
   ctx.strokeStyle = "#d62728";
   ctx.setLineDash([4, 3]);
-  for (const x of plot._marks || marks || []) {
+  for (const mark of plot._marks || marks || []) {
+    const x = typeof mark === "number" ? mark : mark.x;
+    ctx.strokeStyle = typeof mark === "number" ? "#d62728" : mark.color;
     const left = plot.valToPos(x, "x", true);
     if (left < plot.bbox.left || left > plot.bbox.left + plot.bbox.width) continue;
     ctx.beginPath();
@@ -333,7 +406,8 @@ function drawMarks(plot, marks) {
   ctx.restore();
 }
 
-// The x of each event: its time on a time axis, else the axis value of the last point at or before it.
+// The x of each event: its time on a time axis, else the axis value at its time on the reference curve (the one with
+// the most points of those read), the same for every chart: an event is one line across the page.
 function eventXs(events, curve, axis) {
   if (axis === "ts") return events.map((e) => e.ts);
   const xs = [];
@@ -343,6 +417,12 @@ function eventXs(events, curve, axis) {
     if (found !== null) xs.push(found);
   }
   return xs;
+}
+
+function referenceCurve(curves) {
+  let best = null;
+  for (const c of curves.values()) if (c && c.t && (!best || c.t.length > best.t.length)) best = c;
+  return best;
 }
 
 function family(key) {
@@ -440,13 +520,27 @@ function chartHolders(charts, view) {
         const unit = this.units[key];
         const title = key.startsWith("dist:") ? key.slice(5) : key;
         const holder = el("div", { class: "chart", "data-key": key }, el("h3", {}, title, unit ? el("span", { class: "unit" }, " (" + (UNIT_NAMES[unit] || unit) + ")") : "",
-          key.startsWith("dist:") ? el("span", { class: "unit" }, " min–max, p05–p95, mean") : ""));
+          key.startsWith("dist:") ? el("span", { class: "unit" }, grouped ? " min–max, p05–p95, mean" : " mean of each run") : ""));
         holders.set(key, holder);
         parent.append(holder);
         view.observe(holder);
       }
     },
   };
+}
+
+// Only the charts whose key holds every word of `text` (any case); a family with none shown is hidden too.
+function filterCharts(charts, text) {
+  const words = text.toLowerCase().split(/\s+/).filter(Boolean);
+  let shown = 0;
+  for (const holder of charts.querySelectorAll(".chart[data-key]")) {
+    const key = holder.dataset.key.toLowerCase();
+    const match = words.every((w) => key.includes(w));
+    holder.hidden = !match;
+    shown += match ? 1 : 0;
+  }
+  for (const section of charts.querySelectorAll(".family")) section.hidden = !section.querySelector(".chart:not([hidden])");
+  drawn.shownCharts = shown;
 }
 
 // -- one run ----------------------------------------------------------------------------
@@ -468,7 +562,11 @@ function runView(runId) {
     oninput: () => { smoothingValue.textContent = smoothing.value; setParams({ smooth: smoothing.value === "0" ? "" : smoothing.value }); refresh(); } });
   const log = el("input", { id: "log-scale", type: "checkbox", checked: params().get("log") === "1",
     onchange: () => { setParams({ log: log.checked ? "1" : "" }); refresh(); } });
-  controls.append(el("label", {}, "x axis ", axis), el("label", {}, " smoothing ", smoothing, " ", smoothingValue), el("label", {}, " ", log, " log scale"));
+  const search = el("input", { id: "key-search", type: "search", placeholder: "search keys", value: params().get("q") || "",
+    oninput: () => { setParams({ q: search.value }); filterCharts(charts, search.value); } });
+  const unzoom = el("button", { id: "reset-zoom", type: "button", onclick: resetZoom }, "reset zoom");
+  controls.append(el("label", {}, "x axis ", axis), el("label", {}, " smoothing ", smoothing, " ", smoothingValue), el("label", {}, " ", log, " log scale"),
+    el("label", {}, " ", search), " ", unzoom);
   const view = visibility(() => draw(false).catch(() => {}));
   const board = chartHolders(charts, view);
   const stackHolders = new Map();
@@ -477,8 +575,11 @@ function runView(runId) {
   let members = new Map(); // "dist:<key>" -> its min, p05, mean, p95 and max keys
   let events = [];
   let round = 0;
+  const reference = new Map(); // key -> its latest curve (on the current axis)
+  let axisShown = params().get("x") || "env_steps";
 
   async function refresh() {
+    if ((params().get("x") || "env_steps") !== axisShown) { reference.clear(); drawn.zoom = null; axisShown = params().get("x") || "env_steps"; }
     const [info, keyList] = await Promise.all([runApi(runId, "", { events: EVENTS_SHOWN }), runApi(runId, "/keys")]);
     const run = info.run;
     const started = run.started || {};
@@ -495,6 +596,7 @@ function runView(runId) {
     events = info.events;
     board.units = keyList.units || {};
     board.place(keys);
+    filterCharts(charts, search.value);
     round += 1;
     await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey)), diagnosisPanel(diagnosis, runId)]);
     eventList(details, events, info.events_total);
@@ -512,12 +614,15 @@ function runView(runId) {
     const thisRound = round;
     wanted.forEach((k) => drawnAt.set(k, thisRound));
     const curves = await fetchCurves(runId, needed, x);
+    for (const [k, c] of curves) reference.set(k, c); // the curves read so far, for the events' one x
+    const marks = eventXs(events, referenceCurve(reference) || { t: [], x: [] }, x);
+    drawn.marks = marks;
     const log = params().get("log") === "1";
     for (const key of wanted) {
       if (members.has(key)) {
         const band = members.get(key).map((k) => curves.get(k));
         if (band.every(Boolean)) {
-          chart(board.holders.get(key), key, uPlot.join(band.map((c) => [c.x, c.y])), BAND, eventXs(events, band[2], x), false, x,
+          chart(board.holders.get(key), key, uPlot.join(band.map((c) => [c.x, c.y])), BAND, marks, false, x,
             { unit: board.units[members.get(key)[2]], log, band: true });
         }
         continue;
@@ -528,7 +633,7 @@ function runView(runId) {
       // Smoothed: the raw curve stays, faint, behind it.
       const [data, labels] = weight ? [[c.x, c.y, smooth(c.y, weight)], [key + " (raw)", key]] : [[c.x, c.y], [key]];
       if (weight) style.raw = new Set([0]);
-      chart(board.holders.get(key), key, data, labels, eventXs(events, c, x), false, x, style);
+      chart(board.holders.get(key), key, data, labels, marks, false, x, style);
     }
     stackedPerf(stacks, curves, charts, stackHolders, x);
   }
@@ -735,6 +840,7 @@ function compareView() {
   let eventsOf = new Map(); // run id -> its newest events (the marks on its curves)
   let keysOf = new Map(); // run id -> its keys (runs found only)
   let keys = [];
+  let members = new Map(); // "dist:<key>" -> its band's keys: one chart of each run's mean, not one chart a statistic
   const drawnAt = new Map();
   let round = 0;
 
@@ -743,8 +849,11 @@ function compareView() {
     const [infos, keyLists] = await Promise.all([settled(ids.map((id) => runApi(id, "", { events: EVENTS_SHOWN }))),
       settled(ids.map((id) => runApi(id, "/keys")))]);
     keysOf = new Map(ids.flatMap((id, i) => (infos[i].ok && keyLists[i].ok ? [[id, new Set(keyLists[i].value.keys)]] : [])));
+    board.units = Object.assign({}, ...keyLists.filter((k) => k.ok).map((k) => k.value.units || {}));
     eventsOf = new Map(ids.flatMap((id, i) => (infos[i].ok ? [[id, infos[i].value.events]] : [])));
-    keys = [...new Set([...keysOf.values()].flatMap((k) => [...k]))].sort();
+    const shaped = distributions([...new Set([...keysOf.values()].flatMap((k) => [...k]))].filter((k) => !rankKey(k)));
+    keys = shaped.keys;
+    members = shaped.members;
     board.place(keys, false);
     round += 1;
     await Promise.all([draw(true), compareVerdicts(verdicts, ids)]);
@@ -760,8 +869,8 @@ function compareView() {
       missing.length ? el("p", { id: "missing-runs", class: "error" }, "Could not read " + missing.join(", ") + ": " +
         (infos[ids.indexOf(missing[0])].error || keyLists[ids.indexOf(missing[0])].error)) : "",
       el("table", { id: "config-diff", class: "kv" },
-        el("tr", {}, el("th", {}, ""), found.map((id) => el("th", {}, el("span", { class: "swatch", style: "background:" + COLORS[ids.indexOf(id) % COLORS.length] }),
-          id, " ", badge(infos[ids.indexOf(id)].value.run.status)))), rows));
+        el("tr", {}, el("th", {}, ""), found.map((id) => el("th", { class: id === ids[0] ? "baseline" : "" }, el("span", { class: "swatch", style: "background:" + COLORS[ids.indexOf(id) % COLORS.length] }),
+          id, id === ids[0] ? " (baseline)" : "", " ", badge(infos[ids.indexOf(id)].value.run.status)))), rows));
   }
 
   async function draw(all) {
@@ -772,13 +881,15 @@ function compareView() {
     const found = [...keysOf.keys()];
     const x = params().get("x") || "env_steps";
     const weight = Number(params().get("smooth") || 0);
-    const answers = await settled(found.map((id) => fetchCurves(id, wanted.filter((k) => keysOf.get(id).has(k)), x)));
+    const read = (key) => members.has(key) ? members.get(key)[2] : key; // a distribution is compared by its mean
+    const answers = await settled(found.map((id) => fetchCurves(id, wanted.map(read).filter((k) => keysOf.get(id).has(k)), x)));
     for (const key of wanted) {
-      const curves = answers.map((a) => (a.ok && a.value.has(key) ? a.value.get(key) : null));
+      const curves = answers.map((a) => (a.ok && a.value.has(read(key)) ? a.value.get(read(key)) : null));
       const tables = curves.map((c) => (c ? [c.x, smooth(c.y, weight)] : [[], []]));
-      // Every run's events, each at its own curve's x: where a checkpoint or a restart fell in each.
-      const marks = curves.flatMap((c, i) => (c ? eventXs(eventsOf.get(found[i]) || [], c, x) : []));
-      chart(board.holders.get(key), key, uPlot.join(tables), found, marks, false, x);
+      // Every run's events, each at its own curve's x and in its run's colour: where a checkpoint or a restart fell in each.
+      const marks = curves.flatMap((c, i) => (c ? eventXs(eventsOf.get(found[i]) || [], c, x).map((at) => ({ x: at, color: COLORS[ids.indexOf(found[i]) % COLORS.length] })) : []));
+      const labels = found.map((id, i) => (i === 0 && id === ids[0] ? id + " (baseline)" : id));
+      chart(board.holders.get(key), key, uPlot.join(tables), labels, marks, false, x, { unit: board.units[read(key)] });
       board.holders.get(key).dataset.marks = String(marks.length);
     }
   }
@@ -790,11 +901,36 @@ async function compareVerdicts(section, ids) {
   if (ids.length < 2 || section.dataset.shown) return;
   const answer = await api("/api/v1/compare?" + new URLSearchParams({ runs: ids.join(",") }));
   const lines = Object.entries(answer.comparisons).map(([id, c]) => el("li", { "data-run-id": id }, el("b", {}, id), " against ",
-    answer.baseline + ": ", c.verdict));
+    answer.baseline + ": ", c.verdict, phaseChanges(id, c)));
   if (!lines.length && !answer.missing.length) return;
   section.dataset.shown = "1";
-  section.replaceChildren(el("h2", {}, "What changed (otel-rl analyze --compare)"), el("ul", { id: "compare-verdicts" }, lines),
+  section.replaceChildren(el("h2", {}, "What changed (otel-rl analyze --compare)"),
+    el("p", { id: "baseline", class: "muted" }, "Each run against the baseline, " + answer.baseline + " (the first run of the address)."),
+    el("ul", { id: "compare-verdicts" }, lines),
     answer.missing.length ? el("p", { class: "muted" }, "No diagnosis for " + answer.missing.join(", ") + " (otel-rl backfill sends it).") : "");
+}
+
+// The table behind a verdict, per timeline: each top-level phase's mean and per-cycle time, baseline -> run, and how
+// much of the wall time it moved (what the verdict weighs).
+function phaseChanges(runId, comparison) {
+  const pct = (v) => (v === null || v === undefined ? "" : (v >= 0 ? "+" : "") + Math.round(v * 100) + "%");
+  const ms = (v) => (v === null || v === undefined ? "-" : number(v));
+  const tables = [];
+  for (const [timeline, t] of Object.entries(comparison.timelines || {})) {
+    if (!t.phases) continue;
+    const rows = Object.entries(t.phases).filter(([, p]) => !p.nested && !p.background)
+      .sort(([, a], [, b]) => Math.abs(b.wall || 0) - Math.abs(a.wall || 0))
+      .map(([name, p]) => el("tr", { "data-phase": name }, el("td", {}, p.title || name),
+        el("td", {}, ms(p.mean_ms[0]) + " -> " + ms(p.mean_ms[1]) + " ms", " ", el("span", { class: "muted" }, pct(p.mean_ms[2]))),
+        el("td", {}, pct(p.per_cycle_ms[2])), el("td", {}, pct(p.wall)),
+        el("td", {}, (p.share[0] === null || p.share[0] === undefined ? "-" : Math.round(p.share[0] * 100) + "%") + " -> " +
+          (p.share[1] === null || p.share[1] === undefined ? "-" : Math.round(p.share[1] * 100) + "%"))));
+    tables.push(el("table", { class: "compare-table", "data-timeline": timeline },
+      el("caption", {}, timeline + ": cycles " + t.cycles[0] + " -> " + t.cycles[1] + (t.cycle_mean_ms ? ", mean " + ms(t.cycle_mean_ms[0]) + " -> " + ms(t.cycle_mean_ms[1]) + " ms " + pct(t.cycle_mean_ms[2]) : "") +
+        (t.p_value !== undefined ? " (p=" + Number(t.p_value).toPrecision(2) + ")" : "")),
+      el("tr", {}, ["phase", "mean", "per cycle", "wall", "share"].map((h) => el("th", {}, h))), rows));
+  }
+  return tables.length ? el("details", { class: "phase-changes", "data-run-id": runId }, el("summary", {}, "per phase"), tables) : "";
 }
 
 // Each promise's outcome as {ok, value} or {ok: false, error}; a missing token still stops the view.
