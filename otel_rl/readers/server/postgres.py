@@ -134,6 +134,7 @@ _TOUCH_RUNS = (
     "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen)"
     " SELECT id, 'running', 0, -1, %s, %s FROM unnest(%s::text[]) AS id ORDER BY id"  # one lock order for every server
     " ON CONFLICT (run_id) DO UPDATE SET last_seen = greatest(runs.last_seen, excluded.last_seen), lost = FALSE"
+    " RETURNING run_id, (xmax = 0)"  # inserted, not updated: the run is new to the database
 )
 _COPY_BLOCKS = "COPY point_blocks (run_id, key, writer, first_ts, points) FROM STDIN (FORMAT BINARY)"
 _SET_STATUS = (
@@ -230,9 +231,11 @@ class PostgresStorage:
                 inserted = set(cursor.fetchall())
                 rows = unique_rows([r for r in rows if (r.writer, r.seq) in inserted], set())  # a duplicate changes nothing
                 accepted = len(rows)
-                with self._lock:
-                    fresh = self._known.new(rows)
                 cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
+                made = {run_id for run_id, inserted in cursor.fetchall() if inserted}  # a run made by this batch holds no key yet
+                with self._lock:
+                    self._known.forget(made)
+                    fresh = self._known.new(rows)
                 for r in rows:
                     if r.kind == "run":
                         order = status_order(r, now)

@@ -104,7 +104,7 @@ _SUMMARIZE = (
 _INSERT_RECORD = "INSERT OR IGNORE INTO records (writer, seq, run_id, kind, ts, body) VALUES (?, ?, ?, ?, ?, ?)"
 _TOUCH_RUN = (
     "INSERT INTO runs (run_id, status, status_ts, status_seq, created, last_seen) VALUES (?, 'running', 0, -1, ?, ?)"
-    " ON CONFLICT (run_id) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen), lost = 0"
+    " ON CONFLICT (run_id) DO UPDATE SET last_seen = max(last_seen, excluded.last_seen), lost = 0 RETURNING created"
 )
 _SET_STATUS = (
     "UPDATE runs SET status = ?, status_ts = ?, status_seq = ?, project = coalesce(?, project),"
@@ -185,7 +185,11 @@ class SqliteStorage:
                 db.executemany(_INSERT_RECORD, [r[:6] for r in rows])
                 accepted = len(rows)
                 first_status = [r for r in rows if r.kind == "run"]
-                db.executemany(_TOUCH_RUN, [(run_id, now, now) for run_id in dict.fromkeys(r.run_id for r in rows)])
+                made = set()
+                for run_id in dict.fromkeys(r.run_id for r in rows):  # a run made by this batch holds no key yet
+                    if db.execute(_TOUCH_RUN, (run_id, now, now)).fetchone()[0] == now:
+                        made.add(run_id)
+                self._known.forget(made)
                 for r in first_status:
                     order = status_order(r, now)
                     db.execute(

@@ -311,6 +311,11 @@ class KnownKeys:
     def remember(self, pairs: list[tuple[str, str]]) -> None:
         self._known.update(pairs)
 
+    def forget(self, run_ids: set[str]) -> None:
+        """Runs the database made anew (deleted, on this server or another, and sent to again): their keys are stored again."""
+        if run_ids:
+            self._known = {pair for pair in self._known if pair[0] not in run_ids}
+
 
 def unique_rows(rows: list[Row], stored: set[tuple[str, int]]) -> list[Row]:
     """The rows to store: each (writer, seq) once (its first row), none already ``stored``.

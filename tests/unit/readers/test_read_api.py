@@ -227,3 +227,26 @@ def test_a_postgresql_database_made_with_jsonb_bodies_keeps_them(postgres):
         assert [p["value"] for p in points] == [0.0, 1.0, 2.0, 3.0, 4.0]
     with psycopg.connect(url) as conn:
         assert conn.execute("SELECT data_type FROM information_schema.columns WHERE table_name = 'records' AND column_name = 'body'").fetchone() == ("jsonb",)
+
+
+def test_a_run_deleted_while_it_streams_comes_back_whole_on_every_server(database, tmp_path):
+    """Records sent after a delete make the run again with its keys (charts, export), whichever server took the delete."""
+    def scalars(seq: int, step: int) -> dict:
+        return {"run_id": "phoenix", "writer": "phoenix:1", "seq": seq, "ts": 1.8e9 + step, "kind": "scalars", "step": step,
+                "axes": {"env_steps": 8 * step}, "values": {"Loss/value": float(step), "Train/mean_reward": -float(step)}}  # fmt: skip
+
+    with IngestServer(database) as first, IngestServer(database) as second:  # one database, two servers' caches
+        post(first.url, a_run("phoenix", "running", "p", "g", 1))
+        post(first.url, [scalars(10 + i, i) for i in range(5)])
+        assert requests.get(first.url + "/api/v1/runs/phoenix/keys", timeout=10).json()["keys"] == ["Loss/value", "Train/mean_reward"]
+        post(second.url, [scalars(20, 5)])  # the second server knows the keys too
+        assert requests.delete(first.url + "/api/v1/runs/phoenix", timeout=10).json() == {"deleted": "phoenix"}
+        for server, seq, step in ((first, 30, 6), (second, 31, 7)):
+            post(server.url, [scalars(seq, step)])  # the run still streams, to either server
+        for server in (first, second):
+            keys = requests.get(server.url + "/api/v1/runs/phoenix/keys", timeout=10).json()["keys"]
+            assert keys == ["Loss/value", "Train/mean_reward"]
+            points = requests.get(server.url + "/api/v1/runs/phoenix/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"]
+            assert [p["value"] for p in points] == [6.0, 7.0]
+            exported = requests.get(server.url + "/api/v1/runs/phoenix/export", params={"format": "json"}, timeout=10).json()["columns"]
+            assert exported["Loss/value"] == [6.0, 7.0] and exported["Train/mean_reward"] == [-6.0, -7.0]
