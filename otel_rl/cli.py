@@ -132,10 +132,14 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.trace_only:
         os.nice(10)  # after a run, beside whatever runs next: the analysis yields the CPU
         return _send_trace(args)
+    run_dir = Path(args.run_dir)
+    folder = run_dir if run_dir.is_dir() else run_dir.parent
     try:
         totals = backfill(args.run_dir, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
     except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
         print(f"otel-rl backfill: {exc}", file=sys.stderr)
+        if folder.is_dir():
+            _note_upload(folder, {"url": args.url, "sent": False, "records": None, "error": str(exc)})
         return 1
     print(
         f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there, "
@@ -143,10 +147,11 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     for reason in totals["reasons"]:
         print(f"  refused: {reason}")
-    return _send_trace(args)
+    records = {key: totals[key] for key in ("sent", "accepted", "duplicates", "rejected")}
+    return _send_trace(args, records)
 
 
-def _send_trace(args: argparse.Namespace) -> int:
+def _send_trace(args: argparse.Namespace, records: dict | None = None) -> int:
     """Send the run's trace and diagnosis; the outcome is said here and kept in the run folder (``trace_upload.json``),
     where the user of a run whose agent sent them (detached, its output discarded) finds it."""
     from otel_rl.readers.run_upload import UploadError, upload
@@ -157,11 +162,13 @@ def _send_trace(args: argparse.Namespace) -> int:
         sent = upload(folder, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
     except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
         print(f"otel-rl backfill: the trace and its diagnosis are not sent: {exc}", file=sys.stderr)
-        _note_upload(folder, {"url": args.url, "sent": False, "error": str(exc)})
+        _note_upload(folder, {"url": args.url, "sent": False, "records": records, "error": str(exc)})
         return 1
     if sent is not None:
         print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")
-        _note_upload(folder, {"url": args.url, "sent": True, "trace_bytes": sent[0], "bottleneck": sent[1]})
+        _note_upload(folder, {"url": args.url, "sent": True, "records": records, "trace_bytes": sent[0], "bottleneck": sent[1]})
+    elif records is not None:
+        _note_upload(folder, {"url": args.url, "sent": True, "records": records})
     return 0
 
 

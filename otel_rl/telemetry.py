@@ -25,6 +25,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from otel_rl.agent.hosts import Host, start_host
+from otel_rl.agent.trace_upload import RESEND_WINDOW_S
 from otel_rl.api import NoOpTelemetry
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
@@ -602,7 +603,9 @@ class Telemetry:
             return
         config = self.config
         if config.jsonl and config.run_dir is not None:
-            how = f"metrics.jsonl holds them: otel-rl backfill {shlex.quote(str(config.run_dir))} --url {shlex.quote(str(config.motrix_url))}"
+            how = (f"metrics.jsonl holds them, and a backfill in the background sends them when the service is back (for {RESEND_WINDOW_S:.0f} s; "
+                   f"its outcome in {shlex.quote(str(config.run_dir / files.TRACE_UPLOAD_FILE))}); later, "
+                   f"otel-rl backfill {shlex.quote(str(config.run_dir))} --url {shlex.quote(str(config.motrix_url))}")
         else:
             how = "without a run folder they are lost"
         _logger.warning("otel-rl: the live service did not get %d of run %s's records by the close deadline; %s", count, config.run_id, how)

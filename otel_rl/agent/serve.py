@@ -151,7 +151,8 @@ class SegmentServer(BackgroundLoop):
             source.commit()
             self.publish()  # what closing dropped, for the producer's last stats()
             self.reader.set("agent_state", shm.AGENT_DONE)
-            send_trace_later(identity.config)
+            live = producer.outputs.live
+            send_trace_later(identity.config, 0 if live is None else live.undelivered)
 
     def _commit_file_sizes(self) -> None:
         outputs = self.producer.outputs

@@ -33,9 +33,17 @@ class Postgres:
         if os.geteuid() == 0:
             shutil.chown(self.data, "postgres", "postgres")
         self._run([str(BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "otel", "--no-sync"])
+        self.resume()
+        return self
+
+    def resume(self) -> None:
+        """Start the server on its data folder again (after :meth:`crash`)."""
         options = f"-p {self.port} -k {self.data} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
         self._run([str(BIN / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.data / "log"), "-w", "start"])
-        return self
+
+    def crash(self) -> None:
+        """Stop the server as a crash would (``-m immediate``), keeping its data for :meth:`resume`."""
+        self._run([str(BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
 
     def _run(self, args: list[str]) -> None:
         result = subprocess.run(_as_postgres(args), capture_output=True, text=True, timeout=120)
