@@ -17,10 +17,13 @@ import textwrap
 import threading
 import time
 
+import pytest
 import requests
 from postgres_server import Postgres
 
 from otel_rl.readers.server import IngestServer
+
+pytestmark = pytest.mark.slow  # a database crashed and started again: pytest -m 'not slow' leaves it out
 
 RECORDS = 6000
 LOOP = textwrap.dedent(f"""

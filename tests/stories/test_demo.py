@@ -13,6 +13,8 @@ from otlp_receivers import HttpReceiver
 from otel_rl.formats.schema import check_schema_version
 from otel_rl.readers.analysis import protobuf_engine, trace_files
 
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
+
 LEARNER_PHASES = {"Collector Wait", "Inference", "H2D", "Forward", "D2H", "Collector Release", "Replay Sample", "Learning"}
 COLLECTOR_PHASES = {"Inference Request", "Learner Action Wait", "Env Step", "Replay Write"}
 

@@ -18,6 +18,8 @@ import otel_rl
 from otel_rl.readers.analysis import analyze, read_trace, render_text
 from otel_rl.readers.analysis.plot import timeline_rows
 
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
+
 SLEEP_S = 0.002
 
 

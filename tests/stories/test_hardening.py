@@ -569,6 +569,7 @@ def test_the_disabled_telemetry_has_the_whole_public_surface(tmp_path):
     real.close()
 
 
+@pytest.mark.slow
 def test_the_demo_runs_with_the_sdk_disabled_and_serving(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     env["OTEL_SDK_DISABLED"] = "true"

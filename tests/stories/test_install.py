@@ -8,11 +8,16 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # a package build: pytest -m 'not slow' leaves it out
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = """
 import json, sys, otel_rl
 import otel_rl.training._hotpath, otel_rl.outputs.motrix._lines  # the C fast paths were built into the wheel
 from importlib import resources
+
 tel = otel_rl.init(run_dir=sys.argv[1], quiet=True, panel=False)
 with tel.run():
     for i in range(20):

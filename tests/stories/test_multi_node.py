@@ -33,10 +33,10 @@ ITERATIONS = 60
 SLOW_RANK = 3
 HOSTS = ("node0", "node1")
 
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("unshare") is None or shutil.which("cc") is None,
     reason="needs root (unshare --uts) and a C compiler (the skewed clock)",
-)
+)]
 
 
 def _launcher(node: int, port: int, run_dir: Path, ingest: str, skewed_clock: Path) -> subprocess.Popen:

@@ -11,6 +11,8 @@ from ray.rllib.algorithms.ppo import PPOConfig
 import otel_rl
 from otel_rl.integrations.rllib import TelemetryCallbacks
 
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
+
 
 @pytest.fixture
 def receiver(monkeypatch):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from integration_checks import check_run, counts, framework, records
 from rsl_rl.env import VecEnv
@@ -11,6 +13,8 @@ from tensordict import TensorDict
 import otel_rl
 from otel_rl.formats import schema
 from otel_rl.integrations.rsl_rl import instrument
+
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
 
 
 class PointMass(VecEnv):

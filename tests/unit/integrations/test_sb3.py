@@ -10,6 +10,8 @@ import otel_rl
 from otel_rl.formats import schema
 from otel_rl.integrations.sb3 import TelemetryCallback, TelemetryOutput
 
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
+
 BOTH_TIMELINES = {"learner": {"Learning", "Policy Inference", "Env Step"}}
 
 

@@ -15,6 +15,8 @@ from skrl_models import Actor, Critic, Policy, Value
 import otel_rl
 from otel_rl.integrations.skrl import instrument
 
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
+
 
 def make_agent(algorithm: str, env, run_dir):
     experiment = {"directory": str(run_dir / "skrl"), "write_interval": 200, "checkpoint_interval": 0}

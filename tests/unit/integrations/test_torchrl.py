@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from integration_checks import check_run, counts, framework, records
 from tensordict.nn import TensorDictModule
@@ -13,6 +15,8 @@ from torchrl.objectives.value import GAE
 
 import otel_rl
 from otel_rl.integrations.torchrl import TelemetryLogger, iterate
+
+pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine: pytest -m 'not slow' leaves it out
 
 FRAMES_PER_BATCH, TOTAL_FRAMES = 256, 2048
 

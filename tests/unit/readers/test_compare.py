@@ -29,6 +29,7 @@ def demo(runs_dir, *options: str) -> str:
     return str(run_dir)
 
 
+@pytest.mark.slow
 def test_a_demo_whose_learning_is_slower_names_the_learner(tmp_path):
     baseline = demo(tmp_path / "baseline")
     slower = demo(tmp_path / "slower", "--updates-per-step", "4")
