@@ -170,33 +170,8 @@ def timed_parts(pipeline, source: SegmentSource, parts: dict[str, float]) -> Non
     source.take = timed_take  # type: ignore[method-assign]
 
 
-HOST_LOOP = """
-import json, os, random, sys, tempfile, time
-sys.path.insert(0, sys.argv[1])
-import psutil, otel_rl
-host, iterations = sys.argv[2], int(sys.argv[3])
-run_dir = os.path.join(tempfile.mkdtemp(prefix="otel-rl-hosts-"), "run")
-tel = otel_rl.init(run_dir=run_dir, agent=host, quiet=True, panel=False)  # system metrics on, as a user has them
-rng = random.Random(0)
-pool = [{f"Loss/key_{k:02d}": rng.random() for k in range(40)} for _ in range(997)]
-me = psutil.Process()
-cpu = lambda p: sum(p.cpu_times()[:2])
-with tel.run():
-    tel.flush(timeout_s=30)  # the agent is up: its start-up is not what this measures
-    agents = me.children()
-    thread0, process0, agents0 = time.thread_time(), cpu(me), sum(map(cpu, agents))
-    for i in range(iterations):
-        with tel.iteration(i, env_steps=i * 64):
-            for name in ("collector_wait", "inference", "replay_sample", "learning"):
-                with tel.phase(name):
-                    pass
-        tel.scalars(pool[i % len(pool)], step=i)  # the loop's own step; the system metrics step by the env steps
-    training = time.thread_time() - thread0
-    assert tel.flush(timeout_s=120)
-    process, agent = cpu(me) - process0, sum(map(cpu, agents)) - agents0
-tel.close()
-print(json.dumps({"training": training / iterations * 1e6, "others": (process - training) / iterations * 1e6, "agent": agent / iterations * 1e6}))
-"""
+HOST_LOOP = Path(__file__).resolve().parents[1] / "tests" / "support" / "cost_target.py"
+"""The measured loop, shared with the suite's cost test: 4 phases and 40 scalars an iteration, the loop's own ``step=``."""
 
 
 def compare_hosts(iterations: int, rounds: int, compare: list[str]) -> None:
@@ -210,7 +185,9 @@ def compare_hosts(iterations: int, rounds: int, compare: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     for _ in range(rounds):
         for name, host in arms:
-            out = subprocess.run([sys.executable, "-c", HOST_LOOP, checkouts[name], host, str(iterations)], capture_output=True, text=True, env=env, timeout=600)
+            run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-hosts-")) / "run"
+            command = [sys.executable, str(HOST_LOOP), str(run_dir), str(iterations), "default", host, checkouts[name]]  # system metrics as a user has them
+            out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
             if out.returncode != 0:  # an older checkout's host may not keep up (its flush() times out): said, and the rest go on
                 failed[name, host] = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 continue

@@ -1,10 +1,13 @@
-"""A loop whose CPU is measured: ``python cost_target.py RUN_DIR ITERATIONS SYSTEM_INTERVAL_S``.
+"""A loop whose CPU is measured: ``python cost_target.py RUN_DIR ITERATIONS SYSTEM_INTERVAL_S [HOST [CHECKOUT]]``.
 
 Each iteration is 4 phases and 40 scalars logged on the loop's own ``step=``
-(the system metrics step by the env steps). Prints, per iteration, the
-training thread's CPU, the process's other threads' and the agent process's,
-in microseconds, from the agent's start to a flush that has everything
-written, as one JSON line.
+(the system metrics step by the env steps). ``SYSTEM_INTERVAL_S``: seconds
+between system metrics samples, or ``default``; ``HOST``: the agent host
+(``process``, the default, or ``thread``); ``CHECKOUT``: the otel-rl to import
+(another checkout's, for ``bench/agent_cost.py --compare``). Prints, per
+iteration, the training thread's CPU, the process's other threads' and the
+agent process's, in microseconds, from the agent's start to a flush that has
+everything written, as one JSON line.
 """
 
 from __future__ import annotations
@@ -14,12 +17,17 @@ import random
 import sys
 import time
 
-import psutil
+if len(sys.argv) > 5:
+    sys.path.insert(0, sys.argv[5])
 
-import otel_rl
+import psutil  # noqa: E402
 
-run_dir, iterations, interval_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-tel = otel_rl.init(run_dir=run_dir, agent="process", quiet=True, panel=False, system_metrics_interval_s=interval_s)
+import otel_rl  # noqa: E402
+
+run_dir, iterations, interval = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+host = sys.argv[4] if len(sys.argv) > 4 else "process"
+options = {} if interval == "default" else {"system_metrics_interval_s": float(interval)}
+tel = otel_rl.init(run_dir=run_dir, agent=host, quiet=True, panel=False, **options)
 rng = random.Random(0)
 pool = [{f"Loss/key_{k:02d}": rng.random() for k in range(40)} for _ in range(997)]
 me = psutil.Process()
