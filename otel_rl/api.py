@@ -39,7 +39,7 @@ class TrainingTelemetry(Protocol):
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None: ...
 
-    def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None: ...
+    def scalars(self, values: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None: ...
 
     def distribution(self, key: str, values: Any, step: int | None = None) -> None: ...
 
@@ -130,7 +130,7 @@ class NoOpTelemetry:
     def iteration(self, index: int, env_steps: int | None = None, timeline: str = schema.LEARNER) -> _NoOpPhase:
         return _NOOP_PHASE
 
-    def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
+    def scalars(self, values: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None:
         pass
 
     def distribution(self, key: str, values: Any, step: int | None = None) -> None:

@@ -294,10 +294,14 @@ class Telemetry:
             if iteration.env_steps is not None:
                 self._last_env_steps = iteration.env_steps
 
-    def scalars(self, values: Mapping[str, Any], step: int | None = None) -> None:
+    def scalars(self, values: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None:
         """Record scalar values (losses, rewards, throughput) at ``step``.
 
-        ``step`` defaults to the current iteration's env steps. numpy and torch
+        ``step`` defaults to the current iteration's env steps; ``env_steps``
+        (the call's env-steps axis) to the env steps the current iteration
+        started at: a loop that knows its count after the iteration's
+        sampling (RLlib's result) passes it, so that the run's env steps are
+        not an iteration behind. numpy and torch
         values are converted with one host transfer per call; an array or
         tensor of several elements is recorded as its mean (one warning); NaN
         and Inf are exported as null with one ``nonfinite`` event per key;
@@ -314,7 +318,8 @@ class Telemetry:
                 if key not in self._strict_keys:
                     schema.metric_spec(key, strict=True)
                     self._strict_keys.add(key)
-        self._recorder.add_scalars((perf_counter_ns(), values, step, self._last_iteration, self._last_env_steps))
+        env_steps = self._last_env_steps if env_steps is None else _step(env_steps)
+        self._recorder.add_scalars((perf_counter_ns(), values, step, self._last_iteration, env_steps))
 
     def distribution(self, key: str, values: Any, step: int | None = None) -> None:
         """Record the distribution of ``values`` (actions, advantages, gradient norms...) at ``step``.

@@ -132,7 +132,8 @@ class TelemetryCallbacks(RLlibCallback):
         tel = _DRIVERS.get(self.spec.run_id) if self.spec is not None else None
         if tel is not None:
             values = {schema.library_key("rllib", k): v for k, v in _flatten(result).items()}
-            tel.scalars(values, step=_env_steps(algorithm))
+            steps = _env_steps(algorithm)  # after this iteration's sampling: the iteration itself started at the count before it
+            tel.scalars(values, step=steps, env_steps=steps)
 
     # -- each EnvRunner ------------------------------------------------------------
 

@@ -142,6 +142,7 @@ class Aggregates:
         self._gauges: dict[str, float | int] = {}
         self._gauge_times: dict[str, int] = {}
         self._env_steps: dict[str, int] = {}
+        self._scalar_env_steps: int | None = None
         self._dropped: dict[str, int] = {}
         self._run_info: dict[str, str] | None = None
         self._run_active: int | None = None
@@ -299,12 +300,20 @@ class Aggregates:
         return phases, cycles
 
     def env_steps(self) -> int | None:
-        """The latest env-steps count of the learner's iterations (of any timeline's without a learner)."""
+        """The latest env-steps count of the learner's iterations (of any timeline's without a learner), or of the scalars
+        when theirs is higher (a loop that counts its steps once an iteration sampled them)."""
         with self._lock:
             steps = self._env_steps.get(schema.LEARNER)
             if steps is None and self._env_steps:
                 steps = max(self._env_steps.values())
+            if self._scalar_env_steps is not None and (steps is None or self._scalar_env_steps > steps):
+                steps = self._scalar_env_steps
         return steps
+
+    def note_env_steps(self, steps: int | None) -> None:
+        """The env steps a scalars record carries (the newest of a batch)."""
+        if steps is not None and (self._scalar_env_steps is None or steps > self._scalar_env_steps):
+            self._scalar_env_steps = steps
 
     def phase_summary(self) -> dict[str, dict[str, Any]]:
         """Per timeline: iteration stats, accounted and Other shares, per-phase count/mean/p50/p95 (ms).
@@ -410,6 +419,7 @@ class AggregatorSink(RecordSink):
         self.aggregates.record_device_interval(interval)
 
     def on_scalars(self, batch: ScalarBatch) -> None:
+        self.aggregates.note_env_steps(batch.env_steps[-1])  # a call's own count (RLlib's after its sampling), at most the newest
         latest = batch.latest()  # None keeps a gauge's last value
         self.aggregates.set_gauges({key: value for key, (value, _) in latest.items()}, {key: time_ns for key, (_, time_ns) in latest.items()})
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import ray
 from integration_checks import check_run, counts, framework, records
@@ -37,7 +39,8 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
         )
         algo = config.build_algo()
         for _ in range(2):
-            algo.train()
+            result = algo.train()
+        sampled = int(result["env_runners"]["num_env_steps_sampled_lifetime"])
         algo.stop()  # the EnvRunner's telemetry closes with it, and the run ends
         tel.close()
     finally:
@@ -49,6 +52,9 @@ def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
          "Perf/collector_env_step_ms", "Perf/collector_policy_inference_ms"},  # the collector's, relayed to the learner
     )  # fmt: skip
     assert set(found["processes"]) == {"learner", "env runner 1"}
+    # The run's env steps are RLlib's after its last iteration, not the count that iteration started at.
+    assert json.loads((tmp_path / "run_summary.json").read_text())["env_steps"] == sampled >= 800
+    assert max(r["axes"]["env_steps"] for r in records(tmp_path) if r["kind"] == "scalars" and r["axes"]["env_steps"] is not None) == sampled
     (running,) = [r for r in records(tmp_path) if r["kind"] == "run" and r["status"] == "running"]
     assert running["num_envs"] == 2 and running["config"]["algorithm"] == "PPO" and running["family"] == "rl.onpolicy"
     assert framework(tmp_path) == {"system": "rllib", "environment": "CartPole-v1", "algorithm": "PPO"}
