@@ -481,19 +481,23 @@ class Telemetry:
         and each rank's timings under :func:`otel_rl.formats.schema.rank_key`
         (the live view's ranks side by side); the learner's timings under their
         own names are the outputs' (one-second windows, one cadence per curve).
-        Every rank gets the whole result back.
+        The ranks' latest env steps are summed (``Perf/job_env_steps``, the axis
+        of rank 0's record), so the run's env steps are the job's. Every rank
+        gets the whole result back.
         The first window and every :data:`ALIGN_EVERY`-th also measure the
         ranks' clocks (:meth:`align_clocks`). Every rank of ``group`` calls it
         at the same point, as any collective.
         """
         if group is not None and self._windows.count % ALIGN_EVERY == 0:
             self.align_clocks(group)
-        reduced, per_rank = self._windows.across_ranks(values, group)
+        reduced, per_rank = self._windows.across_ranks(values, group, self._last_env_steps)
         if self.config.rank == 0:
             # The learner's timings under their own names come from the outputs' one-second windows; written here too, at
             # the loop's cadence, their curves would zig-zag between two. The job's view is each rank's, side by side.
             recorded = {key: v for key, v in reduced.items() if not schema.is_learner_timing(key) or key in (values or {})}
-            self.scalars({**recorded, **{schema.rank_key(rank, key): v for rank, own in enumerate(per_rank) for key, v in own.items()}})
+            job_steps = reduced.get(schema.JOB_ENV_STEPS)  # every rank's env steps: the run's are the job's, not rank 0's alone
+            self.scalars({**recorded, **{schema.rank_key(rank, key): v for rank, own in enumerate(per_rank) for key, v in own.items()}},
+                         env_steps=None if job_steps is None else int(job_steps))
         return reduced
 
     def align_clocks(self, group: Any = None) -> float:

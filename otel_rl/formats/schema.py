@@ -212,8 +212,12 @@ def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:
     return tuple(p for p in PHASES.values() if p.timeline == timeline and p.parent is None)
 
 
+JOB_ENV_STEPS = "Perf/job_env_steps"
+"""The whole job's env steps, which :meth:`otel_rl.Telemetry.log_window` sums across the ranks."""
+
 _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Perf/total_fps", "1/s", "sum", description="Env steps per second of the whole job"),
+    MetricSpec("Perf/job_env_steps", "", "sum", description="Env steps of the whole job: each rank's latest, summed (log_window)"),
     MetricSpec("Perf/iteration_time", "s", description="Learner Iter Wall"),
     MetricSpec("Perf/learning_time", "s", description="Learner update wall time"),
     MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time"),

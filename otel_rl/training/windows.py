@@ -42,12 +42,15 @@ class Windows:
                 out[schema.phase_key(timeline, name)] = delta / count * schema.phase_key_scale(timeline, name)
         return out
 
-    def across_ranks(self, values: Mapping[str, Any] | None, group: Any) -> tuple[dict[str, float], list[dict[str, float]]]:
+    def across_ranks(self, values: Mapping[str, Any] | None, group: Any, env_steps: int | None = None) -> tuple[dict[str, float], list[dict[str, float]]]:
         """This window's timings and ``values``, reduced across the ranks of ``group`` when one is given, and each
-        rank's own timings (none without a group; see :meth:`otel_rl.Telemetry.log_window`)."""
+        rank's own timings (none without a group; see :meth:`otel_rl.Telemetry.log_window`). ``env_steps``: this
+        rank's latest, summed into the job's (:data:`otel_rl.formats.schema.JOB_ENV_STEPS`)."""
         local = {**self.timings(), **snapshot(values or {})}
         if group is None:
             return local, []
+        if env_steps is not None:
+            local[schema.JOB_ENV_STEPS] = float(env_steps)
         from otel_rl.training.distributed import reduce_and_gather
 
         self.count += 1

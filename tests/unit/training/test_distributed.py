@@ -159,6 +159,9 @@ def test_rank_aware_telemetry(world, tmp_path):
         assert 0.02 * (r + 1) <= windows[0]["values"][schema.rank_key(r, "Perf/learning_time")] < 0.02 * (r + 1) + 0.008
     # The learner's timings under their own names have one writer, the outputs' one-second windows: one cadence per curve.
     assert not any(schema.is_learner_timing(key) for key in windows[0]["values"])
+    # The job's env steps are every rank's (each at iteration 4 of 8 steps): the window's axis, and the run's in its summary.
+    assert windows[0]["values"]["Perf/job_env_steps"] == 32.0 * world and windows[0]["axes"]["env_steps"] == 32 * world
+    assert json.loads((tmp_path / "run_summary.json").read_text())["env_steps"] == 32 * world
     offsets = [r["values"][trace.CLOCK_OFFSET_KEY] for r in records if trace.CLOCK_OFFSET_KEY in r.get("values", {})]
     assert len(offsets) == 1 and abs(offsets[0]) < 1e-9  # rank 0's own clock, measured once (the first window)
     assert {r["writer"] for r in records} == {records[0]["writer"]}  # one writer: rank 0
