@@ -15,7 +15,8 @@ the pipeline thread only appends. The items, in the order they were recorded:
 - ``("end", time_ns, status, reason)``: the run ended.
 
 ``step`` is the call's ``step``, else the env-step count (as in
-``metrics.jsonl``). The queue is bounded: past :data:`CAPACITY` the oldest
+``metrics.jsonl``), else the iteration: a loop that gives neither still has
+an axis, never every point at step 0. The queue is bounded: past :data:`CAPACITY` the oldest
 scalars and distributions make room (counted under the output's name);
 lifecycle and events are kept. A tracker that fails is warned about once
 and stops; what it would have written is counted as dropped.
@@ -126,12 +127,14 @@ class TrackerSink(RecordSink):
     def on_scalars(self, batch: ScalarBatch) -> None:
         for record in batch:
             step = record.axis_step
+            if step is None:  # a loop that gives neither a step nor env steps: its iterations are the axis, never step 0 for all
+                step = record.iteration
             self._put_events_before(record.time_ns)
             self._step = step if step is not None else self._step
             self.writer.put(("scalars", record.time_ns, step, record.values))
 
     def on_distribution(self, record: DistributionRecord) -> None:
-        step = record.step if record.step is not None else record.env_steps
+        step = next((s for s in (record.step, record.env_steps, record.iteration) if s is not None), None)
         self.writer.put(("distribution", record.time_ns, step, record.key, record.histogram))
 
     def on_event(self, event: EventRecord) -> None:
@@ -149,7 +152,7 @@ class TrackerSink(RecordSink):
 
     def _put_event(self, event: EventRecord) -> None:
         # The step of the latest scalars before it, else of the iterations (a run that logs no scalars).
-        step = self._step if self._step is not None else self._perf.axes.get("env_steps")
+        step = next((s for s in (self._step, self._perf.axes.get("env_steps"), self._perf.axes.get("iteration")) if s is not None), None)
         self.writer.put(("event", event.time_ns, step, event.name, event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:
@@ -163,7 +166,8 @@ class TrackerSink(RecordSink):
     def _flush_perf(self) -> None:
         values = self._perf.take()
         if values:
-            self.writer.put(("scalars", time.time_ns(), self._perf.axes["env_steps"], values))
+            axes = self._perf.axes
+            self.writer.put(("scalars", time.time_ns(), axes["env_steps"] if axes["env_steps"] is not None else axes["iteration"], values))
 
     def flush(self, deadline: Deadline) -> bool:
         return self.writer.flush(deadline)

@@ -107,3 +107,23 @@ def test_system_metrics_are_at_the_runs_latest_step_in_tensorboard_and_the_jsonl
     assert steps == sorted(steps) and steps[-1] > steps[0]  # they move with the run, never backwards
     tensorboard = [e.step for e in read(tmp_path / "tensorboard").Scalars("sys/process_rss_bytes")]
     assert len(set(tensorboard)) >= 3 and tensorboard == sorted(tensorboard)  # not every point at step 0
+
+
+def test_a_loop_without_steps_or_env_steps_plots_against_its_iterations(tmp_path):
+    """Neither ``env_steps=`` nor ``step=``: every scalar, distribution and event at its iteration, never all at step 0."""
+    tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, perf_interval_s=0.05, system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(5):
+            with tel.iteration(i):
+                with tel.phase("learning"):
+                    time.sleep(0.01)
+            tel.scalars({"Loss/critic": float(i + 1)})
+            tel.distribution("Policy/action", np.arange(10.0) + i)
+            if i == 3:
+                tel.event("checkpoint_saved", path="ckpt.pt")
+    tel.close()
+    run = read(tmp_path / "tensorboard")
+    assert [(e.step, e.value) for e in run.Scalars("Loss/critic")] == [(i, float(i + 1)) for i in range(5)]
+    assert [e.step for e in run.Histograms("Policy/action")] == list(range(5))
+    assert [e.step for e in run.Tensors("events/checkpoint_saved")] == [3]
+    assert max(e.step for e in run.Scalars("Perf/iteration_time")) > 0
