@@ -204,6 +204,7 @@ class _Builder:
         sink = MotrixSink(
             config.run_id, protocol.writer_id(config.run_id, identity.pid, identity.started_ns), context.seq, context.drops,
             project=config.project, group=config.group, meta=config.meta, perf_interval_s=config.perf_interval_s,
+            trace_id=f"{identity.trace_id:032x}",
         )  # fmt: skip
         self.sinks.append(sink)  # stopped if a later output fails to start
         if config.jsonl:

@@ -58,11 +58,21 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0,
             merge_parts(parts, merged)
         trace = (merged if len(parts) > 1 else parts[0]).read_bytes()
     base = f"{url.rstrip('/')}/api/v1/run"
-    query = urllib.parse.urlencode({"run_id": run_id})
+    trace_id = _trace_id_of(run_dir)  # the server refuses it for another run that holds the same run id
+    query = urllib.parse.urlencode({"run_id": run_id, **({"trace_id": trace_id} if trace_id else {})})
     give_up = time.monotonic() + retry_window_s
     _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
     _put(f"{base}/diagnosis?{query}", json.dumps(report).encode(), token, timeout_s, give_up)
     return len(trace), report["diagnosis"]["bottleneck"]
+
+
+def _trace_id_of(run_dir: Path) -> str | None:
+    """The run's trace id, from its ``run_config.json`` (None when it has none)."""
+    try:
+        trace_id = json.loads((run_dir / files.CONFIG_FILE).read_text()).get("trace_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return trace_id if isinstance(trace_id, str) and len(trace_id) == 32 else None
 
 
 class _Again(UploadError):

@@ -43,6 +43,7 @@ class MotrixSink(RecordSink):
         seq: the writer's sequence counter (shared with the training thread).
         drops: where records that cannot be encoded are counted (queue ``encode``).
         project, group, meta: sent on every run record (``meta`` already JSON-safe).
+        trace_id: the run's trace id (32 hex digits), sent on every run record.
         perf_interval_s: at most one ``Perf/*`` record per this many seconds.
     """
 
@@ -57,6 +58,7 @@ class MotrixSink(RecordSink):
         group: str | None = None,
         meta: dict[str, Any] | None = None,
         perf_interval_s: float = 1.0,
+        trace_id: str | None = None,
     ) -> None:
         self.run_id = run_id
         self.writer = writer
@@ -64,6 +66,8 @@ class MotrixSink(RecordSink):
         self._drops = drops
         self.writers = writers if writers is not None else []
         self._run_fields = {"project": project, "group": group, "meta": meta or {}}
+        if trace_id is not None:  # the run's identity beyond its id: a second run with the same id is told apart (a resumed one keeps it)
+            self._run_fields["trace_id"] = trace_id
         self._perf = PerfWindows(perf_interval_s)
         self._closed = False
 

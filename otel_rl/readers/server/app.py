@@ -24,7 +24,7 @@ from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.decoding import decoded_rows, decompress, exit_with, prepare, refusals, unpickled
 from otel_rl.readers.server.run_edits import RunEdits
 from otel_rl.readers.server.run_files import RunFiles
-from otel_rl.readers.server.storage import Row, Storage, StorageUnavailable
+from otel_rl.readers.server.storage import OtherRun, Row, Storage, StorageUnavailable
 from otel_rl.readers.server.validation import Invalid
 
 _logger = logging.getLogger(__name__)
@@ -214,6 +214,8 @@ class Handlers:
             return error(400, exc.message, exc.shown())
         except StorageUnavailable as exc:
             return _unavailable(f"the database cannot take writes: {exc.reason}")
+        except OtherRun as exc:
+            return error(409, exc.message, "run_id")
         answer: dict[str, Any] = {"accepted": accepted, "duplicates": duplicates}
         if rejected:
             answer["rejected"] = rejected

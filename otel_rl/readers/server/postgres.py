@@ -23,8 +23,11 @@ from otel_rl.readers.server.storage import (
     RUN_FIELDS,
     RUN_TABLES,
     KnownKeys,
+    OtherRun,
     Row,
     RunFilter,
+    other_run,
+    run_claims,
     StorageUnavailable,
     facets_of,
     point_blocks,
@@ -74,6 +77,11 @@ CREATE TABLE IF NOT EXISTS point_blocks (
     points BYTEA NOT NULL
 );
 CREATE INDEX IF NOT EXISTS point_blocks_series ON point_blocks (run_id, key, first_ts);
+CREATE TABLE IF NOT EXISTS refused_writers (
+    writer TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS run_files (
     run_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -100,6 +108,7 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS env_steps BIGINT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS steps_ts DOUBLE PRECISION;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tags TEXT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS note TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS trace_id TEXT;
 """
 _SET_STARTED = (
     "UPDATE runs SET started = s.body, started_ts = s.ts, started_seq = s.seq"
@@ -216,6 +225,10 @@ class PostgresStorage:
         given = len(rows)
         try:
             conn = self._connection()
+            with conn.transaction(), conn.cursor() as cursor:  # its own transaction: a refused writer stays refused
+                refused = self._other_run(cursor, rows)
+            if refused is not None:
+                raise OtherRun(refused)
             with conn.transaction(), conn.cursor() as cursor:
                 cursor.execute(
                     self._insert_records,
@@ -233,6 +246,10 @@ class PostgresStorage:
                 accepted = len(rows)
                 cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
                 made = {run_id for run_id, inserted in cursor.fetchall() if inserted}  # a run made by this batch holds no key yet
+                claims = run_claims(rows)
+                if claims:
+                    cursor.executemany("UPDATE runs SET trace_id = %s WHERE run_id = %s AND trace_id IS NULL",
+                                       [(trace_id, run_id) for run_id, trace_id, _ in claims])  # fmt: skip
                 with self._lock:
                     self._known.forget(made)
                     fresh = self._known.new(rows)
@@ -263,6 +280,23 @@ class PostgresStorage:
         with self._lock:
             self._known.remember(fresh)
         return accepted, given - accepted
+
+    @staticmethod
+    def _other_run(cursor: Any, rows: list[Row]) -> str | None:
+        """Why the batch is refused: a writer refused before, or a run record of another run than the one holding its id."""
+        cursor.execute("SELECT reason FROM refused_writers WHERE writer = ANY(%s) LIMIT 1", (list(dict.fromkeys(r.writer for r in rows)),))
+        found = cursor.fetchone()
+        if found:
+            return found[0]
+        for run_id, trace_id, writer in run_claims(rows):
+            cursor.execute("SELECT trace_id FROM runs WHERE run_id = %s", (run_id,))
+            held = cursor.fetchone()
+            if held and held[0] and held[0] != trace_id:
+                reason = other_run(run_id, held[0], trace_id)
+                cursor.execute("INSERT INTO refused_writers (writer, run_id, reason) VALUES (%s, %s, %s) ON CONFLICT (writer) DO NOTHING",
+                               (writer, run_id, reason))  # fmt: skip
+                return reason
+        return None
 
     @staticmethod
     def _describe(cursor: Any, rows: list[Row], blocks: list[tuple]) -> None:
@@ -369,6 +403,10 @@ class PostgresStorage:
     def file(self, run_id: str, name: str) -> bytes | None:
         rows = self._query("SELECT data FROM run_files WHERE run_id = %s AND name = %s", (run_id, name))
         return bytes(rows[0][0]) if rows else None
+
+    def trace_of(self, run_id: str) -> str | None:
+        rows = self._query("SELECT trace_id FROM runs WHERE run_id = %s", (run_id,))
+        return rows[0][0] if rows else None
 
     def count(self, run_id: str | None = None) -> int:
         if run_id is None:

@@ -7,7 +7,9 @@ as ``<run id>.perfetto-trace`` for ui.perfetto.dev. ``diagnosis``: what
 ``otel-rl analyze --json`` says of it (a JSON object with ``diagnosis`` and
 ``timelines``), at most :data:`MAX_DIAGNOSIS_BYTES`. Both are sent by
 ``otel-rl backfill``, need the token like every route of the API, belong to
-a run the server knows (404 otherwise), and replace what was there.
+a run the server knows (404 otherwise), and replace what was there; one sent
+with a ``trace_id`` other than the run's (a second run that reused its run id)
+is refused with 409.
 
 ``GET /api/v1/compare?runs=a,b,c`` puts each run's diagnosis beside the first
 one's as ``otel-rl analyze --compare`` does (its verdict and tables): a run
@@ -25,6 +27,7 @@ from aiohttp import web
 
 from otel_rl.readers.analysis.compare import compare_reports
 from otel_rl.readers.server.answers import error, file_name, run_id_of
+from otel_rl.readers.server.storage import other_run
 
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_DIAGNOSIS_BYTES = 8 * 1024 * 1024
@@ -90,6 +93,11 @@ class RunFiles:
         problem = await asyncio.get_running_loop().run_in_executor(None, check, data)  # a large trace is walked off the loop
         if problem is not None:
             return error(400, problem, "body")
+        sender = request.query.get("trace_id")
+        if sender:  # a second run that reused the run id must not replace the first run's trace
+            held = await handlers.off_loop(handlers.database, handlers.storage.trace_of, run_id)
+            if held and held != sender:
+                return error(409, other_run(run_id, held, sender), "trace_id")
         stored = await handlers.off_loop(handlers.database, handlers.storage.put_file, run_id, name, data)
         if not stored:
             return error(404, f"no run {run_id!r}")

@@ -15,8 +15,11 @@ from otel_rl.readers.server.storage import (
     RUN_FIELDS,
     RUN_TABLES,
     KnownKeys,
+    OtherRun,
     Row,
     RunFilter,
+    other_run,
+    run_claims,
     StorageUnavailable,
     facets_of,
     point_blocks,
@@ -78,6 +81,11 @@ CREATE TABLE IF NOT EXISTS run_summaries (
 ) WITHOUT ROWID;
 """
 _RUN_FILES = """
+CREATE TABLE IF NOT EXISTS refused_writers (
+    writer TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    reason TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS run_files (
     run_id TEXT NOT NULL,
     name TEXT NOT NULL,
@@ -86,7 +94,7 @@ CREATE TABLE IF NOT EXISTS run_files (
     PRIMARY KEY (run_id, name)
 );
 """
-_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL", "tags": "TEXT", "note": "TEXT"}
+_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL", "tags": "TEXT", "note": "TEXT", "trace_id": "TEXT"}
 """Columns of ``runs`` the listing reads (:mod:`otel_rl.readers.server.summaries`), added to a database made before them."""
 _SET_STARTED = (
     "UPDATE runs SET started = ?, started_ts = ?, started_seq = ?"
@@ -181,6 +189,10 @@ class SqliteStorage:
             db = self._db
             try:
                 db.execute("BEGIN IMMEDIATE")
+                refused = self._other_run(db, rows)
+                if refused is not None:
+                    db.execute("COMMIT")  # the writer stays refused: its later batches carry no trace id to tell
+                    raise OtherRun(refused)
                 given, rows = len(rows), unique_rows(rows, _stored_pairs(db, rows))  # a duplicate changes nothing
                 db.executemany(_INSERT_RECORD, [r[:6] for r in rows])
                 accepted = len(rows)
@@ -190,6 +202,8 @@ class SqliteStorage:
                     if db.execute(_TOUCH_RUN, (run_id, now, now)).fetchone()[0] == now:
                         made.add(run_id)
                 self._known.forget(made)
+                db.executemany("UPDATE runs SET trace_id = ? WHERE run_id = ? AND trace_id IS NULL",
+                               [(trace_id, run_id) for run_id, trace_id, _ in run_claims(rows)])  # fmt: skip
                 for r in first_status:
                     order = status_order(r, now)
                     db.execute(
@@ -211,6 +225,23 @@ class SqliteStorage:
                 raise
             self._known.remember(fresh)
         return accepted, given - accepted
+
+    @staticmethod
+    def _other_run(db: sqlite3.Connection, rows: list[Row]) -> str | None:
+        """Why the batch is refused: a writer refused before, or a run record of another run than the one holding its id."""
+        writers = list(dict.fromkeys(r.writer for r in rows))
+        for start in range(0, len(writers), 500):
+            part = writers[start : start + 500]
+            found = db.execute(f"SELECT reason FROM refused_writers WHERE writer IN ({', '.join('?' * len(part))})", part).fetchone()
+            if found:
+                return found[0]
+        for run_id, trace_id, writer in run_claims(rows):
+            held = db.execute("SELECT trace_id FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+            if held and held[0] and held[0] != trace_id:
+                reason = other_run(run_id, held[0], trace_id)
+                db.execute("INSERT OR REPLACE INTO refused_writers (writer, run_id, reason) VALUES (?, ?, ?)", (writer, run_id, reason))
+                return reason
+        return None
 
     def health(self) -> str | None:
         with self._lock:
@@ -334,6 +365,10 @@ class SqliteStorage:
     def file(self, run_id: str, name: str) -> bytes | None:
         rows = self._read("SELECT data FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))
         return bytes(rows[0][0]) if rows else None
+
+    def trace_of(self, run_id: str) -> str | None:
+        rows = self._read("SELECT trace_id FROM runs WHERE run_id = ?", (run_id,))
+        return rows[0][0] if rows else None
 
     def count(self, run_id: str | None = None) -> int:
         if run_id is None:

@@ -25,7 +25,7 @@ RUN_FIELDS = (
     "run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps", "status_ts", "started_ts",
     "tags", "note",
 )  # fmt: skip
-RUN_TABLES = ("records", "series_keys", "point_blocks", "run_summaries", "run_files", "runs")
+RUN_TABLES = ("records", "series_keys", "point_blocks", "run_summaries", "run_files", "refused_writers", "runs")
 """Every table that holds a run's rows: what deleting a run empties."""
 TERMINAL = frozenset({"finished", "failed", "killed"})
 FACETS = (
@@ -127,14 +127,17 @@ class Row(NamedTuple):
     """A scalars record's values, in the order of ``keys``."""
     axes: tuple[int | None, int | None] = (None, None)
     """A scalars record's step and env steps."""
+    trace_id: str | None = None
+    """A run record's trace id: which run of that id it belongs to (a resumed run keeps its trace id)."""
 
     @classmethod
     def of(cls, record: dict[str, Any], body: str) -> Row:
         kind = record["kind"]
         if kind == "run":
             meta = json.dumps(record["meta"]) if "meta" in record else None
+            trace_id = record.get("trace_id") if isinstance(record.get("trace_id"), str) else None
             return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body,
-                       record["status"], record.get("project"), record.get("group"), meta, record.get("reason"))  # fmt: skip
+                       record["status"], record.get("project"), record.get("group"), meta, record.get("reason"), trace_id=trace_id)  # fmt: skip
         if kind != "scalars":
             return cls(record["writer"], record["seq"], record["run_id"], kind, float(record["ts"]), body)
         values = record["values"]
@@ -260,6 +263,10 @@ class Storage(Protocol):
         """The run's file ``name``, None when it has none."""
         ...
 
+    def trace_of(self, run_id: str) -> str | None:
+        """The trace id of the run holding ``run_id`` (from its run records), None when unknown."""
+        ...
+
     def count(self, run_id: str | None = None) -> int: ...
 
     def close(self) -> None: ...
@@ -287,6 +294,25 @@ def run_dict(row: tuple) -> dict[str, Any]:
         "tags": json.loads(tags) if isinstance(tags, str) and tags else [],
         "note": note or "",
     }
+
+
+class OtherRun(Exception):
+    """A batch of a second run that took a run id another run has on this service (its trace id differs): refused whole (409)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def run_claims(rows: list[Row]) -> list[tuple[str, str, str]]:
+    """``(run_id, trace_id, writer)`` of the batch's run records that name their trace."""
+    return list(dict.fromkeys((r.run_id, r.trace_id, r.writer) for r in rows if r.kind == "run" and r.trace_id))
+
+
+def other_run(run_id: str, theirs: str, ours: str) -> str:
+    """Why a run that reuses the run id ``run_id`` (trace ``ours``) is refused, another (trace ``theirs``) holding it."""
+    return (f"run id {run_id!r} belongs to another run on this service (trace {theirs[:8]}..., this one {ours[:8]}...):"
+            " a second run with the same run id is refused, never merged; give each run its own run id")  # fmt: skip
 
 
 class KnownKeys:

@@ -250,3 +250,54 @@ def test_a_run_deleted_while_it_streams_comes_back_whole_on_every_server(databas
             assert [p["value"] for p in points] == [6.0, 7.0]
             exported = requests.get(server.url + "/api/v1/runs/phoenix/export", params={"format": "json"}, timeout=10).json()["columns"]
             assert exported["Loss/value"] == [6.0, 7.0] and exported["Train/mean_reward"] == [-6.0, -7.0]
+
+
+SWEEP_SEED = """
+import sys, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], motrix_url=sys.argv[2], system_metrics_interval_s=0, shutdown_timeout_s=5)
+with tel.run(config={"seed": int(sys.argv[3])}):
+    for i in range(30):
+        with tel.iteration(i, env_steps=8 * (i + 1)):
+            with tel.phase("learning"):
+                pass
+        tel.scalars({"Loss/value": float(sys.argv[3])})
+tel.close()
+"""
+
+
+def test_a_second_run_with_the_same_run_id_is_refused_in_one_line_never_merged(database, tmp_path):
+    """A sweep whose seeds share OTEL_RL_RUN_ID: the first run keeps the id; the second is refused whole, said once."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env["OTEL_RL_RUN_ID"] = "sweep"
+    with IngestServer(database) as server:
+        outcomes = [subprocess.run([sys.executable, "-c", SWEEP_SEED, str(tmp_path / f"seed{seed}"), server.url, str(seed)],
+                                   capture_output=True, text=True, timeout=120, env=env) for seed in (1, 2)]  # fmt: skip
+        assert [o.returncode for o in outcomes] == [0, 0], outcomes[1].stderr  # training is never the one refused
+        said = [line for line in outcomes[1].stderr.splitlines() if "belongs to another run" in line]
+        assert len(said) == 1 and "give each run its own run id" in said[0], outcomes[1].stderr
+        assert "belongs to another run" not in outcomes[0].stderr
+        run = requests.get(server.url + "/api/v1/runs/sweep", timeout=10).json()["run"]
+        assert run["status"] == "finished" and run["started"]["config"] == {"seed": 1}
+        points = requests.get(server.url + "/api/v1/runs/sweep/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"]
+        assert [p["value"] for p in points] == [1.0] * 30  # the second run's values are not in the first's curve
+        # The trace each run's agent sends when it ends: the first run's is kept, the second's refused (said in its folder).
+        import json
+        import time
+
+        deadline = time.monotonic() + 60
+        notes = [tmp_path / f"seed{seed}" / "trace_upload.json" for seed in (1, 2)]
+        while not all(n.exists() for n in notes) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        first, second = (json.loads(n.read_text()) for n in notes)
+        assert first["sent"] is True and second["sent"] is False and "409" in second["error"] and "another run" in second["error"]
+        stored = requests.get(server.url + "/api/v1/runs/sweep/trace", timeout=10).content
+        assert stored == (tmp_path / "seed1" / "trace.perfetto-trace").read_bytes()
+        # Its own files keep everything, and its backfill is refused the same way.
+        backfilled = subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(tmp_path / "seed2"), "--url", server.url],
+                                    capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        assert backfilled.returncode != 0 or "refused" in backfilled.stdout + backfilled.stderr
+        assert requests.get(server.url + "/api/v1/runs/sweep/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"] == points
