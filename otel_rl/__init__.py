@@ -51,7 +51,7 @@ def init(
     jsonl: bool | None = DEFAULT,
     perf_interval_s: float = DEFAULT,
     system_metrics_interval_s: float = DEFAULT,
-    panel: bool = DEFAULT,
+    panel: bool | None = DEFAULT,
     quiet: bool = DEFAULT,
     role: str = DEFAULT,
     trace_enabled: bool | None = DEFAULT,

@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import socket
+import sys
 import time
 import zlib
 from dataclasses import dataclass, field
@@ -143,8 +144,9 @@ class TelemetryConfig:
     system_metrics_interval_s: float = 2.0
     """Sampling period of the ``sys/*`` metrics (``OTEL_RL_SYSTEM_METRICS_INTERVAL``); 0 turns them off."""
 
-    panel: bool = False
-    """Show the live terminal panel (a plain line every few seconds when stdout is not a terminal)."""
+    panel: bool | None = None
+    """Show the live terminal panel (``OTEL_RL_PANEL``); None: on when standard output is a terminal, as a training
+    run's console is (``panel=True`` off a terminal prints a plain line every few seconds)."""
 
     quiet: bool = False
     """No line on standard error at start and end saying where the run's files are and how to read them (``OTEL_RL_QUIET``)."""
@@ -240,6 +242,9 @@ class TelemetryConfig:
 
     def __post_init__(self) -> None:
         """Check every option before anything starts: a bad one raises here, never later on a thread."""
+        if self.panel is None:  # decided here, in the training process, whose standard output the panel draws on
+            self.panel = self.role == "learner" and _is_terminal(sys.stdout)  # one panel: the learner's, not its workers'
+
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
         if self.trace_output_dir is not None:
@@ -349,6 +354,7 @@ class TelemetryConfig:
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
             "quiet": env.read(env.OTEL_RL_QUIET, env.parse_bool, False, "true or false"),
+            "panel": env.read(env.OTEL_RL_PANEL, env.parse_bool, None, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
             "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "process", AGENT_CHOICES),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
@@ -418,6 +424,14 @@ def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str,
         raise TypeError(f"{name} must be {expected}, got {value!r} ({type(value).__name__})")
     if valid is not None and not valid(value):
         raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def _is_terminal(stream: Any) -> bool:
+    """Whether ``stream`` is a terminal (a replaced or closed ``sys.stdout`` is not)."""
+    try:
+        return bool(stream is not None and stream.isatty())
+    except (AttributeError, ValueError, OSError):
+        return False
 
 
 def _slurm_placement(defaults: dict[str, Any]) -> None:
