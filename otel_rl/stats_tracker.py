@@ -11,7 +11,7 @@
     tel.scalars(stats.publishable(values))
 
 Reduce types: ``AVG_MIN_MAX`` (default for ``stat``: ``key/avg``, ``key/min``,
-``key/max``), ``AVG``, ``SUM``, ``MIN``, ``MAX`` and ``SCALAR`` (the mean of
+``key/max``, and ``key/avg__count``), ``AVG`` (with ``key__count``), ``SUM``, ``MIN``, ``MAX`` and ``SCALAR`` (the mean of
 ``scalar()`` values plus ``key__count``, an int, so results from several
 workers can be merged by :func:`merge_worker_stats`). Means are the masked sum
 over the mask count; minimum and maximum only look at masked positions. Sums
@@ -404,8 +404,10 @@ def _finish(meta: dict[str, tuple[str, str]], partials: dict[str, list[float]]) 
             continue  # an all-false mask, or no scalar values: left out, never NaN
         if reduce_type is ReduceType.AVG_MIN_MAX:
             out[f"{key}/avg"], out[f"{key}/min"], out[f"{key}/max"] = total / count, minimum, maximum
+            out[f"{key}/avg{COUNT_SUFFIX}"] = int(count)  # what the mean is over: workers' merge weights by it
         elif reduce_type is ReduceType.AVG:
             out[key] = total / count
+            out[key + COUNT_SUFFIX] = int(count)
         elif reduce_type is ReduceType.MIN:
             out[key] = minimum
         elif reduce_type is ReduceType.MAX:
@@ -417,11 +419,14 @@ def _finish(meta: dict[str, tuple[str, str]], partials: dict[str, list[float]]) 
 
 
 def merge_worker_stats(exports: list[Mapping[str, float]]) -> dict[str, float]:
-    """Merge the exports of several workers: keys with a ``__count`` are weighted by it.
+    """Merge the exports of several workers (a rollout controller's), as AReaL's controller does.
 
-    Keys without a count (``/avg``, ``/min``, ``/max``, ``SUM``...) are kept:
-    ``/min`` takes the minimum, ``/max`` the maximum, others the plain mean
-    over the workers that have them. Counts are summed, so merges compose.
+    - A key with a ``__count`` (a scalar's mean, a distribution's ``/avg``): the mean weighted by
+      the counts, which are added, so merges compose.
+    - ``/min`` and ``/max``: the extremes.
+    - Count and sum keys (a last name of ``count`` or ``sum``, ending ``_count`` or ``_sum``,
+      starting ``n_`` or ``num_``: a denominator's total): added.
+    - Anything else without a count: the plain mean over the workers that have it.
     """
     out: dict[str, float] = {}
     weighted: dict[str, tuple[float, float]] = {}
@@ -445,9 +450,17 @@ def merge_worker_stats(exports: list[Mapping[str, float]]) -> dict[str, float]:
             out[key] = min(values)
         elif key.endswith("/max"):
             out[key] = max(values)
+        elif _is_total(key):
+            out[key] = sum(values)
         else:
             out[key] = sum(values) / len(values)
     return out
+
+
+def _is_total(key: str) -> bool:
+    """A key that counts or sums (added across workers, never averaged)."""
+    name = key.rsplit("/", 1)[-1]
+    return name in ("count", "sum") or name.endswith(("_count", "_sum")) or name.startswith(("n_", "num_"))
 
 
 def publishable(values: Mapping[str, float]) -> dict[str, float]:

@@ -130,3 +130,14 @@ def window_keys_differ(rank: int, world: int, extra) -> list:
     )
     same = reduce_across_ranks({"Perf/total_fps": 1.0}, dist.group.WORLD)  # and the ranks are still in step
     return [first, second, same]
+
+
+def wider_key_sync_group(rank: int, world: int, extra) -> dict:
+    """Default keys reduced within ranks 0 and 1, one key over every rank, keys agreed across WORLD (a wider key_sync_group)."""
+    from otel_rl.stats_tracker import StatsTracker
+
+    pair, alone = dist.new_group([0, 1]), dist.new_group([2])  # each rank's data-parallel group (every rank makes both)
+    tracker = StatsTracker()
+    tracker.scalar(default=float(rank + 1))  # 1 and 2 on the pair, 3 on rank 2
+    tracker.scalar(reduce_group=dist.group.WORLD, everywhere=float(rank))
+    return tracker.export(reduce_group=pair if rank in (0, 1) else alone, key_sync_group=dist.group.WORLD)

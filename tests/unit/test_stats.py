@@ -80,7 +80,7 @@ def test_export_of_one_key(tracker):
     tracker.denominator(mask1=torch.tensor([True]), mask2=torch.tensor([True]))
     tracker.stat("mask1", value1=torch.tensor([1.0]))
     tracker.stat("mask2", value2=torch.tensor([2.0]))
-    assert tracker.export(key="value1") == {"value1/avg": 1.0, "value1/min": 1.0, "value1/max": 1.0}
+    assert tracker.export(key="value1") == {"value1/avg": 1.0, "value1/min": 1.0, "value1/max": 1.0, "value1/avg__count": 1}
     rest = tracker.export()
     assert "value1/avg" not in rest and rest["value2/avg"] == 2.0  # the exported key was reset alone
     tracker.scalar(foo=1.0)

@@ -72,7 +72,9 @@ def reference(world: int) -> dict[str, float]:
         "actor/x_avg_min_max/avg": selected.mean().item(),
         "actor/x_avg_min_max/min": selected.min().item(),
         "actor/x_avg_min_max/max": selected.max().item(),
+        "actor/x_avg_min_max/avg__count": len(selected),  # what each mean is over, for a controller's merge
         "actor/x_avg": selected.mean().item(),
+        "actor/x_avg__count": len(selected),
         "actor/x_sum": selected.sum().item(),
         "actor/x_min": selected.min().item(),
         "actor/x_max": selected.max().item(),
@@ -214,6 +216,40 @@ def test_worker_merges_weight_by_count_and_keep_uncounted_keys():
     assert merged["only_b"] == 7.0  # no count: kept, not dropped
     assert "reward__count" not in publishable(merged)
     assert merge_worker_stats([a, b]) == merge_worker_stats([merge_worker_stats([a]), b])
+
+
+def test_a_controller_merges_workers_as_areal_does():
+    """Scalar means weighted by their counts, a distribution's mean weighted by its count with its extremes, counts and sums added."""
+    a = {"reward": 1.0, "reward__count": 3, "len/avg": 10.0, "len/avg__count": 3, "len/min": 2.0, "len/max": 20.0, "prm/count": 4.0, "prm/sum": 2.5, "n_seqs": 3.0}
+    b = {"reward": 5.0, "reward__count": 1, "len/avg": 30.0, "len/avg__count": 1, "len/min": 1.0, "len/max": 50.0, "prm/count": 6.0, "prm/sum": 1.5, "n_seqs": 1.0}
+    merged = merge_worker_stats([a, b])
+    assert merged["reward"] == 2.0 and merged["reward__count"] == 4  # (1*3 + 5*1) / 4
+    assert merged["len/avg"] == 15.0 and merged["len/avg__count"] == 4  # (10*3 + 30*1) / 4, not 20
+    assert (merged["len/min"], merged["len/max"]) == (1.0, 50.0)
+    assert merged["prm/count"] == 10.0 and merged["prm/sum"] == 4.0 and merged["n_seqs"] == 4.0  # added, not averaged to 5.0
+    assert merge_worker_stats([a, b]) == merge_worker_stats([merge_worker_stats([a]), b])  # merges compose
+    assert set(publishable(merged)) == {"reward", "len/avg", "len/min", "len/max", "prm/count", "prm/sum", "n_seqs"}
+    # The workers' own exports merge the same way: a distribution's mean is over its count.
+    first, second = StatsTracker("rollout/"), StatsTracker("rollout/")
+    first.denominator(m=torch.tensor([True, True, True]))
+    first.stat("m", len=torch.tensor([10.0, 10.0, 10.0]))
+    second.denominator(m=torch.tensor([True]))
+    second.stat("m", len=torch.tensor([30.0]))
+    assert merge_worker_stats([first.export(), second.export()])["rollout/len/avg"] == 15.0
+
+
+@pytest.mark.parametrize("world", [3])
+def test_a_key_sync_group_wider_than_the_reduce_group_keeps_the_default_keys_in_it(world):
+    """AReaL's case: the ranks agree on keys across WORLD while the default keys are reduced within ranks 0 and 1 only."""
+    results = run_ranks(world, "wider_key_sync_group")
+    for rank in range(world):
+        status, value = results[rank]
+        assert status == "ok", value
+        if rank in (0, 1):
+            assert (value["default"], value["default__count"]) == (1.5, 2)  # its own group's ranks, not rank 2's value
+        else:
+            assert (value["default"], value["default__count"]) == (3.0, 1)
+        assert (value["everywhere"], value["everywhere__count"]) == (1.0, 3)  # the key's own group: every rank
 
 
 def test_windows_whose_keys_differ_across_ranks_are_reduced_over_the_union():
