@@ -18,9 +18,9 @@ import socket
 import sys
 import threading
 import weakref
-from pathlib import Path
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
@@ -134,12 +134,7 @@ class Telemetry:
         if config.resume or config.world_size > 1 or run_dir is None or not run_folder.holds_run(run_dir):
             return None
         earlier, earlier_id = run_dir, config.run_id
-        for fresh in run_folder.fresh_folders(run_dir):
-            try:
-                claim = run_folder.claim(fresh)
-                break
-            except run_folder.RunFolderInUse:  # a process that moved there an instant before: the next one
-                continue
+        claim, fresh = run_folder.claim_fresh(run_dir)
         run_folder.release(self._run_folder)
         self._run_folder = claim
         config.run_dir = fresh

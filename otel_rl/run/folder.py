@@ -13,7 +13,7 @@ lock files do not pile up over a machine's runs (only a killed process leaves
 one, which the folder's next run reuses and removes).
 
 A folder that holds an ended run is never written by another one unless it
-resumes it: :func:`fresh_folders` gives the new run a sibling folder of its own
+resumes it: :func:`claim_fresh` gives the new run a sibling folder of its own
 (``runs/exp`` -> ``runs/exp-2``), so a script run twice leaves two runs, never
 one run with two starts.
 """
@@ -25,7 +25,6 @@ import fcntl
 import hashlib
 import itertools
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,9 +134,15 @@ def holds_run(run_dir: Path) -> bool:
         return False
 
 
-def fresh_folders(run_dir: Path) -> Iterator[Path]:
-    """``run_dir-2``, ``run_dir-3``, ... that do not exist: the folders for a run whose ``run_dir`` holds another."""
+def claim_fresh(run_dir: Path) -> tuple[Claim | None, Path]:
+    """Hold the first of ``run_dir-2``, ``run_dir-3``, ... that does not exist (one another process holds is passed over):
+    the folder of a run whose ``run_dir`` holds another. Returns its claim (see :func:`claim`) and the folder."""
     for number in itertools.count(2):
         candidate = run_dir.with_name(f"{run_dir.name}-{number}")
-        if not candidate.exists():
-            yield candidate
+        if candidate.exists():
+            continue
+        try:
+            return claim(candidate), candidate
+        except RunFolderInUse:  # a process that moved there an instant before: the next one
+            continue
+    raise AssertionError("unreachable")  # itertools.count never ends
