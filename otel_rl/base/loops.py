@@ -28,6 +28,9 @@ from otel_rl.base.log import logger, once
 
 _logger = logger(__name__)
 
+STALL_S = 10.0
+"""How long a writer may write nothing while its caller waits for room (:meth:`BackgroundLoop.wait_for_room`) before it is given up on."""
+
 
 class BackgroundLoop:
     """Base of otel-rl's background loops (see the module docstring).
@@ -48,6 +51,7 @@ class BackgroundLoop:
         self._completed = 0  # the newest request a finished round started after
         self._in_round = False
         self._stop_at: float | None = None
+        self._stalled_at: int | None = None  # the progress at which wait_for_room gave up on this loop
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     queue_only = False
@@ -95,6 +99,38 @@ class BackgroundLoop:
                     break
                 self._cond.wait(remaining)
         return self._stop_at is None or time.monotonic() < self._stop_at
+
+    def wait_for_room(self, has_room: Callable[[], bool], progress: Callable[[], int]) -> bool:
+        """Back-pressure on the caller (a writer's queue is full): wake the loop and wait until ``has_room()``.
+
+        The caller waits while the loop makes progress (``progress()``, a
+        count of what it wrote, rises) and is before its close deadline. A
+        loop that makes none for :data:`STALL_S` (a hung or failing disk) is
+        given up on: False, and False at once on later calls until its
+        progress moves again, so the caller falls back to its drop policy
+        (counted) rather than waiting on every call. Never call it on the
+        training thread: the pipeline's thread waits, the source fills, and
+        what is dropped is dropped (and counted) there.
+        """
+        if has_room():
+            return True
+        mark = progress()
+        if mark == self._stalled_at:
+            return False
+        since = time.monotonic()
+        while True:
+            self.flush(Deadline(min(STALL_S, 0.5)))  # a round that started after this call, or half a second
+            if has_room():
+                return True
+            if not self._thread.is_alive() or (self._stop_at is not None and time.monotonic() >= self._stop_at):
+                return False
+            now = progress()
+            if now != mark:
+                mark, since = now, time.monotonic()
+            elif time.monotonic() - since >= STALL_S:
+                self._stalled_at = mark
+                _logger.warning("otel-rl: %s made no progress for %.0f s; new records it cannot hold are dropped (counted)", self.name, STALL_S, extra=once(f"stalled:{self.name}"))
+                return False
 
     def time_left(self) -> float | None:
         """Seconds until the close deadline; None while not closing."""

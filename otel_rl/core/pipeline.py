@@ -9,8 +9,11 @@ numbers the records (the ``motrix.metrics/v1`` sequence number is assigned
 here and nowhere else), decides which become spans (:mod:`otel_rl.core.sampling`)
 and calls each sink. Every sink receives the same frozen records and batches
 and writes nothing into them, so no output depends on another or on their
-order. Sinks run on the loop's thread and must not block: a sink that does IO
-hands records to its own bounded queue and worker. An exception in a sink is
+order. Sinks run on the loop's thread and must not block on the network: a
+sink that does IO hands records to its own bounded queue and worker. The run
+folder's files are the exception by design: their full queues make this
+thread wait for the disk (back-pressure on the pipeline, never on training;
+the source fills and counts what it drops). An exception in a sink is
 logged once and never reaches training. New drops of any bounded queue become
 ``records_dropped`` events (:mod:`otel_rl.base.drops`). At shutdown every sink
 is shut down at once, each on its own helper thread, so a hung network

@@ -504,20 +504,48 @@ def test_a_burst_of_unique_keys_is_one_drop_report_not_thousands_of_lines(tmp_pa
 
 
 def test_every_bounded_queue_reports_its_drops_under_its_name(tmp_path):
-    # A pass an hour: the lane and the data ring fill up before the pipeline reads them.
+    from otel_rl.shm.segment import CONTROL_BYTES, DATA_BYTES
+
+    # A pass an hour: every queue of the training thread fills before the pipeline reads it. Each is sent three
+    # times what it holds counting only the payload (8 bytes a value, 1,000 bytes an event), so it overflows
+    # whatever the framing costs: the outcome is certain on any machine.
     tel = otel_rl.init(run_dir=tmp_path, jsonl=True, trace_enabled=True, lane_capacity=8, pipeline_interval_s=3600, system_metrics_interval_s=0, agent="thread")
+    keys = [f"Loss/k{k:02d}" for k in range(32)]
     with tel.run():
-        for i in range(200):
+        for i in range(200):  # 25 times the lane
             with tel.phase("learning"):
                 pass
-        for i in range(300_000):  # 64 bytes each: more than the 16 MiB data ring holds
-            tel.scalars({"Loss/critic": float(i)})
+        for i in range(3 * DATA_BYTES // (8 * len(keys))):
+            tel.scalars(dict.fromkeys(keys, float(i)))
+        for i in range(10):  # the data ring is full: each distribution is refused
+            tel.distribution("Train/advantage", np.arange(64, dtype=np.float64))
+        for i in range(3 * CONTROL_BYTES // 1000):
+            tel.event("marker", note="x" * 1000)
     tel.flush()
     dropped = tel.stats()["dropped"]
     tel.close()
-    assert dropped["phases"] > 0 and dropped["scalars"] > 0
-    reports = {r["attributes"]["queue"] for r in read_jsonl(tmp_path) if r["kind"] == "event" and r["name"] == "records_dropped"}
-    assert {"phases", "scalars"} <= reports
+    queues = ("phases", "scalars", "distributions", "events")
+    assert all(dropped[queue] > 0 for queue in queues), dropped
+    reports: dict[str, int] = {}
+    for r in read_jsonl(tmp_path):
+        if r["kind"] == "event" and r["name"] == "records_dropped":
+            reports[r["attributes"]["queue"]] = reports.get(r["attributes"]["queue"], 0) + r["attributes"]["total"]
+    assert {queue: reports.get(queue) for queue in queues} == {queue: dropped[queue] for queue in queues}
+
+
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_a_burst_leaves_in_the_run_folder_every_record_the_source_did_not_count_as_dropped(tmp_path, agent):
+    """300,000 one-key calls at once: what the source took, metrics.jsonl has; the file never drops what the pipeline took."""
+    tel = otel_rl.init(run_dir=tmp_path, agent=agent, system_metrics_interval_s=0, panel=False)
+    with tel.run():
+        for i in range(300_000):
+            tel.scalars({"Loss/critic": float(i)})
+        tel.flush(timeout_s=60)
+        dropped = tel.stats()["dropped"]
+    tel.close(timeout_s=30)
+    written = [r["values"]["Loss/critic"] for r in read_jsonl(tmp_path) if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert dropped.get("jsonl", 0) == 0 and len(written) + dropped["scalars"] == 300_000, dropped
+    assert written == sorted(set(written))  # each once, in order
 
 
 # -- 16-19: construction, stand-ins, CUDA timing, standard variables -------------------------

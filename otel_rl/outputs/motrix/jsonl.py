@@ -1,12 +1,17 @@
 """``metrics.jsonl``: every protocol record, one JSON object per line, written off the training thread.
 
 A background worker writes the pending records every ``interval_s`` (2 s by
-default), so a slow, stalled or failing disk only ever holds up that thread.
+default), or at once when its queue is full. The file is the run's copy that
+readers and the backfill trust, so it never drops what the pipeline took: a
+full queue makes the pipeline's thread wait for the disk (back-pressure on
+the agent, never on training: the segment fills, and what the training
+thread cannot write there is dropped and counted at the source). Only a disk
+that writes nothing for :data:`~otel_rl.base.loops.STALL_S` is given up on;
+then the queue's drop policy applies (oldest scalars first, counted).
 Lines are written with ``os.write`` on an append-only descriptor, so the
 writer knows how many bytes reached the file: after a failed write (a full
 disk, say) the file is cut back to the end of the last whole record and the
-records that did not make it stay queued (bounded, oldest scalars dropped
-first) for the next round. A disk that frees up again leaves no duplicate and
+records that did not make it stay queued for the next round. A disk that frees up again leaves no duplicate and
 no torn line; if even the cut fails, the next write starts on a new line so
 only one line is torn, and readers skip it. The first error of each kind is
 logged once. The file can later backfill the ingest service record for
@@ -49,7 +54,12 @@ class JsonlWriter(BackgroundLoop):
         self.start()
 
     def submit(self, items: list[Item]) -> None:
-        self.queue.put_all(items)  # time-driven: the worker writes every interval
+        """Queue ``items`` for the next write; while the queue is full, wait for the disk (see the module docstring)."""
+        queue, capacity = self.queue, self.queue.capacity
+        for first in range(0, len(items), capacity):
+            part = items[first : first + capacity]
+            self.wait_for_room(lambda part=part: len(queue) + len(part) <= capacity, lambda: self.written)
+            queue.put_all(part)
 
     def has_work(self) -> bool:
         return len(self.queue) > 0

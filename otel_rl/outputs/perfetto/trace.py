@@ -14,7 +14,9 @@ timeline is complete however the span budget samples. Layout:
 
 The pipeline thread encodes each batch from its columns as it arrives
 (:mod:`otel_rl.outputs.perfetto.encoder`) and hands the bytes to a bounded
-queue; a writer thread streams them to the trace file. A file that outgrows
+queue; a writer thread streams them to the trace file. A full queue makes the
+pipeline's thread wait for the disk, as ``metrics.jsonl`` does: the trace
+drops nothing the pipeline took unless the disk stalls. A file that outgrows
 ``max_bytes`` is rotated (:func:`otel_rl.run.files.rotated`).
 """
 
@@ -115,13 +117,15 @@ class PerfettoTraceSink(RecordSink):
     # -- pipeline side: encode (C for the slices), then enqueue bytes ----------
 
     def _put(self, chunks: list[bytes], records: int, state: bool) -> None:
-        """Queue the encoded packets of ``records`` records; when full, new ones are dropped unless they carry state.
+        """Queue the encoded packets of ``records`` records; when full, wait for the writer, and drop only when it stalled.
 
         Descriptor and interning packets are never dropped: the packets after
         them refer to their ids, and there are only a handful per file.
         """
-        queue = self._writer.queue
-        if len(queue) >= self._capacity and not state:
+        writer = self._writer
+        queue = writer.queue
+        # The run folder's copy waits for the disk (the pipeline's thread, never training's); a stalled one is given up on.
+        if len(queue) >= self._capacity and not state and not writer.wait_for_room(lambda: len(queue) < self._capacity, lambda: writer.written):
             self.dropped += records
             if self._drops is not None:
                 self._drops.add("perfetto", "records", records)
@@ -301,6 +305,8 @@ class TraceWriter(BackgroundLoop):
         self._rotation_due = False
         self.size = 0
         """Bytes in the file being written."""
+        self.written = 0
+        """Writes that reached a file so far (every file): the progress a full queue waits on."""
         self.start()
 
     def has_work(self) -> bool:
@@ -335,6 +341,7 @@ class TraceWriter(BackgroundLoop):
             self._file.write(data)
             self._file.flush()
             self.size += len(data)
+            self.written += 1
         except OSError as exc:
             _logger.warning("otel-rl: cannot write %s (%s); trace records are lost", self.path, exc, extra=once(f"write:{self.path}"))
             self._close_file()

@@ -385,6 +385,48 @@ def test_unwritable_directory(tmp_path, caplog):
     assert sum(str(blocker / "run" / "metrics.jsonl") in r.getMessage() for r in caplog.records) == 1
 
 
+def _unblock(fifo: Path) -> None:
+    """Let a writer waiting in open() on ``fifo`` go on (its writes then fail: nobody reads)."""
+    os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+
+
+def test_a_full_jsonl_queue_waits_for_the_disk_and_gives_up_only_on_one_that_writes_nothing(tmp_path, monkeypatch, caplog):
+    from otel_rl.base import loops
+    from otel_rl.outputs.motrix.jsonl import JsonlWriter
+
+    drops = Drops()
+    writer = JsonlWriter(tmp_path / "metrics.jsonl", drops, capacity=10, interval_s=60.0)  # a queue of 10, written only when asked
+    try:
+        for n in range(1000):
+            writer.submit([("scalars", json.dumps({"seq": n}))])
+        writer.submit([("scalars", json.dumps({"seq": n})) for n in range(1000, 1025)])  # more than the queue holds at once
+        assert writer.flush(Deadline(5.0))
+    finally:
+        writer.shutdown(Deadline(5.0))
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["seq"] for line in lines] == list(range(1025)) and drops.totals() == {}
+
+    # A disk that writes nothing (the file is a FIFO nobody reads: the writer's open() never returns).
+    monkeypatch.setattr(loops, "STALL_S", 0.5)
+    fifo = tmp_path / "stalled.jsonl"
+    os.mkfifo(fifo)
+    stalled_drops = Drops()
+    stalled = JsonlWriter(fifo, stalled_drops, capacity=10, interval_s=60.0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            began = time.monotonic()
+            for n in range(100):
+                stalled.submit([("scalars", json.dumps({"seq": n}))])
+            waited = time.monotonic() - began
+        # 10 in the round stuck in open(), 10 queued; the rest dropped and counted, after one wait of STALL_S.
+        assert stalled_drops.by_kind("jsonl") == {"scalars": 80}
+        assert 0.5 <= waited < 30
+        assert sum("made no progress" in r.getMessage() for r in caplog.records) == 1
+    finally:
+        _unblock(fifo)
+        stalled.shutdown(Deadline(2.0))
+
+
 def test_a_jsonl_flush_wakes_the_writer_only_when_something_is_left_to_write(tmp_path):
     from otel_rl.outputs.motrix.jsonl import JsonlWriter
 

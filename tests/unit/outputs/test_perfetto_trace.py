@@ -18,6 +18,7 @@ from synthetic_trace import write_trace
 
 import otel_rl
 from otel_rl.base.deadline import Deadline
+from otel_rl.base.drops import Drops
 from otel_rl.core.batches import IterationBatch, Phases
 from otel_rl.core.records import IterationRecord, PhaseRecord
 from otel_rl.formats import schema
@@ -159,18 +160,39 @@ def test_rotation_keeps_both_files_readable(tmp_path):
     assert 0 < sum(1 for s in model.slices if s.name == "Learning") <= 300
 
 
-def test_full_queue_drops_and_counts(tmp_path):
-    sink = PerfettoTraceSink(tmp_path / "t.perfetto-trace", "learner", capacity=10)
+def _learning_iterations(sink: PerfettoTraceSink, count: int) -> None:
     spec = schema.phase_spec("learner", "learning")
-    for i in range(1000):
+    for i in range(count):
         phase = PhaseRecord(spec, i * 10 + 1, i * 10 + 5, 0, 1, "t")
         sink.on_iterations(IterationBatch.of([IterationRecord("learner", i, None, i * 10, i * 10 + 6, 1, "t", (phase,), 4)]))
+
+
+def test_a_full_queue_waits_for_the_disk_and_loses_nothing(tmp_path):
+    drops = Drops()
+    sink = PerfettoTraceSink(tmp_path / "t.perfetto-trace", "learner", drops, capacity=10)
+    _learning_iterations(sink, 1000)
     sink.shutdown(Deadline(5))
-    assert sink.dropped > 0
+    assert sink.dropped == 0 and drops.totals() == {}
     model = protobuf_engine.read([tmp_path / "t.perfetto-trace"])
-    # Whole iterations are dropped; the descriptors and names they needed never are.
-    assert len(model.slices) == 2 * (1000 - sink.dropped)
-    assert {s.name for s in model.slices} == {"Learning", "learner iteration"}
+    assert len(model.slices) == 2 * 1000
+
+
+def test_a_full_queue_before_a_stalled_disk_drops_whole_iterations_and_counts_them(tmp_path, monkeypatch):
+    from otel_rl.base import loops
+    from otel_rl.run import files
+
+    monkeypatch.setattr(loops, "STALL_S", 0.5)
+    path = tmp_path / "t.perfetto-trace"
+    os.mkfifo(files.partial(path))  # the writer's open() waits for a reader that never comes
+    drops = Drops()
+    sink = PerfettoTraceSink(path, "learner", drops, capacity=10)
+    try:
+        _learning_iterations(sink, 1000)
+    finally:
+        os.close(os.open(files.partial(path), os.O_RDONLY | os.O_NONBLOCK))
+        sink.shutdown(Deadline(2))
+    # Whole iterations are dropped, counted under the trace's name; the descriptors and names they needed never are.
+    assert sink.dropped >= 1000 - 2 * 10 - 2 and drops.by_kind("perfetto") == {"records": sink.dropped}
 
 
 def test_gpu_streams_get_their_own_process_and_tracks(tmp_path):
