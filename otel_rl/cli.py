@@ -176,10 +176,11 @@ def _note_upload(folder: Path, outcome: dict) -> None:
     import json
     import time
 
+    from otel_rl.base.files import write_atomically
     from otel_rl.run.files import TRACE_UPLOAD_FILE
 
-    try:
-        (folder / TRACE_UPLOAD_FILE).write_text(json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
+    try:  # at once: the run's user (or a script) may be reading it
+        write_atomically(folder / TRACE_UPLOAD_FILE, json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
     except OSError:  # a folder that cannot be written: the exit status and the line above say it
         pass
 

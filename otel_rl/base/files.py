@@ -1,9 +1,27 @@
-"""Helpers shared by the exporters that stream to a file kept open across writes."""
+"""Helpers for the files otel-rl writes: streams kept open across writes, and small documents replaced whole."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 from typing import IO
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` at once: a reader sees the old document or the new one, never a part.
+
+    Raises:
+        OSError: the folder cannot be written (the temporary file is removed).
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def close_quietly(file: IO | None) -> None:

@@ -12,10 +12,10 @@ temporary file renamed into place): a reader sees a whole file or none.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from otel_rl.base.deadline import Deadline
+from otel_rl.base.files import write_atomically
 from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
 from otel_rl.core.batches import ScalarBatch
@@ -95,8 +95,6 @@ class SummarySink(RecordSink):
         path = run_dir / name
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(document, indent=2, sort_keys=True))
-            os.replace(tmp, path)
+            write_atomically(path, json.dumps(document, indent=2, sort_keys=True))
         except OSError as exc:
             _logger.warning("otel-rl: could not write %s: %s", path, exc)

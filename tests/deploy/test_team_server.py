@@ -14,7 +14,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ import time
 import psutil
 import pytest
 import requests
+from ports import free_port
 from round_robin import RoundRobin
 
 CLIENT = textwrap.dedent("""
@@ -37,12 +37,6 @@ CLIENT = textwrap.dedent("""
                 time.sleep(0.02)
     tel.close()
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def serve(database: str, port: int, *flags: str) -> subprocess.Popen:

@@ -16,7 +16,8 @@ import sys
 import textwrap
 
 import requests
-from pipeline_harness import COLLECTOR_CONFIG, Collector, Prometheus, collector_binary, free_port, stop_process, wait_until
+from pipeline_harness import COLLECTOR_CONFIG, Collector, Prometheus, collector_binary, stop_process, wait_until
+from ports import free_port
 
 NODE_CONFIG = COLLECTOR_CONFIG.with_name("otelcol-node.yaml")
 RANK = textwrap.dedent(

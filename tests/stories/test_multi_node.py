@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from locations import SUPPORT
-from pipeline_harness import free_port
+from ports import free_port
 
 from otel_rl.formats import schema, trace
 from otel_rl.readers.analysis import read_trace

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -376,27 +377,41 @@ def test_an_exception_between_init_and_the_run_ends_the_announced_run_failed_wit
 def test_a_service_down_from_the_start_is_said_early_once_and_the_end_line_times_the_run_not_the_close(tmp_path):
     from fault_servers import refused_url
 
+    # The loop goes on until the test has read the line (two minutes at most): "early" is "while the run goes on", on any machine.
+    seen = tmp_path / "seen"
     script = textwrap.dedent(f"""
-        import sys, time, otel_rl
+        import os, sys, time, otel_rl
         tel = otel_rl.init(run_dir=sys.argv[1], motrix_url={refused_url()!r}, system_metrics_interval_s=0)
         with tel.run():
-            for i in range(60):
+            i, began = 0, time.monotonic()
+            while not os.path.exists(sys.argv[2]) and time.monotonic() - began < 120:
                 with tel.iteration(i, env_steps=8 * i):
                     with tel.phase("learning"):
                         time.sleep(0.05)
                 tel.scalars({{"Loss/critic": 0.5 * i}})
+                i += 1
         print("otel-rl-test: the loop ended", file=sys.stderr, flush=True)
         tel.close(timeout_s=3)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
-    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
-    assert result.returncode == 0, result.stderr
-    lines = result.stderr.splitlines()
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run"), str(seen)], stderr=subprocess.PIPE, text=True, env=env)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in process.stderr:
+            lines.append(line.rstrip("\n"))
+            if "cannot take records" in line:
+                seen.touch()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert process.wait(timeout=300) == 0, "\n".join(lines)
+    reader.join(30)
     down = [i for i, line in enumerate(lines) if "cannot take records" in line]
     assert len(down) == 1 and "otel-rl backfill" in lines[down[0]]
     assert down[0] < lines.index("otel-rl-test: the loop ended")  # while the run went on, not at its end
     (end,) = [line for line in lines if " finished after " in line]
     said_s = float(end.split(" finished after ")[1].split(" s")[0])
-    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    summary = json.loads((tmp_path / "run" / "run_summary.json").read_text())
     run_s = (summary["end_time_unix_nano"] - summary["start_time_unix_nano"]) / 1e9
     assert abs(said_s - run_s) < 0.3, (said_s, run_s)  # the close deadline (3 s here) is not in it

@@ -84,7 +84,7 @@ class Browser:
             raise RuntimeError(f"{method}: {answer['error']}")
         return answer["result"]
 
-    def goto(self, url: str, timeout_s: float = 20.0) -> None:
+    def goto(self, url: str, timeout_s: float = 60.0) -> None:
         self.send("Page.navigate", url=url)
         self.wait_for("document.readyState === 'complete'", timeout_s)
 
@@ -94,7 +94,7 @@ class Browser:
             raise RuntimeError(f"{expression}: {result['exceptionDetails'].get('text')}")
         return result["result"].get("value")
 
-    def wait_for(self, expression: str, timeout_s: float = 20.0) -> Any:
+    def wait_for(self, expression: str, timeout_s: float = 60.0) -> Any:
         """The expression's value once truthy; TimeoutError naming it otherwise."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

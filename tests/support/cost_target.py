@@ -7,7 +7,7 @@ between system metrics samples, or ``default``; ``HOST``: the agent host
 (another checkout's, for ``bench/agent_cost.py --compare``). Prints, per
 iteration, the training thread's CPU, the process's other threads' and the
 agent process's, in microseconds, from the agent's start to a flush that has
-everything written, as one JSON line.
+everything written, and the system metrics samples the run took, as one JSON line.
 """
 
 from __future__ import annotations
@@ -51,4 +51,6 @@ with tel.run():
     assert tel.flush(timeout_s=120)
     process, agent = cpu(me) - process0, sum(map(cpu, agents)) - agents0
 tel.close()
-print(json.dumps({"training": training / iterations * 1e6, "others": (process - training) / iterations * 1e6, "agent": agent / iterations * 1e6}))
+with open(f"{run_dir}/metrics.jsonl") as lines:
+    samples = sum('"sys/process_rss_bytes"' in line for line in lines)  # one record a sample
+print(json.dumps({"training": training / iterations * 1e6, "others": (process - training) / iterations * 1e6, "agent": agent / iterations * 1e6, "samples": samples}))

@@ -9,6 +9,8 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from ports import refused_port
+
 
 class ScriptedIngest:
     """An ingest endpoint whose answers follow a script.
@@ -194,8 +196,4 @@ class TrickleServer:
 
 def refused_url() -> str:
     """A loopback URL where nothing listens."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return f"http://127.0.0.1:{port}"
+    return f"http://127.0.0.1:{refused_port()}"

@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from pathlib import Path
 
 import requests
 import yaml
+from ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 COLLECTOR_CONFIG = REPO / "collector-config" / "otelcol.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def collector_binary() -> Path:

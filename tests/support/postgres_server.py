@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from ports import free_port
 
 BIN = Path("/usr/lib/postgresql/15/bin")
 
@@ -22,9 +23,7 @@ class Postgres:
 
     def __init__(self) -> None:
         self.data = Path(tempfile.mkdtemp(prefix="otel-rl-pg-"))
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
+        self.port = free_port()
         self._count = 0
 
     def start(self) -> Postgres:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import socket
 import threading
+
+from ports import free_port
 
 
 class RoundRobin:
@@ -20,9 +21,7 @@ class RoundRobin:
         self._next = itertools.cycle(range(len(backends)))
         self.connections = [0] * len(backends)
         self._loop = asyncio.new_event_loop()
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 

@@ -38,6 +38,8 @@ class IngestServer:
         db: a SQLite file (created if missing) or a ``postgresql://`` URL.
         host: bind address; loopback by default.
         port: 0 picks a free port (see :attr:`url`).
+        reuse_port: bind with ``SO_REUSEPORT``: the port is shared with other sockets of this user that set it
+            (several servers on one port, the kernel spreading connections among those listening).
         header_timeout_s: how long a connection may take to send a request's headers, or idle between requests.
         options: ``decode_processes`` and the limits of :class:`otel_rl.readers.server.app.Limits`.
     """
@@ -50,11 +52,12 @@ class IngestServer:
         token: str | None = None,
         lost_after_s: float = 60.0,
         header_timeout_s: float = HEADER_TIMEOUT_S,
+        reuse_port: bool = False,
         **options: Any,
     ) -> None:
         self.storage = open_storage(db)
         self._app = create_app(self.storage, token=token, lost_after_s=lost_after_s, **options)
-        self._host, self._port = host, port
+        self._host, self._port, self._reuse_port = host, port, reuse_port
         self._header_timeout_s = header_timeout_s
         self._loop = asyncio.new_event_loop()
         self._runner: web.AppRunner | None = None
@@ -68,7 +71,7 @@ class IngestServer:
             self._app, auto_decompress=False, access_log=None, keepalive_timeout=self._header_timeout_s
         )  # aiohttp's keep-alive timer runs from the connection's start: it is the header timeout too
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_port=self._reuse_port or None)
         self._loop.run_until_complete(site.start())
         port = self._runner.addresses[0][1]  # the port the OS picked
         self.url = f"http://{self._host}:{port}"

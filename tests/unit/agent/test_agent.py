@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 from locations import SUPPORT
+from ports import free_port
 
 import otel_rl
 from otel_rl.agent import directory as agents
@@ -405,16 +406,13 @@ def _slices(run_dir: Path) -> list:
 
 def test_two_ranks_and_a_collector_share_one_agent_and_one_trace(tmp_path):
     import multiprocessing as mp
-    import socket
 
     import agent_group
 
     run_dir, out = tmp_path / "ranks-1", tmp_path / "out"
     out.mkdir()
     name = f"test-{os.getpid()}-{os.urandom(3).hex()}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     context = mp.get_context("spawn")
     ranks = [context.Process(target=agent_group.rank, args=(r, 2, port, str(run_dir), name, str(out))) for r in range(2)]
     for p in ranks:

@@ -5,7 +5,10 @@ process: the agent with the system metrics on against off (records made beside
 the run must not take the training scalars off their block path), and the
 agent's CPU per iteration against the training thread's own recording cost.
 The bounds are generous (a shared 2-core machine is noisy); the regressions
-they guard against cost several times more.
+they guard against cost several times more. The system metrics are sampled on
+wall time, so a slower or busier machine takes more samples in the same loop:
+each sample the arm took is allowed :data:`PER_SAMPLE_US` (several times what
+one costs), so the bound follows the samples taken, not the machine.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from pathlib import Path
 
 ITERATIONS = 30_000
 ROUNDS = 3
+PER_SAMPLE_US = 5_000.0
+"""Agent CPU allowed per system metrics sample (about 1 ms is measured)."""
 TARGET = Path(__file__).parents[2] / "support" / "cost_target.py"
 
 
@@ -35,9 +40,11 @@ def test_system_metrics_leave_the_agent_cost_where_it_was(tmp_path):
         results["off"].append(_arm(tmp_path, f"off-{round_}", 0))
     agent = {arm: statistics.median(r["agent"] for r in rs) for arm, rs in results.items()}
     training = statistics.median(r["training"] for rs in results.values() for r in rs)
-    figures = f"agent us/iteration: system metrics on {agent['on']:.1f}, off {agent['off']:.1f}; training thread {training:.1f}"
-    assert agent["on"] <= 1.5 * agent["off"], figures  # 2-3x when system metrics sent the scalars call by call
-    assert agent["on"] <= 3.5 * training, figures  # about 1.5x
-    # The records beside the run were there: the system metrics reached metrics.jsonl in the measured arm.
-    lines = (tmp_path / "on-0" / "metrics.jsonl").read_text().splitlines()
-    assert any('"sys/process_rss_bytes"' in line for line in lines)
+    samples = statistics.median(r["samples"] for r in results["on"])
+    sampling = samples * PER_SAMPLE_US / ITERATIONS  # per iteration
+    figures = (f"agent us/iteration: system metrics on {agent['on']:.1f} ({samples:.0f} samples, {sampling:.2f} allowed for them), "
+               f"off {agent['off']:.1f}; training thread {training:.1f}")  # fmt: skip
+    assert samples >= 1  # the records beside the run were there in the measured arm
+    assert agent["on"] - sampling <= 1.5 * agent["off"], figures  # 2-3x when system metrics sent the scalars call by call
+    assert agent["on"] - sampling <= 3.5 * training, figures  # about 1.5x
+

@@ -18,6 +18,7 @@ import requests
 from locations import FIXTURES as SUPPORT_FIXTURES
 from locations import interruptible
 from motrix_golden import golden_records
+from ports import free_port
 
 import otel_rl
 from otel_rl.outputs.motrix.backfill import backfill
@@ -401,7 +402,7 @@ def test_the_token_in_the_environment_is_required(tmp_path):
     env["MOTRIX_METRICS_TOKEN"] = TOKEN
     batch = _batch(golden_records()["heartbeat"])
     for flags, open_without_token in (([], False), (["--insecure"], True)):
-        port = _free_port()
+        port = free_port()
         proc = subprocess.Popen(
             [sys.executable, "-m", "otel_rl.cli", "serve", "--port", str(port), "--db", str(tmp_path / f"{len(flags)}.db"), *flags],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -418,14 +419,6 @@ def test_the_token_in_the_environment_is_required(tmp_path):
             _, stderr = proc.communicate(timeout=10)
         if open_without_token:
             assert "--insecure" in stderr
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _wait_healthy(url: str) -> None:

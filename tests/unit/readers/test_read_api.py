@@ -285,14 +285,9 @@ def test_a_second_run_with_the_same_run_id_is_refused_in_one_line_never_merged(d
         points = requests.get(server.url + "/api/v1/runs/sweep/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"]
         assert [p["value"] for p in points] == [1.0] * 30  # the second run's values are not in the first's curve
         # The trace each run's agent sends when it ends: the first run's is kept, the second's refused (said in its folder).
-        import json
-        import time
+        from uploads import upload_outcome
 
-        deadline = time.monotonic() + 60
-        notes = [tmp_path / f"seed{seed}" / "trace_upload.json" for seed in (1, 2)]
-        while not all(n.exists() for n in notes) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        first, second = (json.loads(n.read_text()) for n in notes)
+        first, second = (upload_outcome(tmp_path / f"seed{seed}") for seed in (1, 2))
         assert first["sent"] is True and second["sent"] is False and "409" in second["error"] and "another run" in second["error"]
         stored = requests.get(server.url + "/api/v1/runs/sweep/trace", timeout=10).content
         assert stored == (tmp_path / "seed1" / "trace.perfetto-trace").read_bytes()

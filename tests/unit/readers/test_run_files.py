@@ -162,7 +162,10 @@ def test_the_compare_page_says_what_changed(tmp_path):
                                 ".map(r => [r.dataset.phase, ...[...r.cells].map(c => c.textContent)])")
             assert rows[0][0] == "learning" and rows[0][1] == "Learning", rows
             before, after = (float(v) for v in rows[0][2].split(" ms")[0].split(" -> "))
-            assert 1.9 < before < 3.0 and 5.9 < after < 7.5, rows[0]
+            # The page shows the server's comparison (as it rounds), whatever the sleeps took on this machine.
+            expected = answer["comparisons"]["slow"]["timelines"]["learner"]["phases"]["learning"]["mean_ms"]
+            assert before == pytest.approx(expected[0], rel=0.01, abs=0.01) and after == pytest.approx(expected[1], rel=0.01, abs=0.01), (rows[0], expected)
+            assert before < after
             # A distribution is one chart of each run's mean, not a chart per statistic; each run's event in its own colour.
             assert browser.wait_for("window.otelRl.charts['dist:Train/advantage'] > 0")
             assert browser.eval("document.querySelectorAll('[data-key^=\"Train/advantage/\"]').length") == 0
@@ -225,17 +228,18 @@ def test_a_run_is_tagged_noted_and_deleted_from_its_page(run_dir, tmp_path):
 def test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_the_run_folder(run_dir, tmp_path):
     """The upload a run's agent starts detached: a server down for a few seconds gets it; a login page or a rotated token is a failure
     said by the exit status and in the run's trace_upload.json, never "sent"."""
-    import socket
     import threading
 
     from fault_servers import HtmlPage
+    from ports import held_port
 
     def send(url: str, token: str | None = None) -> subprocess.CompletedProcess:
+        # A retry window of 10 minutes, a run of 3 at most: an answer that is retried cannot pass for one that is not.
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
         if token:
             env["MOTRIX_METRICS_TOKEN"] = token
-        return subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", url, "--trace-only", "--retry-window", "30"],
-                              capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+        return subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", url, "--trace-only", "--retry-window", "600"],
+                              capture_output=True, text=True, timeout=180, env=env)  # fmt: skip
 
     def outcome() -> dict:
         return json.loads((run_dir / "trace_upload.json").read_text())
@@ -251,27 +255,24 @@ def test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_th
     with IngestServer(str(tmp_path / "rotated.sqlite3"), token=TOKEN) as server:
         subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], env={**os.environ, "MOTRIX_METRICS_TOKEN": TOKEN},
                        capture_output=True, timeout=120, check=True)  # fmt: skip  (the records, with the token of the time)
-        began = time.monotonic()
-        rotated = send(server.url, "the-old-token")
-        assert rotated.returncode == 1 and "401" in rotated.stderr and time.monotonic() - began < 20  # refused: not retried
+        rotated = send(server.url, "the-old-token")  # returns within the run's 3 minutes: refused, not retried
+        assert rotated.returncode == 1 and "401" in rotated.stderr
         assert outcome()["sent"] is False and "401" in outcome()["error"]
 
-    with socket.socket() as probe:  # a port to come back on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    restarted: list[IngestServer] = []
-    database = str(tmp_path / "restarted.sqlite3")
-    with IngestServer(database) as first:  # the run is known to the server
-        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", first.url], capture_output=True, timeout=120, check=True)
-    timer = threading.Timer(3.0, lambda: restarted.append(IngestServer(database, port=port).__enter__()))
-    timer.start()
-    try:
-        result = send(f"http://127.0.0.1:{port}")
-        assert result.returncode == 0, result.stderr
-        assert "sent the trace" in result.stdout and outcome()["sent"] is True
-        stored = requests.get(f"http://127.0.0.1:{port}/api/v1/runs/traced/trace", timeout=30).content
-        assert stored == (run_dir / "trace.perfetto-trace").read_bytes()
-    finally:
-        timer.join()
-        for server in restarted:
-            server.__exit__(None, None, None)
+    with held_port() as port:  # a port to come back on, refusing meanwhile, that no other process can take
+        restarted: list[IngestServer] = []
+        database = str(tmp_path / "restarted.sqlite3")
+        with IngestServer(database, port=port, reuse_port=True) as first:  # the run is known to the server
+            subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", first.url], capture_output=True, timeout=120, check=True)
+        timer = threading.Timer(3.0, lambda: restarted.append(IngestServer(database, port=port, reuse_port=True).__enter__()))
+        timer.start()
+        try:
+            result = send(f"http://127.0.0.1:{port}")
+            assert result.returncode == 0, result.stderr
+            assert "sent the trace" in result.stdout and outcome()["sent"] is True
+            stored = requests.get(f"http://127.0.0.1:{port}/api/v1/runs/traced/trace", timeout=30).content
+            assert stored == (run_dir / "trace.perfetto-trace").read_bytes()
+        finally:
+            timer.join()
+            for server in restarted:
+                server.__exit__(None, None, None)

@@ -11,11 +11,11 @@ restarts while the page is open.
 
 from __future__ import annotations
 
-import socket
 import time
 
 import pytest
 from browser import Browser
+from ports import held_port
 
 import otel_rl
 from otel_rl.outputs.motrix.backfill import backfill
@@ -40,16 +40,14 @@ def run_dir(tmp_path_factory):
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_the_cursor_zoom_search_events_and_labels_act_across_the_page(run_dir, tmp_path):
+    with held_port() as port:  # the server stops and comes back on it: no other process can take it meanwhile
+        _cursor_zoom_search_events_and_labels(run_dir, tmp_path, port)
+
+
+def _cursor_zoom_search_events_and_labels(run_dir, tmp_path, port: int) -> None:
     database = str(tmp_path / "cursor.sqlite3")
-    port = free_port()
-    server = IngestServer(database, port=port).__enter__()
+    server = IngestServer(database, port=port, reuse_port=True).__enter__()
     browser = Browser(height=3200)  # every chart on screen: a chart is drawn when it scrolls into view
     try:
         assert backfill(run_dir, server.url)["rejected"] == 0
@@ -81,7 +79,7 @@ def test_the_cursor_zoom_search_events_and_labels_act_across_the_page(run_dir, t
         for key in charts:
             assert browser.wait_for(f"(() => {{ const s = {plot(key)}.scales.x; return s.min === {zoom[0]} && s.max === {zoom[1]}; }})()"), key
         refreshes = browser.eval("window.otelRl.refreshes")
-        browser.wait_for(f"window.otelRl.refreshes > {refreshes}", timeout_s=15)
+        browser.wait_for(f"window.otelRl.refreshes > {refreshes}", timeout_s=60)
         assert browser.eval(f"{plot('Train/advantage')}.scales.x.min") == zoom[0]
         browser.screenshot(tmp_path / "zoomed.png")
         browser.eval("document.querySelector('#reset-zoom').click()")
@@ -109,10 +107,10 @@ def test_the_cursor_zoom_search_events_and_labels_act_across_the_page(run_dir, t
         assert browser.eval("document.querySelector('[data-key=\"Loss/critic\"] .log-note')") is None
         # The server restarts while the page is open: said, then mended, without a reload.
         server.__exit__(None, None, None)
-        assert "Could not refresh" in browser.wait_for("document.querySelector('#refresh-status').textContent", timeout_s=15)
-        server = IngestServer(database, port=port).__enter__()
+        assert "Could not refresh" in browser.wait_for("document.querySelector('#refresh-status').textContent", timeout_s=60)
+        server = IngestServer(database, port=port, reuse_port=True).__enter__()
         refreshes = browser.eval("window.otelRl.refreshes")
-        browser.wait_for(f"window.otelRl.refreshes > {refreshes} && document.querySelector('#refresh-status').textContent === ''", timeout_s=20)
+        browser.wait_for(f"window.otelRl.refreshes > {refreshes} && document.querySelector('#refresh-status').textContent === ''", timeout_s=60)
         assert browser.eval("window.otelRl.charts['Loss/critic']") > 0
         browser.screenshot(tmp_path / "recovered.png")
     finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from collections import Counter
 
 import pytest
@@ -12,6 +11,7 @@ import torch
 import torch.multiprocessing as mp
 from dist_workers import rank_data
 from otlp_receivers import HttpReceiver
+from ports import free_port
 
 from otel_rl.formats import schema, trace
 from otel_rl.readers.analysis import read_trace
@@ -22,12 +22,6 @@ from otel_rl.stats_tracker import (
     merge_worker_stats,
     publishable,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_ranks(world: int, scenario: str, extra=None) -> dict[int, tuple[str, object]]:
@@ -57,7 +51,7 @@ PORTS: dict[int, int] = {}
 @pytest.fixture(autouse=True)
 def fresh_port():
     for world in (2, 3):
-        PORTS[world] = _free_port()
+        PORTS[world] = free_port()
 
 
 def reference(world: int) -> dict[str, float]:
