@@ -157,11 +157,39 @@ class TelemetryConfig:
     trace_enabled: bool | None = None
     """Write a Perfetto trace of every phase (``OTEL_RL_TRACE_ENABLED``); None: on when there is a run folder or a ``trace_output_dir``."""
 
-    tensorboard: bool = False
-    """Write TensorBoard event files to ``run_dir/tensorboard`` (``OTEL_RL_TENSORBOARD``)."""
+    tensorboard: bool | None = None
+    """Write TensorBoard event files (``OTEL_RL_TENSORBOARD``); None: on when ``tensorboard_dir`` is given."""
+
+    tensorboard_dir: Path | None = None
+    """Folder of the TensorBoard event files (``OTEL_RL_TENSORBOARD_DIR``); default ``run_dir/tensorboard``."""
 
     wandb: bool = False
     """Log the run to Weights & Biases (``OTEL_RL_WANDB``; see :mod:`otel_rl.outputs.wandb`)."""
+
+    wandb_project: str | None = None
+    """The W&B project (``WANDB_PROJECT``); default: ``project``, else ``otel-rl``."""
+
+    wandb_entity: str | None = None
+    """The W&B team or user the run belongs to (``WANDB_ENTITY``); default: the API key's."""
+
+    wandb_group: str | None = None
+    """The W&B group (``WANDB_RUN_GROUP``); default: ``group``."""
+
+    wandb_name: str | None = None
+    """The W&B run's display name (``WANDB_NAME``); default: the run id."""
+
+    wandb_tags: tuple[str, ...] = ()
+    """The W&B run's tags (``WANDB_TAGS``, comma-separated), each 1 to 64 characters."""
+
+    wandb_notes: str | None = None
+    """The W&B run's description (``WANDB_NOTES``)."""
+
+    wandb_mode: str | None = None
+    """``online``, ``offline``, ``disabled`` (the W&B output is off) or ``shared`` (several writers of one online run)
+    (``WANDB_MODE``); None: ``online`` with ``WANDB_API_KEY`` set, else ``offline``."""
+
+    wandb_job_type: str | None = None
+    """The W&B run's job type (``WANDB_JOB_TYPE``: ``train``, ``eval``...)."""
 
     resume: bool = False
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
@@ -225,6 +253,21 @@ class TelemetryConfig:
     """Ranks on this machine (``LOCAL_WORLD_SIZE``); None: ``world_size``, every rank on one machine."""
 
     @property
+    def tensorboard_folder(self) -> Path | None:
+        """Where the TensorBoard event files go: ``tensorboard_dir``, else ``run_dir/tensorboard``."""
+        if self.tensorboard_dir is not None:
+            return self.tensorboard_dir
+        return None if self.run_dir is None else self.run_dir / "tensorboard"
+
+    def wandb_fields(self) -> dict[str, Any]:
+        """The W&B run as ``wandb.init`` names it: project, entity, group, name, tags, notes, mode and job type."""
+        return {
+            "project": self.wandb_project or self.project or "otel-rl", "entity": self.wandb_entity,
+            "group": self.wandb_group or self.group, "name": self.wandb_name or self.run_id, "tags": list(self.wandb_tags),
+            "notes": self.wandb_notes, "mode": self.wandb_mode, "job_type": self.wandb_job_type,
+        }  # fmt: skip
+
+    @property
     def nodes(self) -> int:
         """Machines in the job: each writes its own part of the trace when there are several."""
         return -(-self.world_size // self.local_world_size)  # type: ignore[operator]
@@ -247,21 +290,31 @@ class TelemetryConfig:
 
         if self.run_dir is not None:
             self.run_dir = Path(self.run_dir)
+        if self.tensorboard_dir is not None:
+            self.tensorboard_dir = Path(self.tensorboard_dir)
         if self.trace_output_dir is not None:
             self.trace_output_dir = Path(self.trace_output_dir)
-        for name in ("run_dir", "trace_output_dir"):
+        for name in ("run_dir", "trace_output_dir", "tensorboard_dir"):
             folder = getattr(self, name)
             if folder is not None and folder.exists() and not folder.is_dir():
                 raise ValueError(f"{name} {str(folder)!r} is a file, not a folder")
             below = next((parent for parent in (folder.parents if folder is not None else ()) if parent.exists()), None)
             if below is not None and not below.is_dir():  # mkdir would fail later, on the agent's side
                 raise ValueError(f"{name} {str(folder)!r} lies below {str(below)!r}, which is a file, not a folder")
+        if self.tensorboard is None:
+            self.tensorboard = self.tensorboard_dir is not None
         for name in ("enabled", "strict", "panel", "quiet", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
             _check(name, getattr(self, name), bool, "True or False")
-        for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group"):
+        for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group", *WANDB_TEXT):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
+        self.wandb_tags = _wandb_tags(self.wandb_tags)
+        self.wandb_mode = _wandb_mode(self.wandb_mode)
+        if self.wandb_mode == "disabled":
+            self.wandb = False  # W&B's own way of saying "no run": the output is left out, nothing starts
+        elif self.wandb and self.wandb_mode is None:  # a background output never prompts for a login
+            self.wandb_mode = "online" if os.environ.get(env.WANDB_API_KEY) else "offline"
         _check("role", self.role, str, "a non-empty string", lambda v: bool(v))
         if isinstance(self.agent, str) and not _is_agent_mode(self.agent) and _close_to_a_mode(self.agent.strip()):
             raise ValueError(f"agent={self.agent!r} is not a mode; did you mean {_close_to_a_mode(self.agent.strip())!r}? ({AGENT_CHOICES})")
@@ -305,8 +358,8 @@ class TelemetryConfig:
             self.jsonl, self.motrix_url, self.panel, self.tensorboard, self.wandb = False, None, False, False, False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
-        if self.tensorboard and self.run_dir is None:
-            raise ValueError("tensorboard=True needs a run_dir to write event files into")
+        if self.tensorboard and self.run_dir is None and self.tensorboard_dir is None:
+            raise ValueError("tensorboard=True needs a run_dir or a tensorboard_dir to write event files into")
         if self.resume and self.run_dir is None:
             raise ValueError("resume=True needs the run_dir of the run to continue")
         missing = extras.missing_outputs(self) if self.enabled else []
@@ -351,8 +404,10 @@ class TelemetryConfig:
                 env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, 2.0, "seconds >= 0"
             ),
             "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, None, "true or false"),
-            "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, False, "true or false"),
+            "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, None, "true or false"),
+            "tensorboard_dir": os.environ.get(env.OTEL_RL_TENSORBOARD_DIR) or None,
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
+            **_wandb_defaults(),
             "quiet": env.read(env.OTEL_RL_QUIET, env.parse_bool, False, "true or false"),
             "panel": env.read(env.OTEL_RL_PANEL, env.parse_bool, None, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
@@ -408,13 +463,63 @@ def _ignore_inapplicable(merged: dict[str, Any], options: dict[str, Any], run_di
 def _not_applicable(name: str, run_dir: Any, merged: dict[str, Any]) -> str | None:
     """Why the option ``name``, switched on by its environment variable, cannot apply to this process (None: it can)."""
     folder = run_dir is not None or merged.get("trace_output_dir") is not None
-    if name in ("resume", "tensorboard") and run_dir is None:
+    if name == "resume" and run_dir is None:
         return "this process has no run_dir"
+    if name == "tensorboard" and run_dir is None and merged.get("tensorboard_dir") is None:
+        return "this process has no run_dir or tensorboard_dir"
     if name in ("trace_enabled", "profile") and not folder:
         return "this process has no run_dir or trace_output_dir"
     if name in extras.OUTPUTS and extras.OUTPUTS[name].missing():
         return extras.OUTPUTS[name].message()
     return None
+
+
+WANDB_TEXT = ("wandb_project", "wandb_entity", "wandb_group", "wandb_name", "wandb_notes", "wandb_job_type")
+WANDB_MODES = ("online", "offline", "disabled", "shared")
+_WANDB_VARIABLES = {
+    "wandb_project": env.WANDB_PROJECT, "wandb_entity": env.WANDB_ENTITY, "wandb_group": env.WANDB_RUN_GROUP,
+    "wandb_name": env.WANDB_NAME, "wandb_notes": env.WANDB_NOTES, "wandb_job_type": env.WANDB_JOB_TYPE,
+}  # fmt: skip
+
+
+def _wandb_defaults() -> dict[str, Any]:
+    """The W&B fields from W&B's own environment variables (the keywords of :func:`otel_rl.init` win)."""
+    defaults: dict[str, Any] = {name: os.environ.get(variable, "").strip() or None for name, variable in _WANDB_VARIABLES.items()}
+    tags = [t.strip() for t in os.environ.get(env.WANDB_TAGS, "").split(",") if t.strip()]
+    kept = [t for t in tags if len(t) <= 64 and clean_text(t) == t]
+    if len(kept) < len(tags):  # W&B takes tags of 1 to 64 characters: the others are left out, said once
+        bad = next(t for t in tags if t not in kept)
+        _logger.warning("otel-rl: %s: leaving out the tag %r (W&B takes tags of 1 to 64 characters); the other tags are kept",
+                        env.WANDB_TAGS, bad[:80], extra=once(f"variable:{env.WANDB_TAGS}"))  # fmt: skip
+    defaults["wandb_tags"] = tuple(kept)
+    mode = os.environ.get(env.WANDB_MODE, "").strip().lower() or None
+    if mode is not None and mode not in WANDB_MODES:
+        env.warn_invalid(env.WANDB_MODE, mode, " or ".join(WANDB_MODES))
+        mode = None
+    defaults["wandb_mode"] = mode
+    return defaults
+
+
+def _wandb_tags(tags: Any) -> tuple[str, ...]:
+    """``wandb_tags`` as a tuple of tags (a comma-separated string is split); each one 1 to 64 characters, as W&B takes."""
+    if isinstance(tags, str):
+        tags = [t.strip() for t in tags.split(",") if t.strip()]
+    if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
+        raise TypeError(f"wandb_tags must be a list of strings, got {tags!r}")
+    bad = [t for t in tags if not 0 < len(t) <= 64 or clean_text(t) != t]
+    if bad:
+        raise ValueError(f"wandb_tags: each tag is 1 to 64 characters of valid text, got {bad[0][:80]!r}")
+    return tuple(dict.fromkeys(tags))  # W&B keeps one of each
+
+
+def _wandb_mode(mode: Any) -> str | None:
+    """``wandb_mode`` checked against W&B's modes (None: decided at the run's start, from ``WANDB_API_KEY``)."""
+    if mode is None:
+        return None
+    if not isinstance(mode, str) or mode.strip().lower() not in WANDB_MODES:
+        close = difflib.get_close_matches(str(mode), WANDB_MODES, n=1)
+        raise ValueError(f"wandb_mode must be {', '.join(WANDB_MODES)}, got {mode!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
+    return mode.strip().lower()
 
 
 def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str, valid=None) -> None:

@@ -44,7 +44,9 @@ OTEL_RL_SYSTEM_METRICS_INTERVAL = "OTEL_RL_SYSTEM_METRICS_INTERVAL"
 OTEL_RL_TRACE_ENABLED = "OTEL_RL_TRACE_ENABLED"
 """``true``: write the Perfetto trace."""
 OTEL_RL_TENSORBOARD = "OTEL_RL_TENSORBOARD"
-"""``true``: write TensorBoard event files to ``run_dir/tensorboard``."""
+"""``true``: write TensorBoard event files to ``run_dir/tensorboard`` (or ``OTEL_RL_TENSORBOARD_DIR``)."""
+OTEL_RL_TENSORBOARD_DIR = "OTEL_RL_TENSORBOARD_DIR"
+"""Folder of the TensorBoard event files; setting it switches TensorBoard on."""
 OTEL_RL_WANDB = "OTEL_RL_WANDB"
 """``true``: log the run to Weights & Biases (offline unless ``WANDB_MODE`` or ``WANDB_API_KEY`` says otherwise)."""
 OTEL_RL_PANEL = "OTEL_RL_PANEL"
@@ -78,6 +80,22 @@ MOTRIX_METRICS_PROJECT = "MOTRIX_METRICS_PROJECT"
 MOTRIX_METRICS_GROUP = "MOTRIX_METRICS_GROUP"
 MOTRIX_METRICS_META = "MOTRIX_METRICS_META"
 """A JSON object of free-form run metadata."""
+
+# Weights & Biases' own variables, read for the W&B output's fields (an init() keyword wins).
+WANDB_PROJECT = "WANDB_PROJECT"
+WANDB_ENTITY = "WANDB_ENTITY"
+WANDB_RUN_GROUP = "WANDB_RUN_GROUP"
+WANDB_NAME = "WANDB_NAME"
+WANDB_TAGS = "WANDB_TAGS"
+"""Comma-separated tags."""
+WANDB_NOTES = "WANDB_NOTES"
+WANDB_MODE = "WANDB_MODE"
+"""``online``, ``offline``, ``disabled`` or ``shared``."""
+WANDB_JOB_TYPE = "WANDB_JOB_TYPE"
+WANDB_API_KEY = "WANDB_API_KEY"
+"""Only its presence is read: with it the default mode is ``online``."""
+WANDB_FIELD_VARIABLES = (WANDB_PROJECT, WANDB_ENTITY, WANDB_RUN_GROUP, WANDB_NAME, WANDB_TAGS, WANDB_NOTES, WANDB_MODE, WANDB_JOB_TYPE)
+"""The variables of the W&B run's fields, which otel-rl reads and hands to ``wandb.init`` itself."""
 
 
 def signal_variable(base: str, signal: str) -> str:

@@ -169,7 +169,8 @@ class _Builder:
         if config.wandb:
             from otel_rl.outputs.wandb import wandb_sink
 
-            self.optional("W&B", lambda: wandb_sink(config, context.drops, identity.pid))
+            floor = None if identity.previous is None else identity.previous.last_step
+            self.optional("W&B", lambda: wandb_sink(config, context.drops, identity.pid, floor))
         if config.relay is not None:
             from otel_rl.outputs.relay import RelaySink
 
@@ -251,4 +252,6 @@ class _Builder:
     def _tensorboard(self) -> RecordSink:
         from otel_rl.outputs.tensorboard import tensorboard_sink
 
-        return tensorboard_sink(self.config.run_dir / files.TENSORBOARD_DIR, self.context.drops, self.config.perf_interval_s)
+        previous = self.identity.previous
+        floor = None if previous is None else previous.last_step
+        return tensorboard_sink(self.config.tensorboard_folder, self.context.drops, self.config.perf_interval_s, floor)

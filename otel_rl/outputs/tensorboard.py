@@ -33,14 +33,16 @@ _HPARAMS_TAGS = "_hparams_/"
 _STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_FAILURE"}  # TensorBoard has no aborted status
 
 
-def tensorboard_sink(log_dir: Path, drops: Drops, perf_interval_s: float = 1.0) -> TrackerSink:
+def tensorboard_sink(log_dir: Path, drops: Drops, perf_interval_s: float = 1.0, resumed_after: int | None = None) -> TrackerSink:
     """The TensorBoard output: a :class:`TrackerSink` feeding a :class:`TensorBoardWriter`.
+
+    ``resumed_after``: a resumed run's last step so far, which its steps stay above.
 
     Raises:
         ImportError: the ``tensorboard`` package is not installed (``pip install 'otel-rl[tensorboard]'``).
     """
     extras.require(extras.OUTPUTS["tensorboard"])  # here, rather than failing later on the writer's thread
-    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s)
+    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s, resumed_after=resumed_after)
 
 
 class TensorBoardWriter(TrackerWriter):
@@ -132,7 +134,7 @@ class TensorBoardWriter(TrackerWriter):
             text = f"**{name}** `{json.dumps(attributes, sort_keys=True)}`" if attributes else f"**{name}**"
             return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[_text_value(f"events/{name}", text)]))]
         if kind == "start":
-            self._config = dict(item[2].config or {})
+            self._config = {**dict(item[2].config or {}), **_provenance(item[2].provenance)}
             return [Event(wall_time=wall, summary=_hparams_start(self._config, wall))]
         return [  # "end": the session's status, and the experiment with the metrics seen
             Event(wall_time=wall, summary=_hparams_experiment(self._config or {}, sorted(self._tags_seen))),
@@ -148,6 +150,17 @@ def _text_value(tag: str, text: str):
 
     tensor = TensorProto(dtype="DT_STRING", string_val=[text.encode("utf-8")], tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
     return Summary.Value(tag=tag, metadata=metadata.create_summary_metadata(display_name=tag, description=""), tensor=tensor)
+
+
+PROVENANCE_KEYS = ("git_commit", "git_branch", "git_dirty", "otel_rl_version", "host")
+"""What of the run's provenance the HParams table shows beside the configuration (under ``provenance/``)."""
+
+
+def _provenance(found: dict[str, Any] | None) -> dict[str, Any]:
+    """The provenance's columns: ``provenance/git_commit``, ``provenance/git_branch``..., those the run has."""
+    flat = provenance.flatten(found or {})
+    names = {"git_commit": "git.commit", "git_branch": "git.branch", "git_dirty": "git.dirty", "otel_rl_version": "versions.otel_rl", "host": "host"}
+    return {f"provenance/{key}": flat[names[key]] for key in PROVENANCE_KEYS if flat.get(names[key]) is not None}
 
 
 def _hparams(config: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,11 @@ the pipeline thread only appends. The items, in the order they were recorded:
 
 ``step`` is the call's ``step``, else the env-step count (as in
 ``metrics.jsonl``), else the iteration: a loop that gives neither still has
-an axis, never every point at step 0. The queue is bounded: past :data:`CAPACITY` the oldest
+an axis, never every point at step 0. After a resume the steps never go
+back (AReaL's ``max(global_step, last_commit_step + 1)``): while the loop's
+steps are behind the earlier parts' last one, each step it gives is written
+at the next free step after it (the records of one step stay together), until
+the loop's own steps pass them. The queue is bounded: past :data:`CAPACITY` the oldest
 scalars and distributions make room (counted under the output's name);
 lifecycle and events are kept. A tracker that fails is warned about once
 and stops; what it would have written is counted as dropped.
@@ -108,10 +112,13 @@ class TrackerWriter(BackgroundLoop, ABC):
 class TrackerSink(RecordSink):
     """Queues scalars, distributions, events, run records and ``Perf/*`` windows for a :class:`TrackerWriter`."""
 
-    def __init__(self, writer: TrackerWriter, perf_interval_s: float = 1.0) -> None:
+    def __init__(self, writer: TrackerWriter, perf_interval_s: float = 1.0, resumed_after: int | None = None) -> None:
+        """``resumed_after``: a resumed run's last step so far (the earlier parts'), which its steps stay above."""
         self.writer = writer
         self._perf = PerfWindows(perf_interval_s)
         self._step: int | None = None
+        self._next_free = None if resumed_after is None else resumed_after + 1  # None once the loop's steps passed it
+        self._lifted: tuple[int, int] | None = None  # the loop's latest step behind, and where it was written
         # A pass hands over its events before its scalars: they wait for the pass's steps, then go at theirs.
         self._events: deque[EventRecord] = deque()
         writer.start()
@@ -130,12 +137,27 @@ class TrackerSink(RecordSink):
             if step is None:  # a loop that gives neither a step nor env steps: its iterations are the axis, never step 0 for all
                 step = record.iteration
             self._put_events_before(record.time_ns)
-            self._step = step if step is not None else self._step
-            self.writer.put(("scalars", record.time_ns, step, record.values))
+            self._step = step if step is not None else self._step  # the loop's own: an event is lifted as its step is
+            self.writer.put(("scalars", record.time_ns, self._above_floor(step), record.values))
 
     def on_distribution(self, record: DistributionRecord) -> None:
         step = next((s for s in (record.step, record.env_steps, record.iteration) if s is not None), None)
-        self.writer.put(("distribution", record.time_ns, step, record.key, record.histogram))
+        self.writer.put(("distribution", record.time_ns, self._above_floor(step), record.key, record.histogram))
+
+    def _above_floor(self, step: int | None) -> int | None:
+        """A resumed run's step, never at or below a step written before (see the module docstring)."""
+        free = self._next_free
+        if free is None or step is None:
+            return step
+        lifted = self._lifted
+        if lifted is not None and step <= lifted[0]:  # the same step (or a record behind it): where that step went
+            return lifted[1]
+        if step >= free:  # the loop's own steps have passed what was written: from here on they are the axis
+            self._next_free = None
+            return step
+        self._lifted = (step, free)
+        self._next_free = free + 1
+        return free
 
     def on_event(self, event: EventRecord) -> None:
         self._events.append(event)
@@ -153,7 +175,7 @@ class TrackerSink(RecordSink):
     def _put_event(self, event: EventRecord) -> None:
         # The step of the latest scalars before it, else of the iterations (a run that logs no scalars).
         step = next((s for s in (self._step, self._perf.axes.get("env_steps"), self._perf.axes.get("iteration")) if s is not None), None)
-        self.writer.put(("event", event.time_ns, step, event.name, event.attributes))
+        self.writer.put(("event", event.time_ns, self._above_floor(step), event.name, event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:
         self._perf.add(totals)
@@ -167,7 +189,8 @@ class TrackerSink(RecordSink):
         values = self._perf.take()
         if values:
             axes = self._perf.axes
-            self.writer.put(("scalars", time.time_ns(), axes["env_steps"] if axes["env_steps"] is not None else axes["iteration"], values))
+            step = axes["env_steps"] if axes["env_steps"] is not None else axes["iteration"]
+            self.writer.put(("scalars", time.time_ns(), self._above_floor(step), values))
 
     def flush(self, deadline: Deadline) -> bool:
         return self.writer.flush(deadline)

@@ -17,12 +17,22 @@ Here the x axis is a logged metric (``env_steps``, declared with
 back (a restarted job) is plotted where it belongs and nothing is dropped;
 otel-rl reports the regression itself (``step_regression`` event).
 
-Project: the run's ``project`` option, else ``WANDB_PROJECT``, else
-``otel-rl``; the group is the run's ``group``.
+The run's fields, each an :func:`otel_rl.init` keyword and W&B's own
+environment variable (the keyword wins): ``wandb_project``
+(``WANDB_PROJECT``; default the run's ``project``, else ``otel-rl``),
+``wandb_entity`` (``WANDB_ENTITY``), ``wandb_group`` (``WANDB_RUN_GROUP``;
+default the run's ``group``), ``wandb_name`` (``WANDB_NAME``; default the run
+id), ``wandb_tags`` (``WANDB_TAGS``, comma-separated), ``wandb_notes``
+(``WANDB_NOTES``) and ``wandb_job_type`` (``WANDB_JOB_TYPE``). The config's
+``otel_rl`` block carries the provenance: git commit, branch and dirty flag,
+the otel-rl version, host, program and arguments (secret-looking ones
+redacted).
 
-Mode: ``WANDB_MODE`` when set; else ``online`` when ``WANDB_API_KEY`` is set,
-and ``offline`` otherwise (``wandb sync <run_dir>/wandb/offline-run-*``
-uploads it later): a background output never prompts for a login.
+Mode (``wandb_mode``, ``WANDB_MODE``): ``online``, ``offline``, ``shared``
+(several processes writing one online run) or ``disabled`` (the output is left
+out). Unset: ``online`` when ``WANDB_API_KEY`` is set, and ``offline``
+otherwise (``wandb sync <run_dir>/wandb/offline-run-*`` uploads it later): a
+background output never prompts for a login.
 W&B's own features are kept as the user configured them: its System tab
 samples the training process (also from an agent process), its messages
 (the sync hint among them) print unless ``WANDB_SILENT`` says otherwise,
@@ -45,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.base import extras
+from otel_rl.base import environment_variables as env
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
 from otel_rl.core.records import RunStart
@@ -62,23 +73,17 @@ def wandb_run_id(run_id: str) -> str:
     return _ID_UNSAFE.sub("-", run_id)[:128]
 
 
-def wandb_mode() -> str:
-    """``WANDB_MODE`` if set, else ``online`` with an API key in the environment, else ``offline``."""
-    mode = os.environ.get("WANDB_MODE", "").strip()
-    if mode:
-        return mode
-    return "online" if os.environ.get("WANDB_API_KEY") else "offline"
-
-
-def wandb_sink(config: Any, drops: Drops, pid: int) -> TrackerSink:
+def wandb_sink(config: Any, drops: Drops, pid: int, resumed_after: int | None = None) -> TrackerSink:
     """The W&B output of a run (an :class:`otel_rl.TelemetryConfig`) of training process ``pid``: a :class:`TrackerSink` feeding a :class:`WandbWriter`.
+
+    ``resumed_after``: a resumed run's last step so far, which its steps stay above.
 
     Raises:
         ImportError: the ``wandb`` package is not installed (``pip install 'otel-rl[wandb]'``).
     """
     extras.require(extras.OUTPUTS["wandb"])  # here, rather than failing later on the writer's thread
-    writer = WandbWriter(config.run_id, config.run_dir, drops, project=config.project, group=config.group, resume=config.resume, pid=pid)
-    return TrackerSink(writer, config.perf_interval_s)
+    writer = WandbWriter(config.run_id, config.run_dir, drops, fields=config.wandb_fields(), resume=config.resume, pid=pid)
+    return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after)
 
 
 class WandbWriter(TrackerWriter):
@@ -90,18 +95,19 @@ class WandbWriter(TrackerWriter):
         directory: Path | None,
         drops: Drops,
         *,
-        project: str | None = None,
-        group: str | None = None,
+        fields: dict[str, Any] | None = None,
         resume: bool = False,
         pid: int | None = None,
     ) -> None:
-        """``pid``: the training process, whose CPU and memory W&B's System tab shows (default: this process)."""
+        """``fields``: ``wandb.init``'s project, entity, group, name, tags, notes, mode and job type (:meth:`otel_rl.TelemetryConfig.wandb_fields`).
+
+        ``pid``: the training process, whose CPU and memory W&B's System tab shows (default: this process).
+        """
         super().__init__("wandb", drops)
         self.pid = os.getpid() if pid is None else pid
         self.run_id = run_id
         self.directory = directory
-        self.project = project
-        self.group = group
+        self.fields = {"project": "otel-rl", "name": run_id, "mode": "offline", **{k: v for k, v in (fields or {}).items() if v not in (None, [])}}
         self.resume = resume
         self._run: Any = None
         self._ended = False
@@ -149,7 +155,6 @@ class WandbWriter(TrackerWriter):
         if self._run is not None:
             self._run.config.update(config, allow_val_change=True)
             return self._run
-        mode = wandb_mode()
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
         # W&B's own features stay as the user set them (WANDB_CONSOLE, WANDB_SILENT, WANDB_X_DISABLE_STATS...).
@@ -163,21 +168,19 @@ class WandbWriter(TrackerWriter):
             program=program,
             program_abspath=program if program and os.path.isabs(program) else None,
         )
-        with _ARGV_LOCK, _argv(provenance.get("args")):  # W&B reads a run's arguments from sys.argv
-            self._run = self._init(wandb, config, started, mode, settings)
+        # W&B reads a run's arguments from sys.argv, and its fields from its variables again (refusing what otel-rl took).
+        with _ARGV_LOCK, _argv(provenance.get("args")), _without(env.WANDB_FIELD_VARIABLES):
+            self._run = self._init(wandb, config, started, settings)
         self._run.define_metric(STEP_METRIC)
         self._run.define_metric("*", step_metric=STEP_METRIC)
         return self._run
 
-    def _init(self, wandb: Any, config: dict[str, Any], started: RunStart | None, mode: str | None, settings: Any) -> Any:
+    def _init(self, wandb: Any, config: dict[str, Any], started: RunStart | None, settings: Any) -> Any:
         return wandb.init(
             id=wandb_run_id(self.run_id),
-            name=self.run_id,
-            project=self.project or os.environ.get("WANDB_PROJECT") or "otel-rl",
-            group=self.group,
+            **self.fields,
             dir=None if self.directory is None else str(self.directory),
             config={**config, "otel_rl": _provenance(started)},
-            mode=mode,  # type: ignore[arg-type]
             resume="allow" if self.resume else None,
             reinit="create_new",  # several Telemetry objects in one process each get their own run
             settings=settings,
@@ -219,6 +222,16 @@ def _argv(args: list[str] | None) -> Iterator[None]:
         yield
     finally:
         sys.argv = saved
+
+
+@contextlib.contextmanager
+def _without(names: tuple[str, ...]) -> Iterator[None]:
+    """The variables ``names`` out of the environment inside the block: their values reach ``wandb.init`` as keywords."""
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 def _provenance(started: RunStart | None) -> dict[str, Any]:

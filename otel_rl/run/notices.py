@@ -48,7 +48,7 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
     if trace is not None and trace.parent == config.run_dir:
         files.insert(1, trace.name)
     if config.tensorboard:
-        files.append(f"{TENSORBOARD_DIR}/")
+        files.append(f"{TENSORBOARD_DIR}/" if config.tensorboard_dir is None else f"TensorBoard in {config.tensorboard_dir}")
     if config.wandb:
         files.append(f"{WANDB_DIR}/")
     if config.profile is not None:

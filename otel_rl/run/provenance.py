@@ -1,8 +1,9 @@
 """What a run is: its configuration and provenance, the same on every backend.
 
-:func:`collect` gathers, once when the run starts, the git commit and dirty
-flag of the working directory, the command line, the host, and the versions
-of Python, otel-rl and the ML stack. The configuration (already JSON-safe)
+:func:`collect` gathers, once when the run starts, the git commit, branch and
+dirty flag of the working directory, the command line (the values of
+secret-looking options, ``--api-key=...`` or ``--token ...``, redacted), the
+host, and the versions of Python, otel-rl and the ML stack. The configuration (already JSON-safe)
 has the values under keys that look like secrets replaced by
 :data:`REDACTED` (:func:`redact`), everywhere it goes: ``run_config.json``,
 the ``running`` record, the ``rl.run`` span's attributes (``rl.config.*``,
@@ -76,30 +77,53 @@ def package_versions() -> dict[str, str]:
 
 
 def git_state(timeout_s: float = 1.0) -> dict[str, Any] | None:
-    """``{"commit", "dirty"}`` of the working directory's git checkout, or None outside one (or without git)."""
+    """``{"commit", "branch", "dirty"}`` of the working directory's git checkout (``branch`` None when detached), or None outside one (or without git)."""
     try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=timeout_s, check=True
-        ).stdout.strip()
+        lines = subprocess.run(
+            ["git", "rev-parse", "HEAD", "--abbrev-ref", "HEAD"], capture_output=True, text=True, timeout=timeout_s, check=True
+        ).stdout.split()
         status = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True, timeout=timeout_s, check=True
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
-    return {"commit": commit, "dirty": bool(status.strip())} if commit else None
+    commit = lines[0] if lines else ""
+    branch = lines[1] if len(lines) > 1 and lines[1] != "HEAD" else None
+    return {"commit": commit, "branch": branch, "dirty": bool(status.strip())} if commit else None
 
 
 def collect() -> dict[str, Any]:
     """The provenance of this process's run: git, command line (and its program, arguments and working directory), host, versions."""
+    args = redact_args(sys.argv[1:])
     return {
         "git": git_state(),
-        "command": shlex.join(sys.argv) if sys.argv and sys.argv[0] else sys.executable,
+        "command": shlex.join([sys.argv[0], *args]) if sys.argv and sys.argv[0] else sys.executable,
         "program": _program(),
-        "args": list(sys.argv[1:]),
+        "args": args,
         "cwd": os.getcwd(),
         "host": socket.gethostname(),
         "versions": package_versions(),
     }
+
+
+def redact_args(args: list[str]) -> list[str]:
+    """A command line's arguments with the values of secret-looking options redacted: ``--api-key=x``, ``--token x``, ``wandb.api_key=x``."""
+    out: list[str] = []
+    hide_next = False
+    for arg in map(str, args):
+        if hide_next and not arg.startswith("-"):
+            out.append(REDACTED)
+            hide_next = False
+            continue
+        hide_next = False
+        name, equals, _ = arg.partition("=")
+        option = name.lstrip("-")
+        if equals and option and is_secret(option.rsplit(".", 1)[-1]):
+            out.append(f"{name}={REDACTED}")
+        else:
+            out.append(arg)
+            hide_next = arg.startswith("-") and not equals and bool(option) and is_secret(option)
+    return out
 
 
 def _program() -> str | None:
@@ -122,6 +146,8 @@ def info_labels(config: dict[str, Any] | None, provenance: dict[str, Any]) -> di
     if git.get("commit"):
         labels["rl.git.commit"] = git["commit"]
         labels["rl.git.dirty"] = str(git["dirty"]).lower()
+        if git.get("branch"):
+            labels["rl.git.branch"] = git["branch"]
     for key, value in list(flatten(config or {}).items())[:MAX_INFO_LABELS]:
         labels[f"rl.config.{key}"] = str(value)[:200]
     return labels
@@ -138,6 +164,8 @@ def span_attributes(config: dict[str, Any] | None, provenance: dict[str, Any]) -
     if git.get("commit"):
         attributes["rl.git.commit"] = git["commit"]
         attributes["rl.git.dirty"] = bool(git["dirty"])
+        if git.get("branch"):
+            attributes["rl.git.branch"] = git["branch"]
     if provenance.get("command"):
         attributes["process.command_line"] = provenance["command"]
     if provenance.get("host"):

@@ -144,3 +144,22 @@ def test_steps_going_back_after_a_resume_are_reported_once(tmp_path, caplog):
     assert regression == {"keys": ["Loss/critic"], "step": 10, "last_step": 100}
     assert [r["step"] for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]][-3:] == [10, 20, 30]
     assert sum("is lower than the last step" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_steps_that_start_over_after_a_resume_never_go_back_in_tensorboard_or_wandb(tmp_path):
+    """AReaL's ``max(global_step, last_commit_step + 1)``: a loop restarted from scratch is written at the next free steps."""
+    run_dir = tmp_path / "sac-4"
+    assert train(run_dir, 0, 20, "sigterm") == 128 + signal.SIGTERM  # env steps 10 ... 200
+    assert train(run_dir, 0, 30, "finish", "resume") == 0  # its count started over: 10 ... 300
+    accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    steps = [e.step for e in accumulator.Scalars("Loss/critic")]
+    # Each step of the loop that is behind goes one further (201, 202, ...) until its own steps pass them (230 > 222).
+    behind = [200 + n for n in range(1, 23)]
+    assert steps == [10 * (i + 1) for i in range(20)] + behind + [10 * (i + 1) for i in range(22, 30)], steps
+    first, second = run_dirs(run_dir)
+    logged = [r["env_steps"] for part in (first, second) for r in history(part) if "Loss/critic" in r]
+    assert logged == steps
+    # The run folder's own copy keeps the loop's steps as it gave them, and says that they went back.
+    own = [r["step"] for r in jsonl(run_dir) if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
+    assert own == [10 * (i + 1) for i in range(20)] + [10 * (i + 1) for i in range(30)]

@@ -17,7 +17,7 @@ def git_checkout(tmp_path, monkeypatch):
     """The working directory is a real git checkout with one commit and a modified file."""
     repo = tmp_path / "repo"
     repo.mkdir()
-    for args in (["init", "-q"], ["config", "user.email", "t@example.invalid"], ["config", "user.name", "t"]):
+    for args in (["init", "-q", "-b", "main"], ["config", "user.email", "t@example.invalid"], ["config", "user.name", "t"]):
         subprocess.run(["git", *args], cwd=repo, check=True)
     (repo / "train.py").write_text("print('v1')\n")
     subprocess.run(["git", "add", "train.py"], cwd=repo, check=True)
@@ -57,7 +57,7 @@ def test_config_and_provenance_on_every_backend_with_secrets_redacted(tmp_path, 
         assert not any(s in path.read_text(errors="replace") for s in secrets), path
     run_config = json.loads((run_dir / "run_config.json").read_text())
     assert run_config["config"]["wandb"] == {"api_key": REDACTED, "project": "p"}
-    assert run_config["config"]["lr"] == 3e-4 and run_config["git"] == {"commit": git_checkout, "dirty": True}
+    assert run_config["config"]["lr"] == 3e-4 and run_config["git"] == {"commit": git_checkout, "branch": "main", "dirty": True}
     assert run_config["run_id"] == "run" and run_config["algorithm"] == "sac" and run_config["family"] == "rl.offpolicy"
     assert run_config["command"] and run_config["host"] and run_config["versions"]["otel_rl"]
     (running,) = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if '"running"' in line]
@@ -69,6 +69,7 @@ def test_config_and_provenance_on_every_backend_with_secrets_redacted(tmp_path, 
     assert attributes["rl.config.wandb.api_key"].string_value == REDACTED
     assert [v.int_value for v in attributes["rl.config.layers"].array_value.values] == [256, 256]
     assert attributes["rl.git.commit"].string_value == git_checkout and attributes["rl.git.dirty"].bool_value is True
+    assert attributes["rl.git.branch"].string_value == "main"
     assert attributes["process.command_line"].string_value
     (info,) = [m for _, m in receiver.received.metric_list() if m.name == "rl.run.info"][-1:]
     (point,) = info.gauge.data_points

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,9 +15,10 @@ def run_dirs(run_dir: Path) -> list[Path]:
 
 
 def _inspect(path: Path, *options: str) -> str:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}  # a test's own W&B variables are not the reader's
     result = subprocess.run(
         [sys.executable, "-m", "wandb", "leet", "inspect", "--json", *options, str(path)],
-        capture_output=True, text=True, timeout=60, check=True,
+        capture_output=True, text=True, timeout=60, check=True, env=env,
     )  # fmt: skip
     return result.stdout
 

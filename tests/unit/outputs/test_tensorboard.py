@@ -57,7 +57,10 @@ def test_scalars_timings_events_and_hparams_are_in_tensorboard(tmp_path):
     assert hparams[metadata.SESSION_END_INFO_TAG].session_end_info.status == api_pb2.STATUS_SUCCESS
     experiment = hparams[metadata.EXPERIMENT_TAG].experiment
     assert {m.name.tag for m in experiment.metric_infos} >= {"Loss/critic", "Train/mean_reward"}
-    assert {h.name for h in experiment.hparam_infos} == {"lr", "env.id", "use_per", "api_key"}
+    names = {h.name for h in experiment.hparam_infos}
+    assert {"lr", "env.id", "use_per", "api_key"} <= names  # and the provenance, beside the configuration
+    assert {name for name in names - {"lr", "env.id", "use_per", "api_key"}} <= {f"provenance/{key}" for key in ("git_commit", "git_branch", "git_dirty", "otel_rl_version", "host")}
+    assert start.hparams["provenance/otel_rl_version"].string_value == otel_rl.__version__
 
 
 @pytest.mark.parametrize("error", [RuntimeError("diverged"), KeyboardInterrupt()])
@@ -127,3 +130,24 @@ def test_a_loop_without_steps_or_env_steps_plots_against_its_iterations(tmp_path
     assert [e.step for e in run.Histograms("Policy/action")] == list(range(5))
     assert [e.step for e in run.Tensors("events/checkpoint_saved")] == [3]
     assert max(e.step for e in run.Scalars("Perf/iteration_time")) > 0
+
+
+def test_the_folder_can_be_chosen_by_keyword_or_variable_and_choosing_it_switches_tensorboard_on(tmp_path, monkeypatch):
+    chosen = tmp_path / "tb" / "sac-1"
+    tel = otel_rl.init(run_dir=tmp_path / "run", tensorboard_dir=chosen, system_metrics_interval_s=0)
+    assert tel.config.tensorboard is True
+    with tel.run(config={"lr": 1e-3}):
+        tel.scalars({"Loss/critic": 1.0}, step=1)
+    tel.close()
+    assert not (tmp_path / "run" / "tensorboard").exists()
+    assert [e.step for e in read(chosen).Scalars("Loss/critic")] == [1]
+    # A folder of its own, without a run folder, from the environment.
+    monkeypatch.setenv("OTEL_RL_TENSORBOARD_DIR", str(tmp_path / "from-env"))
+    tel = otel_rl.init(system_metrics_interval_s=0)
+    with tel.run():
+        tel.scalars({"Loss/critic": 2.0}, step=2)
+    tel.close()
+    assert [(e.step, e.value) for e in read(tmp_path / "from-env").Scalars("Loss/critic")] == [(2, 2.0)]
+    with pytest.raises(ValueError, match="tensorboard_dir .* is a file"):
+        (tmp_path / "a-file").write_text("x")
+        otel_rl.init(run_dir=tmp_path / "r2", tensorboard_dir=tmp_path / "a-file")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import subprocess
 import sys
@@ -15,9 +17,12 @@ from wandb_reader import history, records, run_dirs, summary
 import otel_rl
 
 
+WANDB_VARIABLES = ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_GROUP", "WANDB_NAME", "WANDB_TAGS", "WANDB_NOTES", "WANDB_JOB_TYPE")
+
+
 @pytest.fixture(autouse=True)
 def offline(monkeypatch):
-    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_PROJECT"):
+    for name in WANDB_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
 
@@ -133,3 +138,83 @@ def test_the_wandb_run_describes_the_training_script_not_the_agent(tmp_path):
     (environment,) = [r["environment"] for r in records(run) if r["type"] == "environment" and "program" in r["environment"]]
     assert environment["program"] == str(script)
     assert environment["args"] == [str(tmp_path / "run"), "--lr", "3e-4"]
+
+
+def _run_record(run) -> dict:
+    (first,) = [r["run"] for r in records(run) if r["type"] == "run"][:1]
+    return first
+
+
+def test_the_wandb_run_is_named_tagged_and_described_as_its_user_says_with_the_provenance(tmp_path):
+    """Seed 001's wandb_project/entity/group/name/tags/notes/mode and seed 002's job_type, as keywords; the config's otel_rl
+    block carries the commit, branch and dirty flag, the version and the command line with its secrets redacted."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "feature/per"], check=True)
+    (repo / "train.py").write_text(
+        "import sys, otel_rl\n"
+        "tel = otel_rl.init(run_dir=sys.argv[1], wandb=True, system_metrics_interval_s=0, quiet=True, wandb_project='proj',\n"
+        "                   wandb_entity='team-a', wandb_group='sweep-7', wandb_name='sac lr=3e-4', wandb_tags=['sac', 'pendulum'],\n"
+        "                   wandb_notes='a first try', wandb_job_type='train', wandb_mode='offline')\n"
+        "with tel.run(config={'lr': 3e-4}):\n"
+        "    tel.scalars({'Loss/critic': 1.0}, step=1)\n"
+        "tel.close()\n"
+    )
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+    (repo / "train.py").write_text((repo / "train.py").read_text() + "# edited\n")  # uncommitted: dirty
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env["WANDB_SILENT"] = "true"
+    subprocess.run([sys.executable, "train.py", str(repo / "run"), "--api-key=sk-1", "--token", "sk-2", "--lr", "3e-4"],
+                   check=True, timeout=120, env=env, cwd=repo)  # fmt: skip
+    (run,) = run_dirs(repo / "run")
+    described = _run_record(run)
+    assert described["display_name"] == "sac lr=3e-4" and described["entity"] == "team-a" and described["project"] == "proj"
+    assert described["run_group"] == "sweep-7" and described["job_type"] == "train" and described["notes"] == "a first try"
+    assert described["tags"] == ["sac", "pendulum"] and described["run_id"] == "run"
+    origin = summary(run)["config"]["otel_rl"]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert origin["git"] == {"commit": commit, "branch": "feature/per", "dirty": True}
+    assert origin["versions"]["otel_rl"] == otel_rl.__version__
+    assert origin["args"] == [str(repo / "run"), "--api-key=<redacted>", "--token", "<redacted>", "--lr", "3e-4"]
+    (environment,) = [r["environment"] for r in records(run) if r["type"] == "environment" and "args" in r["environment"]]
+    assert "sk-1" not in json.dumps(environment) and "sk-2" not in json.dumps(environment)  # W&B's own copy of the arguments too
+
+
+def test_the_wandb_fields_come_from_wandbs_own_variables_and_a_keyword_wins(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("WANDB_NAME", "from-env")
+    monkeypatch.setenv("WANDB_TAGS", "a, b,,c," + "x" * 65)  # W&B itself refuses this value: here the one bad tag is left out
+    monkeypatch.setenv("WANDB_NOTES", "noted")
+    monkeypatch.setenv("WANDB_JOB_TYPE", "eval")
+    monkeypatch.setenv("WANDB_RUN_GROUP", "env-group")
+    monkeypatch.setenv("WANDB_ENTITY", "env-team")
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        tel = otel_rl.init(run_dir=tmp_path, wandb=True, system_metrics_interval_s=0, wandb_name="from-keyword")
+        with tel.run():
+            tel.scalars({"Loss/critic": 1.0}, step=1)
+        tel.close()
+    assert [r.getMessage() for r in caplog.records if "WANDB_TAGS" in r.getMessage()] == [
+        "otel-rl: WANDB_TAGS: leaving out the tag '" + "x" * 65 + "' (W&B takes tags of 1 to 64 characters); the other tags are kept"]
+    described = _run_record(run_dirs(tmp_path)[0])
+    assert described["display_name"] == "from-keyword" and described["tags"] == ["a", "b", "c"]
+    assert described["notes"] == "noted" and described["job_type"] == "eval"
+    assert described["run_group"] == "env-group" and described["entity"] == "env-team"
+
+
+def test_wandb_disabled_is_no_wandb_run_and_a_wrong_mode_is_named(tmp_path, monkeypatch, caplog):
+    tel = otel_rl.init(run_dir=tmp_path / "off", wandb=True, wandb_mode="disabled", system_metrics_interval_s=0)
+    with tel.run():
+        tel.scalars({"Loss/critic": 1.0}, step=1)
+    tel.close()
+    assert not (tmp_path / "off" / "wandb").exists() and (tmp_path / "off" / "metrics.jsonl").exists()
+    with pytest.raises(ValueError, match="wandb_mode must be online, offline, disabled, shared, got 'ofline'; did you mean 'offline'"):
+        otel_rl.init(run_dir=tmp_path / "bad", wandb=True, wandb_mode="ofline")
+    with pytest.raises(ValueError, match="wandb_tags"):
+        otel_rl.init(run_dir=tmp_path / "bad", wandb=True, wandb_tags=["x" * 65])
+    monkeypatch.setenv("WANDB_MODE", "sometimes")
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        tel = otel_rl.init(run_dir=tmp_path / "env", wandb=True, system_metrics_interval_s=0)
+        tel.close()
+    assert sum("WANDB_MODE" in r.getMessage() for r in caplog.records) == 1
+    assert tel.config.wandb_mode == "offline"  # the variable ignored: no API key, so offline
