@@ -279,7 +279,7 @@ def test_in_a_containers_64_mib_dev_shm_the_segment_leaves_a_dataloader_its_room
                 return torch.full((2 * 1024 * 1024,), float(i))
 
         tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0, quiet=True)
-        segment = max(os.path.getsize(p) for p in glob.glob(f"/dev/shm/otel-rl-{os.getuid()}/*/*.seg"))
+        (segment,) = [os.path.getsize(p) for p in glob.glob(f"/dev/shm/otel-rl-{os.getuid()}/*/*-{os.getpid()}-*.seg")]  # its own
         batches = 0
         with tel.run():
             for i, batch in enumerate(DataLoader(Samples(), batch_size=1, num_workers=2)):
