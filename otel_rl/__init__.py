@@ -83,6 +83,7 @@ def init(
     node_rank: int | None = DEFAULT,
     local_rank: int | None = DEFAULT,
     local_world_size: int | None = DEFAULT,
+    node_count: int | None = DEFAULT,
     **misspelt: Any,
 ) -> Telemetry | NoOpTelemetry:
     """Start telemetry for this process and return its handle.

@@ -252,6 +252,10 @@ class TelemetryConfig:
     local_world_size: int | None = None
     """Ranks on this machine (``LOCAL_WORLD_SIZE``); None: ``world_size``, every rank on one machine."""
 
+    node_count: int | None = None
+    """Machines in the job, where they hold different numbers of ranks (read from ``SLURM_TASKS_PER_NODE`` under
+    ``srun``); None: ``world_size / local_world_size``, machines of one size."""
+
     @property
     def tensorboard_folder(self) -> Path | None:
         """Where the TensorBoard event files go: ``tensorboard_dir``, else ``run_dir/tensorboard``."""
@@ -270,6 +274,8 @@ class TelemetryConfig:
     @property
     def nodes(self) -> int:
         """Machines in the job: each writes its own part of the trace when there are several."""
+        if self.node_count is not None:
+            return self.node_count
         return -(-self.world_size // self.local_world_size)  # type: ignore[operator]
 
     @property
@@ -416,14 +422,16 @@ class TelemetryConfig:
             "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
             "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),
             "profile": env.read(env.OTEL_RL_PROFILE, _parse_profile, None, "START,COUNT (iterations, COUNT >= 1)"),
-            "rank": env.read("RANK", int, 0, "an integer"),
-            "world_size": env.read("WORLD_SIZE", int, 1, "an integer"),
-            "node_rank": env.read("GROUP_RANK", int, None, "an integer"),
-            "local_rank": env.read("LOCAL_RANK", int, None, "an integer"),
-            "local_world_size": env.read("LOCAL_WORLD_SIZE", int, None, "an integer"),
+            "rank": env.read(env.RANK, int, 0, "an integer"),
+            "world_size": env.read(env.WORLD_SIZE, int, 1, "an integer"),
+            "node_rank": env.read(env.GROUP_RANK, int, None, "an integer"),
+            "local_rank": env.read(env.LOCAL_RANK, int, None, "an integer"),
+            "local_world_size": env.read(env.LOCAL_WORLD_SIZE, int, None, "an integer"),
         }
-        _slurm_placement(defaults)
+        launcher = {name: variable for name, variable in _LAUNCHER.items() if os.environ.get(variable, "").strip()}
+        _slurm_placement(defaults, launcher)
         merged = {**defaults, **options}
+        _check_launcher(merged, {name: variable for name, variable in launcher.items() if name not in options})
         if options.get("enabled") is None or not defaults["enabled"]:
             # OTEL_SDK_DISABLED=true is the operator's kill switch: it wins over code, as in OpenTelemetry.
             merged["enabled"] = defaults["enabled"]
@@ -539,18 +547,66 @@ def _is_terminal(stream: Any) -> bool:
         return False
 
 
-def _slurm_placement(defaults: dict[str, Any]) -> None:
-    """The machine, its ranks and this rank's place among them from Slurm's variables (``srun``), where ``torchrun``'s are not set."""
+_LAUNCHER = {"rank": env.RANK, "world_size": env.WORLD_SIZE, "node_rank": env.GROUP_RANK, "local_rank": env.LOCAL_RANK,
+             "local_world_size": env.LOCAL_WORLD_SIZE}  # fmt: skip
+"""The placement fields and the launcher variables they are read from."""
+
+
+def _slurm_placement(defaults: dict[str, Any], launcher: dict[str, str]) -> None:
+    """The machine, its ranks and this rank's place among them from Slurm's variables (``srun``), where ``torchrun``'s are not set.
+
+    Slurm places ranks on machines of any sizes (``SLURM_TASKS_PER_NODE=2,1``): this machine's size is its own
+    count, and the job's machines are counted from the list. ``launcher`` learns which variable each field came from.
+    """
     if defaults["world_size"] <= 1:
         return
     if defaults["node_rank"] is None:
-        defaults["node_rank"] = env.read("SLURM_NODEID", int, None, "an integer")
+        defaults["node_rank"] = env.read(env.SLURM_NODEID, int, None, "an integer")
+        if defaults["node_rank"] is not None:
+            launcher["node_rank"] = env.SLURM_NODEID
     if defaults["local_rank"] is None:
-        defaults["local_rank"] = env.read("SLURM_LOCALID", int, None, "an integer")
-    if defaults["local_world_size"] is None and defaults["node_rank"] is not None:
-        per_node = env.read("SLURM_TASKS_PER_NODE", _tasks_per_node, None, "Slurm's tasks per node, as 2(x3),1")
-        if per_node is not None and defaults["node_rank"] < len(per_node) and len(set(per_node)) == 1:
-            defaults["local_world_size"] = per_node[0]  # machines of one size: ranks in a row, as torchrun places them
+        defaults["local_rank"] = env.read(env.SLURM_LOCALID, int, None, "an integer")
+        if defaults["local_rank"] is not None:
+            launcher["local_rank"] = env.SLURM_LOCALID
+    node = defaults["node_rank"]
+    if defaults["local_world_size"] is None and node is not None:
+        per_node = env.read(env.SLURM_TASKS_PER_NODE, _tasks_per_node, None, "Slurm's tasks per node, as 2(x3),1")
+        if per_node is not None and 0 <= node < len(per_node) and sum(per_node) == defaults["world_size"]:
+            defaults["local_world_size"] = per_node[node]
+            launcher["local_world_size"] = env.SLURM_TASKS_PER_NODE
+            if len(set(per_node)) > 1:  # machines of several sizes: their count is not world_size / this one's
+                defaults["node_count"] = len(per_node)
+
+
+def _check_launcher(merged: dict[str, Any], launcher: dict[str, str]) -> None:
+    """Refuse placement values the launcher's variables gave that cannot be, naming the variables (``RANK=2 is not below WORLD_SIZE=2``).
+
+    ``launcher``: the fields read from a variable (a keyword's value is checked, by its name, when the config is made).
+    """
+    if not launcher:
+        return
+
+    def said(name: str) -> str:
+        return f"{launcher[name]}={merged[name]}" if name in launcher else f"{name}={merged[name]!r}"
+
+    values = {name: merged.get(name) for name in _LAUNCHER}
+    if not all(v is None or (isinstance(v, int) and not isinstance(v, bool)) for v in values.values()):
+        return  # a keyword of the wrong type: its own error, by its name
+    problems = []
+    if values["world_size"] < 1:
+        problems.append(f"{said('world_size')} is not a number of ranks (1 or more)")
+    elif not 0 <= values["rank"] < values["world_size"]:
+        problems.append(f"{said('rank')} is not " + ("below " + said("world_size") if values["rank"] >= 0 else "0 or more"))
+    for name in ("node_rank", "local_rank"):
+        if values[name] is not None and values[name] < 0:
+            problems.append(f"{said(name)} is not 0 or more")
+    if values["local_world_size"] is not None and values["local_world_size"] < 1:
+        problems.append(f"{said('local_world_size')} is not a number of ranks (1 or more)")
+    elif values["local_world_size"] is not None and values["local_rank"] is not None and values["local_rank"] >= values["local_world_size"]:
+        problems.append(f"{said('local_rank')} is not below {said('local_world_size')}")
+    problems = [p for p in problems if any(variable in p for variable in launcher.values())]  # a keyword's own check says the rest
+    if problems:
+        raise ValueError(f"the launcher's variables do not place this rank: {'; '.join(problems)}")
 
 
 def _tasks_per_node(raw: str) -> list[int]:
@@ -583,6 +639,8 @@ def _place_on_node(config: TelemetryConfig) -> None:
     if config.local_world_size is None:
         config.local_world_size = config.world_size
     _check("local_world_size", config.local_world_size, int, "a positive integer", lambda v: v >= 1)
+    if config.node_count is not None:
+        _check("node_count", config.node_count, int, "a positive integer", lambda v: v >= 1)
     if config.node_rank is None:
         config.node_rank = config.rank // config.local_world_size
     _check("node_rank", config.node_rank, int, "an integer")

@@ -81,6 +81,20 @@ MOTRIX_METRICS_GROUP = "MOTRIX_METRICS_GROUP"
 MOTRIX_METRICS_META = "MOTRIX_METRICS_META"
 """A JSON object of free-form run metadata."""
 
+# The launcher's: where this rank sits in the job (torchrun's, else Slurm's under srun).
+RANK = "RANK"
+WORLD_SIZE = "WORLD_SIZE"
+GROUP_RANK = "GROUP_RANK"
+"""This machine's index in the job (torchrun)."""
+LOCAL_RANK = "LOCAL_RANK"
+LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+SLURM_NODEID = "SLURM_NODEID"
+"""This machine's index among the job's (srun)."""
+SLURM_LOCALID = "SLURM_LOCALID"
+"""This task's index on its machine (srun)."""
+SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+"""The tasks of each machine, as Slurm writes them: ``2(x3),1`` is 2, 2, 2 and 1."""
+
 # Weights & Biases' own variables, read for the W&B output's fields (an init() keyword wins).
 WANDB_PROJECT = "WANDB_PROJECT"
 WANDB_ENTITY = "WANDB_ENTITY"

@@ -223,3 +223,24 @@ def test_a_launcher_that_numbers_no_machine_still_gives_each_machine_its_own_tra
     assert len(learning) == 2  # both machines' learners, read as one job
     report = analyze(run_dir, engine="python")
     assert report["timelines"]["learner"]["cycles"] == 60
+
+
+def test_slurm_machines_of_different_sizes_place_every_rank(tmp_path):
+    """``SLURM_TASKS_PER_NODE=2,1``: two ranks on one machine, one on the other; each rank placed, each machine its part."""
+    from otel_rl.readers.analysis import analyze, read_trace
+
+    run_dir = tmp_path / "srun"
+    launched = []
+    for rank, (host, node, local) in enumerate((("hostA", 0, 0), ("hostA", 0, 1), ("hostB", 1, 0))):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_"))}
+        env.update(RANK=str(rank), WORLD_SIZE="3", OTEL_RL_AGENT=f"srun-sizes-{rank}", SLURM_NODEID=str(node), SLURM_LOCALID=str(local),
+                   SLURM_TASKS_PER_NODE="2,1", SLURM_PROCID=str(rank))  # fmt: skip
+        script = f'hostname {host} && exec "$@"'
+        launched.append(subprocess.Popen(["unshare", "--uts", "sh", "-c", script, "sh", sys.executable, "-c", SRUN_STYLE, str(run_dir)],
+                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    outputs = [process.communicate(timeout=120) for process in launched]
+    assert [process.returncode for process in launched] == [0, 0, 0], [err for _, err in outputs]
+    assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["0", "0", "1"]  # the machine each rank is on
+    model, _ = read_trace(run_dir)
+    assert len({s.process for s in model.slices if s.name == "Learning"}) == 3  # every rank's learner, in one job
+    assert analyze(run_dir, engine="python")["timelines"]["learner"]["cycles"] == 90

@@ -54,6 +54,37 @@ def test_a_place_that_does_not_fit_the_job_is_refused_naming_it(options, says):
         otel_rl.TelemetryConfig(**options)
 
 
+@pytest.mark.parametrize(
+    "variables, says",
+    [
+        ({"RANK": "2", "WORLD_SIZE": "2"}, "RANK=2 is not below WORLD_SIZE=2"),
+        ({"RANK": "-1", "WORLD_SIZE": "2"}, "RANK=-1 is not 0 or more"),
+        ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "-1"}, "LOCAL_RANK=-1 is not 0 or more"),
+        ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"}, "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2"),
+        ({"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE=0 is not a number of ranks"),
+    ],
+)
+def test_launcher_variables_that_cannot_place_the_rank_are_refused_naming_the_variables(monkeypatch, variables, says):
+    for name in ("RANK", "WORLD_SIZE", "GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "SLURM_NODEID", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"the launcher's variables do not place this rank: {says}"):
+        otel_rl.TelemetryConfig.from_options()
+    monkeypatch.setenv("RANK", "0")  # a keyword that mends it wins: nothing is said of the variable it replaced
+    assert otel_rl.TelemetryConfig.from_options(rank=0, world_size=2, local_rank=0, local_world_size=2).rank == 0
+
+
+def test_slurm_machines_of_different_sizes_are_read_as_slurm_gives_them(monkeypatch):
+    for name, value in {"RANK": "2", "WORLD_SIZE": "3", "SLURM_NODEID": "1", "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "2,1"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("GROUP_RANK", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    config = otel_rl.TelemetryConfig.from_options()
+    assert (config.node_rank, config.local_rank, config.local_world_size, config.nodes, config.machine) == (1, 0, 1, 2, 1)
+    assert config.first_on_node
+
+
 def test_a_job_of_many_machines_keeps_every_pid_a_valid_trace_pid(tmp_path):
     from synthetic_trace import T0, cycle
 
