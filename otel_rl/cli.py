@@ -28,6 +28,16 @@ def _port(text: str) -> int:
     return port
 
 
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} is not above 0")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; its exit status (a closed pipe on stdout, as in ``| head``, ends it quietly)."""
     try:
@@ -92,6 +102,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--port", type=_port, default=8080, help="TCP port")
     serve.add_argument("--db", default="motrix-metrics.sqlite3", help="SQLite database file, or a postgresql:// URL (for teams)")
     serve.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before a run is lost")
+    serve.add_argument("--max-trace-mb", type=_positive, default=256.0, help="a run's trace at most (decompressed, MB); larger ones are refused (413)")
     serve.add_argument(
         "--require-token",
         action="store_true",
@@ -120,7 +131,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if token and args.insecure:
         logging.getLogger("otel_rl.readers.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
         token = None
-    serve_forever(args.db, args.host, args.port, token, args.lost_after)
+    serve_forever(args.db, args.host, args.port, token, args.lost_after, max_trace_bytes=int(args.max_trace_mb * 1e6))
     return 0
 
 
@@ -161,12 +172,14 @@ def _send_trace(args: argparse.Namespace, records: dict | None = None) -> int:
     try:
         sent = upload(folder, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
     except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
-        print(f"otel-rl backfill: the trace and its diagnosis are not sent: {exc}", file=sys.stderr)
-        _note_upload(folder, {"url": args.url, "sent": False, "records": records, "error": str(exc)})
+        diagnosis_sent = getattr(exc, "diagnosis_sent", False)
+        what = "the trace is not sent (its diagnosis is)" if diagnosis_sent else "the trace and its diagnosis are not sent"
+        print(f"otel-rl backfill: {what}: {exc}", file=sys.stderr)
+        _note_upload(folder, {"url": args.url, "sent": False, "diagnosis_sent": diagnosis_sent, "records": records, "error": str(exc)})
         return 1
     if sent is not None:
         print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")
-        _note_upload(folder, {"url": args.url, "sent": True, "records": records, "trace_bytes": sent[0], "bottleneck": sent[1]})
+        _note_upload(folder, {"url": args.url, "sent": True, "diagnosis_sent": True, "records": records, "trace_bytes": sent[0], "bottleneck": sent[1]})
     elif records is not None:
         _note_upload(folder, {"url": args.url, "sent": True, "records": records})
     return 0
@@ -179,10 +192,11 @@ def _note_upload(folder: Path, outcome: dict) -> None:
     from otel_rl.base.files import write_atomically
     from otel_rl.run.files import TRACE_UPLOAD_FILE
 
-    try:  # at once: the run's user (or a script) may be reading it
-        write_atomically(folder / TRACE_UPLOAD_FILE, json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
-    except OSError:  # a folder that cannot be written: the exit status and the line above say it
-        pass
+    path = folder / TRACE_UPLOAD_FILE
+    try:  # at once: the run's user (or a script) may be reading it; never a part of it
+        write_atomically(path, json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
+    except OSError as exc:  # a full disk, a folder that cannot be written: said, with the outcome above it and in the exit status
+        print(f"otel-rl backfill: could not write {path} ({exc.strerror or exc}); the outcome is only in this output", file=sys.stderr)
 
 
 def _export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
 from otel_rl.core.pipeline import RecordSink
 
-_OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+_OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_")
 
 
 @pytest.fixture(autouse=True)
@@ -19,6 +20,19 @@ def clean_environment(monkeypatch):
 
     DEDUP.reset()
     yield
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 256 KiB filesystem (tmpfs) that can be filled up and freed again."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    assert result.returncode == 0, f"this test mounts a tmpfs (needs root, as CI has): {result.stderr}"
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 class CaptureSink(RecordSink):

@@ -25,6 +25,9 @@ from otel_rl.run.jsonl import read_records
 class UploadError(RuntimeError):
     """The server refused the trace or the diagnosis (its answer), or could not be reached."""
 
+    diagnosis_sent = False
+    """The trace was not sent, but its diagnosis was, on its own (it is small: a server or proxy that refuses a large trace takes it)."""
+
 
 def run_id_of(run_dir: Path) -> str | None:
     """The run id the folder's ``metrics.jsonl`` records carry."""
@@ -39,7 +42,8 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0,
 
     A server that cannot take them now (unreachable, restarting: 5xx, 408, 429) is tried again, with growing
     pauses, for ``retry_window_s``; a refusal (a wrong token, a bad body) or an answer that is not the API's
-    (a login page) is not.
+    (a login page) is not. A trace that is not sent does not cost the diagnosis: it is sent on its own, tried
+    once more past the window (the error then says ``diagnosis_sent``).
 
     Raises:
         UploadError: the server refused either, answered something else, or could not be reached in the window.
@@ -61,8 +65,17 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0,
     trace_id = _trace_id_of(run_dir)  # the server refuses it for another run that holds the same run id
     query = urllib.parse.urlencode({"run_id": run_id, **({"trace_id": trace_id} if trace_id else {})})
     give_up = time.monotonic() + retry_window_s
-    _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
-    _put(f"{base}/diagnosis?{query}", json.dumps(report).encode(), token, timeout_s, give_up)
+    diagnosis = json.dumps(report).encode()
+    try:
+        _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
+    except UploadError as trace_failed:
+        try:
+            _put(f"{base}/diagnosis?{query}", diagnosis, token, timeout_s, give_up)
+        except UploadError:
+            raise trace_failed from None  # refused alike (a wrong token, another run's id): the trace's reason says it
+        trace_failed.diagnosis_sent = True
+        raise
+    _put(f"{base}/diagnosis?{query}", diagnosis, token, timeout_s, give_up)
     return len(trace), report["diagnosis"]["bottleneck"]
 
 

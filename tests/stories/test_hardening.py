@@ -390,19 +390,6 @@ def test_close_waits_for_every_output_within_one_deadline(tmp_path):
     assert not [t for t in threading.enumerate() if t.name in ("otel-rl-jsonl", "otel-rl-pipeline", "otel-rl-system", "otel-rl-workers")]
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A real 256 KiB filesystem (tmpfs) that can be filled up and freed again."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
-    assert result.returncode == 0, f"this test mounts a tmpfs (needs root, as CI has): {result.stderr}"
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 def test_a_full_disk_that_frees_up_leaves_whole_records_once(small_disk, caplog):
     run_dir = small_disk / "run"
     filler = small_disk / "filler"

@@ -56,6 +56,8 @@ class Limits:
     """Bodies being decoded and stored at once; past it, 503."""
     max_reading: int = 1024
     """Bodies arriving at once (each at most ``max_body_bytes``); past it, 503."""
+    max_trace_bytes: int = 256 * 1024 * 1024
+    """A run's trace, decompressed, at most (``otel-rl serve --max-trace-mb``); a larger one is refused with 413."""
 
 
 def _unit(key: str) -> str:

@@ -1,7 +1,7 @@
 """A run's trace and diagnosis, kept with the run: ``PUT`` and ``GET /api/v1/runs/{run_id}/trace`` and ``/diagnosis``.
 
 ``trace``: the run's Perfetto trace (every part merged, as ``otel-rl analyze
---merged-trace`` writes it), at most :data:`MAX_TRACE_BYTES` (gzip
+--merged-trace`` writes it), at most the server's ``max_trace_bytes`` (256 MiB unless ``--max-trace-mb`` says) (gzip
 ``Content-Encoding`` accepted, inflated within the same bound), downloaded
 as ``<run id>.perfetto-trace`` for ui.perfetto.dev. ``diagnosis``: what
 ``otel-rl analyze --json`` says of it (a JSON object with ``diagnosis`` and
@@ -29,7 +29,6 @@ from otel_rl.readers.analysis.compare import compare_reports
 from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.storage import other_run
 
-MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_DIAGNOSIS_BYTES = 8 * 1024 * 1024
 TRACE = "trace.perfetto-trace"
 DIAGNOSIS = "diagnosis.json"
@@ -109,7 +108,7 @@ class RunFiles:
         return error(404, f"run {run_id!r} has no {name.split('.')[0]}") if data is None else data
 
     async def put_trace(self, request: web.Request) -> web.Response:
-        return await self._put(request, TRACE, MAX_TRACE_BYTES, _trace_problem)
+        return await self._put(request, TRACE, self.handlers.limits.max_trace_bytes, _trace_problem)
 
     async def get_trace(self, request: web.Request) -> web.StreamResponse:
         found = await self._get(request, TRACE)

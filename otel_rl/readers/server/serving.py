@@ -104,11 +104,12 @@ class IngestServer:
 DECODE_PROCESSES = 2
 
 
-def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_after_s: float) -> None:
-    """Foreground server for ``otel-rl serve`` (bodies decoded on :data:`DECODE_PROCESSES` worker processes)."""
+def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_after_s: float, **limits: Any) -> None:
+    """Foreground server for ``otel-rl serve`` (bodies decoded on :data:`DECODE_PROCESSES` worker processes); ``limits``: of
+    :class:`otel_rl.readers.server.app.Limits`."""
     raise_open_files_limit()
     storage = open_storage(db)
-    app = create_app(storage, token=token, lost_after_s=lost_after_s, decode_processes=DECODE_PROCESSES)
+    app = create_app(storage, token=token, lost_after_s=lost_after_s, decode_processes=DECODE_PROCESSES, **limits)
     where = "PostgreSQL" if str(db).startswith(("postgresql://", "postgres://")) else f"database {db}"
     print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''}); its runs at http://{host}:{port}/", flush=True)
     if not token:

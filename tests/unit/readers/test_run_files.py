@@ -15,7 +15,7 @@ import requests
 
 import otel_rl
 from otel_rl.readers.analysis import analyze
-from otel_rl.readers.server import IngestServer, run_files
+from otel_rl.readers.server import IngestServer
 
 TOKEN = "files-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -55,9 +55,8 @@ def test_backfill_sends_the_trace_and_the_diagnosis(run_dir, database):
         assert requests.get(server.url + "/api/v1/runs/traced/trace", timeout=30).status_code == 401  # the token, as everywhere
 
 
-def test_bad_uploads_cost_only_their_request(run_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(run_files, "MAX_TRACE_BYTES", 1000)
-    with IngestServer(str(tmp_path / "files.sqlite3")) as server:
+def test_bad_uploads_cost_only_their_request(run_dir, tmp_path):
+    with IngestServer(str(tmp_path / "files.sqlite3"), max_trace_bytes=1000) as server:
         subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], capture_output=True, timeout=120)
         url = server.url + "/api/v1/runs/traced"
         big = requests.put(url + "/trace", data=b"x" * 5000, timeout=30)
@@ -276,3 +275,46 @@ def test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_th
             timer.join()
             for server in restarted:
                 server.__exit__(None, None, None)
+
+
+def test_a_trace_the_server_refuses_does_not_cost_its_diagnosis(run_dir, tmp_path):
+    """A trace over the server's limit (413): the diagnosis, which is small, is sent on its own, and both are said."""
+    import shutil
+
+    folder = tmp_path / "traced"
+    shutil.copytree(run_dir, folder)
+    with IngestServer(str(tmp_path / "limited.sqlite3"), max_trace_bytes=1000) as server:
+        subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(folder), "--url", server.url, "--retry-window", "0"],
+                       capture_output=True, timeout=120)  # fmt: skip  (the records, and a first refusal)
+        (folder / "trace_upload.json").unlink()
+        result = subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(folder), "--url", server.url, "--trace-only"],
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert result.returncode == 1 and "the trace is not sent (its diagnosis is)" in result.stderr and "413" in result.stderr
+        diagnosis = requests.get(server.url + "/api/v1/runs/traced/diagnosis", timeout=30)
+        assert diagnosis.status_code == 200 and diagnosis.json()["timelines"]["learner"]["cycles"] == 30
+        assert requests.get(server.url + "/api/v1/runs/traced/trace", timeout=30).status_code == 404
+    outcome = json.loads((folder / "trace_upload.json").read_text())
+    assert outcome["sent"] is False and outcome["diagnosis_sent"] is True and "413" in outcome["error"]
+
+
+def test_an_upload_outcome_that_cannot_be_written_is_said_and_never_left_in_part(run_dir, small_disk):
+    """A full disk: no trace_upload.json of 0 bytes (nor a temporary file); the outcome is said where the command runs."""
+    import shutil
+
+    folder = small_disk / "traced"
+    folder.mkdir()
+    for name in ("metrics.jsonl", "trace.perfetto-trace", "run_config.json"):
+        shutil.copy(run_dir / name, folder / name)
+    with open(small_disk / "filler", "wb", buffering=0) as fill:  # the disk fills up
+        try:
+            while True:
+                fill.write(b"\0" * 4096)
+        except OSError:
+            pass
+    with IngestServer(str(small_disk.parent / "full.sqlite3")) as server:  # the records, then the trace
+        result = subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(folder), "--url", server.url],
+                                capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0 and "sent the trace" in result.stdout, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if "trace_upload.json" in line]
+    assert line == f"otel-rl backfill: could not write {folder / 'trace_upload.json'} (No space left on device); the outcome is only in this output"
+    assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl", "run_config.json", "trace.perfetto-trace"]
