@@ -389,7 +389,7 @@ class PanelPainter(BackgroundLoop):
     """Draws the view at :data:`REFRESH_HZ` on a terminal (within :data:`MAX_DUTY` of a core), else a plain line every :data:`PLAIN_EVERY_S`."""
 
     def __init__(self, view: PanelView, console: Console) -> None:
-        terminal = console.is_terminal
+        terminal = console.is_terminal and not console.is_dumb_terminal  # TERM=dumb (an Emacs shell, CI consoles): plain lines
         super().__init__("otel-rl-panel", 1.0 / REFRESH_HZ if terminal else PLAIN_EVERY_S)
         self._view = view
         self._console = console

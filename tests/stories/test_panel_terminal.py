@@ -23,8 +23,27 @@ print("otel-rl-test: done", flush=True)
 """
 
 
-def in_terminal(tmp_path, env: dict) -> str:
-    """What the loop wrote to a pseudo-terminal of 140 columns, as a person's terminal shows it."""
+UNTIL_SEEN = """
+import os, sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+with tel.run():
+    i, began = 0, time.monotonic()
+    while not os.path.exists(sys.argv[2]) and time.monotonic() - began < 60:  # the terminal is read for 90 s
+        with tel.iteration(i, env_steps=8 * (i + 1)):
+            with tel.phase("learning"):
+                time.sleep(0.02)
+        i += 1
+    print("otel-rl-test: the loop ended", flush=True)
+tel.close()
+print("otel-rl-test: done", flush=True)
+"""
+
+
+def in_terminal(tmp_path, env: dict, loop: str = LOOP, seen: bytes | None = None) -> str:
+    """What the loop wrote to a pseudo-terminal of 140 columns, as a person's terminal shows it.
+
+    ``seen``: the loop (:data:`UNTIL_SEEN`) goes on until the terminal has shown it.
+    """
     leader, follower = pty.openpty()
     os.set_blocking(leader, False)
     import fcntl
@@ -32,7 +51,8 @@ def in_terminal(tmp_path, env: dict) -> str:
     import termios
 
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 140, 0, 0))
-    process = subprocess.Popen([sys.executable, "-c", LOOP, str(tmp_path / "run")], stdin=follower, stdout=follower, stderr=follower, env=env)
+    stop = tmp_path / "seen"
+    process = subprocess.Popen([sys.executable, "-c", loop, str(tmp_path / "run"), str(stop)], stdin=follower, stdout=follower, stderr=follower, env=env)
     os.close(follower)
     out = bytearray()
     deadline = time.monotonic() + 90
@@ -43,6 +63,8 @@ def in_terminal(tmp_path, env: dict) -> str:
                 out += os.read(leader, 1 << 16)
             except OSError:  # the terminal closed with the process
                 break
+            if seen is not None and seen in out:
+                stop.touch()
         elif process.poll() is not None and b"otel-rl-test: done" in out:
             break
     process.wait(timeout=30)
@@ -52,7 +74,7 @@ def in_terminal(tmp_path, env: dict) -> str:
 
 def environment(**extra: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
-    env.update(TERM="xterm-256color", COLUMNS="140", LINES="50", **extra)
+    env.update({"TERM": "xterm-256color", "COLUMNS": "140", "LINES": "50", **extra})
     return env
 
 
@@ -68,3 +90,12 @@ def test_the_panel_is_off_with_otel_rl_panel_0_and_off_a_terminal(tmp_path):
     piped = subprocess.run([sys.executable, "-c", LOOP, str(tmp_path / "piped")], capture_output=True, text=True, timeout=120, env=environment())
     assert piped.returncode == 0 and "╭─ otel-rl" not in piped.stdout + piped.stderr
     assert "Avg" not in piped.stdout  # no plain panel lines by default in a log file either
+
+
+def test_a_dumb_terminal_gets_plain_lines_while_the_run_goes_on(tmp_path):
+    """TERM=dumb (an Emacs shell, some CI consoles) cannot redraw: a plain line every few seconds, not one frame at the end."""
+    screen = in_terminal(tmp_path, environment(TERM="dumb"), UNTIL_SEEN, seen=b"otel-rl run | ")
+    assert "otel-rl-test: done" in screen and "╭─ otel-rl" not in screen
+    assert "\x1b[" not in screen  # no cursor movement: a dumb terminal shows it as garbage
+    first_line = screen.index("otel-rl run | ")
+    assert first_line < screen.index("otel-rl-test: the loop ended"), screen[-2000:]  # while the loop ran
