@@ -109,11 +109,18 @@ def phases(source: Source, run_id: str | None = None, token: str | None = None) 
     def frame_of(path: Path, rid: str) -> pd.DataFrame | None:
         try:
             model, _ = read_trace(path, engine="python")
-        except (OSError, ValueError) as exc:  # no trace, or one that cannot be read
+        except FileNotFoundError as exc:  # no trace (yet): no rows, unless it was the one run asked for
             if one:
                 raise SourceError(f"run {rid!r}: {exc}") from None
             return None
+        except (OSError, ValueError) as exc:  # one that cannot be read: the others are read, and it is named
+            if one:
+                raise SourceError(f"run {rid!r}: {exc}") from None
+            unreadable.append(f"{rid} ({exc})")
+            return None
         return _phase_frame(model)
+
+    unreadable: list[str] = []
 
     parts: dict[str, pd.DataFrame | None] = {}
     if frames.is_server(source):
@@ -128,6 +135,8 @@ def phases(source: Source, run_id: str | None = None, token: str | None = None) 
         folders = _folders(source, run_id)
         one = len(folders) == 1
         parts = {rid: frame_of(folder, rid) for rid, folder in folders.items()}
+    if unreadable:
+        frames.warn(f"the trace of {len(unreadable)} run(s) cannot be read and is left out: {'; '.join(unreadable[:3])}")
     found = {rid: frame for rid, frame in parts.items() if frame is not None and len(frame)}
     if not found:
         return pd.DataFrame(columns=["timeline", "process", "iteration", "start", "env_steps", "duration_ms", "other_ms"])

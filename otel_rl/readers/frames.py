@@ -29,6 +29,11 @@ from otel_rl.run.jsonl import read_records
 
 _logger = logger(__name__)
 
+
+def warn(text: str) -> None:
+    """One warning of a reader (``otel-rl: ...``), for what it leaves out and goes on without."""
+    _logger.warning("otel-rl: %s", text)
+
 REQUEST_TIMEOUT_S = 60.0
 """The most one request to a server takes, all of it (a server that trickles its answer is given up on then)."""
 MAX_ANSWER_BYTES = 1 << 30

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
@@ -32,7 +33,12 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def iter_packets(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[TracePacket]:
-    """Every TracePacket of a trace file, read incrementally."""
+    """Every TracePacket of a trace file, read incrementally.
+
+    Raises:
+        ValueError: the file is not a Perfetto trace, or is damaged (naming the file and the offset).
+    """
+    read_before = 0  # bytes of the file before the buffer
     buffer = b""
     with open(path, "rb") as trace:
         while True:
@@ -48,8 +54,13 @@ def iter_packets(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[TracePacket
                 if body + size > len(buffer):
                     break
                 if tag == 0x0A:  # Trace.packet
-                    yield TracePacket.FromString(buffer[body : body + size])
+                    try:
+                        packet = TracePacket.FromString(buffer[body : body + size])
+                    except DecodeError:
+                        raise ValueError(f"{path}: not a readable Perfetto trace (a damaged packet at byte {read_before + pos})") from None
+                    yield packet
                 pos = body + size
+            read_before += pos
             buffer = buffer[pos:]
             if not chunk:
                 if buffer:

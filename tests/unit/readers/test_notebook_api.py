@@ -109,6 +109,24 @@ def test_phases_from_a_folder_of_runs_carry_each_runs_id(runs_dir, tmp_path):
         read.phases(tmp_path / "no-trace")
 
 
+def test_a_damaged_trace_among_runs_is_left_out_and_named_once_and_alone_is_one_clear_error(runs_dir, tmp_path, caplog):
+    import logging
+    import shutil
+
+    folder = tmp_path / "runs"
+    shutil.copytree(runs_dir, folder)
+    trace = folder / "sac-b" / "trace.perfetto-trace"
+    data = trace.read_bytes()
+    trace.write_bytes(data[: len(data) // 2] + b"\xff" * 64 + data[len(data) // 2 :])  # a damaged disk block
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        every = read.phases(folder)
+    assert every.groupby("run_id").size().to_dict() == {"ppo-c": 40, "sac-a": 40}  # the others are read
+    (said,) = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+    assert "sac-b" in said and "not a readable Perfetto trace" in said
+    with pytest.raises(read.SourceError, match="run 'sac-b': .*not a readable Perfetto trace"):
+        read.phases(folder, run_id="sac-b")
+
+
 def test_an_odd_line_in_metrics_jsonl_is_skipped_counted_and_said_once(runs_dir, tmp_path, caplog):
     import shutil
 
