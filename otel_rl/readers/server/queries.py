@@ -8,6 +8,7 @@ last point are always kept.
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,8 +41,9 @@ def run_filter(query: Mapping[str, str]) -> RunFilter:
     order = query.get("order", "created")
     if order not in ("created", "newest"):
         raise BadQuery("order", "order must be created (oldest first, the default) or newest")
-    return RunFilter(query.get("project") or None, query.get("group") or None, statuses, query.get("q") or None, query.get("tag") or None,
-                     newest_first=order == "newest")  # fmt: skip
+    tag = query.get("tag") or None  # as tags are kept: one form of each accent (NFC), however it was typed
+    return RunFilter(query.get("project") or None, query.get("group") or None, statuses, query.get("q") or None,
+                     None if tag is None else unicodedata.normalize("NFC", tag), newest_first=order == "newest")  # fmt: skip
 
 
 def events_limit(query: Mapping[str, str]) -> int | None:

@@ -12,6 +12,7 @@ know.
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 from aiohttp import web
@@ -69,7 +70,8 @@ def _edits(body: Any) -> tuple[list[str] | None, str | None]:
     if tags is not None:
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
             raise ValueError("tags must be a list of strings")
-        tags = list(dict.fromkeys(t.strip() for t in tags if t.strip()))
+        # One form of each accent (NFC): "été" typed as e and a combining accent is the same tag, and found by ?tag=été.
+        tags = list(dict.fromkeys(unicodedata.normalize("NFC", t.strip()) for t in tags if t.strip()))
         if len(tags) > MAX_TAGS or any(len(t) > MAX_TAG for t in tags):
             raise ValueError(f"at most {MAX_TAGS} tags of at most {MAX_TAG} characters each")
     if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):

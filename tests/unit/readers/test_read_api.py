@@ -188,6 +188,13 @@ def test_runs_are_tagged_noted_and_deleted_with_everything_stored_of_them(databa
         assert runs(server.url, tag="b") == [] and runs(server.url, tag="sweep") == ["keep"]  # exact, and case-sensitive
         assert runs(server.url, tag='a"b') == ["quoted"] and runs(server.url, tag="Sweep") == ["quoted"] and runs(server.url, tag='x, "b"') == ["quoted"]
         assert requests.delete(server.url + "/api/v1/runs/quoted", timeout=10).status_code == 200
+        # Accents, however they were typed: "été" as one character each or as e and a combining accent is one tag.
+        post(server.url, a_run("summer", "finished", "p", "g", 16))
+        accented = requests.patch(server.url + "/api/v1/runs/summer", json={"tags": ["e\u0301te\u0301", "\u00e9t\u00e9", "日本"]}, timeout=10)
+        assert accented.status_code == 200 and accented.json()["tags"] == ["\u00e9t\u00e9", "日本"]
+        assert runs(server.url, tag="\u00e9t\u00e9") == ["summer"] and runs(server.url, tag="e\u0301te\u0301") == ["summer"]
+        assert runs(server.url, tag="日本") == ["summer"] and runs(server.url, tag="ete") == []
+        assert requests.delete(server.url + "/api/v1/runs/summer", timeout=10).status_code == 200
         # A NUL in any parameter, and an events limit past any integer a database holds: 400, naming the parameter.
         for path, params, field in (("/api/v1/runs", {"tag": "a\x00b"}, "tag"), ("/api/v1/runs", {"q": "\x00"}, "q"),
                                     ("/api/v1/runs/keep/scalars", {"key": "Loss/\x00"}, "key"), ("/api/v1/run", {"run_id": "k\x00"}, "run_id"),
