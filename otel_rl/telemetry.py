@@ -105,6 +105,8 @@ class Telemetry:
         self._deadline: Deadline | None = None
         self._hurried = False
         self._described: dict[str, str] = {}  # what describe_system() last recorded
+        if config.resume and config.run_dir is not None and config.run_id == config.run_dir.resolve().name:
+            self._resume_folder_run(config)  # the id a run given none gets: the folder's, which may have been moved
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
         self._run_folder = run_folder.claim(config.run_dir) if owner else None  # type: ignore[arg-type]
@@ -123,6 +125,17 @@ class Telemetry:
         _live.add(self)
         if self._run_folder is not None:
             notices.started(config, moved_from)
+
+    @staticmethod
+    def _resume_folder_run(config: TelemetryConfig) -> None:
+        """A folder resumed without a run id continues the run it holds, whatever the folder is called now (moved, renamed)."""
+        from otel_rl.run.resume import folder_run_id
+
+        found = folder_run_id(config.run_dir)  # type: ignore[arg-type]
+        if found is not None and found != config.run_id:
+            if not config.quiet:
+                _logger.warning("otel-rl: resume: %s holds run %r (the folder was moved or renamed); continuing it", config.run_dir, found)
+            config.run_id = found
 
     def _own_folder(self, config: TelemetryConfig) -> tuple[Path, str] | None:
         """A run that does not resume never writes into a folder holding another: it gets a fresh one, and an id of its own.

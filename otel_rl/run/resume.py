@@ -43,6 +43,22 @@ class PreviousRun:
         return max(self.last_steps.values(), default=None)
 
 
+def folder_run_id(run_dir: Path) -> str | None:
+    """The id of the run ``run_dir`` holds (its ``run_config.json``, else its first record), None when it holds none."""
+    try:
+        found = json.loads((run_dir / CONFIG_FILE).read_text()).get("run_id")
+        if isinstance(found, str) and found:
+            return found
+    except (OSError, ValueError, AttributeError):
+        pass
+    try:
+        with open(run_dir / JSONL_FILE, "rb") as lines:
+            found = json.loads(lines.readline()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) and found else None
+
+
 def previous_run(run_dir: Path, run_id: str) -> PreviousRun | None:
     """The run to resume in ``run_dir``, or None (one warning) when it holds nothing to resume.
 

@@ -163,3 +163,24 @@ def test_steps_that_start_over_after_a_resume_never_go_back_in_tensorboard_or_wa
     # The run folder's own copy keeps the loop's steps as it gave them, and says that they went back.
     own = [r["step"] for r in jsonl(run_dir) if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     assert own == [10 * (i + 1) for i in range(20)] + [10 * (i + 1) for i in range(30)]
+
+
+def test_a_moved_folder_resumes_the_run_it_holds(tmp_path, caplog):
+    """The folder was renamed between the two parts: resume=True continues its run ('exp'), not one named after the folder."""
+    import logging
+    import shutil
+
+    assert train(tmp_path / "exp", 0, 10, "sigterm") == 128 + signal.SIGTERM
+    shutil.move(tmp_path / "exp", tmp_path / "exp-moved")
+    with caplog.at_level(logging.WARNING, logger="otel_rl"):
+        tel = otel_rl.init(run_dir=tmp_path / "exp-moved", resume=True, system_metrics_interval_s=0)
+        with tel.run():
+            tel.scalars({"Loss/critic": 0.5}, step=110)
+        tel.close()
+    assert tel.run_id == "exp"
+    assert sum("holds run 'exp' (the folder was moved or renamed); continuing it" in r.getMessage() for r in caplog.records) == 1
+    records = jsonl(tmp_path / "exp-moved")
+    assert {r["run_id"] for r in records} == {"exp"}
+    assert [r["status"] for r in records if r["kind"] == "run"] == ["pending", "running", "killed", "pending", "running", "finished"]
+    (resumed,) = [r for r in records if r["kind"] == "event" and r["name"] == "resumed"]
+    assert resumed["attributes"]["previous_status"] == "killed"
