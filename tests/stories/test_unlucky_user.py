@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import requests
 from locations import REPO
 
 import otel_rl
@@ -415,3 +416,45 @@ def test_a_service_down_from_the_start_is_said_early_once_and_the_end_line_times
     summary = json.loads((tmp_path / "run" / "run_summary.json").read_text())
     run_s = (summary["end_time_unix_nano"] - summary["start_time_unix_nano"]) / 1e9
     assert abs(said_s - run_s) < 0.3, (said_s, run_s)  # the close deadline (3 s here) is not in it
+
+
+def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path):
+    """It accepts connections and never answers; the run ends on time. What the live stream never delivered is sent by
+    the background backfill (records first, then the trace) once a real server answers on that address."""
+    from fault_servers import SilentServer
+    from ports import held_port
+    from uploads import upload_outcome
+
+    from otel_rl.readers.server import IngestServer
+
+    script = textwrap.dedent("""
+        import sys, time, otel_rl
+        tel = otel_rl.init(run_dir=sys.argv[1], run_id="hung", motrix_url=sys.argv[2], system_metrics_interval_s=0, shutdown_timeout_s=3)
+        with tel.run():
+            for i in range(2000):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        pass
+                tel.scalars({"Loss/value": float(i)}, step=i)
+        began = time.monotonic()
+        tel.close()
+        print(time.monotonic() - began)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    with held_port() as port:
+        url = f"http://127.0.0.1:{port}"
+        silent = SilentServer(port)
+        try:
+            run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), url], capture_output=True, text=True, timeout=180, env=env)
+        finally:
+            silent.stop()
+        assert run.returncode == 0, run.stderr
+        assert float(run.stdout.strip().splitlines()[-1]) < 3 + 5  # the close kept its deadline
+        assert "a backfill in the background sends them when the service is back" in run.stderr
+        with IngestServer(str(tmp_path / "back.sqlite3"), port=port, reuse_port=True) as server:  # the service is back
+            outcome = upload_outcome(tmp_path / "run")
+            assert outcome["sent"] is True and outcome["records"]["accepted"] > 2000, outcome
+            points = requests.get(server.url + "/api/v1/runs/hung/scalars", params={"key": "Loss/value", "points": 5000}, timeout=30).json()["points"]
+            assert sorted(p["value"] for p in points) == [float(i) for i in range(2000)]  # every record, once
+            assert requests.get(server.url + "/api/v1/runs/hung", timeout=30).json()["run"]["status"] == "finished"
+            assert requests.get(server.url + "/api/v1/runs/hung/trace", timeout=30).status_code == 200

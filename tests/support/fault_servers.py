@@ -130,11 +130,13 @@ class HtmlPage:
 
 
 class SilentServer:
-    """Accepts connections and never answers."""
+    """Accepts connections and never answers; ``port`` with ``SO_REUSEPORT``: on a port a test holds (:func:`ports.held_port`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
         self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
+        if port:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        self._sock.bind(("127.0.0.1", port))
         self._sock.listen(64)
         self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
         self._held: list[socket.socket] = []
@@ -147,10 +149,17 @@ class SilentServer:
                 conn, _ = self._sock.accept()
             except OSError:
                 return
+            if self._stop:
+                conn.close()
+                return
             self._held.append(conn)
 
     def stop(self) -> None:
         self._stop = True
+        try:  # wakes the thread in accept(): a socket closed under it would go on listening
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
         for conn in self._held:
             conn.close()
@@ -191,6 +200,10 @@ class TrickleServer:
 
     def stop(self) -> None:
         self._stop.set()
+        try:  # wakes the thread in accept(): a socket closed under it would go on listening
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._sock.close()
 
 

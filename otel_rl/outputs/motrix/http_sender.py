@@ -84,12 +84,20 @@ class HttpSender(BackgroundLoop):
         self._stall_warning_s = stall_warning_s
         self.sent = 0
         self.rejected = 0
-        self.undelivered = 0  # records still queued when the sender closed
+        self._submitted = 0  # records handed to this sender (heartbeats are its own, and not among them)
+        self._settled = 0  # of those: stored by the service, or refused for good (a resend would be refused alike)
         self._last_sent = time.monotonic()
         self._stalled = False
         self.start()
 
+    @property
+    def undelivered(self) -> int:
+        """Records handed to the sender that the service never took: still queued, in a request it never answered,
+        or dropped after the retry window (``metrics.jsonl`` holds them all, for the backfill)."""
+        return max(0, self._submitted - self._settled)
+
     def submit(self, items: list[Item]) -> None:
+        self._submitted += len(items)
         self.queue.put_all(items)
         if len(self.queue) >= self._batch_size:
             self.wake()
@@ -101,7 +109,7 @@ class HttpSender(BackgroundLoop):
         budget = len(self.queue)  # this round delivers what was queued when it began
         if not budget:
             if not self.stopping and time.monotonic() - self._last_sent >= self._heartbeat_s:
-                self._deliver([self._heartbeat()])
+                self._deliver([self._heartbeat()], counted=False)
             return
         while budget > 0:
             items = self.queue.take(min(self._batch_size, budget))
@@ -121,13 +129,15 @@ class HttpSender(BackgroundLoop):
         left = self.queue.take()
         for kind, _ in left:
             self._drops.add("http", kind)
-        self.undelivered += len(left)
         self._poster.close()
 
     # -- delivery --------------------------------------------------------------
 
-    def _deliver(self, items: list[Item]) -> bool:
-        """Deliver ``items``; False when the service is unavailable (what is kept went back to the queue)."""
+    def _deliver(self, items: list[Item], counted: bool = True) -> bool:
+        """Deliver ``items``; False when the service is unavailable (what is kept went back to the queue).
+
+        ``counted``: the items were submitted (a heartbeat, made here, is not).
+        """
         first_failure: float | None = None
         attempt = 0
         while items:
@@ -137,7 +147,7 @@ class HttpSender(BackgroundLoop):
                 self.queue.put_back(items)
                 return False
             outcome = send(self._poster, items, timeout)
-            self._account(outcome)
+            self._account(outcome, counted)
             items = outcome.failed
             if not items:
                 return True
@@ -173,8 +183,10 @@ class HttpSender(BackgroundLoop):
                 return False
         return True
 
-    def _account(self, outcome: Outcome) -> None:
+    def _account(self, outcome: Outcome, counted: bool = True) -> None:
         delivered = outcome.stored
+        if counted:
+            self._settled += delivered + len(outcome.rejected) + len(outcome.refused)
         if delivered:
             self.sent += delivered
             self._last_sent = time.monotonic()
