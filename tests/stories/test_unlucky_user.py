@@ -100,7 +100,8 @@ def test_an_environment_setting_that_does_not_apply_is_ignored_with_one_warning(
             tel.scalars({"Loss/critic": 1.0})
         tel.close()
     said = [r.getMessage() for r in caplog.records if name in r.getMessage()]
-    assert said == [f"otel-rl: {name}={value} is ignored here: this process has no run_dir" + (" or trace_output_dir" if name in ("OTEL_RL_TRACE_ENABLED", "OTEL_RL_PROFILE") else "")]
+    other = {"OTEL_RL_TRACE_ENABLED": " or trace_output_dir", "OTEL_RL_PROFILE": " or trace_output_dir", "OTEL_RL_TENSORBOARD": " or tensorboard_dir"}
+    assert said == [f"otel-rl: {name}={value} is ignored here: this process has no run_dir" + other.get(name, "")]
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")  # the kill switch wins over everything, and says nothing
     caplog.clear()
     assert otel_rl.init().enabled is False and not caplog.records
