@@ -109,8 +109,15 @@ class Telemetry:
             self._resume_folder_run(config)  # the id a run given none gets: the folder's, which may have been moved
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
-        self._run_folder = run_folder.claim(config.run_dir) if owner else None  # type: ignore[arg-type]
-        moved_from = self._own_folder(config) if owner else None
+        self._run_folder, in_use = None, False
+        if owner:
+            try:
+                self._run_folder = run_folder.claim(config.run_dir)  # type: ignore[arg-type]
+            except run_folder.RunFolderInUse:
+                if config.resume or config.world_size > 1:  # it must be this folder: refused, naming the holder
+                    raise
+                in_use = True  # a run that started there an instant before: this one takes the next free name
+        moved_from = self._own_folder(config, in_use) if owner else None
         try:
             self._start(config, sinks)
         except BaseException:
@@ -137,14 +144,15 @@ class Telemetry:
                 _logger.warning("otel-rl: resume: %s holds run %r (the folder was moved or renamed); continuing it", config.run_dir, found)
             config.run_id = found
 
-    def _own_folder(self, config: TelemetryConfig) -> tuple[Path, str] | None:
+    def _own_folder(self, config: TelemetryConfig, in_use: bool = False) -> tuple[Path, str] | None:
         """A run that does not resume never writes into a folder holding another: it gets a fresh one, and an id of its own.
 
         Returns the folder and run id it would have shared, None when it keeps its own. A job of several
         ranks keeps the folder its ranks agreed on (they cannot all move at once), as does a run that resumes.
+        ``in_use``: a live run holds the folder's lock (two started at once): this one moves too.
         """
         run_dir = config.run_dir
-        if config.resume or config.world_size > 1 or run_dir is None or not run_folder.holds_run(run_dir):
+        if config.resume or config.world_size > 1 or run_dir is None or not (in_use or run_folder.holds_run(run_dir)):
             return None
         earlier, earlier_id = run_dir, config.run_id
         claim, fresh = run_folder.claim_fresh(run_dir)

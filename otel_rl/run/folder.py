@@ -135,12 +135,22 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def claim_fresh(run_dir: Path) -> tuple[Claim | None, Path]:
-    """Hold the first of ``run_dir-2``, ``run_dir-3``, ... that does not exist (one another process holds is passed over):
-    the folder of a run whose ``run_dir`` holds another. Returns its claim (see :func:`claim`) and the folder."""
+    """Make and hold the first of ``run_dir-2``, ``run_dir-3``, ... that can be made: the folder of a run whose
+    ``run_dir`` holds another. Returns its claim (see :func:`claim`) and the folder.
+
+    Each is made with one ``mkdir``, which fails where anything is (a folder, a file, a dangling symbolic
+    link, one another process made an instant before): those are passed over. ``run_dir`` is named by its
+    real path (``.`` has no name of its own).
+    """
+    base = Path(os.path.realpath(run_dir))
     for number in itertools.count(2):
-        candidate = run_dir.with_name(f"{run_dir.name}-{number}")
-        if candidate.exists():
+        candidate = base.with_name(f"{base.name}-{number}")
+        try:
+            candidate.mkdir()
+        except FileExistsError:
             continue
+        except OSError as exc:  # the parent cannot take a folder: the run's outputs say so when they write
+            _logger.warning("otel-rl: cannot make %s (%s)", candidate, exc)
         try:
             return claim(candidate), candidate
         except RunFolderInUse:  # a process that moved there an instant before: the next one

@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 from fault_servers import HtmlPage
@@ -82,7 +83,8 @@ tel.close()
 
 
 @pytest.mark.parametrize("mode", ["new", "resume"])
-def test_a_second_process_on_a_run_folder_in_use_is_refused_and_costs_the_first_nothing(tmp_path, mode):
+def test_a_second_process_on_a_run_folder_in_use_moves_on_or_is_refused_and_costs_the_first_nothing(tmp_path, mode):
+    """A new run takes the next free name (as a script run twice does); a second resume of the same run is refused."""
     from otel_rl.readers.analysis import protobuf_engine, trace_files
 
     run_dir = tmp_path / "shared"
@@ -91,8 +93,13 @@ def test_a_second_process_on_a_run_folder_in_use_is_refused_and_costs_the_first_
     first = subprocess.Popen([sys.executable, "-c", HOLDER, str(run_dir), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert first.stdout.readline().strip() == "holding"
-        with pytest.raises(otel_rl.RunFolderInUse, match=f"in use by process {first.pid}"):
-            otel_rl.init(run_dir=run_dir, jsonl=True, trace_enabled=True, resume=mode == "resume")
+        if mode == "resume":
+            with pytest.raises(otel_rl.RunFolderInUse, match=f"in use by process {first.pid}"):
+                otel_rl.init(run_dir=run_dir, jsonl=True, trace_enabled=True, resume=True)
+        else:
+            second = otel_rl.init(run_dir=run_dir, jsonl=True, trace_enabled=True, system_metrics_interval_s=0)
+            assert second.config.run_dir == tmp_path / "shared-2" and second.run_id == "shared-2"
+            second.close()
         first.stdin.write("\n")
         first.stdin.flush()
         assert first.wait(timeout=120) == 0
@@ -372,3 +379,50 @@ def test_a_script_run_twice_into_one_folder_leaves_two_runs_never_one_merged(tmp
     resumed = otel_rl.init(run_dir=run_dir, resume=True, quiet=True, system_metrics_interval_s=0)
     assert resumed.run_id == "exp" and resumed.config.run_dir == run_dir
     resumed.close()
+
+
+def _records_of(folder) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_dangling_link_or_a_file_where_the_fresh_folder_would_go_is_passed_over(tmp_path):
+    """``exp`` holds an ended run, ``exp-2`` is a dangling link and ``exp-3`` a file: the new run goes to ``exp-4``, whole."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    run_dir = tmp_path / "exp"
+    assert subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, timeout=120, env=env).returncode == 0
+    (tmp_path / "exp-2").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "exp-3").write_text("not a folder")
+    second = subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
+    assert second.returncode == 0 and "File exists" not in second.stderr, second.stderr
+    assert f"this run is exp-4, in {tmp_path / 'exp-4'}" in second.stderr.splitlines()[0]
+    records = _records_of(tmp_path / "exp-4")
+    assert [r["status"] for r in records if r["kind"] == "run"] == ["pending", "running", "finished"]
+    assert sum(1 for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]) == 30
+
+
+def test_the_current_folder_used_twice_gives_the_second_run_a_sibling(tmp_path):
+    """``run_dir='.'`` in a folder that holds a run: the new one goes beside it (``.`` has no name of its own to number)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    folder = tmp_path / "work"
+    folder.mkdir()
+    for _ in range(2):
+        result = subprocess.run([sys.executable, "-c", TWICE, "."], capture_output=True, text=True, timeout=120, env=env, cwd=folder)
+        assert result.returncode == 0, result.stderr
+    assert [r["run_id"] for r in _records_of(folder)][:1] == ["work"] and {r["run_id"] for r in _records_of(tmp_path / "work-2")} == {"work-2"}
+
+
+def test_runs_started_at_one_instant_onto_an_ended_runs_folder_each_get_a_folder_of_their_own(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    run_dir = tmp_path / "exp"
+    assert subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, timeout=120, env=env).returncode == 0
+    at_once = "import sys, time\nwhile time.time() < float(sys.argv[2]): pass\n" + TWICE
+    start = time.time() + 5  # both started and importing first: they reach init() at the same instant
+    launched = [subprocess.Popen([sys.executable, "-c", at_once, str(run_dir), str(start)], stderr=subprocess.PIPE, text=True, env=env)
+                for _ in range(2)]  # fmt: skip
+    outputs = [process.communicate(timeout=120)[1] for process in launched]
+    assert [process.returncode for process in launched] == [0, 0], outputs
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exp", "exp-2", "exp-3"]
+    for name in ("exp-2", "exp-3"):
+        records = _records_of(tmp_path / name)
+        assert {r["run_id"] for r in records} == {name} and len({r["writer"] for r in records}) == 1  # one writer a folder
+        assert [r["status"] for r in records if r["kind"] == "run"] == ["pending", "running", "finished"]
