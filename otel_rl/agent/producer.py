@@ -43,6 +43,8 @@ class Counts:
     spans_sampled_out: int = 0
     failed_outputs: tuple[str, ...] = ()
     live_undelivered: int = 0
+    unwritten: tuple[str, ...] = ()
+    """What the run folder's files could not keep (:meth:`otel_rl.outputs.factory.OutputSet.unwritten`)."""
 
 
 class ProducerOutputs:
@@ -116,6 +118,7 @@ class ProducerOutputs:
             self.pipeline.sampler.sampled_out,
             self.outputs.failed,
             0 if live is None else live.undelivered,
+            self.outputs.unwritten(self.drops),
         )
 
     def flush(self, deadline: Deadline) -> bool:

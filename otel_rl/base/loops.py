@@ -100,29 +100,30 @@ class BackgroundLoop:
                 self._cond.wait(remaining)
         return self._stop_at is None or time.monotonic() < self._stop_at
 
-    def wait_for_room(self, has_room: Callable[[], bool], progress: Callable[[], int]) -> bool:
+    def wait_for_room(self, has_room: Callable[[], bool], progress: Callable[[], int], failing: Callable[[], bool] = lambda: False) -> bool:
         """Back-pressure on the caller (a writer's queue is full): wake the loop and wait until ``has_room()``.
 
         The caller waits while the loop makes progress (``progress()``, a
         count of what it wrote, rises) and is before its close deadline. A
-        loop that makes none for :data:`STALL_S` (a hung or failing disk) is
-        given up on: False, and False at once on later calls until its
-        progress moves again, so the caller falls back to its drop policy
-        (counted) rather than waiting on every call. Never call it on the
+        loop whose last write failed (``failing()``: a full disk answers at
+        once, it is not slow) is not waited for; one that makes no progress
+        for :data:`STALL_S` (a hung disk) is given up on: False, and False at
+        once on later calls until its progress moves again. The caller then
+        falls back to its drop policy (counted). Never call it on the
         training thread: the pipeline's thread waits, the source fills, and
         what is dropped is dropped (and counted) there.
         """
         if has_room():
             return True
         mark = progress()
-        if mark == self._stalled_at:
+        if mark == self._stalled_at or failing():
             return False
         since = time.monotonic()
         while True:
             self.flush(Deadline(min(STALL_S, 0.5)))  # a round that started after this call, or half a second
             if has_room():
                 return True
-            if not self._thread.is_alive() or (self._stop_at is not None and time.monotonic() >= self._stop_at):
+            if not self._thread.is_alive() or (self._stop_at is not None and time.monotonic() >= self._stop_at) or failing():
                 return False
             now = progress()
             if now != mark:

@@ -96,6 +96,21 @@ class OutputSet:
         """The writers of the run folder's streamed files."""
         return tuple(writer for writer in (self.jsonl, self.trace) if writer is not None)
 
+    def unwritten(self, drops: Drops) -> tuple[str, ...]:
+        """What the run folder's files could not keep, as the end line says it (``metrics.jsonl lost 2,550 records
+        (No space left on device), the run's end among them``); empty when they hold everything."""
+        out = []
+        lost = drops.by_kind("jsonl")
+        if self.jsonl is not None and lost:
+            why = f" ({self.jsonl.error})" if self.jsonl.error else ""
+            out.append(f"{files.JSONL_FILE} lost {sum(lost.values()):,} records{why}" + (", the run's end among them" if "run" in lost else ""))
+        if self.trace is not None and self.trace.lost:
+            out.append(f"{self.trace.path.name} lost {self.trace.lost:,} records" + (f" ({self.trace.error})" if self.trace.error else ""))
+        for sink in self.sinks:
+            for name, why in getattr(sink, "unwritten", {}).items():
+                out.append(f"{name} was not written ({why})")
+        return tuple(out)
+
     def shutdown(self, deadline: Deadline) -> None:
         """Stop every sink (quietly: for an output set whose pipeline never ran)."""
         for sink in self.sinks:

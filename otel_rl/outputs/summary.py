@@ -42,6 +42,8 @@ class SummarySink(RecordSink):
         self._end_ns: int | None = None
         self._last_scalars: dict[str, Any] = {}
         self._algorithm = config.algorithm  # else the one an integration names (a framework event)
+        self.unwritten: dict[str, str] = {}
+        """Files that could not be written, and why (the end line says so)."""
 
     def on_run_start(self, run: RunStart) -> None:
         self._start_ns, self._status = run.start_ns, run.status
@@ -96,5 +98,7 @@ class SummarySink(RecordSink):
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_atomically(path, json.dumps(document, indent=2, sort_keys=True))
+            self.unwritten.pop(name, None)
         except OSError as exc:
+            self.unwritten[name] = exc.strerror or str(exc)
             _logger.warning("otel-rl: could not write %s: %s", path, exc)

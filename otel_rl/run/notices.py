@@ -57,8 +57,9 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
     _say(f"run {config.run_id} records into {config.run_dir} ({', '.join(files)})")
 
 
-def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = ()) -> None:
-    """How the run ended, and the commands that read what it wrote (only files that are there)."""
+def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = (), unwritten: Sequence[str] = ()) -> None:
+    """How the run ended, and the commands that read what it wrote (only files that are there); ``unwritten``: what
+    the run folder could not keep (a full disk), said plainly: its files may not record the end."""
     if config.quiet or config.run_dir is None:
         return
     folder = shlex.quote(str(config.run_dir))
@@ -68,6 +69,8 @@ def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_ou
         head = f"run {config.run_id} {status} after {seconds:.1f} s"
     if failed_outputs:
         head += f" without {', '.join(failed_outputs)} (could not start; see the warning above)"
+    if unwritten:
+        head += f", but its folder could not keep everything: {'; '.join(unwritten)}"
     trace = trace_path(config)
     if trace is not None and trace.exists() and config.machine is not None:
         hint = f"`otel-rl analyze {folder}` says where the time went, and which rank held the others up; `--merged-trace FILE` writes every machine's part as one trace for https://ui.perfetto.dev"

@@ -421,6 +421,46 @@ def test_a_full_disk_that_frees_up_leaves_whole_records_once(small_disk, caplog)
     assert any("No space left" in r.getMessage() for r in caplog.records)
 
 
+FILLS_UP = """
+import json, sys, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0, shutdown_timeout_s=5)
+with tel.run():
+    for i in range(3000):
+        with tel.iteration(i, env_steps=i):
+            with tel.phase("learning"):
+                pass
+        tel.scalars({"Loss/value": float(i)}, step=i)
+tel.close()
+print(json.dumps(tel.stats()["dropped"]))
+"""
+
+
+def test_a_disk_that_fills_mid_run_and_stays_full_counts_what_it_lost_and_says_the_folder_is_incomplete(small_disk):
+    """256 KiB: the run's own files fill it part way. What the folder cannot keep is counted, the close keeps its
+    deadline, every line and packet that is there is whole, and the end line says the folder does not hold the end."""
+    from otel_rl.readers.analysis import protobuf_engine
+
+    run_dir = small_disk / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    began = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", FILLS_UP, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - began < 60  # the close kept its 5 s deadline (the disk refuses at once: nothing waits for it)
+    dropped = json.loads(result.stdout.strip().splitlines()[-1])
+    (end,) = [line for line in result.stderr.splitlines() if " finished after " in line]
+    assert "but its folder could not keep everything: metrics.jsonl lost " in end and "(No space left on device), the run's end among them" in end
+    assert "run_summary.json was not written (No space left on device)" in end
+    lost = int(end.split("metrics.jsonl lost ")[1].split(" records")[0].replace(",", ""))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]  # each line whole
+    kept = [r for r in records if r["kind"] == "scalars" and "Loss/value" in r["values"]]
+    assert lost == dropped["jsonl"] and 0 < len(kept) < 3000 and len(kept) + lost >= 3000  # every record kept or counted
+    assert [r["values"]["Loss/value"] for r in kept] == [float(i) for i in range(len(kept))]  # the first ones, in order
+    model = protobuf_engine.read([run_dir / "trace.perfetto-trace"])  # readable up to where the disk refused (which file
+    learning = sum(1 for s in model.slices if s.name == "Learning")  # fills the disk first depends on their timing)
+    assert learning + dropped.get("perfetto", 0) >= 3000  # every iteration in the trace or counted
+    assert not (run_dir / "run_summary.json").exists() and not list(run_dir.glob("*.tmp")) and not list(run_dir.glob(".*.tmp"))
+
+
 # -- 13-15: background threads never die; every drop is counted -----------------------------
 
 

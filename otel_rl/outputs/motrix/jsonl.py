@@ -6,8 +6,10 @@ readers and the backfill trust, so it never drops what the pipeline took: a
 full queue makes the pipeline's thread wait for the disk (back-pressure on
 the agent, never on training: the segment fills, and what the training
 thread cannot write there is dropped and counted at the source). Only a disk
-that writes nothing for :data:`~otel_rl.base.loops.STALL_S` is given up on;
-then the queue's drop policy applies (oldest scalars first, counted).
+that writes nothing for :data:`~otel_rl.base.loops.STALL_S`, or whose last
+write failed (a full disk), is not waited for: then the queue's drop policy
+applies (oldest scalars first, counted), and what is still queued when the
+writer stops is counted too.
 Lines are written with ``os.write`` on an append-only descriptor, so the
 writer knows how many bytes reached the file: after a failed write (a full
 disk, say) the file is cut back to the end of the last whole record and the
@@ -23,12 +25,16 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger, once
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.outputs.motrix.record_queue import Item, RecordQueue
 
 _logger = logger(__name__)
+
+FINISH_S = 0.2
+"""What a closing writer keeps of its deadline to count what it could not write."""
 
 
 class JsonlWriter(BackgroundLoop):
@@ -50,6 +56,9 @@ class JsonlWriter(BackgroundLoop):
         self._fd: int | None = None
         self._size = 0  # bytes of whole records in the file
         self._torn = False  # the file may end in a partial line we could not cut off
+        self._drops = drops
+        self.error: str | None = None
+        """Why the last write failed (None once one succeeds): a full disk is not waited for."""
         self.written = 0
         self.start()
 
@@ -58,7 +67,7 @@ class JsonlWriter(BackgroundLoop):
         queue, capacity = self.queue, self.queue.capacity
         for first in range(0, len(items), capacity):
             part = items[first : first + capacity]
-            self.wait_for_room(lambda part=part: len(queue) + len(part) <= capacity, lambda: self.written)
+            self.wait_for_room(lambda part=part: len(queue) + len(part) <= capacity, lambda: self.written, lambda: self.error is not None)
             queue.put_all(part)
 
     def has_work(self) -> bool:
@@ -79,7 +88,15 @@ class JsonlWriter(BackgroundLoop):
         if items:
             self._write(items)
 
+    def close(self, deadline: Deadline) -> None:
+        """Write what is queued until :data:`FINISH_S` before ``deadline`` (a failing disk is tried till then): what is
+        left is then counted within the deadline, where the end line can say it."""
+        super().close(Deadline(deadline.left() - FINISH_S))
+
     def release(self) -> None:
+        """The last round: what the disk never took is counted as dropped (``jsonl``), by kind."""
+        for kind, _ in self.queue.take():
+            self._drops.add(self.queue.name, kind)
         self._close()
 
     def _write(self, items: list[Item]) -> None:
@@ -94,6 +111,7 @@ class JsonlWriter(BackgroundLoop):
             while written < len(data):
                 written += os.write(self._fd, view[written:])  # type: ignore[arg-type]
         except OSError as exc:
+            self.error = exc.strerror or str(exc)
             _logger.warning("otel-rl: cannot write %s (%s); will retry", self.path, exc, extra=once(f"jsonl:{exc.errno}"))
             done = self._recover(prefix, lines, written) if self._fd is not None else 0
             self.queue.put_back(items[done:])
@@ -101,6 +119,7 @@ class JsonlWriter(BackgroundLoop):
             return
         self._size += len(data)
         self._torn = False
+        self.error = None
         self.written += len(items)
 
     def _open(self) -> None:

@@ -22,6 +22,7 @@ drops nothing the pipeline took unless the disk stalls. A file that outgrows
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import deque
 from pathlib import Path
@@ -112,7 +113,7 @@ class PerfettoTraceSink(RecordSink):
         self._kept = None if profile is None else KeptIntervals(*profile)
         self._profile_event: dict | None = None  # the profile's event, merged at the end of its pass
         self._clock_offset_ns = clock_offset_ns
-        self._writer = TraceWriter(self.path, self._writing)
+        self._writer = TraceWriter(self.path, self._writing, drops)
 
     # -- pipeline side: encode (C for the slices), then enqueue bytes ----------
 
@@ -124,14 +125,16 @@ class PerfettoTraceSink(RecordSink):
         """
         writer = self._writer
         queue = writer.queue
-        # The run folder's copy waits for the disk (the pipeline's thread, never training's); a stalled one is given up on.
-        if len(queue) >= self._capacity and not state and not writer.wait_for_room(lambda: len(queue) < self._capacity, lambda: writer.written):
+        # The run folder's copy waits for the disk (the pipeline's thread, never training's); a stalled or failing one is not.
+        if len(queue) >= self._capacity and not state and not writer.wait_for_room(
+            lambda: len(queue) < self._capacity, lambda: writer.written, lambda: writer.error is not None
+        ):
             self.dropped += records
             if self._drops is not None:
                 self._drops.add("perfetto", "records", records)
             return
         data = b"".join(chunks)
-        queue.append(data)
+        queue.append((data, records))
         self._encoded += len(data)
         if self._encoded > self._max_bytes:
             # Rotate between records, so each file starts with its own descriptors.
@@ -278,10 +281,21 @@ class PerfettoTraceSink(RecordSink):
         """Bytes written to the trace file so far."""
         return self._writer.size
 
+    @property
+    def lost(self) -> int:
+        """Records that are not in the trace: its queue was full before a stalled disk, or the disk refused them."""
+        return self.dropped + self._writer.lost
+
+    @property
+    def error(self) -> str | None:
+        """Why the disk last refused a write (None once one succeeds)."""
+        return self._writer.error
+
     def shutdown(self, deadline: Deadline) -> None:
         self._writer.shutdown(deadline)
-        if self.dropped:
-            _logger.warning("otel-rl: trace queue was full; %d records are missing from %s", self.dropped, self.path)
+        if self.dropped or self._writer.lost:
+            _logger.warning("otel-rl: %d records are missing from %s (%s)", self.dropped + self._writer.lost, self.path,
+                            f"the disk: {self._writer.error or 'it failed'}" if self._writer.lost else "its queue was full")  # fmt: skip
         try:
             if self._writing != self.path and self._writing.exists():
                 os.replace(self._writing, self.path)
@@ -292,21 +306,34 @@ class PerfettoTraceSink(RecordSink):
 
 
 class TraceWriter(BackgroundLoop):
-    """Writes encoded packets (and rotates files at the marks, once packets follow) on its own thread: file IO only."""
+    """Writes encoded packets (and rotates files at the marks, once packets follow) on its own thread: file IO only.
+
+    The queue holds ``(packets, records)`` pairs and rotation marks. A write
+    that fails (a full disk) is cut back to the last whole packet, its
+    records are counted as dropped (``perfetto``), and the next write goes on
+    after what the file holds: the trace stays readable up to the failure,
+    and picks up again when the disk does.
+    """
 
     queue_only = True
 
-    def __init__(self, path: Path, writing: Path) -> None:
+    def __init__(self, path: Path, writing: Path, drops: Drops | None = None) -> None:
         super().__init__("otel-rl-perfetto", 0.5)
         self.path = path
         self._writing = writing
-        self.queue: deque = deque()  # encoded packets (bytes) and rotation marks
+        self._drops = drops
+        self.queue: deque = deque()  # (encoded packets, records) and rotation marks
         self._file = None
+        self._made = False  # the current file was created: reopened after a failure, it is continued, not emptied
         self._rotation_due = False
         self.size = 0
-        """Bytes in the file being written."""
+        """Bytes of whole packets in the file being written."""
         self.written = 0
         """Writes that reached a file so far (every file): the progress a full queue waits on."""
+        self.lost = 0
+        """Records whose packets the disk refused."""
+        self.error: str | None = None
+        """Why the last write failed (None once one succeeds): a full disk is not waited for."""
         self.start()
 
     def has_work(self) -> bool:
@@ -315,39 +342,68 @@ class TraceWriter(BackgroundLoop):
     def run_once(self) -> None:
         queue = self.queue
         chunks: list[bytes] = []
+        records = 0
         for _ in range(len(queue)):
-            data = queue.popleft()
-            if data is _ROTATE:
-                self._write(b"".join(chunks))
-                chunks = []
+            item = queue.popleft()
+            if item is _ROTATE:
+                self._write(b"".join(chunks), records)
+                chunks, records = [], 0
                 self._rotation_due = True
             else:
                 if self._rotation_due:  # rotated once packets follow the mark: a run's last file is never the .1
                     self._rotate()
                     self._rotation_due = False
-                chunks.append(data)
+                chunks.append(item[0])
+                records += item[1]
         if chunks:
-            self._write(b"".join(chunks))
+            self._write(b"".join(chunks), records)
 
     def release(self) -> None:
+        for item in self.queue:  # the writer stops with packets the disk never took
+            if item is not _ROTATE:
+                self._lose(item[1])
+        self.queue.clear()
         self._close_file()
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes, records: int) -> None:
+        done = 0
         try:
             if self._file is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._file = open(self._writing, "wb")  # noqa: SIM115 - kept open while streaming
-                self.size = 0
-            self._file.write(data)
-            self._file.flush()
-            self.size += len(data)
-            self.written += 1
+                self._open()
+            view = memoryview(data)
+            while done < len(data):
+                done += self._file.write(view[done:])  # type: ignore[union-attr]
         except OSError as exc:
-            _logger.warning("otel-rl: cannot write %s (%s); trace records are lost", self.path, exc, extra=once(f"write:{self.path}"))
+            self.error = exc.strerror or str(exc)
+            _logger.warning("otel-rl: cannot write %s (%s); trace records are lost until it can", self.path, exc, extra=once(f"write:{self.path}"))
+            if done:  # a packet cut short would hide every packet after it from a reader: back to the last whole one
+                with contextlib.suppress(OSError):
+                    self._file.truncate(self.size)  # type: ignore[union-attr]
             self._close_file()
+            self._lose(records)
+            return
+        self.size += len(data)
+        self.written += 1
+        self.error = None
+
+    def _open(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._made:  # after a failure: on after the whole packets it holds
+            self._file = open(self._writing, "r+b", buffering=0)  # noqa: SIM115 - kept open while streaming
+            self._file.truncate(self.size)
+            self._file.seek(self.size)
+        else:
+            self._file = open(self._writing, "wb", buffering=0)  # noqa: SIM115 - kept open while streaming
+            self._made, self.size = True, 0
+
+    def _lose(self, records: int) -> None:
+        self.lost += records
+        if self._drops is not None and records:
+            self._drops.add("perfetto", "records", records)
 
     def _rotate(self) -> None:
         self._close_file()
+        self._made = False
         try:
             os.replace(self._writing, files.rotated(self.path))
         except OSError as exc:
