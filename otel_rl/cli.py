@@ -249,6 +249,7 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from otel_rl.readers.analysis import read_trace
     from otel_rl.readers.analysis.report import analyze_model, render_text
+    from otel_rl.readers.analysis.protobuf_engine import UnreadableTrace
     from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
 
     if args.plot:
@@ -266,6 +267,9 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             continue
         try:
             read[path] = read_trace(path, args.engine, args.trace_processor)
+        except UnreadableTrace as exc:  # a file that is not a Perfetto trace, or one damaged inside
+            print(f"otel-rl analyze: {exc}", file=sys.stderr)
+            return 1
         except (FileNotFoundError, TraceProcessorUnavailable, ValueError) as exc:
             print(f"otel-rl analyze: {exc}", file=sys.stderr)
             return 2

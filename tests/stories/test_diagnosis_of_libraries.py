@@ -13,6 +13,7 @@ import time
 import gymnasium as gym
 import pytest
 import torch
+from verdicts import finding
 
 import otel_rl
 from otel_rl.readers.analysis import analyze, read_trace, render_text
@@ -184,6 +185,6 @@ def test_sb3_sac_more_gradient_steps_is_named_by_compare(tmp_path):
         tel.close()
         reports.append(analyze(tmp_path / f"g{steps}", engine="python"))
     comparison = compare_reports(reports[1], reports[0])
-    assert comparison["verdict"].startswith("Learning +"), comparison["verdict"]
+    assert finding(comparison["verdict"]).startswith("Learning +"), comparison["verdict"]
     assert "the learner got slower" in comparison["verdict"] and comparison["env_steps_per_s"][2] < 0
     assert comparison["timelines"]["collector"]["weight"] < 0.3

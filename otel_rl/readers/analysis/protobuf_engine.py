@@ -32,11 +32,16 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+class UnreadableTrace(ValueError):
+    """A file that is not a Perfetto trace, or one damaged inside (the message names it and the byte)."""
+
+
 def iter_packets(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[TracePacket]:
     """Every TracePacket of a trace file, read incrementally.
 
     Raises:
-        ValueError: the file is not a Perfetto trace, or is damaged (naming the file and the offset).
+        UnreadableTrace: the file is not a Perfetto trace, or is damaged (naming the file and the offset).
+        ValueError: the file ends in the middle of a packet.
     """
     read_before = 0  # bytes of the file before the buffer
     buffer = b""
@@ -57,7 +62,7 @@ def iter_packets(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[TracePacket
                     try:
                         packet = TracePacket.FromString(buffer[body : body + size])
                     except DecodeError:
-                        raise ValueError(f"{path}: not a readable Perfetto trace (a damaged packet at byte {read_before + pos})") from None
+                        raise UnreadableTrace(f"{path} is not a readable Perfetto trace (a damaged packet at byte {read_before + pos})") from None
                     yield packet
                 pos = body + size
             read_before += pos

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from verdicts import finding
 
 import otel_rl
 
@@ -36,7 +37,7 @@ def test_a_demo_whose_learning_is_slower_names_the_learner(tmp_path):
     result = analyze(slower, "--compare", baseline)
     assert result.returncode == 0, result.stderr
     verdict = result.stdout.splitlines()[0]
-    assert verdict.startswith("verdict: Learning +") and "the learner got slower" in verdict, result.stdout
+    assert verdict.startswith("verdict: ") and finding(verdict).startswith("Learning +") and "the learner got slower" in verdict, result.stdout
     comparison = json.loads(analyze(slower, "--compare", baseline, "--json").stdout)
     learning = comparison["timelines"]["learner"]["phases"]["learning"]
     assert learning["per_cycle_ms"][2] > 1.0  # four updates an iteration: more than twice the time
@@ -63,7 +64,7 @@ def test_identical_settings_change_nothing_beyond_noise(tmp_path):
     first, second = loop(tmp_path / "a", 0.004), loop(tmp_path / "b", 0.004)
     result = analyze(second, "--compare", first)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("verdict: nothing changed beyond noise"), result.stdout
+    assert finding(result.stdout.splitlines()[0]).startswith("nothing changed beyond noise"), result.stdout
 
 
 def test_runs_with_different_phases_are_compared_on_what_each_has(tmp_path):

@@ -13,6 +13,8 @@ import sys
 import textwrap
 import time
 
+from verdicts import finding
+
 import otel_rl
 from otel_rl.readers.analysis import analyze, render_text
 from otel_rl.readers.analysis.compare import compare_reports
@@ -64,7 +66,7 @@ def test_a_change_in_a_side_holding_little_wall_time_does_not_explain_the_run(tm
     baseline = analyze(turns(tmp_path / "a", 150, learning_s=0.008, inference_s=0.0006, env_s=0.0001), engine="python")
     run = analyze(turns(tmp_path / "b", 150, learning_s=0.0088, inference_s=0.0002, env_s=0.0001), engine="python")
     comparison = compare_reports(run, baseline)
-    assert comparison["verdict"].startswith("Learning +"), comparison["verdict"]
+    assert finding(comparison["verdict"]).startswith("Learning +"), comparison["verdict"]
     assert "the learner got slower" in comparison["verdict"]
     inference = comparison["timelines"]["collector"]["phases"]["policy_inference"]
     assert inference["per_cycle_ms"][2] < -0.4 and abs(inference["wall"]) < 0.06  # a large change per cycle, little of the wall time

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import pytest
 import requests
+from verdicts import finding
 
 import otel_rl
 from otel_rl.readers.analysis import analyze
@@ -146,7 +147,7 @@ def test_the_compare_page_says_what_changed(tmp_path):
         for name in ("fast", "slow"):
             subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(tmp_path / name), "--url", server.url], check=True, timeout=120)
         answer = requests.get(server.url + "/api/v1/compare", params={"runs": "fast,slow,ghost"}, timeout=30).json()
-        assert answer["missing"] == ["ghost"] and answer["comparisons"]["slow"]["verdict"].startswith("Learning +")
+        assert answer["missing"] == ["ghost"] and finding(answer["comparisons"]["slow"]["verdict"]).startswith("Learning +")
         assert requests.get(server.url + "/api/v1/compare", params={"runs": "fast"}, timeout=30).status_code == 400
         browser = Browser()
         try:
