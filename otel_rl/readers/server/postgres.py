@@ -225,54 +225,17 @@ class PostgresStorage:
         given = len(rows)
         try:
             conn = self._connection()
-            with conn.transaction(), conn.cursor() as cursor:  # its own transaction: a refused writer stays refused
-                refused = self._other_run(cursor, rows)
-            if refused is not None:
-                raise OtherRun(refused)
             with conn.transaction(), conn.cursor() as cursor:
-                cursor.execute(
-                    self._insert_records,
-                    (
-                        [r.writer for r in rows],
-                        [r.seq for r in rows],
-                        [r.run_id for r in rows],
-                        [r.kind for r in rows],
-                        [r.ts for r in rows],
-                        [r.body for r in rows],
-                    ),
-                )
-                inserted = set(cursor.fetchall())
-                rows = unique_rows([r for r in rows if (r.writer, r.seq) in inserted], set())  # a duplicate changes nothing
-                accepted = len(rows)
-                cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
-                made = {run_id for run_id, inserted in cursor.fetchall() if inserted}  # a run made by this batch holds no key yet
-                claims = run_claims(rows)
-                if claims:
-                    cursor.executemany("UPDATE runs SET trace_id = %s WHERE run_id = %s AND trace_id IS NULL",
-                                       [(trace_id, run_id) for run_id, trace_id, _ in claims])  # fmt: skip
-                with self._lock:
-                    self._known.forget(made)
-                    fresh = self._known.new(rows)
-                for r in rows:
-                    if r.kind == "run":
-                        order = status_order(r, now)
-                        cursor.execute(
-                            _SET_STATUS,
-                            (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
-                        )
-                if fresh:
-                    cursor.execute(
-                        "INSERT INTO series_keys (run_id, key) SELECT * FROM unnest(%s::text[], %s::text[])"
-                        " ON CONFLICT DO NOTHING",
-                        ([run for run, _ in fresh], [key for _, key in fresh]),
-                    )
-                blocks = point_blocks(rows)
-                if blocks:  # binary COPY: the packed points go as they are, not escaped as text
-                    with cursor.copy(_COPY_BLOCKS) as copy:
-                        copy.set_types(["text", "text", "text", "float8", "bytea"])
-                        for block in blocks:
-                            copy.write_row(block)
-                self._describe(cursor, rows, blocks)
+                # One claim of each run id at a time, on every server of the database: the check of the trace that holds
+                # it and the records' insert are one transaction under the id's lock, so two runs that start at one
+                # instant with the same id never both pass the check (the second is refused, never merged).
+                for run_id in sorted({run_id for run_id, _, _ in run_claims(rows)}):
+                    cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (run_id,))
+                refused = self._other_run(cursor, rows)
+                if refused is None:
+                    accepted, fresh = self._insert(cursor, rows, now)
+            if refused is not None:  # committed above: the writer stays refused
+                raise OtherRun(refused)
         except (psycopg.OperationalError, psycopg.errors.ReadOnlySqlTransaction, psycopg.errors.InsufficientPrivilege,
                 psycopg.errors.DiskFull, psycopg.errors.AdminShutdown,
                 psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure) as exc:  # fmt: skip
@@ -280,6 +243,53 @@ class PostgresStorage:
         with self._lock:
             self._known.remember(fresh)
         return accepted, given - accepted
+
+    def _insert(self, cursor: Any, rows: list[Row], now: float) -> tuple[int, list[tuple[str, str]]]:
+        """Store a batch's new records and what they change (in the caller's transaction); returns (accepted, fresh keys)."""
+        cursor.execute(
+            self._insert_records,
+            (
+                [r.writer for r in rows],
+                [r.seq for r in rows],
+                [r.run_id for r in rows],
+                [r.kind for r in rows],
+                [r.ts for r in rows],
+                [r.body for r in rows],
+            ),
+        )
+        inserted = set(cursor.fetchall())
+        rows = unique_rows([r for r in rows if (r.writer, r.seq) in inserted], set())  # a duplicate changes nothing
+        accepted = len(rows)
+        cursor.execute(_TOUCH_RUNS, (now, now, list(dict.fromkeys(r.run_id for r in rows))))
+        made = {run_id for run_id, inserted in cursor.fetchall() if inserted}  # a run made by this batch holds no key yet
+        claims = run_claims(rows)
+        if claims:
+            cursor.executemany("UPDATE runs SET trace_id = %s WHERE run_id = %s AND trace_id IS NULL",
+                               [(trace_id, run_id) for run_id, trace_id, _ in claims])  # fmt: skip
+        with self._lock:
+            self._known.forget(made)
+            fresh = self._known.new(rows)
+        for r in rows:
+            if r.kind == "run":
+                order = status_order(r, now)
+                cursor.execute(
+                    _SET_STATUS,
+                    (r.status, order, r.seq, r.project, r.group, r.meta, r.reason, r.run_id, order, order, r.seq),
+                )
+        if fresh:
+            cursor.execute(
+                "INSERT INTO series_keys (run_id, key) SELECT * FROM unnest(%s::text[], %s::text[])"
+                " ON CONFLICT DO NOTHING",
+                ([run for run, _ in fresh], [key for _, key in fresh]),
+            )
+        blocks = point_blocks(rows)
+        if blocks:  # binary COPY: the packed points go as they are, not escaped as text
+            with cursor.copy(_COPY_BLOCKS) as copy:
+                copy.set_types(["text", "text", "text", "float8", "bytea"])
+                for block in blocks:
+                    copy.write_row(block)
+        self._describe(cursor, rows, blocks)
+        return accepted, fresh
 
     @staticmethod
     def _other_run(cursor: Any, rows: list[Row]) -> str | None:

@@ -303,3 +303,38 @@ def test_a_second_run_with_the_same_run_id_is_refused_in_one_line_never_merged(d
                                     capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
         assert backfilled.returncode != 0 or "refused" in backfilled.stdout + backfilled.stderr
         assert requests.get(server.url + "/api/v1/runs/sweep/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"] == points
+
+
+def test_two_runs_claiming_one_id_at_one_instant_are_never_merged(database):
+    """Their first batches meet at the same instant, through two servers of one database, 20 times: each time one run
+    keeps the id and the other is refused (409) whole; the id's curve holds one run's values only."""
+    import threading
+
+    def first_batch(run_id: str, trace: str, writer: str, value: float) -> bytes:
+        pending = {"run_id": run_id, "writer": writer, "seq": 1, "ts": 1.8e9, "kind": "run", "status": "pending", "trace_id": trace}
+        scalars = [{"run_id": run_id, "writer": writer, "seq": 2 + i, "ts": 1.8e9 + i, "kind": "scalars", "step": i,
+                    "axes": {"env_steps": i}, "values": {"Loss/value": value}} for i in range(50)]  # fmt: skip
+        return gzip.compress(json.dumps({"protocol": "motrix.metrics/v1", "records": [pending, *scalars]}).encode())
+
+    with IngestServer(database) as one, IngestServer(database) as other:
+        for n in range(20):
+            run_id, answers = f"race-{n}", {}
+            bodies = {name: first_batch(run_id, trace * 16, f"{name}-{n}:1", value)
+                      for name, trace, value in (("a", "aa", 1.0), ("b", "bb", 2.0))}  # fmt: skip
+            barrier = threading.Barrier(2)
+
+            def send(name: str, url: str) -> None:
+                barrier.wait()
+                answers[name] = requests.post(url + "/api/v1/ingest", data=bodies[name], timeout=30,
+                                              headers={"Content-Encoding": "gzip", "Content-Type": "application/json"})  # fmt: skip
+
+            threads = [threading.Thread(target=send, args=args) for args in (("a", one.url), ("b", other.url))]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(60)
+            statuses = {name: answer.status_code for name, answer in answers.items()}
+            assert sorted(statuses.values()) == [200, 409], (n, statuses, {k: a.text[:200] for k, a in answers.items()})
+            winner = next(name for name, status in statuses.items() if status == 200)
+            points = requests.get(one.url + f"/api/v1/runs/{run_id}/scalars", params={"key": "Loss/value"}, timeout=10).json()["points"]
+            assert [p["value"] for p in points] == [1.0 if winner == "a" else 2.0] * 50, (n, winner)
