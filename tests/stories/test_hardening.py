@@ -461,6 +461,37 @@ def test_a_disk_that_fills_mid_run_and_stays_full_counts_what_it_lost_and_says_t
     assert not (run_dir / "run_summary.json").exists() and not list(run_dir.glob("*.tmp")) and not list(run_dir.glob(".*.tmp"))
 
 
+DELETED = """
+import shutil, sys, time, otel_rl
+run_dir, what = sys.argv[1], sys.argv[2]
+tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0)
+with tel.run():
+    for i in range(400):
+        if i == 200:
+            tel.flush()
+            shutil.rmtree(run_dir) if what == "folder" else __import__("os").remove(run_dir + "/metrics.jsonl")
+        with tel.iteration(i, env_steps=i):
+            pass
+        tel.scalars({"Loss/value": float(i)}, step=i)
+tel.close()
+"""
+
+
+@pytest.mark.parametrize("what", ["file", "folder"])
+def test_a_metrics_file_or_run_folder_deleted_mid_run_is_said_once_and_written_anew(tmp_path, what):
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    result = subprocess.run([sys.executable, "-c", DELETED, str(run_dir), what], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "was deleted or replaced while the run wrote it" in line]
+    assert len(said) == 1 and str(run_dir / "metrics.jsonl") in said[0]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    values = [r["values"]["Loss/value"] for r in records if r["kind"] == "scalars" and "Loss/value" in r["values"]]
+    assert values == [float(i) for i in range(200, 400)]  # everything after the deletion, once
+    assert [r["status"] for r in records if r["kind"] == "run"] == ["finished"]  # the run's end is in the new file
+    assert json.loads((run_dir / "run_summary.json").read_text())["status"] == "finished"
+
+
 # -- 13-15: background threads never die; every drop is counted -----------------------------
 
 

@@ -17,7 +17,9 @@ records that did not make it stay queued for the next round. A disk that frees u
 no torn line; if even the cut fails, the next write starts on a new line so
 only one line is torn, and readers skip it. The first error of each kind is
 logged once. The file can later backfill the ingest service record for
-record (``otel-rl backfill``).
+record (``otel-rl backfill``). A file deleted or replaced under the run (or its
+folder) is noticed at the next write (its identity changed), said once, and
+written anew at its path.
 """
 
 from __future__ import annotations
@@ -103,6 +105,8 @@ class JsonlWriter(BackgroundLoop):
         lines = [line.encode("utf-8") + b"\n" for _, line in items]
         written, prefix = 0, b""
         try:
+            if self._fd is not None and not self._still_there():
+                self._close()  # deleted or replaced under the run (the folder too, perhaps): a new file from here
             if self._fd is None:
                 self._open()
             prefix = b"\n" if self._torn else b""
@@ -121,6 +125,18 @@ class JsonlWriter(BackgroundLoop):
         self._torn = False
         self.error = None
         self.written += len(items)
+
+    def _still_there(self) -> bool:
+        """Whether the file written is still the one at :attr:`path` (one deleted or replaced is said once)."""
+        try:
+            held, there = os.fstat(self._fd), os.stat(self.path)  # type: ignore[arg-type]
+            if (held.st_dev, held.st_ino) == (there.st_dev, there.st_ino):
+                return True
+        except OSError:
+            pass
+        _logger.warning("otel-rl: %s was deleted or replaced while the run wrote it; writing it anew from here "
+                        "(the records before are only where the old file went)", self.path, extra=once(f"jsonl-gone:{self.path}"))  # fmt: skip
+        return False
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
