@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import shlex
+import signal
 import socket
 import sys
 import threading
@@ -608,11 +609,13 @@ class Telemetry:
         self._runs.end(uncaught)
         if uncaught is not None:  # between init() and the run: the announced run must not stay pending
             self._runs.fail_unopened(self._started_ns, uncaught)
+        interrupted = _CloseInterrupt(deadline, self._host)
         try:
-            self._workers.shutdown(deadline)  # records made for the run first: a crashed worker's event, the last relayed cycles
-            if self._cuda_timer is not None:
-                self._cuda_timer.shutdown(Deadline(deadline.left(cap_s=1.0)))
-            self._host.shutdown(deadline, self._at_exit)
+            with interrupted:  # a Ctrl-C while the outputs close ends the wait at once (said below), then goes on as one
+                self._workers.shutdown(deadline)  # records made for the run first: a crashed worker's event, the last relayed cycles
+                if self._cuda_timer is not None:
+                    self._cuda_timer.shutdown(Deadline(deadline.left(cap_s=1.0)))
+                self._host.shutdown(deadline, self._at_exit)
         finally:
             self._runs.sigterm.restore()
             run_folder.release(self._run_folder)
@@ -621,6 +624,12 @@ class Telemetry:
             seconds = self._runs.duration_s if self._runs.duration_s is not None else (self._clock.now_ns() - self._started_ns) / 1e9
             notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten)
         self._report_undelivered(counts.live_undelivered)
+        if interrupted.happened:
+            where = self.config.run_dir
+            _logger.warning("otel-rl: interrupted while closing: the outputs closed at once%s",
+                            f"; every record is in {where} (`otel-rl backfill {shlex.quote(str(where))} --url URL` sends them to a service)"
+                            if where is not None and self.config.jsonl else "")  # fmt: skip
+            raise KeyboardInterrupt
 
     def _report_undelivered(self, count: int) -> None:
         """One warning when the live service did not get every record by the close deadline, with how to send them."""
@@ -703,3 +712,44 @@ def _step(step: Any) -> int | None:
     if step is None or (type(step) is int and INT64_MIN <= step <= INT64_MAX):
         return step
     return as_step(step, "step")
+
+
+INTERRUPTED_S = 0.5
+"""What is left of the close deadline after a Ctrl-C during close(): the outputs finish what they can, at once."""
+
+
+class _CloseInterrupt:
+    """A Ctrl-C (SIGINT) during ``close()``'s wait for the outputs, on the main thread: the first one ends the wait
+    at once (the deadline shortened to :data:`INTERRUPTED_S`, the outputs told) instead of raising inside it; the caller
+    raises ``KeyboardInterrupt`` when the close is done. A second one raises at once. Only where SIGINT has Python's
+    own handler (an application's handler is left alone)."""
+
+    def __init__(self, deadline: Deadline, host: Host) -> None:
+        self._deadline, self._host = deadline, host
+        self.happened = False
+        self._installed = False
+
+    def __enter__(self) -> _CloseInterrupt:
+        if threading.current_thread() is threading.main_thread():
+            try:
+                if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                    signal.signal(signal.SIGINT, self._handle)
+                    self._installed = True
+            except (ValueError, OSError):
+                pass
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.happened:
+            raise KeyboardInterrupt
+        self.happened = True
+        self._deadline.shorten(INTERRUPTED_S)
+        self._host.hurry(self._deadline)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            try:
+                if signal.getsignal(signal.SIGINT) == self._handle:
+                    signal.signal(signal.SIGINT, signal.default_int_handler)
+            except (ValueError, OSError):
+                pass

@@ -80,7 +80,8 @@ class ThreadHost:
         self.recorder.publish_unlaned()
         handshake.close(self.segment, deadline)
         self._server.wake()
-        self._server.done.wait(deadline.left())
+        while not self._server.done.wait(min(0.05, max(deadline.left(), 0.0))) and deadline.left() > 0:
+            pass  # in steps: the deadline may move earlier meanwhile (a second SIGTERM, a Ctrl-C)
         switching.release()
         self.recorder.detach()
         self.segment.close()

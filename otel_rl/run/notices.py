@@ -78,4 +78,8 @@ def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_ou
         hint = f"`otel-rl analyze {folder}` says where the time went; open {shlex.quote(str(trace))} in https://ui.perfetto.dev"
     else:
         hint = f"no trace was written; the records are in {folder}"
+    if config.motrix_url and trace is not None and trace.exists():  # the agent started its upload, in a process of its own
+        url = shlex.quote(config.motrix_url)
+        hint += (f"; its trace and diagnosis are on their way to {url} (should the job's end stop that process: "
+                 f"`otel-rl backfill {folder} --url {url} --trace-only`)")
     _say(f"{head}: {hint}")

@@ -13,11 +13,12 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
 import requests
-from locations import REPO
+from locations import REPO, interruptible
 
 import otel_rl
 
@@ -452,6 +453,9 @@ def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path
         assert run.returncode == 0, run.stderr
         assert float(run.stdout.strip().splitlines()[-1]) < 3 + 5  # the close kept its deadline
         assert "a backfill in the background sends them when the service is back" in run.stderr
+        # The last line says the upload goes on in a process of its own, and how to send it should the job's end stop it.
+        (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
+        assert f"its trace and diagnosis are on their way to {url}" in end and f"otel-rl backfill {tmp_path / 'run'} --url {url} --trace-only" in end
         with IngestServer(str(tmp_path / "back.sqlite3"), port=port, reuse_port=True) as server:  # the service is back
             outcome = upload_outcome(tmp_path / "run")
             assert outcome["sent"] is True and outcome["records"]["accepted"] > 2000, outcome
@@ -459,3 +463,43 @@ def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path
             assert sorted(p["value"] for p in points) == [float(i) for i in range(2000)]  # every record, once
             assert requests.get(server.url + "/api/v1/runs/hung", timeout=30).json()["run"]["status"] == "finished"
             assert requests.get(server.url + "/api/v1/runs/hung/trace", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_ctrl_c_in_a_close_waiting_on_a_hung_service_ends_the_wait_at_once_and_says_where_the_records_are(tmp_path, agent):
+    """close() waits up to its 20 s deadline for a service that never answers; the first Ctrl-C ends that wait at once
+    (the outputs finish what they can), says the records are in the folder, and the program stops as a Ctrl-C stops it."""
+    from fault_servers import SilentServer
+
+    script = textwrap.dedent("""
+        import sys, otel_rl
+        tel = otel_rl.init(run_dir=sys.argv[1], motrix_url=sys.argv[2], agent=sys.argv[3], system_metrics_interval_s=0, shutdown_timeout_s=20)
+        with tel.run():
+            for i in range(200):
+                with tel.iteration(i, env_steps=i):
+                    pass
+                tel.scalars({"Loss/value": float(i)}, step=i)
+        print("closing", flush=True)
+        tel.close()
+        print("closed", flush=True)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    silent = SilentServer()
+    try:
+        process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run"), silent.url, agent], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, env=env, preexec_fn=interruptible)  # fmt: skip
+        assert process.stdout.readline().strip() == "closing"
+        time.sleep(1.0)  # inside close(), waiting on the service
+        interrupted = time.monotonic()
+        process.send_signal(signal.SIGINT)
+        stdout, stderr = process.communicate(timeout=60)
+        took = time.monotonic() - interrupted
+    finally:
+        silent.stop()
+    assert process.returncode != 0 and "closed" not in stdout  # stopped, as a Ctrl-C stops a program
+    assert took < 8, took  # not the 19 s left of the deadline (about 1.7 s here)
+    said = [line for line in stderr.splitlines() if "interrupted while closing" in line]
+    assert len(said) == 1 and str(tmp_path / "run") in said[0] and "otel-rl backfill" in said[0], stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert sum(1 for r in records if r["kind"] == "scalars" and "Loss/value" in r["values"]) == 200
+    assert [r["status"] for r in records if r["kind"] == "run"][-1] == "finished"
