@@ -25,6 +25,7 @@ written anew at its path.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 from otel_rl.base.deadline import Deadline
@@ -37,6 +38,8 @@ _logger = logger(__name__)
 
 FINISH_S = 0.2
 """What a closing writer keeps of its deadline to count what it could not write."""
+GIVE_UP_S = 1.0
+"""How long a closing writer tries a failing disk again: the run's end is said in time (a full disk rarely frees up in seconds)."""
 
 
 class JsonlWriter(BackgroundLoop):
@@ -61,6 +64,7 @@ class JsonlWriter(BackgroundLoop):
         self._drops = drops
         self.error: str | None = None
         """Why the last write failed (None once one succeeds): a full disk is not waited for."""
+        self._closing_since: float | None = None
         self.written = 0
         self.start()
 
@@ -73,7 +77,11 @@ class JsonlWriter(BackgroundLoop):
             queue.put_all(part)
 
     def has_work(self) -> bool:
-        return len(self.queue) > 0
+        """Records to write; a closing writer whose disk still fails after :data:`GIVE_UP_S` has none left to try."""
+        if not len(self.queue):
+            return False
+        since = self._closing_since
+        return self.error is None or since is None or time.monotonic() - since < GIVE_UP_S
 
     @property
     def size(self) -> int:
@@ -93,6 +101,8 @@ class JsonlWriter(BackgroundLoop):
     def close(self, deadline: Deadline) -> None:
         """Write what is queued until :data:`FINISH_S` before ``deadline`` (a failing disk is tried till then): what is
         left is then counted within the deadline, where the end line can say it."""
+        if self._closing_since is None:
+            self._closing_since = time.monotonic()
         super().close(Deadline(deadline.left() - FINISH_S))
 
     def release(self) -> None:
