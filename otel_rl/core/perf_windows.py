@@ -4,7 +4,9 @@
 (:class:`otel_rl.core.pipeline.PassTotals`) and, at most once per
 ``interval_s``, turns the window into ``Perf/*`` values: the mean per cycle
 (per occurrence for timelines without cycles), in each key's unit, aligned on
-the learner's latest iteration and env steps.
+the learner's latest iteration and env steps. With ``derive_fps`` (a run of
+one rank), a loop that does not log ``Perf/total_fps`` gets it derived: the
+learner's env steps over the window's time.
 """
 
 from __future__ import annotations
@@ -52,17 +54,27 @@ class _Window:
 class PerfWindows:
     """Phase time per timeline since the last :meth:`take`; not thread-safe (the pipeline thread owns it)."""
 
-    def __init__(self, interval_s: float = 1.0) -> None:
+    def __init__(self, interval_s: float = 1.0, derive_fps: bool = False) -> None:
         self.interval_s = interval_s
         self._windows: dict[str, _Window] = {}
         self._last = time.monotonic()
         self.axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
         """The learner's latest ``env_steps`` and ``iteration``."""
+        self._derive_fps = derive_fps
+        self._steps: tuple[int, int] | None = None  # (pass end, the learner's env steps) of the latest pass that had them
+        self._steps_mark: tuple[int, int] | None = None  # the same at the last take
+
+    def note_scalars(self, names: tuple[str, ...]) -> None:
+        """Keys the loop logs: one that logs its own ``Perf/total_fps`` gets none derived."""
+        if self._derive_fps and schema.TOTAL_FPS in names:
+            self._derive_fps = False
 
     def add(self, totals: PassTotals) -> None:
         learner = totals.timelines.get(schema.LEARNER)
         if learner is not None and learner.index is not None:
             self.axes = {"env_steps": learner.env_steps, "iteration": learner.index}
+            if learner.env_steps is not None:
+                self._steps = (totals.time_ns, learner.env_steps)
         for timeline, cycles in totals.timelines.items():
             window = self._windows.get(timeline)
             if window is None:
@@ -79,4 +91,8 @@ class PerfWindows:
         for timeline, window in self._windows.items():
             values.update(window.values(timeline))
         self._windows = {}
+        mark, now = self._steps_mark, self._steps
+        if self._derive_fps and values and mark is not None and now is not None and now[0] > mark[0] and now[1] >= mark[1]:
+            values[schema.TOTAL_FPS] = (now[1] - mark[1]) / ((now[0] - mark[0]) / 1e9)
+        self._steps_mark = now
         return values

@@ -212,11 +212,13 @@ def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:
     return tuple(p for p in PHASES.values() if p.timeline == timeline and p.parent is None)
 
 
+TOTAL_FPS = "Perf/total_fps"
+"""Env steps per second: the loop's own, else derived from the learner's env steps on a run of one rank."""
 JOB_ENV_STEPS = "Perf/job_env_steps"
 """The whole job's env steps, which :meth:`otel_rl.Telemetry.log_window` sums across the ranks."""
 
 _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("Perf/total_fps", "1/s", "sum", description="Env steps per second of the whole job"),
+    MetricSpec(TOTAL_FPS, "1/s", "sum", description="Env steps per second of the whole job (derived on a run of one rank that does not log it)"),
     MetricSpec("Perf/job_env_steps", "", "sum", description="Env steps of the whole job: each rank's latest, summed (log_window)"),
     MetricSpec("Perf/iteration_time", "s", description="Learner Iter Wall"),
     MetricSpec("Perf/learning_time", "s", description="Learner update wall time"),

@@ -194,7 +194,7 @@ class _Builder:
         if config.panel:
             from otel_rl.outputs.panel import PanelSink
 
-            panel = self.optional("the panel", lambda: PanelSink(config.run_id))
+            panel = self.optional("the panel", lambda: PanelSink(config.run_id, derive_fps=config.world_size == 1))
         self.sinks.extend(extra)
         return OutputSet(tuple(self.sinks), aggregates, otel, panel, live, self.jsonl, trace, tuple(self.failed))
 
@@ -220,7 +220,7 @@ class _Builder:
         sink = MotrixSink(
             config.run_id, protocol.writer_id(config.run_id, identity.pid, identity.started_ns), context.seq, context.drops,
             project=config.project, group=config.group, meta=config.meta, perf_interval_s=config.perf_interval_s,
-            trace_id=f"{identity.trace_id:032x}",
+            trace_id=f"{identity.trace_id:032x}", derive_fps=config.world_size == 1,
         )  # fmt: skip
         self.sinks.append(sink)  # stopped if a later output fails to start
         if config.jsonl:
@@ -269,4 +269,4 @@ class _Builder:
 
         previous = self.identity.previous
         floor = None if previous is None else previous.last_step
-        return tensorboard_sink(self.config.tensorboard_folder, self.context.drops, self.config.perf_interval_s, floor)
+        return tensorboard_sink(self.config.tensorboard_folder, self.context.drops, self.config.perf_interval_s, floor, self.config.world_size == 1)

@@ -117,8 +117,10 @@ SAMPLE_NS = 10_000_000
 class PanelState:
     """2-second windows of recent records, kept as bucketed sums (see :class:`SlidingWindow`)."""
 
-    def __init__(self, clock: Callable[[], int] = time.time_ns) -> None:
+    def __init__(self, clock: Callable[[], int] = time.time_ns, derive_fps: bool = False) -> None:
         self._clock = clock
+        self.derive_fps = derive_fps
+        """Steps/s from the env steps, where the loop does not log ``Perf/total_fps`` (a run of one rank)."""
         window = int(WINDOW_S * 1e9)
         self.learner = SlidingWindow(window, parts=3)
         self.collector = SlidingWindow(window, parts=3)
@@ -158,6 +160,15 @@ class PanelState:
             if self.total_steps and t1 > t0 and s1 > s0:
                 out["eta_s"] = max(self.total_steps - s1, 0) / ((s1 - s0) / ((t1 - t0) / 1e9))
         return out
+
+    def steps_per_s(self) -> float | None:
+        """Env steps per second over the window, from the passes' env steps (None without two of them in it)."""
+        if len(self._steps) < 2:
+            return None
+        t1, s1 = self._steps[-1]
+        since = t1 - int(WINDOW_S * 1e9)
+        t0, s0 = next(((t, s) for t, s in self._steps if t >= since), self._steps[0])
+        return (s1 - s0) / ((t1 - t0) / 1e9) if t1 > t0 else None
 
     def add_scalars(self, batch: ScalarBatch) -> None:
         """Latest values always; into the means, calls of the same keys at most every :data:`SAMPLE_NS`."""
@@ -271,6 +282,9 @@ class PanelView:
     def sections(self, short: bool) -> dict[str, Any]:
         means = self.state.scalar_means()
         metrics = [("Steps/s" if short else "Steps/s (Perf/total_fps)", _fmt(means["Perf/total_fps"]))] if "Perf/total_fps" in means else []
+        derived = None if metrics or not self.state.derive_fps else self.state.steps_per_s()
+        if derived is not None:  # the loop logs none: from its env steps and the time
+            metrics = [("Steps/s", _fmt(derived))]
         distributions = {key.removesuffix("/mean") for key in means if key.endswith("/mean") and f"{key[:-5]}/std" in means}
         for key in sorted(means):
             base = key.rsplit("/", 1)[0]
@@ -353,8 +367,9 @@ class PanelView:
             parts.append(f"iter {learner['wall_ms']:.2f} ms (n={learner['n']})")
             shares = sorted(learner["top"].items(), key=lambda kv: -kv[1])[:3]
             parts.append(", ".join(f"{_title(schema.LEARNER, k)} {100 * v / learner['wall_ms']:.0f}%" for k, v in shares))
-        if "Perf/total_fps" in means:
-            parts.append(f"{means['Perf/total_fps']:.0f} steps/s")
+        fps = means.get("Perf/total_fps", self.state.steps_per_s() if self.state.derive_fps else None)
+        if fps is not None:
+            parts.append(f"{fps:.0f} steps/s")
         if "Train/mean_reward" in means:
             parts.append(f"reward {means['Train/mean_reward']:.1f}")
         return " | ".join(parts)
@@ -363,8 +378,9 @@ class PanelView:
 class PanelSink(RecordSink):
     """Feeds the panel from the pipeline; a :class:`PanelPainter` redraws it on its own thread."""
 
-    def __init__(self, run_id: str, console: Console | None = None) -> None:
-        self.state = PanelState()
+    def __init__(self, run_id: str, console: Console | None = None, derive_fps: bool = True) -> None:
+        """``derive_fps``: show Steps/s from the env steps when the loop does not log ``Perf/total_fps`` (a run of one rank)."""
+        self.state = PanelState(derive_fps=derive_fps)
         self.num_envs: int | None = None
         self.view = PanelView(self.state, run_id, lambda: self.num_envs)
         self.console = console or Console()

@@ -33,16 +33,19 @@ _HPARAMS_TAGS = "_hparams_/"
 _STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_FAILURE"}  # TensorBoard has no aborted status
 
 
-def tensorboard_sink(log_dir: Path, drops: Drops, perf_interval_s: float = 1.0, resumed_after: int | None = None) -> TrackerSink:
+def tensorboard_sink(
+    log_dir: Path, drops: Drops, perf_interval_s: float = 1.0, resumed_after: int | None = None, derive_fps: bool = False
+) -> TrackerSink:
     """The TensorBoard output: a :class:`TrackerSink` feeding a :class:`TensorBoardWriter`.
 
-    ``resumed_after``: a resumed run's last step so far, which its steps stay above.
+    ``resumed_after``: a resumed run's last step so far, which its steps stay above; ``derive_fps``: derive
+    ``Perf/total_fps`` when the loop does not log it (a run of one rank).
 
     Raises:
         ImportError: the ``tensorboard`` package is not installed (``pip install 'otel-rl[tensorboard]'``).
     """
     extras.require(extras.OUTPUTS["tensorboard"])  # here, rather than failing later on the writer's thread
-    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s, resumed_after=resumed_after)
+    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s, resumed_after=resumed_after, derive_fps=derive_fps)
 
 
 class TensorBoardWriter(TrackerWriter):

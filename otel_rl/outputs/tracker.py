@@ -112,10 +112,11 @@ class TrackerWriter(BackgroundLoop, ABC):
 class TrackerSink(RecordSink):
     """Queues scalars, distributions, events, run records and ``Perf/*`` windows for a :class:`TrackerWriter`."""
 
-    def __init__(self, writer: TrackerWriter, perf_interval_s: float = 1.0, resumed_after: int | None = None) -> None:
-        """``resumed_after``: a resumed run's last step so far (the earlier parts'), which its steps stay above."""
+    def __init__(self, writer: TrackerWriter, perf_interval_s: float = 1.0, resumed_after: int | None = None, derive_fps: bool = False) -> None:
+        """``resumed_after``: a resumed run's last step so far (the earlier parts'), which its steps stay above;
+        ``derive_fps``: derive ``Perf/total_fps`` when the loop does not log it (a run of one rank)."""
         self.writer = writer
-        self._perf = PerfWindows(perf_interval_s)
+        self._perf = PerfWindows(perf_interval_s, derive_fps)
         self._step: int | None = None
         self._next_free = None if resumed_after is None else resumed_after + 1  # None once the loop's steps passed it
         self._lifted: tuple[int, int] | None = None  # the loop's latest step behind, and where it was written
@@ -132,6 +133,7 @@ class TrackerSink(RecordSink):
         self.writer.put(("end", run.end_ns, run.status, run.reason))
 
     def on_scalars(self, batch: ScalarBatch) -> None:
+        self._perf.note_scalars(batch.names)
         for record in batch:
             step = record.axis_step
             if step is None:  # a loop that gives neither a step nor env steps: its iterations are the axis, never step 0 for all

@@ -44,6 +44,7 @@ class MotrixSink(RecordSink):
         drops: where records that cannot be encoded are counted (queue ``encode``).
         project, group, meta: sent on every run record (``meta`` already JSON-safe).
         trace_id: the run's trace id (32 hex digits), sent on every run record.
+        derive_fps: derive ``Perf/total_fps`` when the loop does not log it (a run of one rank).
         perf_interval_s: at most one ``Perf/*`` record per this many seconds.
     """
 
@@ -59,6 +60,7 @@ class MotrixSink(RecordSink):
         meta: dict[str, Any] | None = None,
         perf_interval_s: float = 1.0,
         trace_id: str | None = None,
+        derive_fps: bool = False,
     ) -> None:
         self.run_id = run_id
         self.writer = writer
@@ -68,7 +70,7 @@ class MotrixSink(RecordSink):
         self._run_fields = {"project": project, "group": group, "meta": meta or {}}
         if trace_id is not None:  # the run's identity beyond its id: a second run with the same id is told apart (a resumed one keeps it)
             self._run_fields["trace_id"] = trace_id
-        self._perf = PerfWindows(perf_interval_s)
+        self._perf = PerfWindows(perf_interval_s, derive_fps)
         self._closed = False
 
     # -- records built here ---------------------------------------------
@@ -134,6 +136,7 @@ class MotrixSink(RecordSink):
         self._emit(self.make("run", ts=run.end_ns / 1e9, seq=seq, status=run.status, **fields))
 
     def on_scalars(self, batch: ScalarBatch) -> None:
+        self._perf.note_scalars(batch.names)
         items = batch_lines(self.run_id, self.writer, batch, self.encode)
         for writer in self.writers:
             writer.submit(items)

@@ -494,3 +494,24 @@ def test_a_steady_loop_writes_the_same_jsonl_through_the_agent_as_in_process(tmp
         for r in records:
             r.pop("ts"), r.pop("seq"), r.pop("writer")
     assert len(files["process"]) == 300 and files["process"] == files["off"]
+
+
+@pytest.mark.parametrize("logs_its_own", [False, True])
+def test_steps_per_second_are_derived_for_a_loop_that_logs_none(tmp_path, logs_its_own):
+    """A run of one rank: Perf/total_fps from the learner's env steps and the time, in metrics.jsonl (and so the live
+    stream), unless the loop logs its own."""
+    tel = otel_rl.init(run_dir=tmp_path, perf_interval_s=0.2, system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(150):  # 64 env steps every 10 ms at most: 6,400 steps/s or fewer
+            with tel.iteration(i, env_steps=64 * (i + 1)):
+                with tel.phase("learning"):
+                    time.sleep(0.01)
+            if logs_its_own:
+                tel.scalars({"Perf/total_fps": 123.0})
+    tel.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    fps = [r["values"]["Perf/total_fps"] for r in records if r["kind"] == "scalars" and "Perf/total_fps" in r["values"]]
+    if logs_its_own:
+        assert fps and set(fps) == {123.0}
+    else:
+        assert len(fps) >= 3 and 0.2 * 6400 < sorted(fps)[len(fps) // 2] < 1.3 * 6400, fps

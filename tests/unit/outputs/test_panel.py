@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 
+import pytest
 from rich.console import Console
 
 from otel_rl.base.deadline import Deadline
@@ -172,3 +173,24 @@ def test_a_distribution_takes_one_row():
     text = render(state, 140)
     rows = [line for line in text.splitlines() if "Policy/action" in line]
     assert len(rows) == 1 and "0.5 ± 0.25" in rows[0], rows
+
+
+def test_steps_per_second_are_derived_from_the_env_steps_when_the_loop_logs_none():
+    state = PanelState(clock=lambda: NOW, derive_fps=True)
+    for k in range(11):  # 800 env steps every 0.1 s, the last 2 s in the window: 8,000 steps/s
+        cycles = CycleTotals()
+        cycles.cycles, cycles.wall_ns, cycles.index, cycles.env_steps = 1, 100_000_000, k, 800 * k
+        state.add_pass(PassTotals(NOW - (10 - k) * 100_000_000, {"learner": cycles}))
+    assert state.steps_per_s() == pytest.approx(8000.0)
+    text = render(state, 140)
+    assert "Steps/s" in text and "8,000" in text and "Perf/total_fps" not in text
+    assert "8000 steps/s" in PanelView(state, "run").plain_line()
+    # A loop that logs its own wins; a job of several ranks (its Perf/total_fps is the job's sum) gets none derived.
+    state.add_scalars(ScalarBatch.of([ScalarsRecord(NOW - 10, {"Perf/total_fps": 123.0}, None, None, None)]))
+    assert "Steps/s (Perf/total_fps)" in render(state, 140) and "123" in render(state, 140)
+    job = PanelState(clock=lambda: NOW, derive_fps=False)
+    for k in range(3):
+        cycles = CycleTotals()
+        cycles.cycles, cycles.wall_ns, cycles.index, cycles.env_steps = 1, 100_000_000, k, 800 * k
+        job.add_pass(PassTotals(NOW - (2 - k) * 100_000_000, {"learner": cycles}))
+    assert "Steps/s" not in render(job, 140)
