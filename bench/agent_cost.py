@@ -35,12 +35,14 @@ of a core per 1,000 iterations/s.
 from __future__ import annotations
 
 import argparse
+import atexit
 import cProfile
 import gc
 import json
 import os
 import pstats
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -84,7 +86,9 @@ def main() -> None:
         return
     args.iterations = args.iterations or 20_000
     gc.set_threshold(*GC_THRESHOLDS)
-    run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-agent-cost-")) / "run"
+    scratch = tempfile.mkdtemp(prefix="otel-rl-agent-cost-")
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)  # the run folder goes with the bench
+    run_dir = Path(scratch) / "run"
     config = TelemetryConfig.from_options(run_dir, None, jsonl=True, trace_enabled=True, panel=False, system_metrics_interval_s=0)
     clock = Clock()
     identity = RunIdentity(config, 0x1234, None, os.getpid(), clock.now_ns(), clock.offset_ns)
@@ -185,9 +189,9 @@ def compare_hosts(iterations: int, rounds: int, compare: list[str]) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     for _ in range(rounds):
         for name, host in arms:
-            run_dir = Path(tempfile.mkdtemp(prefix="otel-rl-hosts-")) / "run"
-            command = [sys.executable, str(HOST_LOOP), str(run_dir), str(iterations), "default", host, checkouts[name]]  # system metrics as a user has them
-            out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+            with tempfile.TemporaryDirectory(prefix="otel-rl-hosts-") as scratch:  # each arm's run folder is gone when it has been measured
+                command = [sys.executable, str(HOST_LOOP), str(Path(scratch) / "run"), str(iterations), "default", host, checkouts[name]]  # system metrics as a user has them
+                out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
             if out.returncode != 0:  # an older checkout's host may not keep up (its flush() times out): said, and the rest go on
                 failed[name, host] = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 continue

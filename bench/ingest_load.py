@@ -21,10 +21,12 @@ Usage: python bench/ingest_load.py [--quick]
 from __future__ import annotations
 
 import argparse
+import atexit
 import gzip
 import json
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -224,6 +226,7 @@ def main() -> None:
     args = parser.parse_args()
     records = 20_000 if args.quick else 60_000
     tmp = Path(tempfile.mkdtemp(prefix="otel-rl-ingest-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the databases go with the bench
     from postgres_server import Postgres
 
     postgres = Postgres().start()

@@ -32,11 +32,13 @@ thread while the loop ran: the time a GIL-holding loop has to give up.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import platform
 import random
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -235,6 +237,7 @@ def process_cpu_s(pid: int | None) -> float:
 
 def child(spec: dict) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="otel-rl-overhead-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the runs' folders go with the bench
     work = make_work(spec["workload"], spec["units"])
     make_phase, iteration, scalars, close, delivered = build_arm(spec["arm"], spec["peers"], tmp)
     phases = [(make_phase(name), share) for name, share in PHASES]
@@ -414,6 +417,7 @@ def main() -> None:
     if args.workloads:
         workloads = [tuple(item.split(":")) for item in args.workloads.split(",")]
     tmp = Path(tempfile.mkdtemp(prefix="otel-rl-overhead-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the runs' folders go with the bench
     peers, procs = start_peers(tmp)
     units = {(kind, name): calibrate(kind, lengths[name]) for kind, name in workloads}
     results: dict[tuple, list[dict]] = {}

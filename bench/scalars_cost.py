@@ -25,8 +25,10 @@ Usage: python bench/scalars_cost.py [--quick]
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -85,6 +87,7 @@ def main() -> None:
     args = parser.parse_args()
     rounds, calls = (3, 200) if args.quick else (7, 500)
     tmp = Path(tempfile.mkdtemp(prefix="otel-rl-scalars-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)  # the arms' folders go with the bench
     peers = []
     server, server_url = start_server(tmp)
     peers.append(server)
