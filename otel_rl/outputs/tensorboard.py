@@ -2,7 +2,9 @@
 
 ``tensorboard=True`` (or ``OTEL_RL_TENSORBOARD=1``) writes ``run_dir/tensorboard/``
 with the ``tensorboard`` package's own event-file writer: every scalar at its
-step (the call's ``step``, else the env-step count, as in ``metrics.jsonl``),
+step (the call's ``step``, else the env-step count, as in ``metrics.jsonl``,
+else the iteration), with ``axis/iteration`` and ``axis/env_steps_total``
+beside them wherever the loop moved on (so a chart can be read against either),
 ``Perf/*`` phase timings per window, events as text (``events/<name>``), and
 the run's configuration through the HParams plugin (flattened, secrets
 already redacted; the session ends with the run's status), so TensorBoard's
@@ -121,9 +123,11 @@ class TensorBoardWriter(TrackerWriter):
         kind, time_ns = item[0], item[1]
         wall = time_ns / 1e9
         if kind == "scalars":
-            _, _, step, values = item
+            _, _, step, values, axes = item
             self._tags_seen.update(values)
             summary = Summary(value=[Summary.Value(tag=k, simple_value=v) for k, v in values.items() if v is not None])
+            if axes:  # the iteration and env steps at this step: either can be a chart's axis
+                summary.value.extend(Summary.Value(tag=k, simple_value=v) for k, v in axes.items())
             return [Event(wall_time=wall, step=step or 0, summary=summary)]
         if kind == "distribution":
             _, _, step, key, h = item

@@ -6,8 +6,11 @@ the pipeline thread only appends. The items, in the order they were recorded:
 
 - ``("start", time_ns, attributes)``: the run began (``attributes`` of the
   ``running`` record: ``config``, ``provenance``, ``resumed``...).
-- ``("scalars", time_ns, step, values)``: one ``scalars()`` call (values are
-  numbers or None for non-finite), and ``Perf/*`` phase timings per window.
+- ``("scalars", time_ns, step, values, axes)``: one ``scalars()`` call (values
+  are numbers or None for non-finite), and ``Perf/*`` phase timings per window.
+  ``axes`` (or None) holds :data:`AXIS_ITERATION` and :data:`AXIS_ENV_STEPS`
+  in the first item of each iteration: written beside the values, so a chart can be switched to
+  either axis (seed 003's ``axis/*`` scalars; W&B's x axis is any logged key).
 - ``("distribution", time_ns, step, key, histogram)``: one ``distribution()``
   call: its :class:`otel_rl.core.distributions.Histogram`.
 - ``("event", time_ns, step, name, attributes)``: a named event, at the step
@@ -46,6 +49,10 @@ from otel_rl.core.totals import PassTotals
 _logger = logger(__name__)
 
 CAPACITY = 100_000
+AXIS_ITERATION = "axis/iteration"
+"""The loop's iteration, written beside its scalars: TensorBoard's and W&B's second axis."""
+AXIS_ENV_STEPS = "axis/env_steps_total"
+"""The env steps so far (the iteration where the loop gives none), written beside its scalars."""
 _DROPPABLE = ("scalars", "distribution")
 
 
@@ -120,6 +127,7 @@ class TrackerSink(RecordSink):
         self._step: int | None = None
         self._next_free = None if resumed_after is None else resumed_after + 1  # None once the loop's steps passed it
         self._lifted: tuple[int, int] | None = None  # the loop's latest step behind, and where it was written
+        self._axes_at = -1  # the latest iteration whose axes were written
         # A pass hands over its events before its scalars: they wait for the pass's steps, then go at theirs.
         self._events: deque[EventRecord] = deque()
         writer.start()
@@ -140,7 +148,15 @@ class TrackerSink(RecordSink):
                 step = record.iteration
             self._put_events_before(record.time_ns)
             self._step = step if step is not None else self._step  # the loop's own: an event is lifted as its step is
-            self.writer.put(("scalars", record.time_ns, self._above_floor(step), record.values))
+            self.writer.put(("scalars", record.time_ns, self._above_floor(step), record.values, self._moved(record.iteration, record.env_steps)))
+
+    def _moved(self, iteration: int | None, env_steps: int | None) -> dict[str, int] | None:
+        """The axes to write beside a record of ``iteration`` and ``env_steps``: None but for an iteration's first record
+        (a distribution's statistics, which may come after later iterations' scalars, write none)."""
+        if iteration is None or iteration <= self._axes_at:
+            return None
+        self._axes_at = iteration
+        return {AXIS_ITERATION: iteration, AXIS_ENV_STEPS: iteration if env_steps is None else env_steps}
 
     def on_distribution(self, record: DistributionRecord) -> None:
         step = next((s for s in (record.step, record.env_steps, record.iteration) if s is not None), None)
@@ -192,7 +208,7 @@ class TrackerSink(RecordSink):
         if values:
             axes = self._perf.axes
             step = axes["env_steps"] if axes["env_steps"] is not None else axes["iteration"]
-            self.writer.put(("scalars", time.time_ns(), self._above_floor(step), values))
+            self.writer.put(("scalars", time.time_ns(), self._above_floor(step), values, None))
 
     def flush(self, deadline: Deadline) -> bool:
         return self.writer.flush(deadline)

@@ -4,7 +4,9 @@
 library) makes one W&B run per otel-rl run: its id is the run id (a resumed
 run continues it), its config the run's configuration (secrets already
 redacted), every scalar logged against ``env_steps`` (the call's ``step``,
-else the env-step count, as in ``metrics.jsonl``), ``Perf/*`` phase
+else the env-step count, as in ``metrics.jsonl``, else the iteration), with
+``axis/iteration`` and ``axis/env_steps_total`` beside them (either can be a
+chart's x axis), ``Perf/*`` phase
 timings per window, distributions as W&B histograms, events as a count
 series at the step they happened (``events/<name>/count``) and in the
 summary (``events/<name>``: count, step and attributes of the last one),
@@ -124,9 +126,11 @@ class WandbWriter(TrackerWriter):
             run = self._run or self._start(None)
             try:
                 if kind == "scalars":
-                    _, _, step, values = item
+                    _, _, step, values, axes = item
                     row = {k: v for k, v in values.items() if v is not None}
                     if row:
+                        if axes:  # the iteration and env steps, either of which a chart can take as its x axis
+                            row.update(axes)
                         run.log(row if step is None else {STEP_METRIC: step, **row})
                 elif kind == "distribution":
                     _, _, step, key, histogram = item

@@ -130,6 +130,26 @@ def test_a_loop_without_steps_or_env_steps_plots_against_its_iterations(tmp_path
     assert [e.step for e in run.Histograms("Policy/action")] == list(range(5))
     assert [e.step for e in run.Tensors("events/checkpoint_saved")] == [3]
     assert max(e.step for e in run.Scalars("Perf/iteration_time")) > 0
+    # Both axes beside the scalars, once per iteration: a loop without env steps counts iterations.
+    assert [(e.step, e.value) for e in run.Scalars("axis/iteration")] == [(i, float(i)) for i in range(5)]
+    assert [(e.step, e.value) for e in run.Scalars("axis/env_steps_total")] == [(i, float(i)) for i in range(5)]
+
+
+def test_the_iteration_and_env_steps_axes_are_written_beside_the_scalars(tmp_path):
+    """Seed 003's ``axis/*`` scalars: at each step the iteration and the env steps, so a chart can be read against either."""
+    tel = otel_rl.init(run_dir=tmp_path, tensorboard=True, system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(6):
+            with tel.iteration(i, env_steps=64 * (i + 1)):
+                pass
+            tel.scalars({"Loss/critic": 1.0})
+            tel.scalars({"Loss/actor": 2.0})  # a second call of the same iteration: the axes once
+        tel.scalars({"Loss/actor": 3.0}, step=1000)  # the loop's own step: the axes stay the iteration's
+    tel.close()
+    run = read(tmp_path / "tensorboard")
+    assert [(e.step, e.value) for e in run.Scalars("axis/iteration")] == [(64 * (i + 1), float(i)) for i in range(6)]
+    assert [(e.step, e.value) for e in run.Scalars("axis/env_steps_total")] == [(64 * (i + 1), 64.0 * (i + 1)) for i in range(6)]
+    assert len(run.Scalars("Loss/actor")) == 7
 
 
 def test_the_folder_can_be_chosen_by_keyword_or_variable_and_choosing_it_switches_tensorboard_on(tmp_path, monkeypatch):

@@ -43,6 +43,8 @@ def test_config_scalars_distributions_events_and_status_reach_wandb(tmp_path):
     critic = [(r["env_steps"], r["Loss/critic"]) for r in rows if "Loss/critic" in r]
     assert [s for s, _ in critic] == [8 * (i + 1) for i in range(20)]  # at env steps, as the JSONL
     assert critic[3][1] == pytest.approx(0.25)
+    axes = [(r["axis/iteration"], r["axis/env_steps_total"]) for r in rows if "Loss/critic" in r]
+    assert axes == [(i, 8 * (i + 1)) for i in range(20)]  # either can be the charts' x axis
     assert any(r.get("Perf/learning_time", 0) >= 0.002 for r in rows)
     (action,) = [r for r in rows if "Policy/action._type" in r]  # W&B's log flattens the histogram's fields
     assert action["Policy/action._type"] == "histogram" and sum(action["Policy/action.values"]) == 101
