@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.base import environment_variables as env
-from otel_rl.base import extras
+from otel_rl.base import extras, tracker_options
 from otel_rl.base.log import logger, once
 from otel_rl.base.values import clean_text
 
@@ -191,6 +191,20 @@ class TelemetryConfig:
     wandb_job_type: str | None = None
     """The W&B run's job type (``WANDB_JOB_TYPE``: ``train``, ``eval``...)."""
 
+    trackio: bool = False
+    """Log the run to Trackio (``OTEL_RL_TRACKIO``; project, name and group as W&B's defaults; see :mod:`otel_rl.outputs.trackio`)."""
+
+    trackio_mode: str | None = None
+    """``local``, ``online`` (``TRACKIO_SPACE_ID`` or ``TRACKIO_SERVER_URL``) or ``disabled`` (``OTEL_RL_TRACKIO_MODE``);
+    None: ``online`` when one of those variables is set, else ``local``."""
+
+    swanlab: bool = False
+    """Log the run to SwanLab (``OTEL_RL_SWANLAB``; project, name and group as W&B's defaults; see :mod:`otel_rl.outputs.swanlab`)."""
+
+    swanlab_mode: str | None = None
+    """``online`` (or ``cloud``), ``offline``, ``local`` or ``disabled`` (``SWANLAB_MODE``); None: ``online`` with
+    ``SWANLAB_API_KEY`` set, else ``offline``."""
+
     resume: bool = False
     """Continue the run ``run_id`` after a restart (``OTEL_RL_RESUME``): same run and trace, a ``resumed`` event, outputs appended."""
 
@@ -309,18 +323,17 @@ class TelemetryConfig:
                 raise ValueError(f"{name} {str(folder)!r} lies below {str(below)!r}, which is a file, not a folder")
         if self.tensorboard is None:
             self.tensorboard = self.tensorboard_dir is not None
-        for name in ("enabled", "strict", "panel", "quiet", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "resume"):
+        for name in ("enabled", "strict", "panel", "quiet", "trace_thread_time", "trace_cuda_events", "outputs_on_every_rank", "tensorboard", "wandb", "trackio", "swanlab", "resume"):
             _check(name, getattr(self, name), bool, "True or False")
-        for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group", *WANDB_TEXT):
+        for name in ("service_name", "run_id", "algorithm", "motrix_url", "motrix_token", "project", "group", *tracker_options.WANDB_TEXT):
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise TypeError(f"{name} must be a string, got {type(value).__name__}")
-        self.wandb_tags = _wandb_tags(self.wandb_tags)
-        self.wandb_mode = _wandb_mode(self.wandb_mode)
-        if self.wandb_mode == "disabled":
-            self.wandb = False  # W&B's own way of saying "no run": the output is left out, nothing starts
-        elif self.wandb and self.wandb_mode is None:  # a background output never prompts for a login
-            self.wandb_mode = "online" if os.environ.get(env.WANDB_API_KEY) else "offline"
+        self.wandb_tags = tracker_options.wandb_tags(self.wandb_tags)
+        self.wandb_mode = tracker_options.mode("wandb_mode", self.wandb_mode, tracker_options.WANDB_MODES)
+        self.swanlab_mode = tracker_options.mode("swanlab_mode", self.swanlab_mode, tracker_options.SWANLAB_MODES)
+        self.trackio_mode = tracker_options.mode("trackio_mode", self.trackio_mode, tracker_options.TRACKIO_MODES)
+        tracker_options.default_modes(self)  # a background output never prompts for a login
         _check("role", self.role, str, "a non-empty string", lambda v: bool(v))
         if isinstance(self.agent, str) and not _is_agent_mode(self.agent) and _close_to_a_mode(self.agent.strip()):
             raise ValueError(f"agent={self.agent!r} is not a mode; did you mean {_close_to_a_mode(self.agent.strip())!r}? ({AGENT_CHOICES})")
@@ -362,6 +375,7 @@ class TelemetryConfig:
         if self.rank != 0 and not self.outputs_on_every_rank:
             # Rank 0 speaks for the job; the others would duplicate its records. Every rank keeps its part of the trace.
             self.jsonl, self.motrix_url, self.panel, self.tensorboard, self.wandb = False, None, False, False, False
+            self.trackio = self.swanlab = False
         if self.jsonl and self.run_dir is None:
             raise ValueError("jsonl=True needs a run_dir to write metrics.jsonl into")
         if self.tensorboard and self.run_dir is None and self.tensorboard_dir is None:
@@ -413,7 +427,9 @@ class TelemetryConfig:
             "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, None, "true or false"),
             "tensorboard_dir": os.environ.get(env.OTEL_RL_TENSORBOARD_DIR) or None,
             "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
-            **_wandb_defaults(),
+            "trackio": env.read(env.OTEL_RL_TRACKIO, env.parse_bool, False, "true or false"),
+            "swanlab": env.read(env.OTEL_RL_SWANLAB, env.parse_bool, False, "true or false"),
+            **tracker_options.defaults(),
             "quiet": env.read(env.OTEL_RL_QUIET, env.parse_bool, False, "true or false"),
             "panel": env.read(env.OTEL_RL_PANEL, env.parse_bool, None, "true or false"),
             "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
@@ -443,6 +459,8 @@ _ENVIRONMENT_OUTPUTS = {
     "resume": env.OTEL_RL_RESUME,
     "tensorboard": env.OTEL_RL_TENSORBOARD,
     "wandb": env.OTEL_RL_WANDB,
+    "trackio": env.OTEL_RL_TRACKIO,
+    "swanlab": env.OTEL_RL_SWANLAB,
     "trace_enabled": env.OTEL_RL_TRACE_ENABLED,
     "profile": env.OTEL_RL_PROFILE,
 }
@@ -482,52 +500,6 @@ def _not_applicable(name: str, run_dir: Any, merged: dict[str, Any]) -> str | No
     return None
 
 
-WANDB_TEXT = ("wandb_project", "wandb_entity", "wandb_group", "wandb_name", "wandb_notes", "wandb_job_type")
-WANDB_MODES = ("online", "offline", "disabled", "shared")
-_WANDB_VARIABLES = {
-    "wandb_project": env.WANDB_PROJECT, "wandb_entity": env.WANDB_ENTITY, "wandb_group": env.WANDB_RUN_GROUP,
-    "wandb_name": env.WANDB_NAME, "wandb_notes": env.WANDB_NOTES, "wandb_job_type": env.WANDB_JOB_TYPE,
-}  # fmt: skip
-
-
-def _wandb_defaults() -> dict[str, Any]:
-    """The W&B fields from W&B's own environment variables (the keywords of :func:`otel_rl.init` win)."""
-    defaults: dict[str, Any] = {name: os.environ.get(variable, "").strip() or None for name, variable in _WANDB_VARIABLES.items()}
-    tags = [t.strip() for t in os.environ.get(env.WANDB_TAGS, "").split(",") if t.strip()]
-    kept = [t for t in tags if len(t) <= 64 and clean_text(t) == t]
-    if len(kept) < len(tags):  # W&B takes tags of 1 to 64 characters: the others are left out, said once
-        bad = next(t for t in tags if t not in kept)
-        _logger.warning("otel-rl: %s: leaving out the tag %r (W&B takes tags of 1 to 64 characters); the other tags are kept",
-                        env.WANDB_TAGS, bad[:80], extra=once(f"variable:{env.WANDB_TAGS}"))  # fmt: skip
-    defaults["wandb_tags"] = tuple(kept)
-    mode = os.environ.get(env.WANDB_MODE, "").strip().lower() or None
-    if mode is not None and mode not in WANDB_MODES:
-        env.warn_invalid(env.WANDB_MODE, mode, " or ".join(WANDB_MODES))
-        mode = None
-    defaults["wandb_mode"] = mode
-    return defaults
-
-
-def _wandb_tags(tags: Any) -> tuple[str, ...]:
-    """``wandb_tags`` as a tuple of tags (a comma-separated string is split); each one 1 to 64 characters, as W&B takes."""
-    if isinstance(tags, str):
-        tags = [t.strip() for t in tags.split(",") if t.strip()]
-    if not isinstance(tags, (list, tuple)) or not all(isinstance(t, str) for t in tags):
-        raise TypeError(f"wandb_tags must be a list of strings, got {tags!r}")
-    bad = [t for t in tags if not 0 < len(t) <= 64 or clean_text(t) != t]
-    if bad:
-        raise ValueError(f"wandb_tags: each tag is 1 to 64 characters of valid text, got {bad[0][:80]!r}")
-    return tuple(dict.fromkeys(tags))  # W&B keeps one of each
-
-
-def _wandb_mode(mode: Any) -> str | None:
-    """``wandb_mode`` checked against W&B's modes (None: decided at the run's start, from ``WANDB_API_KEY``)."""
-    if mode is None:
-        return None
-    if not isinstance(mode, str) or mode.strip().lower() not in WANDB_MODES:
-        close = difflib.get_close_matches(str(mode), WANDB_MODES, n=1)
-        raise ValueError(f"wandb_mode must be {', '.join(WANDB_MODES)}, got {mode!r}" + (f"; did you mean {close[0]!r}?" if close else ""))
-    return mode.strip().lower()
 
 
 def _check(name: str, value: Any, kinds: type | tuple[type, ...], expected: str, valid=None) -> None:

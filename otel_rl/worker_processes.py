@@ -47,6 +47,8 @@ def init_worker(spec: WorkerSpec, **options: Any):
         "panel": False,
         "tensorboard": False,
         "wandb": False,
+        "trackio": False,
+        "swanlab": False,
         **spec.options,
         **options,
     }

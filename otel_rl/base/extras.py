@@ -34,6 +34,8 @@ class Extra:
 OUTPUTS = {
     "tensorboard": Extra("tensorboard=True", "tensorboard", "tensorboard"),
     "wandb": Extra("wandb=True", "wandb", "wandb"),
+    "trackio": Extra("trackio=True", "trackio", "trackio"),
+    "swanlab": Extra("swanlab=True", "swanlab", "swanlab"),
 }
 """The options of :class:`otel_rl.TelemetryConfig` that switch on an output with a package of its own."""
 

@@ -186,6 +186,14 @@ class _Builder:
 
             floor = None if identity.previous is None else identity.previous.last_step
             self.optional("W&B", lambda: wandb_sink(config, context.drops, identity.pid, floor))
+        if config.trackio:
+            from otel_rl.outputs.trackio import trackio_sink
+
+            self.optional("Trackio", lambda: trackio_sink(config, context.drops, None if identity.previous is None else identity.previous.last_step))
+        if config.swanlab:
+            from otel_rl.outputs.swanlab import swanlab_sink
+
+            self.optional("SwanLab", lambda: swanlab_sink(config, context.drops, None if identity.previous is None else identity.previous.last_step))
         if config.relay is not None:
             from otel_rl.outputs.relay import RelaySink
 

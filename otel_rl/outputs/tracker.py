@@ -31,10 +31,14 @@ and stops; what it would have written is counted as dropped.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections import deque
+from collections.abc import Iterator
+from typing import Any
 
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
@@ -114,6 +118,102 @@ class TrackerWriter(BackgroundLoop, ABC):
         """Count one item that could not be converted (the rest of the batch goes on), warned once per kind."""
         self._drops.add(self.output, item[0])
         _logger.warning("otel-rl: could not write a %s record to %s; skipped", item[0], self.output, exc_info=True)
+
+
+class RowWriter(TrackerWriter):
+    """A tracker whose run takes rows of values at a step (Trackio, SwanLab); subclasses start, log and end it.
+
+    Scalars are rows (with the axes beside them), distributions the tracker's
+    histogram where it has one (:meth:`histogram`; their statistics are
+    scalars anyway), an event its count series ``events/<name>/count`` at the
+    step it happened. The run starts on this output's thread with the run's
+    configuration and provenance (:func:`run_provenance`).
+    """
+
+    def __init__(self, name: str, drops: Drops) -> None:
+        super().__init__(name, drops)
+        self.run: Any = None
+        self._ended = False
+        self._events: dict[str, int] = {}
+
+    def write(self, items: list[tuple]) -> None:
+        for item in items:
+            kind = item[0]
+            if kind == "start":
+                if self.run is None:
+                    self.run = self.begin(item[2])
+                continue
+            if self.run is None:  # a part whose start was recorded before this output existed
+                self.run = self.begin(None)
+            try:
+                if kind == "scalars":
+                    _, _, step, values, axes = item
+                    row = {k: v for k, v in values.items() if v is not None}
+                    if row:
+                        self.log({**row, **axes} if axes else row, step)
+                elif kind == "distribution":
+                    _, _, step, key, histogram = item
+                    value = None if histogram is None else self.histogram(histogram)
+                    if value is not None:
+                        self.log({key: value}, step)
+                elif kind == "event":
+                    _, _, step, name, _ = item
+                    self._events[name] = self._events.get(name, 0) + 1
+                    self.log({f"events/{name}/count": self._events[name]}, step)
+                elif kind == "end" and not self._ended:
+                    self._ended = True
+                    self.end(item[2], item[3])
+            except Exception:  # one bad item costs itself
+                self.skipped(item)
+
+    def release(self) -> None:
+        """The thread's last act: a run still open (its end not recorded) is ended as finished."""
+        if self.run is not None and not self._ended:
+            self._ended = True
+            try:
+                self.end("finished", None)
+            except Exception:  # the tracker failing on the way out: nothing left to save
+                _logger.warning("otel-rl: the %s run did not end cleanly", self.output, exc_info=True)
+
+    @abstractmethod
+    def begin(self, started: RunStart | None) -> Any:
+        """Start the tracker's run (``started``: the run's start record, None when it was not seen) and return it."""
+
+    @abstractmethod
+    def log(self, row: dict[str, Any], step: int | None) -> None:
+        """Log ``row`` at ``step`` (None: the tracker's next)."""
+
+    @abstractmethod
+    def end(self, status: str, reason: str | None) -> None:
+        """End the run with otel-rl's status (``finished``, ``failed``, ``killed``)."""
+
+    def histogram(self, histogram: Any) -> Any:
+        """The tracker's histogram of ``histogram`` (:class:`otel_rl.core.distributions.Histogram`); None: it has none."""
+        return None
+
+
+def run_provenance(started: RunStart | None) -> dict[str, Any]:
+    """What a tracker shows next to the configuration: what the run planned and where it came from."""
+    if started is None:
+        return {}
+    plan = {"family": started.family, "total_steps": started.total_steps, "num_envs": started.num_envs}
+    return {**{k: v for k, v in plan.items() if v is not None}, **started.provenance}
+
+
+def run_config(started: RunStart | None) -> dict[str, Any]:
+    """The run's configuration (secrets already redacted) with its provenance under ``otel_rl``."""
+    config = dict(started.config or {}) if started is not None else {}
+    return {**config, "otel_rl": run_provenance(started)}
+
+
+@contextlib.contextmanager
+def without_variables(names: tuple[str, ...]) -> Iterator[None]:
+    """The variables ``names`` out of the environment inside the block: a tracker gets their values as keywords."""
+    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
 
 
 class TrackerSink(RecordSink):

@@ -61,7 +61,7 @@ from otel_rl.base import environment_variables as env
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
 from otel_rl.core.records import RunStart
-from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
+from otel_rl.outputs.tracker import TrackerSink, TrackerWriter, run_provenance, without_variables
 
 _logger = logger(__name__)
 
@@ -173,7 +173,7 @@ class WandbWriter(TrackerWriter):
             program_abspath=program if program and os.path.isabs(program) else None,
         )
         # W&B reads a run's arguments from sys.argv, and its fields from its variables again (refusing what otel-rl took).
-        with _ARGV_LOCK, _argv(provenance.get("args")), _without(env.WANDB_FIELD_VARIABLES):
+        with _ARGV_LOCK, _argv(provenance.get("args")), without_variables(env.WANDB_FIELD_VARIABLES):
             self._run = self._init(wandb, config, started, settings)
         self._run.define_metric(STEP_METRIC)
         self._run.define_metric("*", step_metric=STEP_METRIC)
@@ -184,7 +184,7 @@ class WandbWriter(TrackerWriter):
             id=wandb_run_id(self.run_id),
             **self.fields,
             dir=None if self.directory is None else str(self.directory),
-            config={**config, "otel_rl": _provenance(started)},
+            config={**config, "otel_rl": run_provenance(started)},
             resume="allow" if self.resume else None,
             reinit="create_new",  # several Telemetry objects in one process each get their own run
             settings=settings,
@@ -226,21 +226,3 @@ def _argv(args: list[str] | None) -> Iterator[None]:
         yield
     finally:
         sys.argv = saved
-
-
-@contextlib.contextmanager
-def _without(names: tuple[str, ...]) -> Iterator[None]:
-    """The variables ``names`` out of the environment inside the block: their values reach ``wandb.init`` as keywords."""
-    saved = {name: os.environ.pop(name) for name in names if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)
-
-
-def _provenance(started: RunStart | None) -> dict[str, Any]:
-    """What W&B shows next to the configuration: what the run planned and where it came from."""
-    if started is None:
-        return {}
-    plan = {"family": started.family, "total_steps": started.total_steps, "num_envs": started.num_envs}
-    return {**{k: v for k, v in plan.items() if v is not None}, **started.provenance}

@@ -51,6 +51,10 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
         files.append(f"{TENSORBOARD_DIR}/" if config.tensorboard_dir is None else f"TensorBoard in {config.tensorboard_dir}")
     if config.wandb:
         files.append(f"{WANDB_DIR}/")
+    if config.swanlab:
+        files.append("swanlab/")
+    if config.trackio:
+        files.append(f"Trackio project {config.wandb_fields()['project']!r} ({config.trackio_mode})")
     if config.profile is not None:
         start, count = config.profile
         files.append(f"{PROFILE_DIR}/: torch.profiler over learner iterations {start} to {start + count - 1}")

@@ -46,7 +46,7 @@ def segments(pid: int) -> list[Path]:
     return list(root.glob(f"**/*-{pid}-*.seg")) if root.exists() else []
 
 
-@pytest.mark.parametrize(("option", "extra"), [("tensorboard=True", "tensorboard"), ("wandb=True", "wandb")])
+@pytest.mark.parametrize(("option", "extra"), [("tensorboard=True", "tensorboard"), ("wandb=True", "wandb"), ("trackio=True", "trackio"), ("swanlab=True", "swanlab")])
 def test_an_output_whose_package_is_missing_is_refused_by_init_naming_the_extra(tmp_path, option, extra):
     result = train(tmp_path / "run", option, extra)
     assert result.returncode == 1
