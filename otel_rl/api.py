@@ -45,6 +45,8 @@ class TrainingTelemetry(Protocol):
 
     def event(self, name: str, **attributes: Any) -> None: ...
 
+    def status(self, text: str) -> None: ...
+
     def run(
         self,
         *,
@@ -140,6 +142,9 @@ class NoOpTelemetry:
         pass
 
     def event(self, name: str, **attributes: Any) -> None:
+        pass
+
+    def status(self, text: str) -> None:
         pass
 
     @contextmanager

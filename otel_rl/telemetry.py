@@ -375,6 +375,12 @@ class Telemetry:
         safe = json_safe(attributes, self._nonfinite, f"event:{name}") if attributes else {}
         self._recorder.add_event((perf_counter_ns(), name, safe))
 
+    def status(self, text: str) -> None:
+        """Say what the run is doing (``"Buffer fill: 8,000/10,000"``, ``"Evaluating"``): the panel's status line
+        until the next one (an empty text clears it; one that says error or fail is drawn at once), and a
+        ``status`` event in every output."""
+        self.event("status", text=text if isinstance(text, str) else str(text))
+
     def _internal_event(self, name: str, attributes: dict[str, Any]) -> None:
         """An event of otel-rl's own (plain attributes, a name of the schema's)."""
         self._recorder.add_event((perf_counter_ns(), name, attributes))

@@ -29,6 +29,8 @@ class CycleTotals:
     counts: dict[str, int] = field(default_factory=dict)
     index: int | None = None
     env_steps: int | None = None
+    parents: dict[str, str] = field(default_factory=dict)
+    """The top-level phase each custom nested phase ran in (a canonical one names its parent in the schema)."""
 
     def add_cycle(self, wall_ns: int, top: Mapping[str, int], nested: Mapping[str, int]) -> None:
         """A cycle relayed from a worker."""
@@ -45,7 +47,20 @@ class CycleTotals:
         _add(self.top, batch.phases.totals(top))
         if not top.all():
             _add(self.nested, batch.phases.totals(~top))
+            self._note_parents(batch, top)
         self.index, self.env_steps = batch.indices[-1], batch.env_steps[-1]
+
+    def _note_parents(self, batch: IterationBatch, top: np.ndarray) -> None:
+        """Where each custom nested phase ran: the top-level phase opened last before it."""
+        phases = batch.phases
+        custom = [i for i, spec in enumerate(phases.specs) if spec.parent is None]
+        nested = np.flatnonzero(~top & np.isin(phases.spec_ids, custom)) if custom else ()
+        if len(nested) == 0:
+            return
+        tops = np.flatnonzero(top)
+        for position, at in zip(nested.tolist(), (np.searchsorted(tops, nested, side="right") - 1).tolist(), strict=True):
+            if at >= 0:
+                self.parents.setdefault(phases.specs[phases.spec_ids[position]].name, phases.specs[phases.spec_ids[tops[at]]].name)
 
     def add_loose(self, name: str, durations: np.ndarray) -> None:
         """Occurrences of a phase outside any cycle (nested ones included)."""

@@ -7,6 +7,25 @@ redraw. Width tiers: under 96 columns everything stacks with a single Timing
 column; from 96 metrics and rewards sit side by side with Learner and
 Collector timing; from 120 a System column joins. When stdout is not a
 terminal, a plain line is printed every few seconds instead.
+
+What it shows, in a fixed order. Metrics: Steps/s (and Rows/s, the replay
+rows the learner takes, where a run of one rank logs ``Train/batch_size``),
+then ``Loss/*`` (red above 10), ``Policy/*``, the other ``Train/*`` keys as
+indented training diagnostics, the replay-ingress gauges
+(``Train/ingress_<name>``: "Ingress Backpressure", "Ingress Depth"...) and
+every custom group under its name. Rewards: the mean reward and its peak, the
+episode length, ``reward/*`` terms and ``Episode/*``. System: envs, buffer,
+the envs' timeout and terminated rates (``Episode/timeout_rate``,
+``Episode/terminated_rate``), the batch per rank (``Train/batch_size``), CUDA
+MPS (``Train/cuda_mps``: 0 off, 1 on, 2 ambient), Sync Collect
+(``Train/sync_collect_steps``: env steps per sync, 0 for none) and the staging
+pool (``Train/staging_pool_len`` of ``Train/staging_pool_max``) where the loop
+logs them, CPU, memory and GPUs. Timing: a Collector Wait above 1 ms is red;
+quiet collector diagnostics and nested rows show from 1% of the cycle; a
+custom nested phase sits under its parent. The status under the panel:
+``tel.status(text)``'s latest (one that says error or fail redraws at once),
+else "Buffer fill: x/y (p%)" while ``Train/buffer_size`` is below
+``Train/learning_starts``, else "Warming up" before the first iteration.
 """
 
 from __future__ import annotations
@@ -21,12 +40,13 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import RunStart
+from otel_rl.core.records import EventRecord, RunStart
 from otel_rl.core.totals import PassTotals
 from otel_rl.formats import schema
 
@@ -37,6 +57,25 @@ MAX_DUTY = 0.01
 PLAIN_EVERY_S = 5.0
 QUIET_SHARE = 0.01
 """Nested and diagnostic collector rows below this share of the cycle are not shown."""
+QUIET_COLLECTOR = frozenset({"inference_request", "transition_extract", "metrics_publish", "action_validate", "action_apply", "action_backend", "backend_step", "update_state", "reset_done"})
+"""Collector diagnostics shown only from :data:`QUIET_SHARE` of the cycle; the core rows always are."""
+LOSS_ALERT = 10.0
+"""A loss above this is red."""
+WAIT_ALERT_MS = 1.0
+"""A learner Collector Wait above this is red: the learner starves."""
+ELSEWHERE = frozenset({
+    "Train/mean_reward", "Train/mean_episode_length", "Train/buffer_size", "Train/learning_starts", "Train/batch_size",
+    "Train/cuda_mps", "Train/sync_collect_steps", "Train/staging_pool_len", "Train/staging_pool_max",
+    "Episode/timeout_rate", "Episode/terminated_rate",
+})  # fmt: skip
+"""Keys the Rewards and System columns and the status show, not the Metrics column."""
+NOT_METRICS = ("Perf/", "sys/", "reward/", "Episode/", "axis/", "events/")
+"""Families shown elsewhere (timings, system, rewards) or not at all."""
+MPS_STATES = {0: "off", 1: "on", 2: "ambient"}
+MAX_CUSTOM_ROWS = 24
+"""Rows of custom groups the Metrics column shows at most."""
+STATUS_EVENT = "status"
+"""The event ``tel.status(text)`` records: its ``text`` is the panel's status line."""
 
 
 def round_to_total(shares: list[float], decimals: int = 1) -> list[float]:
@@ -133,18 +172,29 @@ class PanelState:
         self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)  # (time, env steps), one per pass
         self.iteration: int | None = None
         """The index of the latest local iteration (of the learner's, when there is one), None before any."""
+        self.parents: dict[str, str] = {}
+        """Each custom nested phase's top-level phase."""
+        self.status: str | None = None
+        """The loop's latest ``tel.status()``."""
+        self.warmed_up = False
+        """A ``warmup_done`` event or a first iteration came."""
+        self.reward_peak: float | None = None
+        """The highest ``Train/mean_reward`` so far."""
 
     def add_pass(self, totals: PassTotals) -> None:
         """The cycles of one pipeline pass, local and relayed from workers; nanoseconds are kept, rendering converts."""
         steps = None
         for timeline, cycles in totals.timelines.items():
             if cycles.cycles:
+                self.warmed_up = True  # the first iteration ends the warm-up
                 target = self.learner if timeline == schema.LEARNER else self.collector
                 target.add(totals.time_ns, {"wall": cycles.wall_ns}, cycles.top, cycles.nested, records=cycles.cycles)
             if cycles.env_steps is not None and (steps is None or cycles.env_steps > steps):
                 steps = cycles.env_steps
             if cycles.index is not None and (timeline == schema.LEARNER or schema.LEARNER not in totals.timelines):
                 self.iteration = cycles.index
+            if cycles.parents:
+                self.parents.update(cycles.parents)
         if steps is not None and (not self._steps or steps > self._steps[-1][1]):
             self._steps.append((totals.time_ns, steps))
 
@@ -172,7 +222,11 @@ class PanelState:
 
     def add_scalars(self, batch: ScalarBatch) -> None:
         """Latest values always; into the means, calls of the same keys at most every :data:`SAMPLE_NS`."""
-        self.latest.update(batch.latest_values())
+        latest = batch.latest_values()
+        self.latest.update(latest)
+        reward = latest.get("Train/mean_reward")
+        if reward is not None and (self.reward_peak is None or reward > self.reward_peak):
+            self.reward_peak = reward
         keys, at_ns = self._sampled
         sampled = []
         for index, time_ns in enumerate(batch.times_ns.tolist()):
@@ -183,6 +237,25 @@ class PanelState:
         for record in batch.at(sampled):  # only the sampled records are built
             self.scalars.add(record.time_ns, record.values)
         self._sampled = (keys, at_ns)
+
+    def learner_rate(self) -> float | None:
+        """Learner iterations per second over the window (None before any)."""
+        n, _, _ = self.learner.read(self._clock())
+        if not n:
+            return None
+        span = WINDOW_S if self.started_ns is None else min(WINDOW_S, max(self._clock() - self.started_ns, 1) / 1e9)
+        return n / span
+
+    def status_line(self) -> str | None:
+        """The loop's status, else the replay buffer's fill before learning starts, else "Warming up" before any iteration."""
+        if self.status:
+            return self.status
+        size, starts = self.latest.get("Train/buffer_size"), self.latest.get("Train/learning_starts")
+        if size is not None and starts and size < starts:
+            return f"Buffer fill: {size:,.0f}/{starts:,.0f} ({100 * size / starts:.0f}%)"
+        if not self.warmed_up:
+            return "Warming up..."
+        return None
 
     def timing(self, timeline: str) -> dict[str, Any]:
         """Window means per cycle: cycle wall, top-level and nested phase ms, and n."""
@@ -210,8 +283,12 @@ def _title(timeline: str, name: str) -> str:
     return spec.title if spec else name.replace("_", " ").title()
 
 
-def timing_rows(timing: dict[str, Any], timeline: str) -> list[tuple[str, str, str]]:
-    """(label, ms, share) rows; top-level rows and Other add up to exactly 100%."""
+def timing_rows(timing: dict[str, Any], timeline: str, parents: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """(label, ms, share) rows; top-level rows and Other add up to exactly 100%.
+
+    Nested rows follow their parent (``parents``: a custom nested phase's); the
+    collector's nested rows and quiet diagnostics show from :data:`QUIET_SHARE`.
+    """
     if not timing.get("n"):
         return [("(no data yet)", "", "")]
     wall = timing["wall_ms"]
@@ -223,15 +300,36 @@ def timing_rows(timing: dict[str, Any], timeline: str) -> list[tuple[str, str, s
     shares = round_to_total([v / wall for _, v in top] + [other / wall] if wall else [0.0] * (len(top) + 1))
     label = "Iter Wall" if timeline == schema.LEARNER else "Cycle"
     rows = [(label, f"{wall:.2f}", "100.0%")]
+    parents = parents or {}
+    quiet = timeline == schema.COLLECTOR and wall
     for (name, ms), share in zip(top, shares, strict=False):
+        if quiet and name in QUIET_COLLECTOR and ms / wall < QUIET_SHARE:
+            continue  # counted in the shares, shown only when it matters
         rows.append((_title(timeline, name), f"{ms:.2f}", f"{share:.1f}%"))
         for child, child_ms in timing["nested"].items():
             spec = schema.PHASES.get((timeline, child))
-            if spec and spec.parent == name and (timeline == schema.LEARNER or child_ms / wall >= QUIET_SHARE):
-                rows.append(("  " + spec.title, f"{child_ms:.2f}", f"{100 * child_ms / wall:.1f}%"))
+            parent = spec.parent if spec is not None and spec.parent else parents.get(child)
+            if parent == name and (timeline == schema.LEARNER or child_ms / wall >= QUIET_SHARE):
+                rows.append(("  " + _title(timeline, child), f"{child_ms:.2f}", f"{100 * child_ms / wall:.1f}%"))
     if timeline == schema.LEARNER or other / wall >= QUIET_SHARE:
         rows.append(("Other", f"{other:.2f}", f"{shares[-1]:.1f}%"))
     return rows
+
+
+def _alert_wait(rows: list[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
+    """The learner's rows with its Collector Wait coloured: red above :data:`WAIT_ALERT_MS`, else yellow."""
+    wait = _title(schema.LEARNER, "collector_wait")
+    return [(label, Text(ms, style="red" if float(ms) > WAIT_ALERT_MS else "yellow"), share) if label == wait and ms else (label, ms, share)
+            for label, ms, share in rows]  # fmt: skip
+
+
+def _status_style(status: str) -> str:
+    return "bold red" if _says_error(status) else "dim"
+
+
+def _says_error(text: str) -> bool:
+    lowered = text.lower()
+    return "error" in lowered or "fail" in lowered
 
 
 def _duration(seconds: float) -> str:
@@ -281,34 +379,88 @@ class PanelView:
 
     def sections(self, short: bool) -> dict[str, Any]:
         means = self.state.scalar_means()
-        metrics = [("Steps/s" if short else "Steps/s (Perf/total_fps)", _fmt(means["Perf/total_fps"]))] if "Perf/total_fps" in means else []
-        derived = None if metrics or not self.state.derive_fps else self.state.steps_per_s()
+        return {"metrics": self._metrics(means, short), "rewards": self._rewards(means, short), "system": self._system(means)}
+
+    def _metrics(self, means: dict[str, float], short: bool) -> list[tuple[str, Any]]:
+        """Throughput, then losses, policy, training diagnostics (indented), ingress gauges and custom groups."""
+        rows: list[tuple[str, Any]] = [("Steps/s" if short else "Steps/s (Perf/total_fps)", _fmt(means["Perf/total_fps"]))] if "Perf/total_fps" in means else []
+        derived = None if rows or not self.state.derive_fps else self.state.steps_per_s()
         if derived is not None:  # the loop logs none: from its env steps and the time
-            metrics = [("Steps/s", _fmt(derived))]
+            rows = [("Steps/s", _fmt(derived))]
+        rate = self.state.learner_rate() if self.state.derive_fps and "Train/batch_size" in means else None
+        if rate is not None:  # the replay rows the learner takes: shown, never persisted
+            rows.append(("Rows/s", _fmt(means["Train/batch_size"] * rate)))
         distributions = {key.removesuffix("/mean") for key in means if key.endswith("/mean") and f"{key[:-5]}/std" in means}
+        groups: dict[str, list[str]] = {}
         for key in sorted(means):
             base = key.rsplit("/", 1)[0]
-            if base in distributions:  # a distribution's statistics: one row, its mean and spread
-                if key.endswith("/mean"):
-                    label = base.split("/", 1)[1] if short else base
-                    metrics.append((label, f"{_fmt(means[key])} ± {_fmt(means[base + '/std'])}"))
+            if key in ELSEWHERE or key.startswith(NOT_METRICS) or (base in distributions and not key.endswith("/mean")):
                 continue
-            if key.startswith(("Loss/", "Policy/")) or key == "Train/mean_episode_length":
-                metrics.append((key.split("/", 1)[1] if short else key, _fmt(means[key])))
-        rewards = []
+            family = key.split("/", 1)[0] if "/" in key else ""
+            groups.setdefault(family, []).append(key)
+
+        def label(key: str) -> str:
+            name = key.removesuffix("/mean") if key.removesuffix("/mean") in distributions else key
+            return name.split("/", 1)[1] if short and "/" in name else name
+
+        def value(key: str) -> str:
+            base = key.removesuffix("/mean")
+            return f"{_fmt(means[key])} ± {_fmt(means[base + '/std'])}" if base in distributions and key.endswith("/mean") else _fmt(means[key])
+
+        for key in groups.pop("Loss", []):
+            rows.append((label(key), Text(value(key), style="red" if means[key] > LOSS_ALERT else "yellow")))
+        rows += [(label(key), value(key)) for key in groups.pop("Policy", [])]
+        train = groups.pop("Train", [])
+        rows += [("  " + label(key), value(key)) for key in train if not key.startswith("Train/ingress_")]  # training diagnostics
+        rows += [("Ingress " + key.removeprefix("Train/ingress_").replace("_", " ").title(), value(key)) for key in train if key.startswith("Train/ingress_")]
+        custom: list[tuple[str, Any]] = []
+        for family, keys in sorted(groups.items()):  # the loop's own groups, each under its name
+            custom.append((Text(family or "custom", style="bold"), ""))
+            custom += [("  " + (key.split("/", 1)[1] if "/" in key else key), value(key)) for key in keys]
+        if len(custom) > MAX_CUSTOM_ROWS:  # hundreds of keys: the panel stays a panel
+            hidden = sum(1 for name, _ in custom[MAX_CUSTOM_ROWS - 1 :] if isinstance(name, str))
+            custom = [*custom[: MAX_CUSTOM_ROWS - 1], (Text(f"... {hidden:,} more keys (metrics.jsonl has them all)", style="dim"), "")]
+        return rows + custom
+
+    def _rewards(self, means: dict[str, float], short: bool) -> list[tuple[str, Any]]:
+        """The mean reward and its peak, the episode length, the reward terms and the other episode statistics."""
+        rows: list[tuple[str, Any]] = []
         if "Train/mean_reward" in means:
-            rewards.append(("Mean reward" if short else "Train/mean_reward", f"{means['Train/mean_reward']:.1f}" if short else f"{means['Train/mean_reward']:.3f}"))
+            digits = 1 if short else 3  # a narrow panel keeps its labels and gives up precision
+            rows.append(("Mean reward" if short else "Train/mean_reward", f"{means['Train/mean_reward']:.{digits}f}"))
+            if self.state.reward_peak is not None:
+                rows.append(("Peak reward", f"{self.state.reward_peak:.{digits}f}"))
+        if "Train/mean_episode_length" in means:
+            rows.append(("Episode length", _fmt(means["Train/mean_episode_length"])))
         for key in sorted(k for k in means if k.startswith("reward/")):
-            rewards.append((key.split("/", 1)[1] if short else key, f"{means[key]:.3g}"))
-        system = [
+            rows.append((key.split("/", 1)[1] if short else key, f"{means[key]:.3g}"))
+        for key in sorted(k for k in means if k.startswith("Episode/") and k not in ELSEWHERE):
+            rows.append((key.split("/", 1)[1] if short else key, _fmt(means[key])))
+        return rows
+
+    def _system(self, means: dict[str, float]) -> list[tuple[str, Any]]:
+        """Envs, buffer, the envs' end rates, batch, MPS, sync and staging where logged, CPU, memory and GPUs."""
+        system: list[tuple[str, Any]] = [
             ("Envs", str(self._num_envs() or "-")),
             ("Buffer", _fmt(means["Train/buffer_size"]) if "Train/buffer_size" in means else "-"),
-            ("CPU", f"{means.get('sys/process_cpu_percent', 0):.0f}%"),
-            ("RSS", _fmt(means.get("sys/process_rss_bytes", 0)) + "B"),
         ]
+        for key, name in (("Episode/timeout_rate", "Timeout Rate"), ("Episode/terminated_rate", "Terminated Rate")):
+            if key in means:
+                system.append((name, f"{100 * means[key]:.1f}%"))
+        if "Train/batch_size" in means:
+            system.append(("Batch/rank", _fmt(means["Train/batch_size"])))
+        if "Train/cuda_mps" in means:
+            system.append(("CUDA MPS", MPS_STATES.get(round(self.state.latest.get("Train/cuda_mps", means["Train/cuda_mps"])), "?")))
+        if "Train/sync_collect_steps" in means:
+            steps = self.state.latest.get("Train/sync_collect_steps", means["Train/sync_collect_steps"])
+            system.append(("Sync Collect", f"✓ ({steps:,.0f})" if steps else "✗"))
+        if "Train/staging_pool_max" in means:
+            size, most = self.state.latest.get("Train/staging_pool_len", 0) or 0, means["Train/staging_pool_max"]
+            system.append(("Staging Pool", Text(f"{size:.0f}/{most:.0f}", style="green" if size < most else "yellow")))
+        system += [("CPU", f"{means.get('sys/process_cpu_percent', 0):.0f}%"), ("RSS", _fmt(means.get("sys/process_rss_bytes", 0)) + "B")]
         for key in sorted(k for k in means if k.startswith("sys/gpu") and k.endswith("_util_percent")):
             system.append((key.removeprefix("sys/").removesuffix("_util_percent").upper(), f"{means[key]:.0f}%"))
-        return {"metrics": metrics, "rewards": rewards, "system": system}
+        return system
 
     def render(self, width: int):
         learner = self.state.timing(schema.LEARNER)
@@ -317,8 +469,8 @@ class PanelView:
         parts = self.sections(short)
         metrics = self._kv_table("Metrics", parts["metrics"])
         rewards = self._kv_table("Rewards", parts["rewards"])
-        learner_rows = timing_rows(learner, schema.LEARNER)
-        collector_rows = timing_rows(collector, schema.COLLECTOR)
+        learner_rows = _alert_wait(timing_rows(learner, schema.LEARNER, self.state.parents))
+        collector_rows = timing_rows(collector, schema.COLLECTOR, self.state.parents)
         gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU"))
         title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), f"Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)})", f"GPUs {gpus}"])
         if short:
@@ -338,7 +490,8 @@ class PanelView:
                 columns.append(self._kv_table("System", parts["system"]))
             timings.add_row(*columns)
             body = Group(top, timings)
-        return Panel(body, title=title, title_align="left")
+        status = self.state.status_line()
+        return Panel(body, title=title, title_align="left", subtitle=None if status is None else Text(status, style=_status_style(status)), subtitle_align="left")
 
     def progress_parts(self) -> list[str]:
         """Elapsed time, env steps (of the total, when known) and the ETA; "waiting for the first iteration" before any.
@@ -372,6 +525,9 @@ class PanelView:
             parts.append(f"{fps:.0f} steps/s")
         if "Train/mean_reward" in means:
             parts.append(f"reward {means['Train/mean_reward']:.1f}")
+        status = self.state.status_line()
+        if status is not None:
+            parts.append(status)
         return " | ".join(parts)
 
 
@@ -396,6 +552,15 @@ class PanelSink(RecordSink):
 
     def on_scalars(self, batch: ScalarBatch) -> None:
         self.state.add_scalars(batch)
+
+    def on_event(self, event: EventRecord) -> None:
+        if event.name == "warmup_done":
+            self.state.warmed_up = True
+        elif event.name == STATUS_EVENT:
+            text = str(event.attributes.get("text", ""))
+            self.state.status = text or None
+            if _says_error(text):
+                self._painter.wake()  # an error is shown now, not at the next redraw
 
     def shutdown(self, deadline: Deadline) -> None:
         self._painter.shutdown(deadline)

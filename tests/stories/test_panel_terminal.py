@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import subprocess
 import sys
@@ -39,11 +40,13 @@ print("otel-rl-test: done", flush=True)
 """
 
 
-def in_terminal(tmp_path, env: dict, loop: str = LOOP, seen: bytes | None = None) -> str:
+def in_terminal(tmp_path, env: dict, loop: str = LOOP, seen: bytes | tuple[bytes, ...] | None = None) -> str:
     """What the loop wrote to a pseudo-terminal of 140 columns, as a person's terminal shows it.
 
-    ``seen``: the loop (:data:`UNTIL_SEEN`) goes on until the terminal has shown it.
+    ``seen``: the loop (:data:`UNTIL_SEEN`) goes on until the terminal has shown it (the file ``sys.argv[2]``
+    appears); several: the k-th makes ``sys.argv[2]`` followed by k appear (the first, ``sys.argv[2]`` itself).
     """
+    markers = (seen,) if isinstance(seen, bytes) else tuple(seen or ())
     leader, follower = pty.openpty()
     os.set_blocking(leader, False)
     import fcntl
@@ -63,8 +66,9 @@ def in_terminal(tmp_path, env: dict, loop: str = LOOP, seen: bytes | None = None
                 out += os.read(leader, 1 << 16)
             except OSError:  # the terminal closed with the process
                 break
-            if seen is not None and seen in out:
-                stop.touch()
+            for k, marker in enumerate(markers):
+                if marker in out:
+                    (tmp_path / f"seen{k or ''}").touch()
         elif process.poll() is not None and b"otel-rl-test: done" in out:
             break
     process.wait(timeout=30)
@@ -99,3 +103,36 @@ def test_a_dumb_terminal_gets_plain_lines_while_the_run_goes_on(tmp_path):
     assert "\x1b[" not in screen  # no cursor movement: a dumb terminal shows it as garbage
     first_line = screen.index("otel-rl run | ")
     assert first_line < screen.index("otel-rl-test: the loop ended"), screen[-2000:]  # while the loop ran
+
+
+STATUS = """
+import os, sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+with tel.run():
+    size, began = 0, time.monotonic()
+    while not os.path.exists(sys.argv[2] + "1") and time.monotonic() - began < 60:  # warm-up: the buffer fills until the terminal shows it
+        tel.scalars({"Train/buffer_size": size, "Train/learning_starts": 1000})
+        size = min(size + 50, 950)
+        time.sleep(0.1)
+    tel.event("warmup_done")
+    i, began = 0, time.monotonic()
+    tel.status("ERROR: reward diverged")
+    while not os.path.exists(sys.argv[2]) and time.monotonic() - began < 60:  # until the terminal shows it
+        with tel.iteration(i, env_steps=8 * (i + 1)):
+            with tel.phase("learning"):
+                time.sleep(0.02)
+        tel.scalars({"Loss/critic": 20.0, "Train/buffer_size": 1000 + i, "Train/grad_norm": 0.5})
+        i += 1
+tel.close()
+print("otel-rl-test: done", flush=True)
+"""
+
+
+def test_the_status_line_says_the_buffer_fill_then_the_loops_own_status(tmp_path):
+    """Seed 003's status: "Buffer fill: x/y (p%)" while the replay buffer fills, then what the loop says (an error at once)."""
+    screen = in_terminal(tmp_path, environment(), STATUS, seen=(b"ERROR: reward diverged", b"/1,000 ("))
+    assert "otel-rl-test: done" in screen
+    assert re.search(r"Buffer fill: [\d,]+/1,000 \(\d+%\)", screen), screen[-3000:]
+    last = screen[screen.rindex("╭─ otel-rl") :]
+    assert "ERROR: reward diverged" in last and "Buffer fill" not in last
+    assert "Loss/critic" in last and "  Train/grad_norm" in last  # the loss, and the training diagnostics indented

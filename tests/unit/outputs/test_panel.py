@@ -194,3 +194,122 @@ def test_steps_per_second_are_derived_from_the_env_steps_when_the_loop_logs_none
         cycles.cycles, cycles.wall_ns, cycles.index, cycles.env_steps = 1, 100_000_000, k, 800 * k
         job.add_pass(PassTotals(NOW - (2 - k) * 100_000_000, {"learner": cycles}))
     assert "Steps/s" not in render(job, 140)
+
+
+def with_values(values: dict, state: PanelState | None = None) -> PanelState:
+    state = state or state_with_data()
+    state.add_scalars(ScalarBatch.of([ScalarsRecord(NOW - 10, values, None, None, None)]))
+    return state
+
+
+def test_the_metrics_come_in_a_fixed_order_every_group_included():
+    """Seeds 001 and 003: losses, policy, training diagnostics (indented), ingress gauges, then the loop's own groups."""
+    state = with_values({
+        "Policy/entropy": 0.3, "Loss/actor": 12.0, "Train/grad_norm": 1.5, "Train/ingress_backpressure": 0.2, "Train/ingress_depth": 12,
+        "actor/update/loss/avg": 0.5, "custom/thing": 7.0, "Train/mean_episode_length": 200.0, "Episode/foo": 2.0,
+    })  # fmt: skip
+    lines = [line.strip("│ ") for line in render(state, 150).splitlines()]
+    order = ["Loss/actor", "Loss/critic", "Policy/entropy", "Train/grad_norm", "Ingress Backpressure", "Ingress Depth", "actor", "update/loss/avg", "custom", "thing"]
+    found = [next(i for i, line in enumerate(lines) if line.startswith(label)) for label in order]
+    assert found == sorted(found), lines
+    text = render(state, 150)
+    assert "│   Train/grad_norm" in text and "│   update/loss/avg" in text  # diagnostics and group members indented
+    assert "Episode length" in text and "Episode/foo" in text and "Peak reward" in text
+
+
+def test_the_loss_above_10_and_a_collector_wait_above_1_ms_are_red():
+    state = with_values({"Loss/actor": 12.0})
+    metrics = dict(PanelView(state, "run").sections(short=False)["metrics"])
+    assert metrics["Loss/actor"].style == "red" and metrics["Loss/critic"].style == "yellow"
+    from otel_rl.outputs.panel import _alert_wait
+
+    rows = {r[0]: r[1] for r in _alert_wait(timing_rows(state.timing("learner"), "learner"))}
+    assert rows["Collector Wait"].style == "yellow"  # 1.0 ms: not above the line
+    slow = PanelState(clock=lambda: NOW)
+    add_iteration(slow, iteration(NOW, {"collector_wait": 3.0, "learning": 6.0}, 10.0))
+    rows = {r[0]: r[1] for r in _alert_wait(timing_rows(slow.timing("learner"), "learner"))}
+    assert rows["Collector Wait"].style == "red"
+
+
+def test_the_system_column_shows_what_the_loop_reports():
+    state = with_values({
+        "Episode/timeout_rate": 0.1, "Episode/terminated_rate": 0.05, "Train/batch_size": 256, "Train/cuda_mps": 2,
+        "Train/sync_collect_steps": 64, "Train/staging_pool_len": 4, "Train/staging_pool_max": 4, "Train/buffer_size": 5000,
+    })  # fmt: skip
+    system = dict(PanelView(state, "run").sections(short=False)["system"])
+    assert system["Timeout Rate"] == "10.0%" and system["Terminated Rate"] == "5.0%" and system["Batch/rank"] == "256"
+    assert system["CUDA MPS"] == "ambient" and system["Sync Collect"] == "✓ (64)" and system["Buffer"] == "5,000"
+    assert str(system["Staging Pool"]) == "4/4" and system["Staging Pool"].style == "yellow"  # full
+    bare = dict(PanelView(state_with_data(), "run").sections(short=False)["system"])
+    assert "CUDA MPS" not in bare and "Sync Collect" not in bare  # only where the loop reports them
+
+
+def test_rows_per_second_come_from_the_batch_size_and_the_learners_rate():
+    state = PanelState(clock=lambda: NOW, derive_fps=True)
+    state.started_ns = NOW - 10_000_000_000
+    for k in range(20):  # 10 learner iterations a second over the 2 s window
+        add_iteration(state, iteration(NOW - k * 100_000_000, {"learning": 5.0}, 10.0))
+    with_values({"Train/batch_size": 256}, state)
+    metrics = dict(PanelView(state, "run").sections(short=False)["metrics"])
+    assert metrics["Rows/s"] == "2,560"
+
+
+def test_the_peak_reward_is_the_highest_mean_reward_so_far():
+    state = with_values({"Train/mean_reward": 50.0})
+    with_values({"Train/mean_reward": 10.0}, state)
+    rewards = dict(PanelView(state, "run").sections(short=False)["rewards"])
+    assert rewards["Peak reward"] == "50.000" and rewards["Train/mean_reward"] != "50.000"
+
+
+def test_the_status_line():
+    state = PanelState(clock=lambda: NOW)
+    assert state.status_line() == "Warming up..."
+    with_values({"Train/buffer_size": 2500, "Train/learning_starts": 10_000}, state)
+    assert state.status_line() == "Buffer fill: 2,500/10,000 (25%)"
+    with_values({"Train/buffer_size": 10_000}, state)
+    add_iteration(state, iteration(NOW, {"learning": 5.0}, 10.0))
+    assert state.status_line() is None
+    sink = PanelSink("run", console=Console(file=io.StringIO(), force_terminal=False, width=200))
+    from otel_rl.core.records import EventRecord
+
+    sink.on_event(EventRecord(NOW, "status", {"text": "Evaluating"}))
+    assert sink.state.status_line() == "Evaluating" and "Evaluating" in sink.view.plain_line()
+    sink.on_event(EventRecord(NOW, "status", {"text": ""}))
+    assert sink.state.status_line() == "Warming up..."
+    sink.on_event(EventRecord(NOW, "warmup_done", {}))
+    assert sink.state.status_line() is None
+    sink.shutdown(Deadline(2))
+
+
+def test_quiet_collector_rows_show_from_1_percent_of_the_cycle():
+    state = PanelState(clock=lambda: NOW)
+    add_iteration(state, iteration(NOW, {"inference_request": 0.05, "env_step": 9.0, "learner_action_wait": 0.9}, 10.0, "collector"))
+    labels = [r[0] for r in timing_rows(state.timing("collector"), "collector")]
+    assert "Inference Request" not in labels and "Learner Action Wait" in labels and "Env Step" in labels
+    loud = PanelState(clock=lambda: NOW)
+    add_iteration(loud, iteration(NOW, {"inference_request": 0.5, "env_step": 9.5}, 10.0, "collector"))
+    assert "Inference Request" in [r[0] for r in timing_rows(loud.timing("collector"), "collector")]
+
+
+def test_a_custom_nested_phase_is_shown_under_its_parent():
+    """The parent is found in the recorded batch: a phase of the loop's own, nested in Learning."""
+    from otel_rl.core.batches import IterationBatch
+
+    t = NOW - 10_000_000
+    child = PhaseRecord(schema.phase_spec("learner", "target_update"), t + 1_000_000, t + 3_000_000, 1, 1, "main")
+    learning = PhaseRecord(schema.phase_spec("learner", "learning"), t, t + 6_000_000, 0, 1, "main", children=(child,))
+    wait = PhaseRecord(schema.phase_spec("learner", "collector_wait"), t + 6_000_000, t + 7_000_000, 0, 1, "main")
+    record = IterationRecord("learner", 0, 0, t, t + 10_000_000, 1, "main", (learning, wait), 7_000_000)
+    cycles = CycleTotals()
+    cycles.add_batch(IterationBatch.of([record]))
+    assert cycles.parents == {"target_update": "learning"}
+    state = PanelState(clock=lambda: NOW)
+    state.add_pass(PassTotals(NOW, {"learner": cycles}))
+    labels = [r[0] for r in timing_rows(state.timing("learner"), "learner", state.parents)]
+    assert labels.index("  Target Update") == labels.index("Learning") + 1
+
+
+def test_hundreds_of_custom_keys_leave_the_panel_a_panel():
+    state = with_values({f"group{g}/key{k}": float(k) for g in range(10) for k in range(30)})
+    metrics = PanelView(state, "run").sections(short=False)["metrics"]
+    assert len(metrics) < 40 and "300 more keys" not in str(metrics[-1][0]) and "more keys" in str(metrics[-1][0])
