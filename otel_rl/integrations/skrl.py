@@ -11,7 +11,7 @@ agent (PPO, SAC, TD3, DQN...), it records:
   as a ``learner`` iteration holding one ``learning`` phase;
 - what the agent tracks (``Loss / Policy loss``, ``Reward / Total reward
   (mean)``...) under canonical keys (``otel_rl.formats.schema.LIBRARY_TAGS["skrl"]``),
-  reduced as skrl reduces it (min, max or mean), every time skrl writes it
+  as skrl reduces it (min, max or mean: the values it writes, taken as it writes them), every time skrl writes it
   (its ``experiment.write_interval``, ``"auto"`` by default), at that timestep.
 
 skrl's own TensorBoard and W&B writing is left as configured. The methods
@@ -22,9 +22,9 @@ number of environments and the agent's configuration), ended as it ends.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
-
-import numpy as np
 
 from otel_rl.base.log import logger
 from otel_rl.formats import schema
@@ -84,8 +84,10 @@ def instrument(trainer: Any, tel: Any) -> Any:
 
     def write_tracking_data(original):
         def wrapped(*, timestep: int, timesteps: int) -> None:
-            tel.scalars(_reduce(agent.tracking_data), step=timestep * num_envs)
-            original(timestep=timestep, timesteps=timesteps)
+            with _written(getattr(agent, "writer", None)) as written:  # the values skrl reduces and writes, taken as it writes them
+                original(timestep=timestep, timesteps=timesteps)
+            if written:
+                tel.scalars(written, step=timestep * num_envs)
 
         return wrapped
 
@@ -116,12 +118,28 @@ def instrument(trainer: Any, tel: Any) -> Any:
 
 
 
-def _reduce(tracking: dict[str, list[float]]) -> dict[str, float]:
-    """skrl's reduction of each tracked series (``(min)``, ``(max)``, else the mean), under canonical keys."""
-    out: dict[str, float] = {}
-    for key, values in tracking.items():
-        if not values:
-            continue
-        reduce = np.min if key.endswith("(min)") else np.max if key.endswith("(max)") else np.mean
-        out[schema.library_key("skrl", key)] = float(reduce(np.asarray(values, dtype=np.float64)))
-    return out
+@contextlib.contextmanager
+def _written(writer: Any) -> Iterator[dict[str, float]]:
+    """The scalars ``writer.add_scalar`` receives inside the block (skrl's own reduction of each tracked
+    series: ``(min)``, ``(max)``, else the mean), under canonical keys; they still reach the writer."""
+    written: dict[str, float] = {}
+    add = getattr(writer, "add_scalar", None)
+    if add is None:
+        yield written
+        return
+
+    def taken(*args: Any, **kwargs: Any) -> Any:
+        tag, value = kwargs.get("tag", args[0] if args else None), kwargs.get("value", args[1] if len(args) > 1 else None)
+        if isinstance(tag, str) and value is not None:
+            written[schema.library_key("skrl", tag)] = float(value)
+        return add(*args, **kwargs)
+
+    own = "add_scalar" in vars(writer)
+    writer.add_scalar = taken
+    try:
+        yield written
+    finally:
+        if own:
+            writer.add_scalar = add
+        else:
+            del writer.add_scalar

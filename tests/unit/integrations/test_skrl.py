@@ -57,6 +57,15 @@ def test_skrl_agents_record_both_timelines_and_their_tracking_data(tmp_path, alg
     steps_logged = [r["step"] for r in records(tmp_path) if r["kind"] == "scalars" and "Train/mean_reward" in r["values"]]
     assert steps_logged == sorted(steps_logged) and steps_logged[-1] <= steps
     assert counts(tmp_path)["collector"]["cycles"] == steps // 2  # one per trainer step
+    # The values are the ones skrl wrote to its own TensorBoard, not a second reduction of its data.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (events,) = {p.parent for p in (tmp_path / "skrl").rglob("events.out.tfevents.*")}
+    written = EventAccumulator(str(events), size_guidance={"scalars": 0})
+    written.Reload()
+    skrl_own = [(e.step * 2, e.value) for e in written.Scalars("Reward / Total reward (mean)")]
+    ours = [(r["step"], r["values"]["Train/mean_reward"]) for r in records(tmp_path) if r["kind"] == "scalars" and "Train/mean_reward" in r["values"]]
+    assert ours == [(step, pytest.approx(value, rel=1e-6)) for step, value in skrl_own] and ours
 
 
 def test_a_trainer_of_several_agents_is_refused(tmp_path):
