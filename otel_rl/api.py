@@ -47,6 +47,8 @@ class TrainingTelemetry(Protocol):
 
     def status(self, text: str) -> None: ...
 
+    def add_summary(self, **fields: Any) -> None: ...
+
     def run(
         self,
         *,
@@ -145,6 +147,9 @@ class NoOpTelemetry:
         pass
 
     def status(self, text: str) -> None:
+        pass
+
+    def add_summary(self, **fields: Any) -> None:
         pass
 
     @contextmanager

@@ -375,6 +375,18 @@ class Telemetry:
         safe = json_safe(attributes, self._nonfinite, f"event:{name}") if attributes else {}
         self._recorder.add_event((perf_counter_ns(), name, safe))
 
+    def add_summary(self, **fields: Any) -> None:
+        """Add the loop's own fields to ``run_summary.json`` (``backend_diagnostics={...}``, say), beside otel-rl's.
+
+        Values are made JSON-safe like an event's; a later call with the same name replaces the field. A name
+        otel-rl writes itself (``status``, ``timelines``...) is left out with one warning; the rest are kept.
+        """
+        taken = {name: value for name, value in fields.items() if name not in schema.SUMMARY_KEYS}
+        for name in sorted(set(fields) - set(taken)):
+            _logger.warning("otel-rl: add_summary(%s=...) is left out: run_summary.json writes %r itself", name, name, extra=once(f"summary-field:{name}"))
+        if taken:
+            self.event(schema.EVENT_SUMMARY_FIELDS, **taken)
+
     def status(self, text: str) -> None:
         """Say what the run is doing (``"Buffer fill: 8,000/10,000"``, ``"Evaluating"``): the panel's status line
         until the next one (an empty text clears it; one that says error or fail is drawn at once), and a

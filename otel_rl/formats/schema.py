@@ -57,6 +57,13 @@ METRIC_EVENTS = "rl.events"
 ATTR_EVENT = "rl.event"
 EVENT_PROCESS_DIED = "process_died"
 """Recorded by the agent for a producer without an open run (a worker) that died: ``status``, ``reason``, ``pid``."""
+EVENT_SUMMARY_FIELDS = "summary_fields"
+"""The loop's own fields for ``run_summary.json`` (:meth:`otel_rl.Telemetry.add_summary`), one attribute each."""
+SUMMARY_KEYS = frozenset({
+    "metric_schema_version", "run_id", "algorithm", "status", "reason", "start_time_unix_nano", "end_time_unix_nano",
+    "env_steps", "rank", "world_size", "timelines", "last_scalars",
+})  # fmt: skip
+"""The fields otel-rl writes into ``run_summary.json``; a loop's own field of one of these names is refused."""
 EVENT_FRAMEWORK = "framework"
 """An integration named the framework training runs on (``system``) and its environment (``environment``, when it knows it)."""
 ATTR_SYSTEM = "rl.system"

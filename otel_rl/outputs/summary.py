@@ -5,7 +5,8 @@ resumed, its metadata (family, total steps,
 environments), the resolved configuration (secrets redacted) and its
 provenance (git commit and dirty flag, command line, host, package
 versions). ``run_summary.json`` holds the final status and per-phase timing,
-schema-stamped. Both are written off the training thread, atomically (a
+schema-stamped, and the loop's own fields (``tel.add_summary(...)``: a
+``backend_diagnostics`` block, say). Both are written off the training thread, atomically (a
 temporary file renamed into place): a reader sees a whole file or none.
 """
 
@@ -42,6 +43,7 @@ class SummarySink(RecordSink):
         self._end_ns: int | None = None
         self._last_scalars: dict[str, Any] = {}
         self._algorithm = config.algorithm  # else the one an integration names (a framework event)
+        self._fields: dict[str, Any] = {}  # the loop's own (tel.add_summary), beside otel-rl's
         self.unwritten: dict[str, str] = {}
         """Files that could not be written, and why (the end line says so)."""
 
@@ -66,6 +68,8 @@ class SummarySink(RecordSink):
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_FRAMEWORK and not self._config.algorithm and event.attributes.get("algorithm"):
             self._algorithm = event.attributes["algorithm"]
+        elif event.name == schema.EVENT_SUMMARY_FIELDS:
+            self._fields.update((k, v) for k, v in event.attributes.items() if k not in schema.SUMMARY_KEYS)
 
     def on_scalars(self, batch: ScalarBatch) -> None:
         self._last_scalars.update(batch.latest_values())
@@ -73,6 +77,7 @@ class SummarySink(RecordSink):
     def summary(self) -> dict[str, Any]:
         timelines = self._aggregates.phase_summary()
         return {
+            **self._fields,
             "metric_schema_version": schema.SCHEMA_VERSION,
             "run_id": self._config.run_id,
             "algorithm": self._algorithm,
