@@ -640,7 +640,7 @@ class Telemetry:
         counts = self._host.counts()  # what the outputs said last, once they closed
         if self._run_folder is not None:
             seconds = self._runs.duration_s if self._runs.duration_s is not None else (self._clock.now_ns() - self._started_ns) / 1e9
-            notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten)
+            notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten, self._last_env_steps)
         self._report_undelivered(counts.live_undelivered)
         if interrupted.happened:
             where = self.config.run_dir

@@ -50,7 +50,8 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
     if config.tensorboard:
         files.append(f"{TENSORBOARD_DIR}/" if config.tensorboard_dir is None else f"TensorBoard in {config.tensorboard_dir}")
     if config.wandb:
-        files.append(f"{WANDB_DIR}/")
+        fields = config.wandb_fields()
+        files.append(f"{WANDB_DIR}/: W&B project {fields['project']!r}, run {fields['name']!r}, {config.wandb_mode}")
     if config.swanlab:
         files.append("swanlab/")
     if config.trackio:
@@ -61,16 +62,19 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
     _say(f"run {config.run_id} records into {config.run_dir} ({', '.join(files)})")
 
 
-def ended(config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = (), unwritten: Sequence[str] = ()) -> None:
-    """How the run ended, and the commands that read what it wrote (only files that are there); ``unwritten``: what
-    the run folder could not keep (a full disk), said plainly: its files may not record the end."""
+def ended(
+    config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = (), unwritten: Sequence[str] = (), env_steps: int | None = None
+) -> None:
+    """How the run ended (after how many env steps, where the loop gave them), and the commands that read what it
+    wrote (only files that are there); ``unwritten``: what the run folder could not keep (a full disk), said
+    plainly: its files may not record the end."""
     if config.quiet or config.run_dir is None:
         return
     folder = shlex.quote(str(config.run_dir))
     if status is None:
         head = f"run {config.run_id} ended without a run being opened (tel.run(), tel.start_run() or an integration opens one)"
     else:
-        head = f"run {config.run_id} {status} after {seconds:.1f} s"
+        head = f"run {config.run_id} {status} after {seconds:.1f} s" + ("" if env_steps is None else f" and {env_steps:,} env steps")
     if failed_outputs:
         head += f" without {', '.join(failed_outputs)} (could not start; see the warning above)"
     if unwritten:
