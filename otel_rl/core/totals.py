@@ -53,7 +53,7 @@ class CycleTotals:
     def _note_parents(self, batch: IterationBatch, top: np.ndarray) -> None:
         """Where each custom nested phase ran: the top-level phase opened last before it."""
         phases = batch.phases
-        custom = [i for i, spec in enumerate(phases.specs) if spec.parent is None]
+        custom = [i for i, spec in enumerate(phases.specs) if spec is not None and spec.parent is None]
         nested = np.flatnonzero(~top & np.isin(phases.spec_ids, custom)) if custom else ()
         if len(nested) == 0:
             return

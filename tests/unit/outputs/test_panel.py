@@ -313,3 +313,28 @@ def test_hundreds_of_custom_keys_leave_the_panel_a_panel():
     state = with_values({f"group{g}/key{k}": float(k) for g in range(10) for k in range(30)})
     metrics = PanelView(state, "run").sections(short=False)["metrics"]
     assert len(metrics) < 40 and "300 more keys" not in str(metrics[-1][0]) and "more keys" in str(metrics[-1][0])
+
+
+def test_a_run_with_nested_phases_of_its_own_loses_no_cycle(tmp_path):
+    """Through the real pipeline: phases of the collector's and the learner's, nested ones of the loop's own among them."""
+    import json
+
+    import otel_rl
+
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)
+    env_step = tel.phase("env_step", timeline="collector")
+    with tel.run():
+        for i in range(20):
+            with env_step:
+                pass
+            with tel.iteration(i, env_steps=i + 1):
+                with tel.phase("inference"):
+                    with tel.phase("inference_forward"):
+                        pass
+                with tel.phase("learning"):
+                    with tel.phase("target_update"):
+                        pass
+    tel.close()
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert summary["timelines"]["learner"]["iterations"]["count"] == 20, summary["timelines"]
+    assert summary["timelines"]["learner"]["phases"]["target_update"]["count"] == 20
