@@ -19,7 +19,9 @@ per iteration (+30% of wall time), no other phase moved the wall time by
 more than 3%: the learner got slower"). It is only as sure as the data:
 with fewer than :data:`MIN_CYCLES` cycles on a side it makes none; a cycle
 changed only when its median moved by more than :data:`NOISE` and the
-rank-sum test over the per-cycle samples gives p < :data:`ALPHA`; when the
+rank-sum test over the per-cycle samples gives p < :data:`ALPHA` (a throughput
+that moved while no cycle's median did is put down to the slow cycles, or to
+the env steps a cycle does, never to a phase); when the
 hosts differed (other processes' CPU, steal, load, preemptions), or the
 host was busy in both runs, it says so before it names a phase, and that
 the runs had the same settings when they did.
@@ -176,9 +178,15 @@ def verdict(comparison: dict[str, Any]) -> str:
     if counts and min(counts) < MIN_CYCLES:
         return f"too few cycles to tell (n={min(counts)}; a verdict needs {MIN_CYCLES} on each side): see the table{tail}"
     caveat = _caveat(comparison)
+    medians = [abs(e["cycle_p50_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_p50_ms")]
     if not changed and not moved_throughput:
-        medians = [abs(e["cycle_p50_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_p50_ms")]
         return f"{caveat}nothing changed beyond noise: every cycle's median within {max(medians, default=0.0):.0%} of the baseline{tail}"
+    if not changed and medians:  # the throughput moved, no cycle's median did: the slow cycles, or the steps a cycle does
+        means = [abs(e["cycle_mean_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_mean_ms")]
+        within = f"every cycle's median within {max(medians):.0%} of the baseline"
+        if max(means, default=0.0) > NOISE:
+            return f"{caveat}no phase changed ({within}), but the slow cycles did: stalls in one run (often the host), not the code{tail}"
+        return f"{caveat}no phase changed ({within}): each cycle did {'more' if throughput > 0 else 'fewer'} env steps{tail}"
     contributions = _contributions(comparison)
     if not contributions:
         return f"{caveat}the runs share no timeline to compare{tail}"
