@@ -59,6 +59,27 @@ def timed(
     return call
 
 
+def saves(tel: Any, method: Callable[..., Any], attributes: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+    """``method`` (a library's save) followed, when it returns, by a ``checkpoint_saved`` event with ``attributes(*args, **kwargs)``."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        try:
+            found = attributes(*args, **kwargs)
+        except Exception:  # an unexpected call shape: the checkpoint is saved, the event says less
+            found = {}
+        tel.event(schema.EVENT_CHECKPOINT_SAVED, **found)
+        return result
+
+    return call
+
+
+def path_argument(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """A save's ``path`` (its first argument or ``path=``), as the event's attribute."""
+    path = kwargs.get("path", args[0] if args else None)
+    return {} if path is None else {"path": str(path)}
+
+
 def time_forward(tel: Any, module: Any, phase: str, when: Callable[[], bool]) -> Callable[[], None]:
     """Record ``module``'s forward passes made while ``when()`` as ``phase`` of the collector; returns the undo.
 

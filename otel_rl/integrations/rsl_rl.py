@@ -26,7 +26,7 @@ from typing import Any
 
 from otel_rl.base.log import logger
 from otel_rl.formats import schema
-from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, settings, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, path_argument, saves, settings, timed, wrap
 
 SYSTEM = "rsl_rl"
 """``rl.system`` of runs trained with RSL-RL."""
@@ -119,4 +119,5 @@ def instrument(runner: Any, tel: Any) -> Any:
 
     tel.describe_system(SYSTEM, environment_name(env), type(alg).__name__)
     wrap(runner, "learn", lambda learn: opens_run(tel, learn, run_metadata))
+    wrap(runner, "save", lambda save: saves(tel, save, path_argument))  # its save_interval's checkpoints and the last
     return runner

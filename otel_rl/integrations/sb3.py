@@ -11,7 +11,10 @@ DQN) algorithms alike:
 - everything SB3 logs (``train/value_loss``, ``rollout/ep_rew_mean``...)
   under canonical keys (``Loss/value``, ``Train/mean_reward``...; the table is
   ``otel_rl.formats.schema.LIBRARY_TAGS["sb3"]``) at SB3's step (``num_timesteps``),
-  through an SB3 logger output added to the model's logger.
+  through an SB3 logger output added to the model's logger;
+- every ``model.save`` (``CheckpointCallback``'s too) as a ``checkpoint_saved``
+  event with its path, and an off-policy model's first update (after
+  ``learning_starts``) as ``warmup_done``.
 
 The environment, policy and ``train`` are wrapped on the model's instances
 for the duration of ``learn()`` and restored at its end. When no run is open
@@ -35,7 +38,7 @@ from stable_baselines3.common.logger import KVWriter
 
 from otel_rl.base import compat
 from otel_rl.formats import schema
-from otel_rl.integrations._wrapping import Cycle, environment_name, plain_settings, time_forward, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, environment_name, path_argument, plain_settings, saves, time_forward, timed, wrap
 
 SYSTEM = "stable_baselines3"
 """``rl.system`` of runs trained with SB3."""
@@ -43,6 +46,19 @@ SYSTEM = "stable_baselines3"
 
 _CHANGING = frozenset({"num_timesteps", "verbose", "start_time"})
 """Model attributes that are state, not configuration."""
+
+
+_WRAPPED = ("train", "predict", "save")
+"""The model's methods this callback wraps on the instance while ``learn()`` runs."""
+
+
+def _leaving_out_wrappers(save: Any) -> Any:
+    """``model.save`` without the wrappers set on the instance: they time this process's calls and are not the model."""
+
+    def call(path: Any, exclude: Any = None, include: Any = None) -> Any:
+        return save(path, exclude=[*(exclude or ()), *_WRAPPED], include=include)
+
+    return call
 
 
 class TelemetryOutput(KVWriter):
@@ -80,6 +96,7 @@ class TelemetryCallback(BaseCallback):
         self._restore: list[Any] = []
         self._formats: list[Any] = []  # the output formats of the logger this callback writes into
         self._opened_run = False
+        self._warming = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -99,6 +116,8 @@ class TelemetryCallback(BaseCallback):
         if self._output not in self._formats:
             self._formats.append(self._output)
         self._restore.append(wrap(model, "train", self._timed_train))
+        self._restore.append(wrap(model, "save", lambda save: saves(self.tel, _leaving_out_wrappers(save), path_argument)))  # CheckpointCallback's too
+        self._warming = not on_policy and (getattr(model, "learning_starts", 0) or 0) > 0
         self._restore.append(wrap(self.training_env, "step", lambda step: timed(self.tel, "env_step", step)))
         collecting = self._collecting  # inference is timed only inside rollouts, not in evaluation
         if compat.sb3_off_policy(model):  # off-policy: actions come from model.predict
@@ -142,6 +161,9 @@ class TelemetryCallback(BaseCallback):
         learning = tel.phase("learning")
 
         def timed(*args: Any, **kwargs: Any):
+            if self._warming:  # an off-policy model's first update: its learning_starts steps are behind it
+                self._warming = False
+                tel.event(schema.EVENT_WARMUP_DONE, env_steps=self.model.num_timesteps, learning_starts=self.model.learning_starts)
             with tel.iteration(self._updates, env_steps=self.model.num_timesteps), learning:
                 result = train(*args, **kwargs)
             self._updates += 1

@@ -28,7 +28,7 @@ from typing import Any
 
 from otel_rl.base.log import logger
 from otel_rl.formats import schema
-from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, settings, timed, wrap
+from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, saves, settings, timed, wrap
 
 SYSTEM = "skrl"
 """``rl.system`` of runs trained with skrl."""
@@ -53,6 +53,8 @@ def instrument(trainer: Any, tel: Any) -> Any:
     num_envs = int(getattr(env, "num_envs", 1) or 1)
     cycle = Cycle(tel)
     state = {"updates": 0}
+    warm_up = getattr(getattr(agent, "cfg", None), "learning_starts", 0) or 0
+    warm_up = warm_up if isinstance(warm_up, int) else 0
 
     def pre_interaction(original):
         def wrapped(*, timestep: int, timesteps: int) -> None:
@@ -76,6 +78,8 @@ def instrument(trainer: Any, tel: Any) -> Any:
         learning = tel.phase("learning")
 
         def wrapped(*, timestep: int, timesteps: int) -> None:
+            if state["updates"] == 0 and warm_up:  # the first update after the agent's learning_starts
+                tel.event(schema.EVENT_WARMUP_DONE, env_steps=timestep * num_envs, learning_starts=warm_up)
             with tel.iteration(state["updates"], env_steps=timestep * num_envs), learning:
                 original(timestep=timestep, timesteps=timesteps)
             state["updates"] += 1
@@ -96,6 +100,9 @@ def instrument(trainer: Any, tel: Any) -> Any:
     wrap(agent, "record_transition", record_transition)
     wrap(agent, "update", update)
     wrap(agent, "write_tracking_data", write_tracking_data)
+    directory = getattr(agent, "experiment_dir", None)
+    wrap(agent, "write_checkpoint", lambda write: saves(tel, write, lambda *, timestep, timesteps: {
+        "timestep": timestep, **({} if directory is None else {"directory": str(directory)})}))  # fmt: skip
     wrap(env, "step", lambda step: timed(tel, "env_step", step))
     family = "rl.onpolicy" if type(agent).__name__.split("_")[0].upper() in _ON_POLICY else "rl.offpolicy"
 

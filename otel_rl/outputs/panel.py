@@ -554,7 +554,7 @@ class PanelSink(RecordSink):
         self.state.add_scalars(batch)
 
     def on_event(self, event: EventRecord) -> None:
-        if event.name == "warmup_done":
+        if event.name == schema.EVENT_WARMUP_DONE:
             self.state.warmed_up = True
         elif event.name == STATUS_EVENT:
             text = str(event.attributes.get("text", ""))

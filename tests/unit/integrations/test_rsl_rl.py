@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import torch
@@ -89,6 +91,9 @@ def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp
     assert counted["collector"]["cycles"] == 4 and counted["learner"]["cycles"] == 4
     assert counted["collector"]["env_step"] == 4 * 24
     assert list((tmp_path / "rsl_rl").glob("events.out.tfevents.*"))  # the configured writer still writes
+    saved = [r["attributes"]["path"] for r in records(tmp_path / "run") if r["kind"] == "event" and r["name"] == "checkpoint_saved"]
+    assert saved and all(os.path.exists(path) for path in saved)  # the runner's own saves, each an event naming its file
+    assert saved[-1] == str(tmp_path / "rsl_rl" / "model_3.pt")  # the last one, after the last iteration (RSL-RL counts from 0)
 
 
 def test_reward_terms_map_to_the_reward_family():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from integration_checks import check_run, counts, framework, records
 from stable_baselines3 import DQN, PPO, SAC
+from stable_baselines3.common.callbacks import CheckpointCallback
 
 import otel_rl
 from otel_rl.formats import schema
@@ -49,7 +50,8 @@ def test_off_policy_algorithms_record_the_same_timelines(tmp_path, algorithm):
     with tel.run(family="rl.offpolicy"):
         if algorithm == "sac":
             model = SAC("MlpPolicy", "Pendulum-v1", learning_starts=100, batch_size=64, device="cpu", seed=0)
-            model.learn(600, callback=TelemetryCallback(tel), log_interval=1)
+            checkpoints = CheckpointCallback(save_freq=250, save_path=str(tmp_path / "ckpt"), name_prefix="sac")
+            model.learn(600, callback=[checkpoints, TelemetryCallback(tel)], log_interval=1)
             expected = {"Loss/actor", "Loss/critic", "Policy/alpha", "Loss/alpha"}
         else:
             model = DQN("MlpPolicy", "CartPole-v1", learning_starts=200, train_freq=4, device="cpu", seed=0)
@@ -58,7 +60,15 @@ def test_off_policy_algorithms_record_the_same_timelines(tmp_path, algorithm):
     tel.close()
     check_run(tmp_path, BOTH_TIMELINES, {"Train/mean_reward", "Perf/learning_time", *expected})
     # The wrapping is undone after learn(): the model predicts as before, without phases.
-    assert "predict" not in vars(model) and "train" not in vars(model) and "step" not in vars(model.get_env())
+    assert "predict" not in vars(model) and "train" not in vars(model) and "step" not in vars(model.get_env()) and "save" not in vars(model)
+    events = [r for r in records(tmp_path) if r["kind"] == "event"]
+    (warm,) = [e for e in events if e["name"] == "warmup_done"]  # the first update, after learning_starts
+    assert warm["attributes"]["env_steps"] >= warm["attributes"]["learning_starts"] == model.learning_starts
+    if algorithm == "sac":  # the library's own CheckpointCallback: each save is an event naming its file
+        saved = [e["attributes"]["path"] for e in events if e["name"] == "checkpoint_saved"]
+        assert [p.removesuffix(".zip") for p in saved] == [str(tmp_path / "ckpt" / f"sac_{n}_steps") for n in (250, 500)]
+        restored = SAC.load(tmp_path / "ckpt" / "sac_500_steps.zip", device="cpu")  # a checkpoint as SB3 writes it: no wrapper in it
+        assert not {"train", "predict", "save"} & set(vars(restored))
 
 
 def test_the_logger_output_maps_keys_and_skips_what_is_not_a_number(tmp_path):

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine
 
 
 def make_agent(algorithm: str, env, run_dir):
-    experiment = {"directory": str(run_dir / "skrl"), "write_interval": 200, "checkpoint_interval": 0}
+    experiment = {"directory": str(run_dir / "skrl"), "write_interval": 200, "checkpoint_interval": 150 if algorithm == "sac" else 0}
     spaces = {"observation_space": env.observation_space, "action_space": env.action_space, "device": env.device}
     if algorithm == "ppo":
         models = {"policy": Policy(**spaces), "value": Value(**spaces)}
@@ -66,6 +66,14 @@ def test_skrl_agents_record_both_timelines_and_their_tracking_data(tmp_path, alg
     skrl_own = [(e.step * 2, e.value) for e in written.Scalars("Reward / Total reward (mean)")]
     ours = [(r["step"], r["values"]["Train/mean_reward"]) for r in records(tmp_path) if r["kind"] == "scalars" and "Train/mean_reward" in r["values"]]
     assert ours == [(step, pytest.approx(value, rel=1e-6)) for step, value in skrl_own] and ours
+    events = [r for r in records(tmp_path) if r["kind"] == "event"]
+    if algorithm == "sac":  # its checkpoints and the end of its warm-up, as events
+        assert [e["attributes"]["timestep"] for e in events if e["name"] == "checkpoint_saved"] == [150, 300]
+        assert len(list((tmp_path / "skrl").rglob("agent_150.pt"))) == 1
+        (warm,) = [e for e in events if e["name"] == "warmup_done"]
+        assert warm["attributes"]["learning_starts"] == 100 and warm["attributes"]["env_steps"] >= 100 * 2
+    else:
+        assert not [e for e in events if e["name"] in ("checkpoint_saved", "warmup_done")]
 
 
 def test_a_trainer_of_several_agents_is_refused(tmp_path):
