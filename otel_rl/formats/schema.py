@@ -256,6 +256,8 @@ FAMILIES: dict[str, str] = {
     "Loss/": "",
     "Policy/": "",
     "Episode/": "",
+    "Episode_Termination/": "",  # Manager-Based environments: the envs a termination term reset, a diagnostic of its own
+    "Episode_Reward/": "",  # the retired per-term normalised episode sums: kept apart from reward/, as old runs have them
     "reward/": "",
     "sys/": "",
 }
@@ -501,9 +503,12 @@ LIBRARY_TAGS: dict[str, dict[str, str]] = {
 
 
 # Families renamed by prefix: library -> {the library's prefix -> canonical prefix}.
-LIBRARY_PREFIXES: dict[str, dict[str, str]] = {
-    "rsl_rl": {"Episode_Reward/": "reward/", "Episode/rew_": "reward/"},  # reward terms (Isaac Lab, legacy Isaac Gym)
-}
+LIBRARY_PREFIXES: dict[str, dict[str, str]] = {}
+"""None renamed today: RSL-RL's ``Episode_Reward/<term>`` (and legacy Isaac Gym's ``Episode/rew_<term>``) are episode
+sums, not the per-step ``reward/<term>`` of a reward manager, and keep their names."""
+
+LIBRARY_NAMESPACES: dict[str, str] = {"rsl_rl": "rslrl"}
+"""The namespace of a library's unmapped tags where it is not the library's name (``rslrl/<tag>``, as seed 000 gives)."""
 
 
 def library_key(library: str, key: str) -> str:
@@ -523,11 +528,12 @@ def library_key(library: str, key: str) -> str:
         if key.startswith(prefix) and len(key) > len(prefix):
             key = replacement + key[len(prefix) :]
             break
-    if _KEY.match(key) and (key in METRICS or key.startswith((*FAMILIES, library + "/"))):
+    if _KEY.match(key) and (key in METRICS or key.startswith((*FAMILIES, LIBRARY_NAMESPACES.get(library, library) + "/"))):
         return key
     # Anything else is the library's own: ``<library>/<its tag>``, never mistaken for a canonical key.
+    namespace = LIBRARY_NAMESPACES.get(library, library)
     parts = [re.sub(r"[^A-Za-z0-9_.\-]+", "_", part.strip()).strip("_") for part in key.split("/")]
-    return "/".join([library, *(p for p in parts if p)] if any(parts) else [library, "unnamed"])
+    return "/".join([namespace, *(p for p in parts if p)] if any(parts) else [namespace, "unnamed"])
 
 
 _RANK_KEY = re.compile(r"^Perf/rank_(\d+)/(.+)$")

@@ -111,6 +111,15 @@ def test_unmapped_library_keys_go_under_the_library_unless_of_a_canonical_family
     assert schema.library_key("torchrl", "grad_norm") == "torchrl/grad_norm"
     assert schema.library_key("skrl", "Stats / Inference time (ms)") == "skrl/Stats/Inference_time_ms"
     assert schema.library_key("skrl", " / ") == "skrl/unnamed"
-    assert schema.library_key("rsl_rl", "Episode_Reward/") == "rsl_rl/Episode_Reward"  # a prefix alone names no term
+    assert schema.library_key("rsl_rl", "Episode_Reward/") == "rslrl/Episode_Reward"  # a prefix alone names no term
+    assert schema.library_key("rsl_rl", "Perf/collection time") == "rslrl/Perf/collection_time"  # seed 000's namespace
+
+
+def test_manager_based_environments_keep_their_trees_apart():
+    """Seed 001: reward/<term> is the per-step reward manager's; Episode_Reward/<term> the retired episode sums; terminations their own."""
+    assert schema.library_key("rsl_rl", "reward/track_lin_vel") == "reward/track_lin_vel"
+    assert schema.library_key("rsl_rl", "Episode_Reward/track_lin_vel") == "Episode_Reward/track_lin_vel"
+    assert schema.library_key("rsl_rl", "Episode_Termination/time_out") == "Episode_Termination/time_out"
+    assert schema.library_key("rsl_rl", "Episode/rew_tracking") == "Episode/rew_tracking"  # legacy Isaac Gym's sums, as logged
     with pytest.raises(KeyError):
         schema.library_key("unknown-library", "x")

@@ -22,8 +22,11 @@ pytestmark = pytest.mark.slow  # a real RL library, the demo, or a whole machine
 class PointMass(VecEnv):
     """Push a point on a line towards the origin: 2 observations, 1 action, episodes of 50 steps.
 
-    Like Isaac Lab's environments, it reports the reward terms of finished
-    episodes in ``extras["episode"]`` as ``Episode_Reward/<term>``.
+    Like Isaac Lab's Manager-Based environments, it reports in ``extras["log"]``
+    each step's reward terms (``reward/<term>``: the mean over the envs of
+    ``raw value * weight``), and for the envs that finished an episode the
+    episode sums (``Episode_Reward/<term>``) and how many each termination
+    term reset (``Episode_Termination/<term>``).
     """
 
     def __init__(self, num_envs: int = 64) -> None:
@@ -47,9 +50,11 @@ class PointMass(VecEnv):
         self.terms["effort"] += effort
         self.episode_length_buf += 1
         dones = self.episode_length_buf >= self.max_episode_length
-        extras = {"time_outs": dones.clone()}
+        log = {"reward/distance": distance.mean(), "reward/effort": effort.mean(), "Metrics/position/error": self.position.abs().mean()}
+        extras = {"time_outs": dones.clone(), "log": log}
         if dones.any():
-            extras["episode"] = {f"Episode_Reward/{k}": v[dones].mean() for k, v in self.terms.items()}
+            log.update({f"Episode_Reward/{k}": v[dones].mean() for k, v in self.terms.items()})
+            log["Episode_Termination/time_out"] = dones.sum().float()
             for v in self.terms.values():
                 v[dones] = 0
             self.position[dones] = torch.rand(int(dones.sum())) * 2 - 1
@@ -82,9 +87,11 @@ def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp
         tmp_path / "run",
         {"learner": {"Learning", "Policy Inference", "Env Step", "Replay Write"}},
         {"Train/mean_reward", "Train/mean_episode_length", "Loss/value", "Loss/policy", "Perf/total_fps",
-         "Perf/learning_time", "Policy/mean_std", "reward/distance", "reward/effort"},
+         "Perf/learning_time", "Policy/mean_std", "reward/distance", "reward/effort",
+         "Episode_Reward/distance", "Episode_Reward/effort", "Episode_Termination/time_out"},
     )  # fmt: skip
     assert not any(k.endswith("/time") for k in found["keys"])
+    assert "rslrl/Metrics/position/error" in found["keys"] and not any(k.startswith("rsl_rl/") for k in found["keys"])  # unmapped: seed 000's namespace
     steps = sorted({r["step"] for r in records(tmp_path / "run") if r["kind"] == "scalars" and "Loss/value" in r["values"]})
     assert steps == [24 * 64 * (i + 1) for i in range(4)]  # env steps, not iteration numbers
     counted = counts(tmp_path / "run")
@@ -96,9 +103,9 @@ def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp
     assert saved[-1] == str(tmp_path / "rsl_rl" / "model_3.pt")  # the last one, after the last iteration (RSL-RL counts from 0)
 
 
-def test_reward_terms_map_to_the_reward_family():
-    assert schema.library_key("rsl_rl", "Episode_Reward/track_lin_vel") == "reward/track_lin_vel"
-    assert schema.library_key("rsl_rl", "Episode/rew_feet_air_time") == "reward/feet_air_time"
+def test_reward_terms_and_episode_sums_stay_apart():
+    assert schema.library_key("rsl_rl", "Episode_Reward/track_lin_vel") == "Episode_Reward/track_lin_vel"
+    assert schema.library_key("rsl_rl", "Episode/rew_feet_air_time") == "Episode/rew_feet_air_time"  # legacy Isaac Gym's sums too
     assert schema.library_key("rsl_rl", "Loss/value_function") == "Loss/value"
 
 
