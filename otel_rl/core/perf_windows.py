@@ -4,7 +4,10 @@
 (:class:`otel_rl.core.pipeline.PassTotals`) and, at most once per
 ``interval_s``, turns the window into ``Perf/*`` values: the mean per cycle
 (per occurrence for timelines without cycles), in each key's unit, aligned on
-the learner's latest iteration and env steps. With ``derive_fps`` (a run of
+the learner's latest iteration and env steps; the learner's Iter Wall is
+``Perf/iteration_time``, the collector's cycle (a rollout) ``Perf/collection_time``,
+and a learner ``gradient_sync`` phase is also ``Perf/dp_gradient_sync_ms_per_rank``
+(each rank's own, rank 0's in its outputs). With ``derive_fps`` (a run of
 one rank), a loop that does not log ``Perf/total_fps`` gets it derived: the
 learner's env steps over the window's time.
 """
@@ -41,12 +44,14 @@ class _Window:
     def values(self, timeline: str) -> dict[str, float]:
         """Mean per cycle (per occurrence for timelines without cycles), in each key's unit."""
         out: dict[str, float] = {}
-        if self.cycles and timeline == schema.LEARNER:
-            out["Perf/iteration_time"] = self.wall_ns / self.cycles / 1e9
+        if self.cycles:  # the learner's Iter Wall; the collector's rollout (its cycle) wall
+            out["Perf/iteration_time" if timeline == schema.LEARNER else "Perf/collection_time"] = self.wall_ns / self.cycles / 1e9
         for name, total_ns in self.phase_ns.items():
             per = self.cycles or self.phase_count.get(name, 0)
             if per:
                 out[schema.phase_key(timeline, name)] = total_ns / per / 1e6 * schema.phase_key_scale(timeline, name)
+        if timeline == schema.LEARNER and schema.DP_SYNC_KEY_FROM in out:  # the ranks' gradient all-reduce, per rank
+            out[schema.DP_SYNC_KEY] = out[schema.DP_SYNC_KEY_FROM]
         return out
 
 

@@ -170,11 +170,17 @@ COLLECTOR_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("inference_request", COLLECTOR, "Inference Request"),
     PhaseSpec("learner_action_wait", COLLECTOR, "Learner Action Wait"),
     PhaseSpec("policy_inference", COLLECTOR, "Policy Inference"),
+    PhaseSpec("mlp_infer", COLLECTOR, "MLP Infer"),  # APPO's own policy step in the collector
     PhaseSpec("env_step", COLLECTOR, "Env Step"),
+    PhaseSpec("action_validate", COLLECTOR, "Action Validate", parent="env_step"),
     PhaseSpec("action_apply", COLLECTOR, "Apply Action", parent="env_step"),
+    PhaseSpec("action_backend", COLLECTOR, "Action+Backend", parent="env_step"),
     PhaseSpec("backend_step", COLLECTOR, "Backend Step", parent="env_step"),
+    PhaseSpec("update_state", COLLECTOR, "Update State", parent="env_step"),
     PhaseSpec("reset_done", COLLECTOR, "Reset Done", parent="env_step"),
+    PhaseSpec("transition_extract", COLLECTOR, "Transition Extract"),
     PhaseSpec("replay_write", COLLECTOR, "Replay Write"),
+    PhaseSpec("metrics_publish", COLLECTOR, "Metrics Publish"),
 )
 
 PHASES: dict[tuple[str, str], PhaseSpec] = {
@@ -223,6 +229,9 @@ def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:
     return tuple(p for p in PHASES.values() if p.timeline == timeline and p.parent is None)
 
 
+DP_SYNC_KEY = "Perf/dp_gradient_sync_ms_per_rank"
+"""A rank's gradient all-reduce per iteration (ms): its learner ``gradient_sync`` phase, under seed 001's name."""
+DP_SYNC_KEY_FROM = "Perf/learner_gradient_sync_ms"
 TOTAL_FPS = "Perf/total_fps"
 """Env steps per second: the loop's own, else derived from the learner's env steps on a run of one rank."""
 JOB_ENV_STEPS = "Perf/job_env_steps"
@@ -233,13 +242,14 @@ _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Perf/job_env_steps", "", "sum", description="Env steps of the whole job: each rank's latest, summed (log_window)"),
     MetricSpec("Perf/iteration_time", "s", description="Learner Iter Wall"),
     MetricSpec("Perf/learning_time", "s", description="Learner update wall time"),
-    MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time"),
+    MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time: the collector cycle's wall"),
     MetricSpec("Perf/replay_ingress_h2d_submit_ms", "ms", description="Background replay submit (overlaps)"),
     MetricSpec("Perf/dp_gradient_sync_ms_per_rank", "ms"),
     MetricSpec("Perf/dp_gradient_sync_calls_per_rank", ""),
     MetricSpec("Train/mean_reward", "", description="Mean return of the last 100 episodes"),
     MetricSpec("Train/mean_episode_length", ""),
-    MetricSpec("Episode/timeout_rate", ""),
+    MetricSpec("Episode/timeout_rate", "", description="Share of the episodes ended since the last value that hit the time limit"),
+    MetricSpec("Episode/terminated_rate", "", description="Share of the episodes ended since the last value that terminated"),
 ) + tuple(
     MetricSpec(phase_key(p.timeline, p.name), "s" if phase_key_scale(p.timeline, p.name) != 1.0 else "ms")
     for p in LEARNER_PHASES + COLLECTOR_PHASES

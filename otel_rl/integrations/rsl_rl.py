@@ -7,8 +7,13 @@ For an ``OnPolicyRunner`` it records:
   ``replay_write`` (``process_env_step``, the rollout storage), ending with
   ``compute_returns``;
 - each ``update`` as a ``learner`` iteration holding one ``learning`` phase;
+- the episodes each rollout ended as ``Episode/timeout_rate`` (the share the
+  environment's ``time_outs`` ended) and ``Episode/terminated_rate``, summed
+  on the environment's device and read once per rollout;
+- every ``runner.save`` as a ``checkpoint_saved`` event with its path;
 - everything the runner's logger writes (losses, ``Perf/*``, rewards, episode
-  extras, reward terms as ``reward/<term>``) under canonical keys
+  extras: ``reward/<term>``, ``Episode_Reward/<term>``, ``Episode_Termination/<term>``,
+  the rest under ``rslrl/``) under canonical keys
   (``otel_rl.formats.schema.LIBRARY_TAGS["rsl_rl"]``), at the env-step count of the
   iteration (RSL-RL's own step is the iteration number), next to the writer
   the runner was configured with (TensorBoard, W&B, Neptune). Series RSL-RL
@@ -72,15 +77,6 @@ def instrument(runner: Any, tel: Any) -> Any:
 
         return wrapped
 
-    def compute_returns(original):
-        def wrapped(*args: Any, **kwargs: Any):
-            try:
-                return original(*args, **kwargs)
-            finally:
-                rollout.end()
-
-        return wrapped
-
     def update(original):
         learning = tel.phase("learning")
 
@@ -103,7 +99,34 @@ def instrument(runner: Any, tel: Any) -> Any:
         return wrapped
 
     wrap(alg, "act", act)
-    wrap(alg, "process_env_step", lambda method: timed(tel, "replay_write", method))
+    ended: dict[str, Any] = {}  # the rollout's ended episodes and time-outs, summed on the envs' device (no host read per step)
+
+    def process_env_step(original):
+        recorded = timed(tel, "replay_write", original)
+
+        def wrapped(obs: Any, rewards: Any, dones: Any, extras: Any, *args: Any, **kwargs: Any):
+            time_outs = extras.get("time_outs") if isinstance(extras, dict) else None
+            if time_outs is not None:
+                done = dones.bool()
+                ended["episodes"] = ended.get("episodes", 0) + done.sum()
+                ended["time_outs"] = ended.get("time_outs", 0) + (time_outs.bool() & done).sum()
+            return recorded(obs, rewards, dones, extras, *args, **kwargs)
+
+        return wrapped
+
+    def compute_returns(original):
+        def wrapped(*args: Any, **kwargs: Any):
+            try:
+                return original(*args, **kwargs)
+            finally:
+                rollout.end()
+                if ended:  # the rollout's rates, one host read with its other scalars; none before an episode ended (0/0)
+                    episodes, time_outs = ended.pop("episodes").float(), ended.pop("time_outs").float()
+                    tel.scalars({"Episode/timeout_rate": time_outs / episodes, "Episode/terminated_rate": 1.0 - time_outs / episodes},
+                                step=rollout.count * steps_per_rollout)  # fmt: skip
+
+        return wrapped
+    wrap(alg, "process_env_step", process_env_step)
     wrap(alg, "compute_returns", compute_returns)
     wrap(alg, "update", update)
     wrap(env, "step", lambda method: timed(tel, "env_step", method))

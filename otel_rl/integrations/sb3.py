@@ -12,6 +12,8 @@ DQN) algorithms alike:
   under canonical keys (``Loss/value``, ``Train/mean_reward``...; the table is
   ``otel_rl.formats.schema.LIBRARY_TAGS["sb3"]``) at SB3's step (``num_timesteps``),
   through an SB3 logger output added to the model's logger;
+- the episodes ended in each rollout as ``Episode/timeout_rate`` (the time
+  limit's share: Gymnasium's ``truncated``) and ``Episode/terminated_rate``;
 - every ``model.save`` (``CheckpointCallback``'s too) as a ``checkpoint_saved``
   event with its path, and an off-policy model's first update (after
   ``learning_starts``) as ``warmup_done``.
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import numbers
 from typing import Any
+
+import numpy as np
 
 from otel_rl.base import extras
 
@@ -97,6 +101,7 @@ class TelemetryCallback(BaseCallback):
         self._formats: list[Any] = []  # the output formats of the logger this callback writes into
         self._opened_run = False
         self._warming = False
+        self._ended = [0, 0]  # episodes ended by the time limit, and terminated, since the last rates
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -150,9 +155,23 @@ class TelemetryCallback(BaseCallback):
 
     def _on_rollout_end(self) -> None:
         self._rollout.end()
+        self._episode_rates()
 
     def _on_step(self) -> bool:
+        dones = self.locals.get("dones")
+        if dones is not None and dones.any():  # episodes ended: by the time limit (Gymnasium's truncated) or terminated
+            infos = self.locals.get("infos") or ()
+            for index in np.flatnonzero(dones).tolist():
+                self._ended[0 if index < len(infos) and infos[index].get("TimeLimit.truncated") else 1] += 1
         return True
+
+    def _episode_rates(self) -> None:
+        """``Episode/timeout_rate`` and ``Episode/terminated_rate`` of the episodes ended since the last ones (none before the first)."""
+        timeouts, terminated = self._ended
+        if timeouts + terminated:
+            ended = timeouts + terminated
+            self.tel.scalars({"Episode/timeout_rate": timeouts / ended, "Episode/terminated_rate": terminated / ended}, step=self.model.num_timesteps)
+            self._ended = [0, 0]
 
     # -- the learner's updates -----------------------------------------------------
 

@@ -98,6 +98,11 @@ def test_the_runner_records_both_timelines_and_its_logs_under_canonical_keys(tmp
     assert counted["collector"]["cycles"] == 4 and counted["learner"]["cycles"] == 4
     assert counted["collector"]["env_step"] == 4 * 24
     assert list((tmp_path / "rsl_rl").glob("events.out.tfevents.*"))  # the configured writer still writes
+    rates = [(r["step"], r["values"]["Episode/timeout_rate"], r["values"]["Episode/terminated_rate"]) for r in records(tmp_path / "run")
+             if r["kind"] == "scalars" and "Episode/timeout_rate" in r["values"]]  # fmt: skip
+    assert [step for step, _, _ in rates] == [24 * 64 * (i + 1) for i in range(4)]  # one per rollout
+    assert [(t, d) for _, t, d in rates if t is not None] == [(1.0, 0.0)]  # its episodes end only at the time limit: in the third rollout
+    assert [t for _, t, _ in rates].count(None) == 3  # before an episode ended, and after: nothing ended, no rate
     saved = [r["attributes"]["path"] for r in records(tmp_path / "run") if r["kind"] == "event" and r["name"] == "checkpoint_saved"]
     assert saved and all(os.path.exists(path) for path in saved)  # the runner's own saves, each an event naming its file
     assert saved[-1] == str(tmp_path / "rsl_rl" / "model_3.pt")  # the last one, after the last iteration (RSL-RL counts from 0)

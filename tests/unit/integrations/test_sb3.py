@@ -38,6 +38,9 @@ def test_ppo_on_cartpole_records_both_timelines_and_sb3s_metrics(tmp_path, capfd
     )  # fmt: skip
     assert not any(k.startswith(("train/", "rollout/", "time/")) for k in found["keys"])
     assert "sb3/time/iterations" in found["keys"]
+    rates = [r["values"] for r in records(tmp_path) if r["kind"] == "scalars" and "Episode/terminated_rate" in r["values"]]
+    assert rates and all(v["Episode/timeout_rate"] + v["Episode/terminated_rate"] == pytest.approx(1.0) for v in rates)
+    assert rates[0]["Episode/terminated_rate"] == 1.0  # an untrained CartPole falls long before its time limit
     counted = counts(tmp_path)
     assert counted["collector"]["cycles"] == 2048 // 256  # one per rollout
     assert counted["learner"]["cycles"] == 2048 // 256  # one per train()
@@ -68,6 +71,9 @@ def test_off_policy_algorithms_record_the_same_timelines(tmp_path, algorithm):
         saved = [e["attributes"]["path"] for e in events if e["name"] == "checkpoint_saved"]
         assert [p.removesuffix(".zip") for p in saved] == [str(tmp_path / "ckpt" / f"sac_{n}_steps") for n in (250, 500)]
         restored = SAC.load(tmp_path / "ckpt" / "sac_500_steps.zip", device="cpu")  # a checkpoint as SB3 writes it: no wrapper in it
+        rates = [(r["values"]["Episode/timeout_rate"], r["values"]["Episode/terminated_rate"]) for r in records(tmp_path)
+                 if r["kind"] == "scalars" and "Episode/timeout_rate" in r["values"]]  # fmt: skip
+        assert rates == [(1.0, 0.0)] * 3  # Pendulum's episodes only end at its 200-step limit: 3 of them in 600 steps
         assert not {"train", "predict", "save"} & set(vars(restored))
 
 
