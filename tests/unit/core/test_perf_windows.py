@@ -19,5 +19,5 @@ def test_the_collectors_rollout_wall_and_the_ranks_gradient_sync_have_seed_001s_
     values = windows.take()
     assert values["Perf/iteration_time"] == pytest.approx(0.010) and values["Perf/collection_time"] == pytest.approx(0.250)
     assert values["Perf/learner_gradient_sync_ms"] == pytest.approx(3.0) == values["Perf/dp_gradient_sync_ms_per_rank"]
-    assert values["Perf/collector_env_step_ms"] == pytest.approx(100.0)
+    assert values["Perf/collector_env_step_ms"] == pytest.approx(200.0)
     assert windows.take() == {}  # a new window
