@@ -41,6 +41,8 @@ class TrainingTelemetry(Protocol):
 
     def scalars(self, values: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None: ...
 
+    def reward_terms(self, terms: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None: ...
+
     def distribution(self, key: str, values: Any, step: int | None = None) -> None: ...
 
     def event(self, name: str, **attributes: Any) -> None: ...
@@ -135,6 +137,9 @@ class NoOpTelemetry:
         return _NOOP_PHASE
 
     def scalars(self, values: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None:
+        pass
+
+    def reward_terms(self, terms: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None:
         pass
 
     def distribution(self, key: str, values: Any, step: int | None = None) -> None:

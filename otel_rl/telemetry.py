@@ -338,6 +338,18 @@ class Telemetry:
         env_steps = self._last_env_steps if env_steps is None else _step(env_steps)
         self._recorder.add_scalars((perf_counter_ns(), values, step, self._last_iteration, env_steps))
 
+    def reward_terms(self, terms: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None:
+        """Record a reward's components (``{"upright": 0.8, "effort": -0.1}``) as ``reward/<term>`` scalars.
+
+        Seed 003's reward components: a bare name goes under ``reward/``, a key
+        already there stays; values, ``step`` and ``env_steps`` as :meth:`scalars`.
+        The panel shows them in its Rewards column.
+        """
+        if not isinstance(terms, Mapping):
+            _logger.warning("otel-rl: reward_terms() takes a mapping of term names to values, got %s; dropped", describe(terms), extra=once("reward-terms-type"))
+            return
+        self.scalars({key if isinstance(key, str) and key.startswith("reward/") else f"reward/{key}": value for key, value in terms.items()}, step, env_steps)
+
     def distribution(self, key: str, values: Any, step: int | None = None) -> None:
         """Record the distribution of ``values`` (actions, advantages, gradient norms...) at ``step``.
 

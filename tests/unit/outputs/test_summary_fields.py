@@ -1,4 +1,4 @@
-"""The loop's own fields in run_summary.json (seed 001's backend_diagnostics), beside otel-rl's."""
+"""The loop's own fields in run_summary.json (seed 001's backend_diagnostics), and its reward terms (seed 003's components)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 import logging
 
 import numpy as np
+import pytest
 
 import otel_rl
 
@@ -36,3 +37,28 @@ def test_a_run_without_a_folder_takes_the_call_and_writes_nothing(tmp_path, monk
     disabled = otel_rl.init(enabled=False)
     assert disabled.add_summary(backend_diagnostics={"a": 1}) is None and disabled.status("ok") is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_reward_terms_go_under_reward_and_show_in_the_panels_rewards(tmp_path, caplog):
+    """Seed 003's reward components: bare names under reward/, reward/ keys kept, the rest as scalars()."""
+    import torch
+
+    from otel_rl.outputs.panel import PanelState, PanelView
+
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)
+    with caplog.at_level(logging.WARNING), tel.run():
+        with tel.iteration(0, env_steps=64):
+            pass
+        tel.reward_terms({"upright": torch.tensor(0.8), "reward/effort": -0.1, "bad": "x"})
+        tel.reward_terms([("not", "a mapping")])
+    tel.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (terms,) = [r for r in rows if r["kind"] == "scalars" and "reward/upright" in r["values"]]
+    assert terms["values"] == {"reward/upright": pytest.approx(0.8, rel=1e-6), "reward/effort": -0.1} and terms["step"] == 64
+    assert sum("reward_terms() takes a mapping" in r.getMessage() for r in caplog.records) == 1
+    state = PanelState()
+    from otel_rl.core.batches import ScalarBatch
+    from otel_rl.core.records import ScalarsRecord
+
+    state.add_scalars(ScalarBatch.of([ScalarsRecord(1, {"reward/upright": 0.8}, None, None, None)]))
+    assert ("upright", "0.8") in PanelView(state, "run").sections(short=True)["rewards"]
