@@ -5,6 +5,7 @@
     read.scalars("runs/sac-1", keys=["Train/mean_reward"])  # every point, a column per key
     read.scalars("http://metrics:8080", run_id="sac-1")     # the same from a server (token: MOTRIX_METRICS_TOKEN)
     read.phases("runs/sac-1")                            # each iteration's phase durations, from the trace
+    read.legacy_scalars("old_runs/appo-2024")            # a run from before the metric schema, in canonical keys
 
 Needs ``pip install 'otel-rl[read]'`` (pandas, pyarrow). A source is a run
 folder (it holds ``metrics.jsonl``), a folder of run folders, or a server's
@@ -27,7 +28,7 @@ import pandas as pd  # noqa: E402
 from otel_rl.readers import frames  # noqa: E402
 from otel_rl.readers.frames import AXES, SourceError  # noqa: E402
 
-__all__ = ["SourceError", "events", "phases", "runs", "scalars"]
+__all__ = ["SourceError", "events", "legacy_scalars", "phases", "runs", "scalars"]
 
 Source = str | os.PathLike[str]
 
@@ -71,6 +72,27 @@ def scalars(source: Source, run_id: str | None = None, keys: Sequence[str] | Non
             frame = frame.reindex(columns=[c for c in ("seq", "ts", "step", "env_steps") if c in frame] + list(keys))
             parts[rid] = frame.dropna(subset=list(keys), how="all")
     return _joined(parts).set_index(x)
+
+
+def legacy_scalars(folder: Source) -> pd.DataFrame:
+    """A run logged before the metric schema (TensorBoard event files, no schema stamp), its tags in canonical keys.
+
+    Seed 001's ``--legacy-unversioned`` path: indexed by ``step``, a column per canonical key (``perf/iter_ms``
+    becomes ``Perf/iteration_time`` in seconds, APPO's ``timing/collector_*_ms`` ``Perf/collector_*_ms``...),
+    retired tags left out. Needs the ``tensorboard`` package too.
+
+    Raises:
+        SourceError: not such a run: no event files, a schema stamp or a canonical tag (read those as they are).
+    """
+    from otel_rl.readers.legacy import LegacyRunError, legacy_points
+
+    try:
+        points = legacy_points(folder)
+    except LegacyRunError as exc:
+        raise SourceError(str(exc)) from None
+    frame = pd.DataFrame.from_dict(points, orient="index")
+    frame.index.name = "step"
+    return frame.reindex(columns=sorted(frame.columns)).astype(float)
 
 
 def events(source: Source, run_id: str | None = None, token: str | None = None) -> pd.DataFrame:

@@ -42,6 +42,8 @@ def _trace_files(path: Path) -> list[Path]:
         files = [file for file in named if file.is_file()]  # a FIFO or a device named like a trace would be read forever
         if not files:
             odd = f" ({', '.join(file.name for file in named)}: not regular files)" if named else ""
+            if not named and next(path.rglob("events.out.tfevents.*"), None) is not None:  # an earlier logger's run: its scalars only
+                odd = "; it holds TensorBoard event files: otel_rl.read.legacy_scalars() reads a run from before the metric schema"
             raise FileNotFoundError(f"no *.perfetto-trace file in {path}{odd}")
         return files
     if not path.exists():
