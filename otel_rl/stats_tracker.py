@@ -8,7 +8,7 @@
     with stats.scope("actor"), stats.record_timing("update"):
         ...
     values = stats.export_all(reduce_group=dp_group)        # identical on every rank
-    tel.scalars(stats.publishable(values))
+    stats.commit(tel, values, epoch=epoch, epoch_step=step, global_step=global_step)  # or tel.scalars(stats.publishable(values))
 
 Reduce types: ``AVG_MIN_MAX`` (default for ``stat``: ``key/avg``, ``key/min``,
 ``key/max``, and ``key/avg__count``), ``AVG`` (with ``key__count``), ``SUM``, ``MIN``, ``MAX`` and ``SCALAR`` (the mean of
@@ -51,6 +51,7 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from otel_rl.base.log import logger
+from otel_rl.formats import schema
 
 _logger = logger(__name__)
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -537,3 +538,17 @@ def record_timing(key: str):
 
 def export(key: str | None = None, reduce_group: Any = None, key_sync_group: Any = None, reset: bool = True) -> dict[str, float]:
     return get().export(key, reduce_group, key_sync_group, reset)
+
+
+def commit(tel: Any, stats: Mapping[str, float], *, epoch: int | None = None, epoch_step: int | None = None, global_step: int | None = None) -> None:
+    """Send an exported set of stats to ``tel`` at ``global_step``, as AReaL's ``StatsLogger.commit`` does.
+
+    Internal ``__count`` keys are left out (:func:`publishable`); the values reach every output at
+    ``global_step`` (the backends' steps never go back after a resume). Where no panel shows them (a
+    batch job's log), the run's agent prints them as a table headed by the epoch and steps (seed 002's
+    ``tabulate_stats``), off the training thread. Call it on every rank: only rank 0's outputs keep it.
+    """
+    tel.scalars(publishable(stats), step=global_step)
+    where = {name: value for name, value in (("epoch", epoch), ("epoch_step", epoch_step), ("global_step", global_step)) if value is not None}
+    tel.event(schema.EVENT_COMMIT, **where)
+

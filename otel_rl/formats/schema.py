@@ -61,6 +61,8 @@ EVENT_CHECKPOINT_SAVED = "checkpoint_saved"
 """A checkpoint was written (``path``, where the library gives it); the integrations say it for their library's saves."""
 EVENT_WARMUP_DONE = "warmup_done"
 """The warm-up ended (an off-policy algorithm's first update after ``learning_starts``); the panel's status clears."""
+EVENT_COMMIT = "stats_commit"
+"""A set of stats was committed (:func:`otel_rl.stats_tracker.commit`): ``epoch``, ``epoch_step``, ``global_step`` where given."""
 EVENT_SUMMARY_FIELDS = "summary_fields"
 """The loop's own fields for ``run_summary.json`` (:meth:`otel_rl.Telemetry.add_summary`), one attribute each."""
 SUMMARY_KEYS = frozenset({

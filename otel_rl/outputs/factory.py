@@ -203,6 +203,10 @@ class _Builder:
             from otel_rl.outputs.panel import PanelSink
 
             panel = self.optional("the panel", lambda: PanelSink(config.run_id, derive_fps=config.world_size == 1))
+        elif config.role == schema.LEARNER and speaks_for_job(config) and not config.quiet:
+            from otel_rl.outputs.panel import CommitTable
+
+            self.sinks.append(CommitTable())  # committed stats as tables where no panel shows them (a job's log)
         self.sinks.extend(extra)
         return OutputSet(tuple(self.sinks), aggregates, otel, panel, live, self.jsonl, trace, tuple(self.failed))
 

@@ -597,3 +597,90 @@ class PanelPainter(BackgroundLoop):
         if self._live is not None:
             self._live.update(self._view.render(self._console.width), refresh=True)
             self._live.stop()
+
+
+class CommitTable(RecordSink):
+    """Seed 002's ``tabulate_stats``: each committed set of stats (``otel_rl.stats_tracker.commit``) printed as a
+    table headed by its epoch and steps, for a run whose standard output shows no panel (a batch job's log).
+
+    A commit's table holds its own values (recorded just before it) and, from the second commit on, every key's
+    latest value as of the commit. Nothing is kept or drawn until a first commit; tables are printed by a thread of their own (a blocked
+    standard output holds that thread only), at most :data:`COMMITS_KEPT` waiting, the oldest giving way.
+    """
+
+    COMMITS_KEPT = 8
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.latest: dict[str, Any] = {}
+        self._commits: deque[tuple[dict[str, Any], dict[str, Any]]] = deque(maxlen=self.COMMITS_KEPT)
+        self._pending: list[tuple[int, dict[str, Any]]] = []  # this pass's commits (a pass hands over its events first)
+        self._batches: list[ScalarBatch] = []  # this pass's scalars, kept only while a commit waits for them
+        self._console = console
+        self._printer: _TablePrinter | None = None
+
+    def on_event(self, event: EventRecord) -> None:
+        if event.name == schema.EVENT_COMMIT:
+            self._pending.append((event.time_ns, dict(event.attributes)))
+
+    def on_scalars(self, batch: ScalarBatch) -> None:
+        if self._pending:
+            self._batches.append(batch)
+        elif self._printer is not None:  # a run that never commits pays nothing here
+            self.latest.update(batch.latest_values())
+
+    def on_drain(self, now_ns: int) -> None:
+        if not self._pending:
+            return
+        records = sorted((record for batch in self._batches for record in batch), key=lambda record: record.time_ns)
+        at = 0
+        for time_ns, header in sorted(self._pending, key=lambda commit: commit[0]):
+            while at < len(records) and records[at].time_ns <= time_ns:
+                self.latest.update(records[at].values)
+                at += 1
+            self._commits.append((header, dict(self.latest)))
+        for record in records[at:]:
+            self.latest.update(record.values)
+        self._pending, self._batches = [], []
+        if self._printer is None:
+            self._printer = _TablePrinter(self._commits, self._console or Console(highlight=False))
+        self._printer.wake()
+
+    def shutdown(self, deadline: Deadline) -> None:
+        if self._pending:
+            self.on_drain(0)
+        if self._printer is not None:
+            self._printer.shutdown(deadline)
+
+
+def commit_header(header: dict[str, Any]) -> str:
+    """``otel-rl stats · Epoch 1 · Epoch step 3 · Global step 41``: the commit's place, as given."""
+    parts = [f"{name.replace('_', ' ').capitalize()} {header[name]}" for name in ("epoch", "epoch_step", "global_step") if header.get(name) is not None]
+    return " · ".join(["otel-rl stats", *parts])
+
+
+def commit_table(values: dict[str, Any]) -> Table:
+    """``values`` as a two-column table: key, value."""
+    table = Table(box=None, pad_edge=False)
+    table.add_column("key", no_wrap=True)
+    table.add_column("value", justify="right", no_wrap=True)
+    for key in sorted(values):
+        value = values[key]
+        table.add_row(key, "nan" if value is None else _fmt(value) if isinstance(value, (int, float)) else str(value))
+    return table
+
+
+class _TablePrinter(BackgroundLoop):
+    def __init__(self, commits: deque, console: Console) -> None:
+        super().__init__("otel-rl-commit-table", 1.0)
+        self._commits, self._console = commits, console
+        self.start()
+
+    def has_work(self) -> bool:
+        return bool(self._commits)
+
+    def run_once(self) -> None:
+        while self._commits:
+            header, values = self._commits.popleft()
+            self._console.print(commit_header(header), soft_wrap=True)
+            self._console.print(commit_table(values))
+

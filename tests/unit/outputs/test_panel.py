@@ -338,3 +338,36 @@ def test_a_run_with_nested_phases_of_its_own_loses_no_cycle(tmp_path):
     summary = json.loads((tmp_path / "run_summary.json").read_text())
     assert summary["timelines"]["learner"]["iterations"]["count"] == 20, summary["timelines"]
     assert summary["timelines"]["learner"]["phases"]["target_update"]["count"] == 20
+
+
+COMMITS = """
+import sys, otel_rl
+from otel_rl import stats_tracker as stats
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+with tel.run():
+    for step in range(3):
+        with tel.iteration(step, env_steps=64 * (step + 1)):
+            stats.scalar(lr=3e-4)
+            stats.get("rollout").scalar(reward=0.5 + step)
+        stats.commit(tel, stats.export_all(), epoch=1, epoch_step=step, global_step=step)
+tel.close()
+"""
+
+
+def test_committed_stats_are_printed_as_tables_in_a_jobs_log(tmp_path):
+    """Seed 002's tabulate_stats: off a terminal, each commit a table headed by its epoch and steps, counts left out."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    out = subprocess.run([sys.executable, "-c", COMMITS, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    titles = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("otel-rl stats")]
+    assert titles == [f"otel-rl stats · Epoch 1 · Epoch step {s} · Global step {s}" for s in range(3)], out.stdout
+    last = out.stdout[out.stdout.rindex("Global step 2") :]
+    assert "rollout/reward" in last and "2.5" in last and "lr" in last and "__count" not in out.stdout
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    committed = [r for r in rows if r["kind"] == "scalars" and "rollout/reward" in r["values"]]
+    assert [r["step"] for r in committed] == [0, 1, 2] and not any("__count" in k for r in committed for k in r["values"])
