@@ -3,7 +3,9 @@
 :class:`PerfWindows` adds up what each pipeline pass measured per timeline
 (:class:`otel_rl.core.pipeline.PassTotals`) and, at most once per
 ``interval_s``, turns the window into ``Perf/*`` values: the mean per cycle
-(per occurrence for timelines without cycles), in each key's unit, aligned on
+(per occurrence for timelines without cycles), in each key's unit, with the
+learner iterations they are over (``Perf/window_iterations``): an iteration
+longer than the window is its own record, faster ones are averaged, aligned on
 the learner's latest iteration and env steps; the learner's Iter Wall is
 ``Perf/iteration_time``, the collector's cycle (a rollout) ``Perf/collection_time``,
 and a learner ``gradient_sync`` phase is also ``Perf/dp_gradient_sync_ms_per_rank``
@@ -46,6 +48,8 @@ class _Window:
         out: dict[str, float] = {}
         if self.cycles:  # the learner's Iter Wall; the collector's rollout (its cycle) wall
             out["Perf/iteration_time" if timeline == schema.LEARNER else "Perf/collection_time"] = self.wall_ns / self.cycles / 1e9
+            if timeline == schema.LEARNER:
+                out[schema.WINDOW_ITERATIONS] = self.cycles  # what the means are over: 1 where an iteration outlasts the window
         for name, total_ns in self.phase_ns.items():
             per = self.cycles or self.phase_count.get(name, 0)
             if per:

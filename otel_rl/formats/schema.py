@@ -234,6 +234,8 @@ def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:
 DP_SYNC_KEY = "Perf/dp_gradient_sync_ms_per_rank"
 """A rank's gradient all-reduce per iteration (ms): its learner ``gradient_sync`` phase, under seed 001's name."""
 DP_SYNC_KEY_FROM = "Perf/learner_gradient_sync_ms"
+WINDOW_ITERATIONS = "Perf/window_iterations"
+"""The learner iterations a ``Perf/*`` record's means are over (1: an iteration longer than the window, as it was)."""
 TOTAL_FPS = "Perf/total_fps"
 """Env steps per second: the loop's own, else derived from the learner's env steps on a run of one rank."""
 JOB_ENV_STEPS = "Perf/job_env_steps"
@@ -243,6 +245,7 @@ _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(TOTAL_FPS, "1/s", "sum", description="Env steps per second of the whole job (derived on a run of one rank that does not log it)"),
     MetricSpec("Perf/job_env_steps", "", "sum", description="Env steps of the whole job: each rank's latest, summed (log_window)"),
     MetricSpec("Perf/iteration_time", "s", description="Learner Iter Wall"),
+    MetricSpec(WINDOW_ITERATIONS, "", "sum", description="Learner iterations a Perf/* record's means are over"),
     MetricSpec("Perf/learning_time", "s", description="Learner update wall time"),
     MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time: the collector cycle's wall"),
     MetricSpec("Perf/replay_ingress_h2d_submit_ms", "ms", description="Background replay submit (overlaps)"),

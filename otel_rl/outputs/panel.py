@@ -1,8 +1,11 @@
 """The live terminal panel: what the training is doing, redrawn at 2 Hz by its own thread.
 
 It reads the pipeline's records (a :class:`~otel_rl.core.pipeline.RecordSink`) into
-bounded windows and shows 2-second averages ("Avg 2s (n=...)"): the backends
-keep the unsmoothed per-iteration values. The training loop never triggers a
+bounded windows and shows 2-second averages ("Avg 2s (n=...)"). The backends
+keep each ``scalars()`` call's values as recorded, and the phase timings
+(``Perf/*``) as at most one record a second: an iteration longer than that
+is its own record, faster ones are averaged, ``Perf/window_iterations`` saying
+over how many. The training loop never triggers a
 redraw. Width tiers: under 96 columns everything stacks with a single Timing
 column; from 96 metrics and rewards sit side by side with Learner and
 Collector timing; from 120 a System column joins. When stdout is not a

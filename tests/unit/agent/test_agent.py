@@ -56,8 +56,10 @@ def wait_for_terminal(run_dir: Path, timeout_s: float = 30.0) -> list[dict]:
     raise AssertionError(f"the agent did not end the run in {run_dir} within {timeout_s} s")
 
 
-def _segments_of(run_id: str) -> list[Path]:
-    return list(agents.segment_dir().glob(f"*/{run_id}-*.seg"))
+def _segments_of(run_id: str, pid: int | None = None) -> list[Path]:
+    """The segments of ``run_id`` (of process ``pid`` only, when given: another suite on the machine may run
+    the same test at the same time)."""
+    return [path for path in agents.segment_dir().glob(f"*/{run_id}-*.seg") if pid is None or f"-{pid}-" in path.name]
 
 
 def learning_slices(run_dir: Path) -> int:
@@ -149,7 +151,7 @@ def test_both_hosts_write_the_same_outputs(tmp_path, agent):
 def test_segments_are_private_and_removed(tmp_path):
     tel = otel_rl.init(run_dir=tmp_path / "private-1", jsonl=True, agent="process", system_metrics_interval_s=0)
     try:
-        (path,) = _segments_of("private-1")
+        (path,) = _segments_of("private-1", os.getpid())
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700  # the agent's directory
         assert stat.S_IMODE(path.parent.parent.stat().st_mode) == 0o700
@@ -158,7 +160,7 @@ def test_segments_are_private_and_removed(tmp_path):
         assert tel.flush(timeout_s=30)  # the agent serves it
     finally:
         tel.close()
-    assert not _segments_of("private-1")
+    assert not _segments_of("private-1", os.getpid())
     deadline = time.monotonic() + 15
     while path.parent.exists() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -325,7 +327,7 @@ def test_without_a_process_the_agent_runs_on_a_thread(tmp_path, monkeypatch, cap
         tel.close()
     assert any("could not start" in r.getMessage() for r in caplog.records)
     assert [r["status"] for r in records(run_dir) if r["kind"] == "run"] == ["pending", "running", "finished"]
-    assert not _segments_of("no-process-1")
+    assert not _segments_of("no-process-1", os.getpid())
 
 
 def test_scalars_reach_every_host_alike(tmp_path):

@@ -20,4 +20,16 @@ def test_the_collectors_rollout_wall_and_the_ranks_gradient_sync_have_seed_001s_
     assert values["Perf/iteration_time"] == pytest.approx(0.010) and values["Perf/collection_time"] == pytest.approx(0.250)
     assert values["Perf/learner_gradient_sync_ms"] == pytest.approx(3.0) == values["Perf/dp_gradient_sync_ms_per_rank"]
     assert values["Perf/collector_env_step_ms"] == pytest.approx(200.0)
+    assert values["Perf/window_iterations"] == 4  # what the learner's means are over
     assert windows.take() == {}  # a new window
+
+
+def test_an_iteration_longer_than_the_window_is_its_own_record():
+    """Seed 001: the backends keep each iteration's value, not a smoothed one, where iterations outlast the window."""
+    windows = PerfWindows(interval_s=0.0)
+    for wall_ms in (1500, 2500):
+        learner = CycleTotals()
+        learner.add_cycle(wall_ms * 1_000_000, {"learning": wall_ms * 900_000}, {})
+        windows.add(PassTotals(1, {"learner": learner}))
+        values = windows.take()
+        assert values["Perf/window_iterations"] == 1 and values["Perf/iteration_time"] == pytest.approx(wall_ms / 1000)
