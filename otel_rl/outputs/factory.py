@@ -202,7 +202,7 @@ class _Builder:
         if config.panel:
             from otel_rl.outputs.panel import PanelSink
 
-            panel = self.optional("the panel", lambda: PanelSink(config.run_id, derive_fps=config.world_size == 1))
+            panel = self.optional("the panel", lambda: PanelSink(config.run_id, derive_fps=config.world_size == 1, machines=config.nodes))
         elif config.role == schema.LEARNER and speaks_for_job(config) and not config.quiet:
             from otel_rl.outputs.panel import CommitTable
 

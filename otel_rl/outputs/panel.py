@@ -260,8 +260,38 @@ class PanelState:
             return "Warming up..."
         return None
 
+    def job_timing(self) -> dict[str, Any] | None:
+        """The learner's window over the job's ranks, from the per-rank timings ``log_window`` records on rank 0
+        (``Perf/rank_<n>/...``): each rank's means averaged, ``n`` the rank samples; None where there are none."""
+        _, (sums,), (counts,) = self.scalars.read(self._clock())
+        ranks: dict[int, dict[str, float]] = {}
+        for key, total in sums.items():
+            parsed = schema.parse_rank_key(key)
+            if parsed is not None:
+                ranks.setdefault(parsed[0], {})[parsed[1]] = total / counts[key]
+        walls = [own["Perf/iteration_time"] * 1e3 for own in ranks.values() if "Perf/iteration_time" in own]
+        if not walls:
+            return None
+        top: dict[str, float] = {}
+        nested: dict[str, float] = {}
+        for own in ranks.values():
+            for key, value in own.items():
+                name = _learner_phase(key)
+                if name is None:
+                    continue
+                spec = schema.PHASES.get((schema.LEARNER, name))
+                into = nested if (spec is not None and spec.parent) or name in self.parents else top
+                into[name] = into.get(name, 0.0) + value / schema.phase_key_scale(schema.LEARNER, name) / len(ranks)  # in ms
+        samples = sum(counts.get(schema.rank_key(rank, "Perf/iteration_time"), 0) for rank in ranks)
+        return {"n": samples, "wall_ms": sum(walls) / len(walls), "top": top, "nested": nested, "ranks": len(ranks)}
+
     def timing(self, timeline: str) -> dict[str, Any]:
-        """Window means per cycle: cycle wall, top-level and nested phase ms, and n."""
+        """Window means per cycle: cycle wall, top-level and nested phase ms, and n; the learner's over the job's
+        ranks where ``log_window`` recorded them (``ranks``: how many)."""
+        if timeline == schema.LEARNER:
+            job = self.job_timing()
+            if job is not None:
+                return job
         n, (wall, top, nested), _ = (self.learner if timeline == schema.LEARNER else self.collector).read(self._clock())
         if not n:
             return {"n": 0}
@@ -279,6 +309,13 @@ class PanelState:
             if value is not None:
                 means.setdefault(key, value)  # keys not updated in the window keep their last value
         return means
+
+
+def _learner_phase(key: str) -> str | None:
+    """The learner phase a job's timing key is of (``Perf/learner_replay_sample_ms``: ``replay_sample``), None for others."""
+    if key.startswith("Perf/learner_") and key.endswith("_ms"):
+        return key[len("Perf/learner_") : -len("_ms")]
+    return "learning" if key == schema.phase_key(schema.LEARNER, "learning") else None
 
 
 def _title(timeline: str, name: str) -> str:
@@ -358,10 +395,12 @@ def _fmt(value: float) -> str:
 class PanelView:
     """Builds the renderable for a console width from a :class:`PanelState`."""
 
-    def __init__(self, state: PanelState, run_id: str, num_envs: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(self, state: PanelState, run_id: str, num_envs: Callable[[], int | None] = lambda: None, machines: int = 1) -> None:
         self.state = state
         self.run_id = run_id
         self._num_envs = num_envs
+        self.machines = machines
+        """Machines in the job: the GPUs the title counts are this machine's times them."""
 
     def _kv_table(self, title: str, rows: list[tuple[str, str]]) -> Table:
         table = Table(title=title, show_header=False, box=None, title_justify="left", pad_edge=False)
@@ -474,8 +513,9 @@ class PanelView:
         rewards = self._kv_table("Rewards", parts["rewards"])
         learner_rows = _alert_wait(timing_rows(learner, schema.LEARNER, self.state.parents))
         collector_rows = timing_rows(collector, schema.COLLECTOR, self.state.parents)
-        gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU"))
-        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), f"Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)})", f"GPUs {gpus}"])
+        gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU")) * self.machines  # the job's: machines of one size
+        ranks = [f"{learner['ranks']} ranks"] if learner.get("ranks") else []
+        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), f"Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)})", *ranks, f"GPUs {gpus}"])
         if short:
             timing = self._timing_table(
                 "Timing", learner_rows + [("Collector", "", "")] + [("  " + r[0], r[1], r[2]) for r in collector_rows]
@@ -537,11 +577,12 @@ class PanelView:
 class PanelSink(RecordSink):
     """Feeds the panel from the pipeline; a :class:`PanelPainter` redraws it on its own thread."""
 
-    def __init__(self, run_id: str, console: Console | None = None, derive_fps: bool = True) -> None:
-        """``derive_fps``: show Steps/s from the env steps when the loop does not log ``Perf/total_fps`` (a run of one rank)."""
+    def __init__(self, run_id: str, console: Console | None = None, derive_fps: bool = True, machines: int = 1) -> None:
+        """``derive_fps``: show Steps/s from the env steps when the loop does not log ``Perf/total_fps`` (a run of one rank);
+        ``machines``: the job's machines (its GPUs are this machine's times them)."""
         self.state = PanelState(derive_fps=derive_fps)
         self.num_envs: int | None = None
-        self.view = PanelView(self.state, run_id, lambda: self.num_envs)
+        self.view = PanelView(self.state, run_id, lambda: self.num_envs, machines)
         self.console = console or Console()
         self._painter = PanelPainter(self.view, self.console)
 

@@ -371,3 +371,21 @@ def test_committed_stats_are_printed_as_tables_in_a_jobs_log(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     committed = [r for r in rows if r["kind"] == "scalars" and "rollout/reward" in r["values"]]
     assert [r["step"] for r in committed] == [0, 1, 2] and not any("__count" in k for r in committed for k in r["values"])
+
+
+def test_a_job_of_ranks_shows_the_ranks_average_and_the_jobs_gpus():
+    """Issue #46 item 3: the timing table and Avg 2s (n=...) are the job's (log_window's per-rank timings), GPUs the job's."""
+    state = state_with_data()  # rank 0's own cycles: 10 ms iterations
+    for k in range(2):  # what log_window records on rank 0, twice in the window: each rank's own timings
+        for rank, learning_s in ((0, 0.006), (1, 0.010)):
+            values = {schema.rank_key(rank, "Perf/iteration_time"): learning_s + 0.004, schema.rank_key(rank, "Perf/learning_time"): learning_s,
+                      schema.rank_key(rank, "Perf/learner_collector_wait_ms"): 3.0, schema.rank_key(rank, "Perf/learner_inference_forward_ms"): 0.5}  # fmt: skip
+            state.add_scalars(ScalarBatch.of([ScalarsRecord(NOW - 500_000_000 + 100_000_000 * k + 20_000_000 * rank, values, None, None, None)]))
+    job = state.timing("learner")
+    assert job["ranks"] == 2 and job["n"] == 4 and job["wall_ms"] == pytest.approx(12.0)
+    assert job["top"] == {"learning": pytest.approx(8.0), "collector_wait": pytest.approx(3.0)} and job["nested"] == {"inference_forward": pytest.approx(0.5)}
+    with_values({"sys/gpu0_util_percent": 50.0, "sys/gpu1_util_percent": 60.0}, state)
+    console = Console(width=140, record=True, file=io.StringIO(), force_terminal=True, color_system=None)
+    console.print(PanelView(state, "run-7", num_envs=lambda: 8, machines=3).render(140))
+    text = console.export_text()
+    assert "Avg 2s (n=4) · 2 ranks · GPUs 6" in text and "Learning" in text and "8.00" in text
