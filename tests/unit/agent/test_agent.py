@@ -56,6 +56,11 @@ def wait_for_terminal(run_dir: Path, timeout_s: float = 30.0) -> list[dict]:
     raise AssertionError(f"the agent did not end the run in {run_dir} within {timeout_s} s")
 
 
+def unique(name: str) -> str:
+    """A run folder's name no other suite on the machine uses at the same time: segments are named after it."""
+    return f"{name}-{os.getpid()}"
+
+
 def _segments_of(run_id: str, pid: int | None = None) -> list[Path]:
     """The segments of ``run_id`` (of process ``pid`` only, when given: another suite on the machine may run
     the same test at the same time)."""
@@ -86,7 +91,7 @@ def check_everything_before_the_kill(run_dir: Path, server_url: str, status: str
 
 
 def test_a_sigkilled_producer_loses_nothing_it_recorded(tmp_path):
-    run_dir = tmp_path / "sigkill-1"
+    run_dir = tmp_path / unique("sigkill-1")
     with IngestServer(tmp_path / "db.sqlite3") as server:
         assert train(run_dir, "sigkill", env={"MOTRIX_METRICS_URL": server.url}) == -signal.SIGKILL
         end = check_everything_before_the_kill(run_dir, server.url, "killed")
@@ -94,7 +99,7 @@ def test_a_sigkilled_producer_loses_nothing_it_recorded(tmp_path):
 
 
 def test_sigterm_then_sigkill_during_shutdown_loses_nothing(tmp_path):
-    run_dir = tmp_path / "sigterm-1"
+    run_dir = tmp_path / unique("sigterm-1")
     with IngestServer(tmp_path / "db.sqlite3") as server:
         assert train(run_dir, "sigterm_sigkill", env={"MOTRIX_METRICS_URL": server.url}) == -signal.SIGKILL
         end = check_everything_before_the_kill(run_dir, server.url, "killed")
@@ -102,7 +107,7 @@ def test_sigterm_then_sigkill_during_shutdown_loses_nothing(tmp_path):
 
 
 def test_a_killed_agent_costs_no_training_and_its_work_is_finished_at_close(tmp_path, capfd):
-    run_dir = tmp_path / "agent-killed-1"
+    run_dir = tmp_path / unique("agent-killed-1")
     assert train(run_dir, "kill_agent") == 0
     assert "finishing its work here" in capfd.readouterr().err
     found = records(run_dir)
@@ -114,7 +119,7 @@ def test_a_killed_agent_costs_no_training_and_its_work_is_finished_at_close(tmp_
 
 
 def test_a_new_agent_takes_over_while_training_runs(tmp_path):
-    run_dir = tmp_path / "agent-restarted-1"
+    run_dir = tmp_path / unique("agent-restarted-1")
     out = subprocess.run(
         [sys.executable, str(TARGET), str(run_dir), "restart_agent"], capture_output=True, text=True, timeout=120
     )
@@ -137,7 +142,7 @@ def test_a_new_agent_takes_over_while_training_runs(tmp_path):
 
 @pytest.mark.parametrize("agent", ["thread", "process"])
 def test_both_hosts_write_the_same_outputs(tmp_path, agent):
-    run_dir = tmp_path / f"same-{agent}"
+    run_dir = tmp_path / unique(f"same-{agent}")
     assert train(run_dir, "finish", agent) == 0
     found = records(run_dir)
     assert [r["status"] for r in found if r["kind"] == "run"] == ["pending", "running", "finished"]
