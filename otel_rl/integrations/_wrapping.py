@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns
 from typing import Any
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.formats import schema
 
 _ORIGINAL = "__otel_rl_original__"
@@ -41,7 +42,7 @@ def wrap(owner: Any, name: str, make: Callable[[Any], Any]) -> Callable[[], None
 
 
 def timed(
-    tel: Any,
+    tel: TrainingTelemetry,
     phase: str,
     method: Callable[..., Any],
     timeline: str = schema.COLLECTOR,
@@ -59,7 +60,7 @@ def timed(
     return call
 
 
-def saves(tel: Any, method: Callable[..., Any], attributes: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+def saves(tel: TrainingTelemetry, method: Callable[..., Any], attributes: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
     """``method`` (a library's save) followed, when it returns, by a ``checkpoint_saved`` event with ``attributes(*args, **kwargs)``."""
 
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -80,7 +81,7 @@ def path_argument(*args: Any, **kwargs: Any) -> dict[str, Any]:
     return {} if path is None else {"path": str(path)}
 
 
-def time_forward(tel: Any, module: Any, phase: str, when: Callable[[], bool]) -> Callable[[], None]:
+def time_forward(tel: TrainingTelemetry, module: Any, phase: str, when: Callable[[], bool]) -> Callable[[], None]:
     """Record ``module``'s forward passes made while ``when()`` as ``phase`` of the collector; returns the undo.
 
     Forward hooks, because the library calls the module itself: its own
@@ -107,7 +108,7 @@ class Cycle:
     ``count`` is the number of cycles closed so far, and the index of the next.
     """
 
-    def __init__(self, tel: Any) -> None:
+    def __init__(self, tel: TrainingTelemetry) -> None:
         self.tel = tel
         self.count = 0
         self._open: Any = None
@@ -131,7 +132,7 @@ class Cycle:
             self.count += 1
 
 
-def opens_run(tel: Any, method: Callable[..., Any], metadata: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+def opens_run(tel: TrainingTelemetry, method: Callable[..., Any], metadata: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
     """``method`` (a library's training entry point) run inside a run of its own when none is open.
 
     ``metadata(*args, **kwargs)`` gives :meth:`otel_rl.Telemetry.start_run`'s

@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from numbers import Number
 from typing import Any, ClassVar
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.base import extras
 
 extras.require(extras.INTEGRATIONS["rllib"])  # an error naming the extra, before the library's own import fails
@@ -63,7 +64,7 @@ class TelemetryCallbacks(RLlibCallback):
     spec: ClassVar[WorkerSpec | None] = None
 
     @classmethod
-    def for_run(cls, tel: Any, **options: Any) -> type[TelemetryCallbacks]:
+    def for_run(cls, tel: TrainingTelemetry, **options: Any) -> type[TelemetryCallbacks]:
         """The callbacks class of ``tel``'s run; ``options`` go to each EnvRunner's :func:`otel_rl.init`."""
         relay = None
         if tel.enabled:
@@ -77,7 +78,7 @@ class TelemetryCallbacks(RLlibCallback):
 
     def __init__(self) -> None:
         super().__init__()
-        self._tel: Any = None
+        self._tel: TrainingTelemetry = None
         self._samples = 0
 
     # -- the driver -------------------------------------------------------------
@@ -239,7 +240,7 @@ def _plain_config(config: Any) -> dict[str, Any]:
         return {}
 
 
-def _ending_run(tel: Any, stop):
+def _ending_run(tel: TrainingTelemetry, stop):
     """``algo.stop()`` ends the run the callbacks opened (``tel.close()`` does too)."""
 
     def wrapped(*args: Any, **kwargs: Any):

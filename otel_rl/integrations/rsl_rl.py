@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.base.log import logger
 from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, path_argument, saves, settings, timed, wrap
@@ -42,7 +43,7 @@ _logger = logger(__name__)
 class TelemetryWriter:
     """The runner's log writer seen through otel-rl: every ``add_scalar`` also becomes a scalar of ``tel``."""
 
-    def __init__(self, tel: Any, inner: Any, env_steps_per_iteration: int) -> None:
+    def __init__(self, tel: TrainingTelemetry, inner: Any, env_steps_per_iteration: int) -> None:
         self.tel = tel
         self.inner = inner
         self.env_steps_per_iteration = env_steps_per_iteration
@@ -61,7 +62,7 @@ class TelemetryWriter:
         return getattr(inner, name)
 
 
-def instrument(runner: Any, tel: Any) -> Any:
+def instrument(runner: Any, tel: TrainingTelemetry) -> Any:
     """Record ``runner``'s phases and logged metrics with ``tel``; returns ``runner``."""
     alg, env, log = runner.alg, runner.env, runner.logger
     steps_per_rollout = int(runner.cfg["num_steps_per_env"]) * int(env.num_envs)

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.base import extras
 
 extras.require(extras.INTEGRATIONS["sb3"])  # an error naming the extra, before the library's own import fails
@@ -68,7 +69,7 @@ def _leaving_out_wrappers(save: Any) -> Any:
 class TelemetryOutput(KVWriter):
     """An SB3 logger output that records every numeric value as a scalar under its canonical key."""
 
-    def __init__(self, tel: Any) -> None:
+    def __init__(self, tel: TrainingTelemetry) -> None:
         self.tel = tel
 
     def write(self, key_values: dict[str, Any], key_excluded: dict[str, tuple[str, ...]], step: int = 0) -> None:
@@ -91,7 +92,7 @@ def _is_scalar_tensor(value: Any) -> bool:
 class TelemetryCallback(BaseCallback):
     """Phases, iterations and SB3's own metrics for ``model.learn`` (see the module docstring)."""
 
-    def __init__(self, tel: Any, verbose: int = 0) -> None:
+    def __init__(self, tel: TrainingTelemetry, verbose: int = 0) -> None:
         super().__init__(verbose)
         self.tel = tel
         self._output = TelemetryOutput(tel)

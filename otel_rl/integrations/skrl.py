@@ -26,6 +26,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.base.log import logger
 from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import Cycle, environment_name, opens_run, saves, settings, timed, wrap
@@ -40,7 +41,7 @@ _ON_POLICY = frozenset({"A2C", "AMP", "PPO", "RPO", "TRPO"})
 """skrl's on-policy agents (by class name, ``PPO_RNN`` included)."""
 
 
-def instrument(trainer: Any, tel: Any) -> Any:
+def instrument(trainer: Any, tel: TrainingTelemetry) -> Any:
     """Record ``trainer``'s phases and its agent's tracking data with ``tel``; returns ``trainer``.
 
     Raises:

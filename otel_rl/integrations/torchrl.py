@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from otel_rl.api import TrainingTelemetry
 from otel_rl.base import extras
 
 extras.require(extras.INTEGRATIONS["torchrl"])  # an error naming the extra, before the library's own import fails
@@ -43,7 +44,7 @@ _logger = logger(__name__)
 class TelemetryLogger(Logger):
     """A TorchRL logger whose every metric goes to ``tel`` (see the module docstring)."""
 
-    def __init__(self, tel: Any, exp_name: str = "otel-rl") -> None:
+    def __init__(self, tel: TrainingTelemetry, exp_name: str = "otel-rl") -> None:
         self.tel = tel
         super().__init__(exp_name=exp_name, log_dir="")
 
@@ -75,7 +76,7 @@ class TelemetryLogger(Logger):
         return f"TelemetryLogger(run_id={getattr(self.tel, 'run_id', None)!r})"
 
 
-def iterate(collector: Any, tel: Any) -> Iterator[Any]:
+def iterate(collector: Any, tel: TrainingTelemetry) -> Iterator[Any]:
     """The collector's batches, with its rollouts and the loop body timed (see the module docstring)."""
     state = {"collecting": False, "rollouts": 0, "frames": 0}
     undo = []

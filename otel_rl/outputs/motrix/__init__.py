@@ -1,8 +1,10 @@
-"""The ``motrix.metrics/v1`` protocol and its writers.
+"""The ``motrix.metrics/v1`` outputs: the run folder's ``metrics.jsonl`` and the live stream to an ingest service.
 
-``protocol`` (the record shapes; the JSON Schema next to it is the one
-definition), ``exporter`` (records to protocol documents), ``jsonl`` (the
-local copy), ``http_sender``/``http_post``/``delivery`` (the live stream, with
-retries), ``record_queue`` (their bounded queues) and ``backfill`` (replaying
-a JSONL file into the service). The ingest service is :mod:`otel_rl.readers.server`.
+``exporter`` (records to protocol documents; the record shapes are
+:mod:`otel_rl.formats.protocol`), ``scalar_lines`` (scalars batches as JSON lines,
+in C by ``_lines.c`` where it is built), ``jsonl`` (the local copy, which never
+drops what the pipeline took), ``http_sender``/``http_post``/``delivery`` (the
+live stream, with retries), ``record_queue`` (its bounded queue) and
+``backfill`` (replaying a ``metrics.jsonl`` into the service). The ingest
+service is :mod:`otel_rl.readers.server`.
 """

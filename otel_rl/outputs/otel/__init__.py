@@ -1,7 +1,9 @@
-"""OpenTelemetry: spans, metric aggregation and OTLP.
+"""The OpenTelemetry output: spans, metrics and logs through the SDK and OTLP.
 
-``sink`` (records to SDK spans, metrics and logs), ``spans`` (ids and the
-span budget), ``aggregation`` (histograms, gauges and exemplars),
-``span_encoder`` (spans encoded straight to OTLP protobuf) and ``otlp``
-(exporters built from the ``OTEL_*`` variables).
+``sink`` (records to spans, metrics and log records), ``spans`` (span ids and the
+span budget), ``span_encoder`` (spans encoded straight to OTLP protobuf),
+``metrics`` (the aggregates as OpenTelemetry metrics, joined to every export),
+``otlp`` (exporters built from the ``OTEL_*`` variables) and ``user_providers``
+(SDK providers for the user's own spans and instruments where the outputs run
+in an agent).
 """
