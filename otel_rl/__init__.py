@@ -42,6 +42,7 @@ def init(
     pipeline_interval_s: float = DEFAULT,
     strict: bool = DEFAULT,
     shutdown_timeout_s: float = DEFAULT,
+    upload_wait_s: float = DEFAULT,
     metric_export_interval_ms: float | None = DEFAULT,
     motrix_url: str | None = DEFAULT,
     motrix_token: str | None = DEFAULT,

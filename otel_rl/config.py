@@ -117,6 +117,11 @@ class TelemetryConfig:
     shutdown_timeout_s: float = 5.0
     """Upper bound of :meth:`Telemetry.close` (and of the exit hook)."""
 
+    upload_wait_s: float = 0.0
+    """How long :meth:`Telemetry.close` then waits for the trace and diagnosis to reach the live service
+    (``OTEL_RL_UPLOAD_WAIT``): for a job whose end kills every process, the upload's own included. 0: not at
+    all, the upload goes on in a process of its own."""
+
     metric_export_interval_ms: float | None = None
     """Metric export interval; None reads ``OTEL_METRIC_EXPORT_INTERVAL`` (default 10 s)."""
 
@@ -345,6 +350,7 @@ class TelemetryConfig:
         for name in ("pipeline_interval_s", "shutdown_timeout_s", "perf_interval_s"):
             _check(name, getattr(self, name), (int, float), "a positive number of seconds", lambda v: v > 0)
         _check("system_metrics_interval_s", self.system_metrics_interval_s, (int, float), "seconds >= 0 (0: off)", lambda v: v >= 0)
+        _check("upload_wait_s", self.upload_wait_s, (int, float), "seconds >= 0 (0: do not wait)", lambda v: v >= 0)
         if self.metric_export_interval_ms is not None:
             _check("metric_export_interval_ms", self.metric_export_interval_ms, (int, float), "positive milliseconds", lambda v: v > 0)
         for name in ("jsonl", "trace_enabled"):
@@ -419,6 +425,7 @@ class TelemetryConfig:
             "meta": env.read(env.MOTRIX_METRICS_META, _json_object, {}, "a JSON object"),
             "algorithm": os.environ.get(env.OTEL_RL_ALGORITHM) or None,
             "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, 1000.0, "spans per second >= 0"),
+            "upload_wait_s": env.read(env.OTEL_RL_UPLOAD_WAIT, _non_negative, 0.0, "seconds >= 0"),
             "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, False, "true or false"),
             "system_metrics_interval_s": env.read(
                 env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, 2.0, "seconds >= 0"

@@ -12,12 +12,14 @@ disabled the calls land on :class:`otel_rl.api.NoOpTelemetry`.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shlex
 import signal
 import socket
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -629,6 +631,7 @@ class Telemetry:
                 return
             self._closed = True
         atexit.unregister(self._atexit)
+        closing_since = time.time()  # an upload outcome written after this is this run's end's
         deadline = self._deadline = Deadline(self.config.shutdown_timeout_s if timeout_s is None else timeout_s)
         if self._hurried:
             deadline.shorten(HURRY_S)
@@ -652,7 +655,8 @@ class Telemetry:
         counts = self._host.counts()  # what the outputs said last, once they closed
         if self._run_folder is not None:
             seconds = self._runs.duration_s if self._runs.duration_s is not None else (self._clock.now_ns() - self._started_ns) / 1e9
-            notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten, self._last_env_steps)
+            uploaded = self._await_upload(closing_since) if self.config.upload_wait_s and self.config.motrix_url else None
+            notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten, self._last_env_steps, uploaded)
         self._report_undelivered(counts.live_undelivered)
         if interrupted.happened:
             where = self.config.run_dir
@@ -660,6 +664,23 @@ class Telemetry:
                             f"; every record is in {where} (`otel-rl backfill {shlex.quote(str(where))} --url URL` sends them to a service)"
                             if where is not None and self.config.jsonl else "")  # fmt: skip
             raise KeyboardInterrupt
+
+    def _await_upload(self, since: float) -> dict[str, Any] | None:
+        """The outcome of the run's upload (``trace_upload.json`` written after ``since``, epoch seconds) within
+        ``upload_wait_s``; None when it did not come, or this process does not speak for the job."""
+        config = self.config
+        if config.run_dir is None or config.role != schema.LEARNER or config.rank != 0:
+            return None
+        note = config.run_dir / files.TRACE_UPLOAD_FILE
+        deadline = Deadline(config.upload_wait_s)
+        while deadline.left() > 0:
+            try:
+                if note.stat().st_mtime >= since:
+                    return json.loads(note.read_text())
+            except (OSError, ValueError):  # not there yet (it is written whole, atomically)
+                pass
+            time.sleep(deadline.left(cap_s=0.1))
+        return None
 
     def _report_undelivered(self, count: int) -> None:
         """One warning when the live service did not get every record by the close deadline, with how to send them."""

@@ -55,6 +55,8 @@ OTEL_RL_TRACKIO_MODE = "OTEL_RL_TRACKIO_MODE"
 """``local``, ``online`` or ``disabled`` (Trackio has no mode variable of its own)."""
 OTEL_RL_SWANLAB = "OTEL_RL_SWANLAB"
 """``true``: log the run to SwanLab (offline unless ``SWANLAB_MODE`` or ``SWANLAB_API_KEY`` says otherwise)."""
+OTEL_RL_UPLOAD_WAIT = "OTEL_RL_UPLOAD_WAIT"
+"""Seconds ``close()`` waits for the trace and diagnosis to reach the live service (0, the default: not at all)."""
 OTEL_RL_PANEL = "OTEL_RL_PANEL"
 """``false``: no live terminal panel (it is on by default when standard output is a terminal); ``true``: on anyway
 (a plain line every few seconds when standard output is not a terminal)."""

@@ -10,6 +10,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
@@ -63,7 +64,8 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
 
 
 def ended(
-    config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = (), unwritten: Sequence[str] = (), env_steps: int | None = None
+    config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = (), unwritten: Sequence[str] = (),
+    env_steps: int | None = None, uploaded: dict[str, Any] | None = None,
 ) -> None:
     """How the run ended (after how many env steps, where the loop gave them), and the commands that read what it
     wrote (only files that are there); ``unwritten``: what the run folder could not keep (a full disk), said
@@ -88,6 +90,12 @@ def ended(
         hint = f"no trace was written; the records are in {folder}"
     if config.motrix_url and trace is not None and trace.exists():  # the agent started its upload, in a process of its own
         url = shlex.quote(config.motrix_url)
-        hint += (f"; its trace and diagnosis are on their way to {url} (should the job's end stop that process: "
-                 f"`otel-rl backfill {folder} --url {url} --trace-only`)")
+        resend = f"`otel-rl backfill {folder} --url {url} --trace-only`"
+        if uploaded is not None and uploaded.get("sent"):  # close() waited for it (upload_wait_s)
+            hint += f"; its trace and diagnosis reached {url}"
+        elif uploaded is not None:
+            hint += f"; its trace did not reach {url} ({uploaded.get('error', 'not sent')}): {resend} sends it"
+        else:
+            waited = f" after {config.upload_wait_s:g} s" if config.upload_wait_s else ""
+            hint += f"; its trace and diagnosis are still on their way to {url}{waited} (should the job's end stop that process: {resend})"
     _say(f"{head}: {hint}")

@@ -455,7 +455,7 @@ def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path
         assert "a backfill in the background sends them when the service is back" in run.stderr
         # The last line says the upload goes on in a process of its own, and how to send it should the job's end stop it.
         (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
-        assert f"its trace and diagnosis are on their way to {url}" in end and f"otel-rl backfill {tmp_path / 'run'} --url {url} --trace-only" in end
+        assert f"its trace and diagnosis are still on their way to {url}" in end and f"otel-rl backfill {tmp_path / 'run'} --url {url} --trace-only" in end
         with IngestServer(str(tmp_path / "back.sqlite3"), port=port, reuse_port=True) as server:  # the service is back
             outcome = upload_outcome(tmp_path / "run")
             assert outcome["sent"] is True and outcome["records"]["accepted"] > 2000, outcome
@@ -503,3 +503,39 @@ def test_ctrl_c_in_a_close_waiting_on_a_hung_service_ends_the_wait_at_once_and_s
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert sum(1 for r in records if r["kind"] == "scalars" and "Loss/value" in r["values"]) == 200
     assert [r["status"] for r in records if r["kind"] == "run"][-1] == "finished"
+
+
+def test_a_job_killed_at_its_end_can_have_close_wait_for_the_upload(tmp_path):
+    """upload_wait_s makes close() wait (bounded) until the trace and diagnosis reached the service, and say so;
+    then the job's end may kill every process. A service that is down past the bound: said, with the command that sends it."""
+    from ports import refused_port
+
+    from otel_rl.readers.server import IngestServer
+
+    script = textwrap.dedent("""
+        import sys, time, otel_rl
+        tel = otel_rl.init(run_dir=sys.argv[1], run_id=sys.argv[3], motrix_url=sys.argv[2], system_metrics_interval_s=0, upload_wait_s=float(sys.argv[4]))
+        with tel.run():
+            for i in range(200):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        pass
+                tel.scalars({"Loss/value": float(i)}, step=i)
+        began = time.monotonic()
+        tel.close()
+        print(time.monotonic() - began)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    with IngestServer(str(tmp_path / "db.sqlite3")) as server:
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "sent"), server.url, "sent", "300"], capture_output=True, text=True, timeout=400, env=env)
+        assert run.returncode == 0, run.stderr
+        (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
+        assert f"its trace and diagnosis reached {server.url}" in end, run.stderr
+        assert json.loads((tmp_path / "sent" / "trace_upload.json").read_text())["sent"] is True  # there when close() returned
+        assert requests.get(server.url + "/api/v1/runs/sent/trace", timeout=30).status_code == 200
+    url = f"http://127.0.0.1:{refused_port()}"  # nothing listens: the upload keeps trying past the bound
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "down"), url, "down", "2"], capture_output=True, text=True, timeout=400, env=env)
+    assert run.returncode == 0, run.stderr
+    (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
+    assert f"still on their way to {url} after 2 s" in end and f"otel-rl backfill {tmp_path / 'down'} --url {url} --trace-only" in end
+    assert float(run.stdout.strip().splitlines()[-1]) < 5 + 2 + 5  # the close's deadline, the bound, and margin: never the upload's own

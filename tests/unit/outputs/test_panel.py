@@ -374,7 +374,7 @@ def test_committed_stats_are_printed_as_tables_in_a_jobs_log(tmp_path):
 
 
 def test_a_job_of_ranks_shows_the_ranks_average_and_the_jobs_gpus():
-    """Issue #46 item 3: the timing table and Avg 2s (n=...) are the job's (log_window's per-rank timings), GPUs the job's."""
+    """A job of ranks: the timing table and Avg 2s (n=...) are the job's (log_window's per-rank timings), GPUs the job's."""
     state = state_with_data()  # rank 0's own cycles: 10 ms iterations
     for k in range(2):  # what log_window records on rank 0, twice in the window: each rank's own timings
         for rank, learning_s in ((0, 0.006), (1, 0.010)):
