@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.base import environment_variables as env
-from otel_rl.base import extras, tracker_options
+from otel_rl.base import extras, tracker_options, user_dir
 from otel_rl.base.log import logger, once
 from otel_rl.base.values import clean_text
 
@@ -597,9 +597,10 @@ def _tasks_per_node(raw: str) -> list[int]:
     return counts
 
 
-def host_machine(host: str) -> int:
-    """A machine's index from its host name, for a launcher that numbers no machine: 1 to 65,535 (0 is rank 0's)."""
-    return 1 + zlib.crc32(host.encode("utf-8", "surrogatepass")) % 65_535
+def host_machine(host: str, machine: str = "") -> int:
+    """A machine's index from its host name and id (:func:`otel_rl.base.user_dir.machine_id`), for a launcher that
+    numbers no machine: 1 to 65,535 (0 is rank 0's). The id tells apart machines that share a host name."""
+    return 1 + zlib.crc32(f"{host}\0{machine}".encode("utf-8", "surrogatepass")) % 65_535
 
 
 def _place_on_node(config: TelemetryConfig) -> None:
@@ -607,12 +608,12 @@ def _place_on_node(config: TelemetryConfig) -> None:
 
     A launcher that gives each rank its place on its machine (``LOCAL_RANK``) but neither the machine nor its size
     (``srun`` without Slurm's placement, ``mpirun``) leaves the machines unknown: a rank whose local rank is not its
-    rank is not on rank 0's machine, and its machine is told apart by its host name (:func:`host_machine`), so that
-    no two machines ever write one part of the trace.
+    rank is not on rank 0's machine, and its machine is told apart by its host name and the id its ``/dev/shm`` holds
+    (:func:`host_machine`), so that no two machines ever write one part of the trace, whatever their names.
     """
     if config.local_world_size is None and config.node_rank is None and config.local_rank is not None and config.local_rank != config.rank:
         _check("local_rank", config.local_rank, int, "an integer", lambda v: 0 <= v < config.world_size)
-        config.node_rank = host_machine(socket.gethostname())
+        config.node_rank = host_machine(socket.gethostname(), user_dir.machine_id())
         config.local_world_size = config.world_size  # unknown: at most every rank
         return
     if config.local_world_size is None:

@@ -195,34 +195,43 @@ print(tel.config.machine)
 """
 
 
-@pytest.mark.parametrize("launcher", ["ranks only", "slurm"])
+@pytest.mark.parametrize("launcher", ["ranks only", "slurm", "one host name"])
 def test_a_launcher_that_numbers_no_machine_still_gives_each_machine_its_own_trace_part(tmp_path, launcher):
-    """srun-style: RANK, WORLD_SIZE and LOCAL_RANK on two machines sharing the run folder, no GROUP_RANK or LOCAL_WORLD_SIZE."""
+    """srun-style: RANK, WORLD_SIZE and LOCAL_RANK on machines sharing the run folder, no GROUP_RANK or LOCAL_WORLD_SIZE;
+    and machines of one host name (containers named alike), each its own /dev/shm, told apart by the id it holds."""
+    from otel_rl.base.user_dir import machine_id
     from otel_rl.config import host_machine
     from otel_rl.readers.analysis import analyze, read_trace
 
     run_dir = tmp_path / "srun"
+    hosts = ("hostA", "node", "node") if launcher == "one host name" else ("hostA", "hostB")
     launched = []
-    for rank, host in enumerate(("hostA", "hostB")):
+    for rank, host in enumerate(hosts):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_"))}
-        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0", OTEL_RL_AGENT=f"srun-{launcher.replace(' ', '')}-{rank}")
+        env.update(RANK=str(rank), WORLD_SIZE=str(len(hosts)), LOCAL_RANK="0", OTEL_RL_AGENT=f"srun-{launcher.replace(' ', '')}-{rank}")
         if launcher == "slurm":
             env.update(SLURM_NODEID=str(rank), SLURM_LOCALID="0", SLURM_TASKS_PER_NODE="1(x2)", SLURM_PROCID=str(rank))
-        script = f'hostname {host} && exec "$@"'
-        launched.append(subprocess.Popen(["unshare", "--uts", "sh", "-c", script, "sh", sys.executable, "-c", SRUN_STYLE, str(run_dir)],
+        own_shm = "mount -t tmpfs tmpfs /dev/shm && " if launcher == "one host name" and rank else ""  # a machine of its own memory
+        script = f'hostname {host} && {own_shm}exec "$@"'
+        namespaces = ["--uts", "--mount"] if own_shm else ["--uts"]
+        launched.append(subprocess.Popen(["unshare", *namespaces, "sh", "-c", script, "sh", sys.executable, "-c", SRUN_STYLE, str(run_dir)],
                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
     outputs = [process.communicate(timeout=120) for process in launched]
-    assert [process.returncode for process in launched] == [0, 0], [err for _, err in outputs]
+    assert [process.returncode for process in launched] == [0] * len(hosts), [err for _, err in outputs]
     machines = [out.strip().splitlines()[-1] for out, _ in outputs]
-    expected = ["0", "1"] if launcher == "slurm" else ["None", str(host_machine("hostB"))]
-    assert machines == expected
+    if launcher == "slurm":
+        assert machines == ["0", "1"]
+    elif launcher == "ranks only":  # this machine's /dev/shm is theirs: the same id
+        assert machines == ["None", str(host_machine("hostB", machine_id()))]
+    else:  # two machines named "node": each its own, never folded into one
+        assert machines[0] == "None" and "None" not in machines[1:] and machines[1] != machines[2], machines
     parts = sorted(p.name for p in run_dir.glob("*.perfetto-trace"))
-    assert len(parts) == 2 and len(set(parts)) == 2, parts  # one part per machine, never one file for two
+    assert len(parts) == len(hosts) and len(set(parts)) == len(hosts), parts  # one part per machine, never one file for two
     model, _ = read_trace(run_dir)
     learning = {s.process for s in model.slices if s.name == "Learning"}
-    assert len(learning) == 2  # both machines' learners, read as one job
+    assert len(learning) == len(hosts)  # every machine's learner, read as one job
     report = analyze(run_dir, engine="python")
-    assert report["timelines"]["learner"]["cycles"] == 60
+    assert report["timelines"]["learner"]["cycles"] == 30 * len(hosts)
 
 
 def test_slurm_machines_of_different_sizes_place_every_rank(tmp_path):
