@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from otel_rl.formats import lifecycle
 from otel_rl.agent.producer import ProducerOutputs
 from otel_rl.agent.trace_upload import send_trace_later
 from otel_rl.agent.watch import ProducerDeadline, ProducerWatch
@@ -52,7 +53,7 @@ CONTROL_POLL_S = 0.05
 """How often the server reads the producer's requests (close, flush) between passes."""
 MAX_PASSES = 64
 """Passes in a row while each stops at its per-pass limits (then the requests are read again)."""
-TRUNCATED = ("failed", "the run's shared-memory segment was truncated by another process; records after that were lost")
+TRUNCATED = (lifecycle.FAILED, "the run's shared-memory segment was truncated by another process; records after that were lost")
 """How a run ends whose segment another process shrank (training goes on; its later records cannot be read)."""
 
 

@@ -7,6 +7,7 @@ import select
 import signal
 from collections.abc import Callable
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.base.processes import pid_alive
@@ -95,7 +96,7 @@ class ProducerWatch(BackgroundLoop):
     def ended(self) -> tuple[str, str] | None:
         """None while the producer lives; else ``(status, reason)`` for a run it left open."""
         if self._started is None:  # no /proc here (or the producer was gone before the agent looked)
-            return None if pid_alive(self.pid) else ("killed", "the process disappeared without ending its run")
+            return None if pid_alive(self.pid) else (lifecycle.KILLED, "the process disappeared without ending its run")
         stat = self._stat()
         if stat is not None and stat[1] == self._started and stat[0] not in ("Z", "X"):
             return None
@@ -103,7 +104,7 @@ class ProducerWatch(BackgroundLoop):
             wait_status = stat[2]
             if os.WIFSIGNALED(wait_status):
                 number = os.WTERMSIG(wait_status)
-                return "killed", f"killed by {signal.Signals(number).name}" if number in signal.valid_signals() else f"killed by signal {number}"
+                return lifecycle.KILLED, f"killed by {signal.Signals(number).name}" if number in signal.valid_signals() else f"killed by signal {number}"
             code = os.WEXITSTATUS(wait_status)
-            return "failed", f"exited with code {code} before ending its run"
-        return "killed", "the process disappeared without ending its run (SIGKILL, OOM kill or os._exit)"
+            return lifecycle.FAILED, f"exited with code {code} before ending its run"
+        return lifecycle.KILLED, "the process disappeared without ending its run (SIGKILL, OOM kill or os._exit)"

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.formats.schema import PhaseSpec
 
 
@@ -161,7 +162,7 @@ class RunStart:
     provenance: Mapping[str, Any] = field(default_factory=dict)
     seq: int = 0
 
-    status = "running"
+    status = lifecycle.RUNNING.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +179,9 @@ class RunEnd:
     reason: str | None = None
     error_logs: tuple[str, ...] = ()
     detected_by: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", str(self.status))  # a lifecycle.RunStatus in, its plain text out to every output
     seq: int = 0
 
 

@@ -28,12 +28,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base import extras
 from otel_rl.base.drops import Drops
 from otel_rl.core.records import RunStart
 from otel_rl.outputs.tracker import RowWriter, TrackerSink, run_config
 
-STATES = {"finished": "success", "failed": "crashed", "killed": "aborted"}
+STATES = {lifecycle.FINISHED: "success", lifecycle.FAILED: "crashed", lifecycle.KILLED: "aborted"}
 
 
 def swanlab_sink(config: Any, drops: Drops, resumed_after: int | None = None) -> TrackerSink:

@@ -24,6 +24,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base import extras
 from otel_rl.base.drops import Drops
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
@@ -32,7 +33,7 @@ from otel_rl.run import provenance
 MAX_METRICS = 20
 """Scalar tags listed as metrics in the HParams table (training keys first)."""
 _HPARAMS_TAGS = "_hparams_/"
-_STATUS = {"finished": "STATUS_SUCCESS", "failed": "STATUS_FAILURE", "killed": "STATUS_FAILURE"}  # TensorBoard has no aborted status
+_STATUS = {lifecycle.FINISHED: "STATUS_SUCCESS", lifecycle.FAILED: "STATUS_FAILURE", lifecycle.KILLED: "STATUS_FAILURE"}  # TensorBoard has no aborted status
 
 
 def tensorboard_sink(

@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
@@ -171,7 +172,7 @@ class RowWriter(TrackerWriter):
         if self.run is not None and not self._ended:
             self._ended = True
             try:
-                self.end("finished", None)
+                self.end(lifecycle.FINISHED, None)
             except Exception:  # the tracker failing on the way out: nothing left to save
                 _logger.warning("otel-rl: the %s run did not end cleanly", self.output, exc_info=True)
 

@@ -56,6 +56,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base import extras
 from otel_rl.base import environment_variables as env
 from otel_rl.base.drops import Drops
@@ -66,7 +67,7 @@ from otel_rl.outputs.tracker import TrackerSink, TrackerWriter, run_provenance, 
 _logger = logger(__name__)
 
 STEP_METRIC = "env_steps"
-EXIT_CODES = {"finished": 0, "failed": 1, "killed": 143}
+EXIT_CODES = {lifecycle.FINISHED: 0, lifecycle.FAILED: 1, lifecycle.KILLED: 143}
 _ID_UNSAFE = re.compile(r"[^A-Za-z0-9_.\-]")
 
 

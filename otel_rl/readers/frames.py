@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pandas as pd
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.log import logger
 from otel_rl.run import files
 from otel_rl.run.jsonl import read_records
@@ -102,14 +103,14 @@ def folder_scalars(folder: Path) -> pd.DataFrame:
 
 def folder_run(folder: Path) -> dict[str, Any]:
     """A run folder's row of :func:`runs`, from its run records and its scalars."""
-    lifecycle = [r for r in records(folder) if r.get("kind") == "run"]
-    started = next((r for r in lifecycle if r.get("status") == "running"), lifecycle[0] if lifecycle else {})
-    last = lifecycle[-1] if lifecycle else {}
+    statuses = [r for r in records(folder) if r.get("kind") == "run"]
+    started = next((r for r in statuses if r.get("status") == lifecycle.RUNNING), statuses[0] if statuses else {})
+    last = statuses[-1] if statuses else {}
     scalars = folder_scalars(folder)
     row = _identity(last.get("run_id", folder.name), last.get("status"), started.get("project"), started.get("group"), started)
-    row["start"] = pd.to_datetime(lifecycle[0]["ts"], unit="s", utc=True) if lifecycle else pd.NaT
-    end_ts = max([r["ts"] for r in lifecycle] + scalars["ts"].dropna().tolist()) if lifecycle else None
-    row["duration_s"] = end_ts - lifecycle[0]["ts"] if lifecycle else None
+    row["start"] = pd.to_datetime(statuses[0]["ts"], unit="s", utc=True) if statuses else pd.NaT
+    end_ts = max([r["ts"] for r in statuses] + scalars["ts"].dropna().tolist()) if statuses else None
+    row["duration_s"] = end_ts - statuses[0]["ts"] if statuses else None
     row["env_steps"] = scalars["env_steps"].dropna().max() if len(scalars) else None
     for key in scalars.columns.drop(["seq", "ts", "step", "env_steps"], errors="ignore"):
         present = scalars[key].dropna()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.log import logger
 from otel_rl.run.files import CONFIG_FILE, JSONL_FILE
 
@@ -85,8 +86,8 @@ def previous_run(run_dir: Path, run_id: str) -> PreviousRun | None:
     except (KeyError, TypeError, ValueError):
         if document:
             _logger.warning("otel-rl: resume: %s has no trace id; the resumed run gets a new one", config_path)
-    if status in (None, "pending", "running"):
-        status = "lost"
+    if status in (None, lifecycle.PENDING, lifecycle.RUNNING):
+        status = lifecycle.LOST
     return PreviousRun(trace_id, int(document.get("resumes") or 0), status, last_steps)
 
 

@@ -29,6 +29,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.environment_variables import OTEL_RL_PURE_PYTHON
 from otel_rl.base.log import logger, once
 from otel_rl.base.values import describe
@@ -243,7 +244,7 @@ class Recorder:
             self._count_drop("events")
             _logger.error("otel-rl: no room for a run record in the control ring; the agent will not see it")
         # An agent that takes over mid-run learns the open run from here (it missed its start record).
-        self.segment.publish_run(pickle.dumps(record, protocol=5) if record.status == "running" else b"")
+        self.segment.publish_run(pickle.dumps(record, protocol=5) if record.status == lifecycle.RUNNING else b"")
 
     def add_device_interval(self, record: tuple) -> None:
         """``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns), from the CUDA resolver thread."""

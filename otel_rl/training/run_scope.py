@@ -18,6 +18,7 @@ from contextlib import AbstractContextManager, contextmanager
 from time import perf_counter_ns
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.clock import Clock
 from otel_rl.base.log import logger, once
 from otel_rl.base.values import NAME_LIMIT, as_step, clean_text, describe, json_safe
@@ -59,14 +60,14 @@ def failure_reason(exc: BaseException) -> str:
 def run_status(exc: BaseException | None) -> str:
     """Terminal status of a run that ended with ``exc`` (None: normal exit)."""
     if exc is None:
-        return "finished"
+        return lifecycle.FINISHED
     if isinstance(exc, Terminated):
-        return "killed"
+        return lifecycle.KILLED
     if isinstance(exc, SystemExit):
-        return "finished" if exc.code in (None, 0) else "failed"
+        return lifecycle.FINISHED if exc.code in (None, 0) else lifecycle.FAILED
     if isinstance(exc, KeyboardInterrupt):
-        return "killed"
-    return "failed"
+        return lifecycle.KILLED
+    return lifecycle.FAILED
 
 
 class SigtermGuard:
@@ -164,10 +165,10 @@ class RunScope:
             yield
         except BaseException as exc:
             status = run_status(exc)
-            self._end(start_ns, status, None if status == "finished" else failure_reason(exc))
+            self._end(start_ns, status, None if status == lifecycle.FINISHED else failure_reason(exc))
             raise
         else:
-            self._end(start_ns, "finished", None)
+            self._end(start_ns, lifecycle.FINISHED, None)
         finally:
             if not self.sigterm.received:
                 self.sigterm.restore()  # else it guards shutdown until close() is done
@@ -197,7 +198,7 @@ class RunScope:
         self.open = False
         self.status = status
         error_logs: tuple[str, ...] = ()
-        if status == "failed" and self._config.run_dir is not None:
+        if status == lifecycle.FAILED and self._config.run_dir is not None:
             try:
                 error_logs = tuple(sorted(str(p) for p in (self._config.run_dir / files.ERRORS_DIR).glob("*.log")))
             except OSError:
@@ -238,7 +239,7 @@ class RunScope:
         if self.open or self.status is not None:
             return
         status = run_status(error)
-        if status == "finished":  # sys.exit(0) before a run: nothing failed
+        if status == lifecycle.FINISHED:  # sys.exit(0) before a run: nothing failed
             return
         self._end(announced_ns, status, failure_reason(error))
 

@@ -16,6 +16,7 @@ import itertools
 import time
 from typing import Any
 
+from otel_rl.formats import lifecycle
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger, once
@@ -105,7 +106,7 @@ class MotrixSink(RecordSink):
 
     def pending(self, ts: float | None = None) -> None:
         """The run exists but has not started training (sent from :func:`otel_rl.init`, at ``ts``: default now)."""
-        self._emit(self.make("run", ts=ts, status="pending", **self._run_fields))
+        self._emit(self.make("run", ts=ts, status=lifecycle.PENDING.value, **self._run_fields))
 
     def _emit(self, rec: dict[str, Any]) -> None:
         item = self.encode(rec)
@@ -131,7 +132,7 @@ class MotrixSink(RecordSink):
         seq = None if self._emit_perf(run.seq) else run.seq
         if run.reason is not None:
             fields["reason"] = run.reason
-        if run.status == "failed":
+        if run.status == lifecycle.FAILED:
             fields["error_logs"] = list(run.error_logs)
         self._emit(self.make("run", ts=run.end_ns / 1e9, seq=seq, status=run.status, **fields))
 

@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Status, StatusCode
 
+from otel_rl.formats import lifecycle
 from otel_rl.base import compat
 from otel_rl.base import environment_variables as env
 from otel_rl.base.clock import Clock
@@ -174,7 +175,7 @@ class OpenTelemetrySink(RecordSink):
         self.aggregates.set_run_active(False)
         if self._run_context is None or not self._span_processors:
             return
-        status = Status(StatusCode.ERROR, run.reason) if run.status in ("failed", "killed") else Status(StatusCode.OK)
+        status = Status(StatusCode.ERROR, run.reason) if run.status in (lifecycle.FAILED, lifecycle.KILLED) else Status(StatusCode.OK)
         attributes: dict[str, Any] = {**self._run_attributes, schema.ATTR_STATUS: run.status}
         if run.reason:
             attributes["rl.run.reason"] = run.reason

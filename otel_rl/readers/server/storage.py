@@ -21,13 +21,15 @@ import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from otel_rl.formats import lifecycle
+
 RUN_FIELDS = (
     "run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps", "status_ts", "started_ts",
     "tags", "note",
 )  # fmt: skip
 RUN_TABLES = ("records", "series_keys", "point_blocks", "run_summaries", "run_files", "refused_writers", "runs")
 """Every table that holds a run's rows: what deleting a run empties."""
-TERMINAL = frozenset({"finished", "failed", "killed"})
+TERMINAL = lifecycle.TERMINAL
 FACETS = (
     "SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
     " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL"
@@ -43,7 +45,7 @@ MAX_KNOWN_KEYS = 200_000
 """(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""
 
 
-STATUSES = ("pending", "running", "finished", "failed", "killed", "lost")
+STATUSES = lifecycle.STATUSES
 """What ``/api/v1/runs?status=`` filters on: a run's reported status, or ``lost``."""
 
 
@@ -67,9 +69,9 @@ class RunFilter:
                 clauses.append(f"{column} = {mark}")
                 params.append(value)
         if self.statuses:
-            reported = [s for s in self.statuses if s != "lost"]
+            reported = [s for s in self.statuses if s != lifecycle.LOST]
             either = [f"(NOT runs.lost AND runs.status IN ({', '.join([mark] * len(reported))}))"] if reported else []
-            clauses.append("(" + " OR ".join(either + (["runs.lost"] if "lost" in self.statuses else [])) + ")")
+            clauses.append("(" + " OR ".join(either + (["runs.lost"] if lifecycle.LOST in self.statuses else [])) + ")")
             params += reported
         if self.tag:
             # Tags are kept as a JSON list, '["a", "b"]': with its first '[' made ', ', each tag is ', "tag"' (the quotes
@@ -280,7 +282,7 @@ def run_dict(row: tuple) -> dict[str, Any]:
     duration = max(0.0, end - started_ts) if started_ts is not None and end is not None else None
     return {
         "run_id": run_id,
-        "status": "lost" if lost else status,
+        "status": lifecycle.LOST if lost else status,
         "reported_status": status,
         "project": project,
         "group": group,

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from otel_rl.formats import lifecycle
 from otel_rl.readers.server.storage import BLOCK_COLUMNS, Row
 
 STARTED_FIELDS = ("family", "total_steps", "num_envs", "config", "versions", "command", "host", "git")
@@ -29,7 +30,7 @@ def started(rows: list[Row]) -> list[tuple[str, str, float, int]]:
     """``(run_id, started JSON, ts, seq)`` of each ``running`` record of the batch."""
     out = []
     for row in rows:
-        if row.kind == "run" and row.status == "running":
+        if row.kind == "run" and row.status == lifecycle.RUNNING:
             record = json.loads(row.body)
             out.append((row.run_id, json.dumps({k: record[k] for k in STARTED_FIELDS if k in record}), row.ts, row.seq))
     return out
