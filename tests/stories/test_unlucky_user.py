@@ -420,6 +420,22 @@ def test_a_service_down_from_the_start_is_said_early_once_and_the_end_line_times
     assert abs(said_s - run_s) < 0.3, (said_s, run_s)  # the close deadline (3 s here) is not in it
 
 
+STREAMING = """
+import sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], run_id=sys.argv[3], motrix_url=sys.argv[2], system_metrics_interval_s=0, {options})
+with tel.run():
+    for i in range(int(sys.argv[4])):
+        with tel.iteration(i, env_steps=i):
+            with tel.phase("learning"):
+                pass
+        tel.scalars({{"Loss/value": float(i)}}, step=i)
+began = time.monotonic()
+tel.close()
+print(time.monotonic() - began)
+"""
+"""A run streaming to ``argv[2]`` (run id ``argv[3]``, ``argv[4]`` iterations) that prints how long its close took."""
+
+
 def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path):
     """It accepts connections and never answers; the run ends on time. What the live stream never delivered is sent by
     the background backfill (records first, then the trace) once a real server answers on that address."""
@@ -429,25 +445,13 @@ def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path
 
     from otel_rl.readers.server import IngestServer
 
-    script = textwrap.dedent("""
-        import sys, time, otel_rl
-        tel = otel_rl.init(run_dir=sys.argv[1], run_id="hung", motrix_url=sys.argv[2], system_metrics_interval_s=0, shutdown_timeout_s=3)
-        with tel.run():
-            for i in range(2000):
-                with tel.iteration(i, env_steps=i):
-                    with tel.phase("learning"):
-                        pass
-                tel.scalars({"Loss/value": float(i)}, step=i)
-        began = time.monotonic()
-        tel.close()
-        print(time.monotonic() - began)
-    """)
+    script = STREAMING.format(options="shutdown_timeout_s=3")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     with held_port() as port:
         url = f"http://127.0.0.1:{port}"
         silent = SilentServer(port)
         try:
-            run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), url], capture_output=True, text=True, timeout=180, env=env)
+            run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run"), url, "hung", "2000"], capture_output=True, text=True, timeout=180, env=env)
         finally:
             silent.stop()
         assert run.returncode == 0, run.stderr
@@ -512,29 +516,17 @@ def test_a_job_killed_at_its_end_can_have_close_wait_for_the_upload(tmp_path):
 
     from otel_rl.readers.server import IngestServer
 
-    script = textwrap.dedent("""
-        import sys, time, otel_rl
-        tel = otel_rl.init(run_dir=sys.argv[1], run_id=sys.argv[3], motrix_url=sys.argv[2], system_metrics_interval_s=0, upload_wait_s=float(sys.argv[4]))
-        with tel.run():
-            for i in range(200):
-                with tel.iteration(i, env_steps=i):
-                    with tel.phase("learning"):
-                        pass
-                tel.scalars({"Loss/value": float(i)}, step=i)
-        began = time.monotonic()
-        tel.close()
-        print(time.monotonic() - began)
-    """)
+    script = STREAMING.format(options="upload_wait_s=float(sys.argv[5])")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
     with IngestServer(str(tmp_path / "db.sqlite3")) as server:
-        run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "sent"), server.url, "sent", "300"], capture_output=True, text=True, timeout=400, env=env)
+        run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "sent"), server.url, "sent", "200", "300"], capture_output=True, text=True, timeout=400, env=env)
         assert run.returncode == 0, run.stderr
         (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
         assert f"its trace and diagnosis reached {server.url}" in end, run.stderr
         assert json.loads((tmp_path / "sent" / "trace_upload.json").read_text())["sent"] is True  # there when close() returned
         assert requests.get(server.url + "/api/v1/runs/sent/trace", timeout=30).status_code == 200
     url = f"http://127.0.0.1:{refused_port()}"  # nothing listens: the upload keeps trying past the bound
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "down"), url, "down", "2"], capture_output=True, text=True, timeout=400, env=env)
+    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "down"), url, "down", "200", "2"], capture_output=True, text=True, timeout=400, env=env)
     assert run.returncode == 0, run.stderr
     (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
     assert f"still on their way to {url} after 2 s" in end and f"otel-rl backfill {tmp_path / 'down'} --url {url} --trace-only" in end
