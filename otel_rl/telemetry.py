@@ -350,7 +350,8 @@ class Telemetry:
         if not isinstance(terms, Mapping):
             _logger.warning("otel-rl: reward_terms() takes a mapping of term names to values, got %s; dropped", describe(terms), extra=once("reward-terms-type"))
             return
-        self.scalars({key if isinstance(key, str) and key.startswith("reward/") else f"reward/{key}": value for key, value in terms.items()}, step, env_steps)
+        # A key that is not a string goes on as it is: scalars() drops it with one warning, running none of its code.
+        self.scalars({f"reward/{key}" if isinstance(key, str) and not key.startswith("reward/") else key: value for key, value in terms.items()}, step, env_steps)
 
     def distribution(self, key: str, values: Any, step: int | None = None) -> None:
         """Record the distribution of ``values`` (actions, advantages, gradient norms...) at ``step``.
@@ -405,7 +406,7 @@ class Telemetry:
         """Say what the run is doing (``"Buffer fill: 8,000/10,000"``, ``"Evaluating"``): the panel's status line
         until the next one (an empty text clears it; one that says error or fail is drawn at once), and a
         ``status`` event in every output."""
-        self.event("status", text=text if isinstance(text, str) else str(text))
+        self.event("status", text=text if isinstance(text, str) else describe(text))  # runs none of the object's own code
 
     def _internal_event(self, name: str, attributes: dict[str, Any]) -> None:
         """An event of otel-rl's own (plain attributes, a name of the schema's)."""

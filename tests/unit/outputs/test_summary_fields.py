@@ -62,3 +62,23 @@ def test_reward_terms_go_under_reward_and_show_in_the_panels_rewards(tmp_path, c
 
     state.add_scalars(ScalarBatch.of([ScalarsRecord(1, {"reward/upright": 0.8}, None, None, None)]))
     assert ("upright", "0.8") in PanelView(state, "run").sections(short=True)["rewards"]
+
+
+def test_a_status_or_reward_term_whose_repr_raises_costs_only_itself(tmp_path):
+    class Unprintable:
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    tel = otel_rl.init(run_dir=tmp_path, system_metrics_interval_s=0)
+    with tel.run():
+        with tel.iteration(0, env_steps=8):
+            pass
+        tel.status(Unprintable())
+        tel.reward_terms({Unprintable(): 1.0, "upright": 0.5})
+        tel.scalars({"Loss/critic": 1.0})
+    tel.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    (status,) = [r for r in rows if r["kind"] == "event" and r["name"] == "status"]
+    assert status["attributes"]["text"].endswith("Unprintable object>")  # its type, never its own repr
+    assert [r["values"] for r in rows if r["kind"] == "scalars"] == [{"reward/upright": 0.5}, {"Loss/critic": 1.0}]
+    assert rows[-1]["status"] == "finished"
