@@ -184,16 +184,15 @@ class _Builder:
         if config.wandb:
             from otel_rl.outputs.wandb import wandb_sink
 
-            floor = None if identity.previous is None else identity.previous.last_step
-            self.optional("W&B", lambda: wandb_sink(config, context.drops, identity.pid, floor))
+            self.optional("W&B", lambda: wandb_sink(config, context.drops, identity.pid, self.resumed_after))
         if config.trackio:
             from otel_rl.outputs.trackio import trackio_sink
 
-            self.optional("Trackio", lambda: trackio_sink(config, context.drops, None if identity.previous is None else identity.previous.last_step))
+            self.optional("Trackio", lambda: trackio_sink(config, context.drops, self.resumed_after))
         if config.swanlab:
             from otel_rl.outputs.swanlab import swanlab_sink
 
-            self.optional("SwanLab", lambda: swanlab_sink(config, context.drops, None if identity.previous is None else identity.previous.last_step))
+            self.optional("SwanLab", lambda: swanlab_sink(config, context.drops, self.resumed_after))
         if config.relay is not None:
             from otel_rl.outputs.relay import RelaySink
 
@@ -279,6 +278,10 @@ class _Builder:
     def _tensorboard(self) -> RecordSink:
         from otel_rl.outputs.tensorboard import tensorboard_sink
 
+        return tensorboard_sink(self.config.tensorboard_folder, self.context.drops, self.config.perf_interval_s, self.resumed_after, self.config.world_size == 1)
+
+    @property
+    def resumed_after(self) -> int | None:
+        """A resumed run's last step so far (its earlier parts'), which the trackers' steps stay above; None for a new run."""
         previous = self.identity.previous
-        floor = None if previous is None else previous.last_step
-        return tensorboard_sink(self.config.tensorboard_folder, self.context.drops, self.config.perf_interval_s, floor, self.config.world_size == 1)
+        return None if previous is None else previous.last_step
