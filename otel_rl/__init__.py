@@ -29,7 +29,7 @@ __all__ = ["init", "Telemetry", "NoOpTelemetry", "TrainingTelemetry", "Telemetry
 
 
 def init(
-    run_dir: str | os.PathLike[str] | None = None,
+    run_dir: str | os.PathLike[str] | bool | None = None,
     service_name: str | None = None,
     *,
     enabled: bool = DEFAULT,

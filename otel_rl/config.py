@@ -87,7 +87,9 @@ class TelemetryConfig:
     """False makes every call a no-op: no thread, no file. ``OTEL_SDK_DISABLED=true`` does too, whatever the code says."""
 
     run_dir: Path | None = None
-    """Folder for the local outputs (``run_summary.json`` and later sinks); None writes no file."""
+    """Folder of the run's files (``metrics.jsonl``, the trace, ``run_summary.json``...); None writes no file.
+    :func:`otel_rl.init` without one takes ``OTEL_RL_RUN_DIR``, else ``runs/<algorithm>/<run id>``;
+    ``run_dir=False`` (``OTEL_RL_RUN_DIR=off``) records nothing to disk."""
 
     service_name: str | None = None
     """``service.name`` of the resource; falls back to ``OTEL_SERVICE_NAME``, then ``otel-rl``."""
@@ -458,8 +460,68 @@ class TelemetryConfig:
         if options.get("enabled") is None or not defaults["enabled"]:
             # OTEL_SDK_DISABLED=true is the operator's kill switch: it wins over code, as in OpenTelemetry.
             merged["enabled"] = defaults["enabled"]
+        run_dir = _run_folder(run_dir, merged)
         _ignore_inapplicable(merged, options, run_dir)
         return cls(run_dir=run_dir, service_name=service_name, **merged)
+
+
+DEFAULT_RUNS_ROOT = "runs"
+"""Where a run given no folder records: ``runs/<algorithm>/<run id>`` under the working directory."""
+
+_NO_FOLDER = frozenset({"off", "none", "false", "0", "no"})
+
+
+def _run_folder(run_dir: Any, merged: dict[str, Any]) -> Any:
+    """The run folder: the one given, else ``OTEL_RL_RUN_DIR``, else a default one of its own (None: no folder).
+
+    ``run_dir=False`` (or ``OTEL_RL_RUN_DIR=off``) records nothing to disk. The default is
+    ``runs/<algorithm>/<run id>``, the id a timestamp and a random suffix unless the job
+    names one: ``OTEL_RL_RUN_ID``, torchrun's rendezvous id or Slurm's job id, so that every
+    rank of a job takes the same folder. A job of several ranks that shares no id gets no
+    default folder (each rank would take its own), said once on rank 0; a worker process
+    writes where its learner tells it.
+    """
+    if run_dir is False:
+        return None
+    if run_dir is not None or not merged["enabled"]:
+        return run_dir
+    raw = os.environ.get(env.OTEL_RL_RUN_DIR, "").strip()
+    if raw.lower() in _NO_FOLDER:
+        return None
+    if raw:
+        return raw
+    if merged.get("role", "learner") != "learner":
+        return None
+    name = merged["run_id"] or _job_id()
+    if merged["world_size"] > 1 and name is None:
+        if merged["rank"] == 0:
+            _logger.warning(
+                "otel-rl: a job of %d ranks given no run_dir records nothing to disk: its ranks share no id to name one "
+                "folder by (give run_dir=, %s or %s)", merged["world_size"], env.OTEL_RL_RUN_DIR, env.OTEL_RL_RUN_ID,
+                extra=once("no-run-folder"),
+            )
+        return None
+    name = name or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+    parts = [DEFAULT_RUNS_ROOT] + ([_folder_name(merged["algorithm"])] if merged.get("algorithm") else [])
+    return Path(*parts, _folder_name(name))
+
+
+def _job_id() -> str | None:
+    """The id every rank of this job shares from its launcher (torchrun's rendezvous id, Slurm's job and step), if any."""
+    rendezvous = os.environ.get(env.TORCHELASTIC_RUN_ID, "").strip()
+    if rendezvous and rendezvous != "none":
+        return rendezvous
+    job = os.environ.get(env.SLURM_JOB_ID, "").strip()
+    if job:
+        step = os.environ.get(env.SLURM_STEP_ID, "").strip()
+        return f"slurm-{job}" + (f".{step}" if step else "")
+    return None
+
+
+def _folder_name(text: str) -> str:
+    """``text`` as one folder name: no separator, no leading dot, at most 100 characters."""
+    name = re.sub(r"[^\w.@+=-]+", "_", str(text)).lstrip(".")[:100]
+    return name or "run"
 
 
 _ENVIRONMENT_OUTPUTS = {

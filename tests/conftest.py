@@ -16,6 +16,8 @@ def clean_environment(monkeypatch):
     for name in list(os.environ):
         if name.startswith(_OTEL_PREFIXES):
             monkeypatch.delenv(name)
+    # A test that wants a run folder names one: none of them fills the working directory's runs/.
+    monkeypatch.setenv("OTEL_RL_RUN_DIR", "off")
     from otel_rl.base.log import DEDUP
 
     DEDUP.reset()

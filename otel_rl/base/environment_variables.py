@@ -34,6 +34,8 @@ TRACEPARENT = "TRACEPARENT"
 
 # otel-rl's own variables.
 OTEL_RL_RUN_ID = "OTEL_RL_RUN_ID"
+OTEL_RL_RUN_DIR = "OTEL_RL_RUN_DIR"
+"""The run folder of a process whose code gives none; ``off`` (or ``none``, ``false``, ``0``): no folder."""
 OTEL_RL_ALGORITHM = "OTEL_RL_ALGORITHM"
 OTEL_RL_SPAN_BUDGET = "OTEL_RL_SPAN_BUDGET"
 """Phase spans per second sent to span exporters; whole iterations are sampled above it."""
@@ -101,6 +103,11 @@ SLURM_NODEID = "SLURM_NODEID"
 SLURM_LOCALID = "SLURM_LOCALID"
 """This task's index on its machine (srun)."""
 SLURM_TASKS_PER_NODE = "SLURM_TASKS_PER_NODE"
+SLURM_JOB_ID = "SLURM_JOB_ID"
+"""Shared by the ranks of one Slurm job: their default run folder is named after it."""
+SLURM_STEP_ID = "SLURM_STEP_ID"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+"""torchrun's rendezvous id (a fresh one per job with ``--standalone``, else ``--rdzv-id``; ``none`` unset)."""
 """The tasks of each machine, as Slurm writes them: ``2(x3),1`` is 2, 2, 2 and 1."""
 
 # Weights & Biases' own variables, read for the W&B output's fields (an init() keyword wins).
