@@ -51,6 +51,10 @@ class TrainingTelemetry(Protocol):
 
     def add_summary(self, **fields: Any) -> None: ...
 
+    def video(self, key: str, source: Any, fps: float = 30.0, step: int | None = None, caption: str | None = None) -> None: ...
+
+    def image(self, key: str, source: Any, step: int | None = None, caption: str | None = None) -> None: ...
+
     def run(
         self,
         *,
@@ -155,6 +159,12 @@ class NoOpTelemetry:
         pass
 
     def add_summary(self, **fields: Any) -> None:
+        pass
+
+    def video(self, key: str, source: Any, fps: float = 30.0, step: int | None = None, caption: str | None = None) -> None:
+        pass
+
+    def image(self, key: str, source: Any, step: int | None = None, caption: str | None = None) -> None:
         pass
 
     @contextmanager

@@ -103,6 +103,7 @@ def _serve_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--db", default="motrix-metrics.sqlite3", help="SQLite database file, or a postgresql:// URL (for teams)")
     serve.add_argument("--lost-after", type=float, default=60.0, help="seconds of silence before a run is lost")
     serve.add_argument("--max-trace-mb", type=_positive, default=256.0, help="a run's trace at most (decompressed, MB); larger ones are refused (413)")
+    serve.add_argument("--max-media-mb", type=_positive, default=64.0, help="one video or image at most (MB); larger ones are refused (413)")
     serve.add_argument(
         "--require-token",
         action="store_true",
@@ -131,7 +132,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if token and args.insecure:
         logging.getLogger("otel_rl.readers.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
         token = None
-    serve_forever(args.db, args.host, args.port, token, args.lost_after, max_trace_bytes=int(args.max_trace_mb * 1e6))
+    serve_forever(args.db, args.host, args.port, token, args.lost_after, max_trace_bytes=int(args.max_trace_mb * 1e6),
+                  max_media_bytes=int(args.max_media_mb * 1e6))
     return 0
 
 

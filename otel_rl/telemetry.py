@@ -30,6 +30,7 @@ from typing import Any
 from otel_rl.agent.hosts import Host, start_host
 from otel_rl.agent.trace_upload import RESEND_WINDOW_S
 from otel_rl.api import NoOpTelemetry
+from otel_rl.base import extras
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
@@ -40,8 +41,8 @@ from otel_rl.core.identity import RunIdentity, service_name
 from otel_rl.core.ids import new_span_id, new_trace_id, parse_traceparent
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import CudaFallback
-from otel_rl.formats import schema, trace
-from otel_rl.run import files, notices
+from otel_rl.formats import lifecycle, schema, trace
+from otel_rl.run import files, media, notices
 from otel_rl.run import folder as run_folder
 from otel_rl.run.provenance import redact
 from otel_rl.training.recorder import Iteration, Phase
@@ -108,6 +109,7 @@ class Telemetry:
         self._deadline: Deadline | None = None
         self._hurried = False
         self._described: dict[str, str] = {}  # what describe_system() last recorded
+        self._media: media.MediaWriter | None = None
         if config.resume and config.run_dir is not None and config.run_id == config.run_dir.resolve().name:
             self._resume_folder_run(config)  # the id a run given none gets: the folder's, which may have been moved
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
@@ -190,6 +192,7 @@ class Telemetry:
             self._nonfinite(path, value)
         self._new_iteration = self._recorder.iteration_factory(self._on_iteration, config.trace_thread_time)
         self._runs = RunScope(self._recorder, self._clock, config, self._parent_span_id, previous, self._nonfinite, self._hurry)
+        self._runs.before_end = self._media_before_end
         self._workers = Workers(self._recorder.add_remote, self.event)
         self._windows = Windows(lambda: self._host.counts().totals)
         self._profile = None
@@ -389,6 +392,82 @@ class Telemetry:
         name = self._event_name(name)
         safe = json_safe(attributes, self._nonfinite, f"event:{name}") if attributes else {}
         self._recorder.add_event((perf_counter_ns(), name, safe))
+
+    def video(self, key: str, source: Any, fps: float = 30.0, step: int | None = None, caption: str | None = None) -> None:
+        """Record a video: ``source`` is frames (an array or tensor ``(T, H, W, C)`` or ``(T, C, H, W)``, a list of
+        ``(H, W, C)`` frames; uint8, or floats from 0 to 1) or the path of an ``.mp4``, ``.webm`` or ``.gif`` file.
+
+        The frames are copied and the loop goes on: a thread of its own writes them to an H.264 MP4 in the run
+        folder's ``media/`` (a file is copied there), then every output gets a ``media`` record naming it
+        (``metrics.jsonl``, W&B, TensorBoard, the live service and its run page). ``step``: default the run's latest.
+        A source that is not frames or such a file is one warning, and the call costs nothing else.
+        """
+        self._media_call("video", key, source, fps, step, caption)
+
+    def image(self, key: str, source: Any, step: int | None = None, caption: str | None = None) -> None:
+        """Record an image: an array or tensor ``(H, W)``, ``(H, W, C)`` or ``(C, H, W)``, or the path of a
+        ``.png``, ``.jpg``, ``.gif`` or ``.webp`` file; written to PNG in ``media/`` and recorded like :meth:`video`."""
+        self._media_call("image", key, source, 0.0, step, caption)
+
+    def _media_call(self, kind: str, key: Any, source: Any, fps: Any, step: Any, caption: Any) -> None:
+        try:
+            item = self._media_item(kind, key, source, fps, step, caption)
+        except (TypeError, ValueError, OSError) as exc:
+            _logger.warning("otel-rl: %s(%s) ignored: %s", kind, describe(key)[:100], exc, extra=once(f"media-input:{kind}:{describe(key)[:100]}:{str(exc)[:200]}"))
+            return
+        writer = self._media_writer()
+        if writer is not None:
+            writer.put(item)
+
+    def _media_item(self, kind: str, key: Any, source: Any, fps: Any, step: Any, caption: Any) -> media.MediaItem:
+        if self._closed:
+            raise ValueError("called after close()")
+        if not isinstance(key, str) or not 0 < len(key) <= 256:
+            raise TypeError(f"the key must be a text of 1 to 256 characters, got {describe(key)[:100]}")
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not (kind == "image" or 0 < fps <= 1000):
+            raise ValueError(f"fps must be a number above 0 and at most 1000, got {describe(fps)[:100]}")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63):
+            raise ValueError(f"step must be an integer from 0 below 2**63, got {describe(step)[:100]}")
+        if isinstance(source, (str, os.PathLike)):
+            path = Path(source)
+            formats = media.VIDEO_FORMATS if kind == "video" else media.IMAGE_FORMATS
+            if path.suffix.lower().lstrip(".") not in formats:
+                raise ValueError(f"{str(path)[:200]!r} is not one of {', '.join('.' + f for f in formats)}")
+            if not path.is_file():
+                raise ValueError(f"{str(path)[:200]!r} is not a file")
+            frames, size = path.resolve(), 0
+        else:
+            if extras.MEDIA[kind].missing():
+                raise ValueError(extras.MEDIA[kind].message())
+            frames = media.frames_of(source)
+            media.check_shape(frames.shape, kind)
+            size = int(frames.nbytes)
+        text = None if caption is None else clean_text(str(caption))[:1000]
+        step = next((s for s in (step, self._last_env_steps, self._last_iteration) if s is not None), None)
+        return media.MediaItem(kind, key, frames, float(fps), step, text, size)
+
+    def _media_writer(self) -> media.MediaWriter | None:
+        """The writer of this process's videos and images, started at the first (None without a run folder: said once)."""
+        if self._media is None:
+            folder = self.config.run_dir or self.config.trace_output_dir
+            if folder is None:
+                _logger.warning("otel-rl: videos and images need a run folder (this process has none: run_dir=False); dropped",
+                                extra=once("media-no-folder"))  # fmt: skip
+                return None
+            config = self.config
+            suffix = "" if config.role == schema.LEARNER and config.rank == 0 else f"-{config.role}{config.rank}"
+            self._media = media.MediaWriter(Path(folder) / media.MEDIA_DIR, self._media_recorded, suffix)
+        return self._media
+
+    def _media_before_end(self, status: str) -> None:
+        """The run's videos and images go out before its end (half the shutdown timeout at most; none when killed)."""
+        if self._media is not None and status != lifecycle.KILLED:
+            if not self._media.drain(time.monotonic() + self.config.shutdown_timeout_s / 2):
+                _logger.warning("otel-rl: videos or images still being written follow the run's end record", extra=once("media-after-end"))
+
+    def _media_recorded(self, attributes: dict[str, Any]) -> None:
+        """A written video or image, for the outputs (on the media writer's thread)."""
+        self._internal_event(schema.EVENT_MEDIA, attributes)
 
     def add_summary(self, **fields: Any) -> None:
         """Add the loop's own fields to ``run_summary.json`` (``backend_diagnostics={...}``, say), beside otel-rl's.
@@ -638,6 +717,8 @@ class Telemetry:
             deadline.shorten(HURRY_S)
         if self._profile is not None:  # training ended inside the window: what was profiled is still written
             self._profile.shutdown(Deadline(deadline.left() / 2))  # in half the deadline at most: the outputs need the rest
+        if self._media is not None:  # the videos and images recorded so far, before the run's end (half the time at most)
+            self._media.close(time.monotonic() + deadline.left() / 2)
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
         uncaught = getattr(sys, "last_value", None) if self._at_exit else None
         self._runs.end(uncaught)
@@ -731,6 +812,8 @@ class Telemetry:
         dropped = self._recorder.dropped()
         if self._cuda_timer is not None:
             dropped["cuda_pending"] = self._cuda_timer.pending.dropped
+        if self._media is not None:
+            dropped["media"] = self._media.dropped
         for queue, n in (counts.dropped or {}).items():
             # The outputs mirror this recorder's counters (so that they report them): not counted twice.
             dropped[queue] = max(dropped.get(queue, 0), n) if queue in dropped else n

@@ -33,6 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates-per-step", type=int, default=1, help="gradient updates per learner iteration (the update-to-data ratio)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--runs-dir", default="runs", help="parent folder of the run folder")
+    parser.add_argument("--no-video", action="store_true", help="do not record a video of the trained policy at the end")
     parser.add_argument("--serve", action="store_true", help="start the local ingest server and stream to it")
     parser.add_argument("--no-panel", action="store_true", help="no live terminal panel")
 
@@ -76,11 +77,41 @@ def run_demo(args: argparse.Namespace) -> int:
     config = {"env": ENV_ID, "algorithm": "sac", **vars(args), "sac": asdict(sac_config)}
     with tel.run(family="rl.offpolicy", total_steps=args.total_steps, num_envs=args.num_envs, config=config):
         summary = _train(tel, args, agent, shared, context, run_dir)
+        if not args.no_video:
+            _record_policy(tel, agent, args.seed)
     tel.close()
     if server is not None:
         server.close()
     _report(run_dir, summary)
     return 0
+
+
+def _record_policy(tel, agent, seed: int, steps: int = 200) -> None:
+    """One episode of the trained policy (its mean action), rendered by Gymnasium and recorded as the run's video."""
+    import gymnasium as gym
+    import torch
+
+    from otel_rl.demo.collector import ENV_ID
+
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")  # pygame draws off screen, and plays no sound
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    try:
+        env = gym.make(ENV_ID, render_mode="rgb_array")
+        obs, _ = env.reset(seed=seed)
+        frames = [env.render()[::2, ::2]]
+    except (ImportError, gym.error.DependencyNotInstalled) as exc:
+        print(f"no video of the policy: {ENV_ID} cannot render here ({exc})")
+        return
+    with torch.no_grad():
+        for _ in range(steps):
+            mean = agent.actor.net(torch.as_tensor(obs, dtype=torch.float32)).chunk(2, dim=-1)[0]
+            obs, _, terminated, truncated, _ = env.step((torch.tanh(mean) * agent.actor.action_scale).numpy())
+            frames.append(env.render()[::2, ::2])
+            if terminated or truncated:
+                break
+    fps = env.metadata.get("render_fps", 30)
+    env.close()
+    tel.video("Media/policy", frames, fps=fps, caption=f"{ENV_ID}: the trained policy's mean action, one episode")
 
 
 def _ingest_server(run_dir: Path):

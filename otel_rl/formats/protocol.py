@@ -59,6 +59,17 @@ def scalars_record(run_id: str, writer: str, seq: int, ts: float, step: int | No
     return {"run_id": run_id, "writer": writer, "seq": seq, "ts": ts, "kind": "scalars", "step": step, "axes": axes, "values": values}
 
 
+MEDIA_FIELDS = ("key", "type", "path", "format", "bytes", "step", "fps", "frames", "width", "height", "caption")
+"""The fields of a ``media`` record, in the order it is written (see the protocol's ``media`` section)."""
+
+
+def media_fields(attributes: Mapping[str, Any]) -> dict[str, Any]:
+    """A ``media`` record's fields from a media event's attributes (those the protocol names; ``step`` always, maybe null)."""
+    fields = {name: attributes[name] for name in MEDIA_FIELDS if name in attributes}
+    fields.setdefault("step", None)
+    return fields
+
+
 def batch(records: list[Mapping[str, Any]]) -> dict[str, Any]:
     return {"protocol": PROTOCOL, "records": list(records)}
 

@@ -65,6 +65,8 @@ EVENT_COMMIT = "stats_commit"
 """A set of stats was committed (:func:`otel_rl.stats_tracker.commit`): ``epoch``, ``epoch_step``, ``global_step`` where given."""
 EVENT_SUMMARY_FIELDS = "summary_fields"
 """The loop's own fields for ``run_summary.json`` (:meth:`otel_rl.Telemetry.add_summary`), one attribute each."""
+EVENT_MEDIA = "media"
+"""A video or image written to the run folder's ``media/`` (key, type, path, format, bytes, step...): a ``media`` record."""
 SUMMARY_KEYS = frozenset({
     "metric_schema_version", "run_id", "algorithm", "status", "reason", "start_time_unix_nano", "end_time_unix_nano",
     "env_steps", "rank", "world_size", "timelines", "last_scalars",

@@ -244,6 +244,11 @@ class _Builder:
 
             sender = functools.partial(HttpSender, config.motrix_url, config.motrix_token, sink.heartbeat, context.drops)
             live = self.optional("the live stream", sender, sink.writers)
+            folder = config.run_dir or config.trace_output_dir
+            if live is not None and folder is not None:  # the files of the run's videos and images, beside its records
+                from otel_rl.outputs.motrix.media_upload import MediaUploader
+
+                sink.writers.append(MediaUploader(config.motrix_url, config.motrix_token, config.run_id, folder, context.drops))
         if not context.announced:  # an agent taking over continues a run whose pending record is out
             sink.pending(identity.started_ns / 1e9)
         return live
@@ -278,7 +283,9 @@ class _Builder:
     def _tensorboard(self) -> RecordSink:
         from otel_rl.outputs.tensorboard import tensorboard_sink
 
-        return tensorboard_sink(self.config.tensorboard_folder, self.context.drops, self.config.perf_interval_s, self.resumed_after, self.config.world_size == 1)
+        config = self.config
+        return tensorboard_sink(config.tensorboard_folder, self.context.drops, config.perf_interval_s, self.resumed_after, config.world_size == 1,
+                                media_root=config.run_dir or config.trace_output_dir)  # fmt: skip
 
     @property
     def resumed_after(self) -> int | None:

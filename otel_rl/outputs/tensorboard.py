@@ -37,18 +37,22 @@ _STATUS = {lifecycle.FINISHED: "STATUS_SUCCESS", lifecycle.FAILED: "STATUS_FAILU
 
 
 def tensorboard_sink(
-    log_dir: Path, drops: Drops, perf_interval_s: float = 1.0, resumed_after: int | None = None, derive_fps: bool = False
+    log_dir: Path, drops: Drops, perf_interval_s: float = 1.0, resumed_after: int | None = None, derive_fps: bool = False,
+    media_root: Path | None = None,
 ) -> TrackerSink:
     """The TensorBoard output: a :class:`TrackerSink` feeding a :class:`TensorBoardWriter`.
 
     ``resumed_after``: a resumed run's last step so far, which its steps stay above; ``derive_fps``: derive
-    ``Perf/total_fps`` when the loop does not log it (a run of one rank).
+    ``Perf/total_fps`` when the loop does not log it (a run of one rank); ``media_root``: the run folder, whose
+    videos (as animated GIFs, which TensorBoard's Images tab plays) and images are written too.
 
     Raises:
         ImportError: the ``tensorboard`` package is not installed (``pip install 'otel-rl[tensorboard]'``).
     """
     extras.require(extras.OUTPUTS["tensorboard"])  # here, rather than failing later on the writer's thread
-    return TrackerSink(TensorBoardWriter(Path(log_dir), drops), perf_interval_s, resumed_after=resumed_after, derive_fps=derive_fps)
+    writer = TensorBoardWriter(Path(log_dir), drops)
+    writer.media_root = media_root
+    return TrackerSink(writer, perf_interval_s, resumed_after=resumed_after, derive_fps=derive_fps)
 
 
 class TensorBoardWriter(TrackerWriter):
@@ -141,6 +145,10 @@ class TensorBoardWriter(TrackerWriter):
             _, _, step, name, attributes = item
             text = f"**{name}** `{json.dumps(attributes, sort_keys=True)}`" if attributes else f"**{name}**"
             return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[_text_value(f"events/{name}", text)]))]
+        if kind == "media":
+            _, _, step, attributes = item
+            image = _image_value(self.media_root / attributes["path"], attributes)  # type: ignore[operator]
+            return [Event(wall_time=wall, step=step or 0, summary=Summary(value=[image]))]
         if kind == "start":
             self._config = {**dict(item[2].config or {}), **_provenance(item[2].provenance)}
             return [Event(wall_time=wall, summary=_hparams_start(self._config, wall))]
@@ -148,6 +156,46 @@ class TensorBoardWriter(TrackerWriter):
             Event(wall_time=wall, summary=_hparams_experiment(self._config or {}, sorted(self._tags_seen))),
             Event(wall_time=wall, summary=_hparams_end(item[2], wall)),
         ]
+
+
+GIF_MAX_FRAMES = 150
+GIF_MAX_WIDTH = 480
+
+
+def _image_value(path: Path, attributes: dict[str, Any]):
+    """A video or image file as a TensorBoard image (Images tab): an image's own bytes, a video as an animated GIF.
+
+    TensorBoard shows what a browser shows in an ``<img>``: a GIF plays, an MP4 does not. A video is decoded
+    (imageio-ffmpeg) and written as a GIF of at most :data:`GIF_MAX_FRAMES` frames (evenly taken) and
+    :data:`GIF_MAX_WIDTH` pixels wide, at the video's pace.
+    """
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    fmt = attributes.get("format")
+    if attributes.get("type") == "image" or fmt == "gif":
+        data = path.read_bytes()
+    else:
+        data = _gif_of(path, float(attributes.get("fps") or 30.0))
+    image = Summary.Image(height=int(attributes.get("height") or 0), width=int(attributes.get("width") or 0),
+                          colorspace=3, encoded_image_string=data)  # fmt: skip
+    return Summary.Value(tag=attributes["key"], image=image)
+
+
+def _gif_of(path: Path, fps: float) -> bytes:
+    import imageio.v3 as iio
+    import imageio_ffmpeg
+    import numpy as np
+
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+    meta = next(reader)
+    width, height = meta["size"]
+    frames = [np.frombuffer(frame, np.uint8).reshape(height, width, 3) for frame in reader]
+    if not frames:
+        raise ValueError(f"{path.name} holds no frame")
+    every = max(1, -(-len(frames) // GIF_MAX_FRAMES))
+    shrink = max(1, -(-width // GIF_MAX_WIDTH))
+    kept = np.stack(frames[::every])[:, ::shrink, ::shrink]
+    return bytes(iio.imwrite("<bytes>", kept, extension=".gif", duration=1000.0 * every / max(fps, 1e-3), loop=0))
 
 
 def _text_value(tag: str, text: str):

@@ -15,6 +15,10 @@ the pipeline thread only appends. The items, in the order they were recorded:
   call: its :class:`otel_rl.core.distributions.Histogram`.
 - ``("event", time_ns, step, name, attributes)``: a named event, at the step
   of the last scalars recorded before it (else of the latest iteration).
+- ``("media", time_ns, step, attributes)``: a video or image written to the
+  run folder (``attributes`` of the ``media`` record: ``key``, ``type``,
+  ``path`` under :attr:`TrackerWriter.media_root`...), for a tracker that
+  has a ``media_root``.
 - ``("end", time_ns, status, reason)``: the run ended.
 
 ``step`` is the call's ``step``, else the env-step count (as in
@@ -38,9 +42,10 @@ import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-from otel_rl.formats import lifecycle
+from otel_rl.formats import lifecycle, schema
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
@@ -76,6 +81,8 @@ class TrackerWriter(BackgroundLoop, ABC):
         self._queue: deque[tuple] = deque()
         self._lock = threading.Lock()
         self.failed = False
+        self.media_root: Path | None = None
+        """The run folder a ``media`` item's ``path`` is in (None: this tracker gets no media)."""
 
     def put(self, item: tuple) -> None:
         """Queue one item (pipeline thread); past :data:`CAPACITY` the oldest scalars make room."""
@@ -294,6 +301,11 @@ class TrackerSink(RecordSink):
     def _put_event(self, event: EventRecord) -> None:
         # The step of the latest scalars before it, else of the iterations (a run that logs no scalars).
         step = next((s for s in (self._step, self._perf.axes.get("env_steps"), self._perf.axes.get("iteration")) if s is not None), None)
+        if event.name == schema.EVENT_MEDIA:  # a video or image at its own step, for the trackers that show one
+            if self.writer.media_root is not None:
+                given = event.attributes.get("step")
+                self.writer.put(("media", event.time_ns, self._above_floor(given if isinstance(given, int) else step), event.attributes))
+            return
         self.writer.put(("event", event.time_ns, self._above_floor(step), event.name, event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:

@@ -86,6 +86,7 @@ def wandb_sink(config: Any, drops: Drops, pid: int, resumed_after: int | None = 
     """
     extras.require(extras.OUTPUTS["wandb"])  # here, rather than failing later on the writer's thread
     writer = WandbWriter(config.run_id, config.run_dir, drops, fields=config.wandb_fields(), resume=config.resume, pid=pid)
+    writer.media_root = config.run_dir  # videos and images go with the run
     return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after, derive_fps=config.world_size == 1)
 
 
@@ -146,6 +147,10 @@ class WandbWriter(TrackerWriter):
                     # Its count as a series too, so the event shows on the charts' axis where it happened.
                     count = {f"events/{name}/count": seen["count"]}
                     run.log(count if step is None else {STEP_METRIC: step, **count})
+                elif kind == "media":
+                    _, _, step, attributes = item
+                    value = _media_value(wandb, self.media_root / attributes["path"], attributes)  # type: ignore[operator]
+                    run.log({attributes["key"]: value} if step is None else {STEP_METRIC: step, attributes["key"]: value})
                 elif kind == "end":
                     _, _, status, reason = item
                     self._finish(status, reason)
@@ -227,3 +232,11 @@ def _argv(args: list[str] | None) -> Iterator[None]:
         yield
     finally:
         sys.argv = saved
+
+
+def _media_value(wandb: Any, path: Path, attributes: dict[str, Any]) -> Any:
+    """The W&B object of a video or image file (W&B uploads it with the run)."""
+    caption = attributes.get("caption")
+    if attributes.get("type") == "video":
+        return wandb.Video(str(path), format=attributes.get("format"), caption=caption)
+    return wandb.Image(str(path), caption=caption)

@@ -148,6 +148,8 @@ class RunScope:
         self.duration_s: float | None = None
         """How long the last run took, from its start to its end (the close that followed not counted)."""
         self._started: AbstractContextManager | None = None  # the run start() opened
+        self.before_end: Callable[[str], None] | None = None
+        """Called with the status before a run's end is recorded (what the run recorded still on its way: its videos)."""
 
     @contextmanager
     def scope(self, closed: bool, family: Any, total_steps: Any, num_envs: Any, config: Any, handle_sigterm: bool) -> Iterator[None]:
@@ -195,6 +197,11 @@ class RunScope:
         return start_ns
 
     def _end(self, start_ns: int, status: str, reason: str | None) -> None:
+        if self.before_end is not None:
+            try:
+                self.before_end(status)
+            except Exception:  # never into training
+                _logger.warning("otel-rl: what the run recorded last may follow its end", exc_info=True)
         self.open = False
         self.status = status
         error_logs: tuple[str, ...] = ()

@@ -63,6 +63,20 @@ def test_outputs_are_present_and_well_formed(demo_run):
     assert "bottleneck: " in stdout and "learner iterations" in stdout
 
 
+def test_the_demo_records_a_video_of_the_trained_policy(demo_run):
+    import imageio_ffmpeg
+
+    run_dir, _, _ = demo_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    (video,) = [r for r in records if r["kind"] == "media"]
+    assert (video["key"], video["type"], video["format"], video["width"], video["height"]) == ("Media/policy", "video", "mp4", 250, 250)
+    assert video["frames"] == 201  # one episode of Pendulum: its first frame and 200 steps
+    reader = imageio_ffmpeg.read_frames(str(run_dir / video["path"]))
+    meta = next(reader)
+    assert meta["size"] == (250, 250) and sum(1 for _ in reader) == 201
+    assert list((run_dir / "wandb").glob("offline-run-*/files/media/videos/Media/policy_*.mp4"))
+
+
 def test_tensorboard_has_reward_and_loss_curves(demo_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

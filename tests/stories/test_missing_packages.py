@@ -128,3 +128,25 @@ def test_an_integration_without_its_library_names_its_extra(module, hidden, says
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == f"otel_rl.base.extras.MissingExtra: {says}"
     assert "ModuleNotFoundError" not in result.stderr
+
+
+def test_a_video_without_its_encoder_is_one_line_naming_the_extra_and_the_run_goes_on(tmp_path):
+    script = (
+        "import sys, numpy as np, otel_rl\n"
+        "tel = otel_rl.init(run_dir=sys.argv[1], panel=False)\n"
+        "with tel.run():\n"
+        "    for i in range(3):\n"
+        "        with tel.iteration(i, env_steps=i):\n"
+        "            pass\n"
+        "        tel.video('Media/play', np.zeros((4, 8, 8, 3), np.uint8))\n"
+        "    tel.scalars({'Loss/critic': 1.0})\n"
+        "tel.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE="imageio_ffmpeg")
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    said = [line for line in result.stderr.splitlines() if "imageio_ffmpeg" in line]
+    assert said == ["otel-rl: video('Media/play') ignored: tel.video() of frames needs the imageio_ffmpeg package: pip install 'otel-rl[media]'"]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert any(r["kind"] == "scalars" and "Loss/critic" in r["values"] for r in records) and records[-1]["status"] == "finished"

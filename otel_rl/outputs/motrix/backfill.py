@@ -4,11 +4,14 @@ Every line is sent as it was written, same ``(writer, seq)``, so records the
 service already has are ignored there: a backfill after a live run that lost
 its connection (or after a crash) fills the gaps and duplicates nothing.
 Records the service refuses are skipped one by one and reported; the rest
-go on (:func:`otel_rl.outputs.motrix.delivery.send`).
+go on (:func:`otel_rl.outputs.motrix.delivery.send`). Then the files of the
+run's ``media`` records (``media/`` in the run folder) are put to the service
+(each replaces what it held of the same name: sending twice is harmless).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from pathlib import Path
@@ -18,6 +21,7 @@ from otel_rl.base.log import logger
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.outputs.motrix.delivery import send
 from otel_rl.outputs.motrix.http_post import Poster
+from otel_rl.outputs.motrix.media_upload import media_headers, put_media
 from otel_rl.run.files import JSONL_FILE
 from otel_rl.run.jsonl import read_lines
 
@@ -36,7 +40,8 @@ def backfill(
 
     Returns counts of ``sent``, ``accepted`` (new to the service),
     ``duplicates`` (already held) and ``rejected`` records, and the service's
-    reasons for the rejected ones (``reasons``, at most 20).
+    reasons for the rejected ones (``reasons``, at most 20); ``media_sent``
+    and ``media_failed``: the media files put to it and those it did not take.
 
     Raises:
         FileNotFoundError: no ``metrics.jsonl`` in ``run_dir``.
@@ -53,7 +58,8 @@ def backfill(
         headers["Authorization"] = f"Bearer {token}"
     endpoint = url.rstrip("/") + INGEST_PATH
     poster = Poster(endpoint, headers)
-    totals: dict[str, Any] = {"sent": 0, "accepted": 0, "duplicates": 0, "rejected": 0, "reasons": []}
+    totals: dict[str, Any] = {"sent": 0, "accepted": 0, "duplicates": 0, "rejected": 0, "reasons": [], "media_sent": 0, "media_failed": 0}
+    media: list[tuple[str, str]] = []  # (run id, path) of each media record
 
     def deliver(items: list[tuple[str, str]]) -> None:
         first_failure = time.monotonic()
@@ -80,6 +86,8 @@ def backfill(
     try:
         pending: list[tuple[str, str]] = []
         for item in read_lines(path):
+            if item[0] == "media":
+                media.append(_media_of(item[1]))
             pending.append(item)
             totals["sent"] += 1
             if len(pending) >= batch_size:
@@ -89,6 +97,37 @@ def backfill(
             deliver(pending)
     finally:
         poster.close()
+    _put_media(url, token, path.parent, [m for m in media if m is not None], totals, timeout_s, retry_window_s)
     if totals["rejected"]:
         _logger.warning("otel-rl: the service refused %d records of %s; the others were sent", totals["rejected"], path)
     return totals
+
+
+def _media_of(line: str) -> tuple[str, str] | None:
+    try:
+        found = json.loads(line)
+        return str(found["run_id"]), str(found["path"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _put_media(url: str, token: str | None, root: Path, media: list[tuple[str, str]], totals: dict[str, Any], timeout_s: float,
+               retry_window_s: float) -> None:  # fmt: skip
+    """Put each media file to the service, trying one it cannot take now again within ``retry_window_s``; said once when some fail."""
+    headers = media_headers(token)
+    failed: list[str] = []
+    for run_id, path in dict.fromkeys(media):
+        since, attempt = time.monotonic(), 0
+        while True:
+            outcome, said = put_media(url, headers, run_id, root, path, timeout_s)
+            if outcome is not None or time.monotonic() - since > retry_window_s:
+                break
+            time.sleep(random.uniform(0, min(8.0, 0.5 * 2**attempt)))
+            attempt += 1
+        if outcome:
+            totals["media_sent"] += 1
+        else:
+            totals["media_failed"] += 1
+            failed.append(f"{path} ({said})")
+    if failed:
+        _logger.warning("otel-rl: %d media files did not reach the service: %s", len(failed), "; ".join(failed[:5]))

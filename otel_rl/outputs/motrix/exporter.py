@@ -25,7 +25,8 @@ from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.records import EventRecord, RunEnd, RunStart
 from otel_rl.core.totals import PassTotals
-from otel_rl.formats.protocol import ProtocolError, encode_record, record
+from otel_rl.formats import schema
+from otel_rl.formats.protocol import ProtocolError, encode_record, media_fields, record
 from otel_rl.outputs.motrix.record_queue import Item
 from otel_rl.outputs.motrix.scalar_lines import batch_lines
 
@@ -143,6 +144,9 @@ class MotrixSink(RecordSink):
             writer.submit(items)
 
     def on_event(self, event: EventRecord) -> None:
+        if event.name == schema.EVENT_MEDIA:  # a video or image: a record of its own kind, naming the file in the run folder
+            self._emit(self.make("media", ts=event.time_ns / 1e9, seq=event.seq, **media_fields(event.attributes)))
+            return
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))
 
     def on_cycles(self, totals: PassTotals) -> None:

@@ -47,8 +47,8 @@ class Poster:
         self._headers = headers
         self._connection: http.client.HTTPConnection | None = None
 
-    def post(self, body: bytes, timeout_s: float) -> Answer:
-        """Send ``body``; the whole request, connection included, ends within ``timeout_s``.
+    def post(self, body: bytes, timeout_s: float, method: str = "POST") -> Answer:
+        """Send ``body`` (``method``: POST, or PUT); the whole request, connection included, ends within ``timeout_s``.
 
         Raises:
             PostError: on any failure (the connection is then dropped).
@@ -69,7 +69,7 @@ class Poster:
             timer = threading.Timer(max(timeout_s - (time.monotonic() - started), 0.0), abort)
             timer.daemon = True
             timer.start()
-            connection.request("POST", self._path, body=body, headers=self._headers)
+            connection.request(method, self._path, body=body, headers=self._headers)
             response = connection.getresponse()
             data = response.read(MAX_ANSWER_BYTES + 1)
             if len(data) > MAX_ANSWER_BYTES or response.will_close:

@@ -58,6 +58,8 @@ class Limits:
     """Bodies arriving at once (each at most ``max_body_bytes``); past it, 503."""
     max_trace_bytes: int = 256 * 1024 * 1024
     """A run's trace, decompressed, at most (``otel-rl serve --max-trace-mb``); a larger one is refused with 413."""
+    max_media_bytes: int = 64 * 1024 * 1024
+    """One video or image at most (``otel-rl serve --max-media-mb``); a larger one is refused with 413."""
 
 
 def _unit(key: str) -> str:

@@ -414,6 +414,10 @@ class PostgresStorage:
         rows = self._query("SELECT data FROM run_files WHERE run_id = %s AND name = %s", (run_id, name))
         return bytes(rows[0][0]) if rows else None
 
+    def file_names(self, run_id: str, prefix: str) -> list[str]:
+        rows = self._query("SELECT name FROM run_files WHERE run_id = %s AND left(name, %s) = %s ORDER BY name", (run_id, len(prefix), prefix))
+        return [r[0] for r in rows]
+
     def trace_of(self, run_id: str) -> str | None:
         rows = self._query("SELECT trace_id FROM runs WHERE run_id = %s", (run_id,))
         return rows[0][0] if rows else None

@@ -11,6 +11,12 @@ a run the server knows (404 otherwise), and replace what was there; one sent
 with a ``trace_id`` other than the run's (a second run that reused its run id)
 is refused with 409.
 
+``media/<name>``: a video or image of the run (``PUT`` and ``GET
+/api/v1/runs/{run_id}/media/{name}``), at most the server's ``max_media_bytes``
+(64 MiB unless ``--max-media-mb`` says), of a format the protocol's ``media``
+record names and whose bytes are that format's; ``GET /api/v1/runs/{run_id}/media``
+lists the run's ``media`` records, each with ``uploaded``.
+
 ``GET /api/v1/compare?runs=a,b,c`` puts each run's diagnosis beside the first
 one's as ``otel-rl analyze --compare`` does (its verdict and tables): a run
 without a diagnosis is named in ``missing``.
@@ -26,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from otel_rl.readers.analysis.compare import compare_reports
+from otel_rl.run.media import CONTENT_TYPES
 from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.storage import other_run
 
@@ -72,6 +79,9 @@ class RunFiles:
             app.router.add_get(base + "/trace", self.get_trace)
             app.router.add_put(base + "/diagnosis", self.put_diagnosis)
             app.router.add_get(base + "/diagnosis", self.get_diagnosis)
+            app.router.add_get(base + "/media", self.list_media)
+            app.router.add_put(base + "/media/{name}", self.put_media)
+            app.router.add_get(base + "/media/{name}", self.get_media)
         app.router.add_get("/api/v1/compare", self.compare)
 
     async def _put(self, request: web.Request, name: str, limit: int, check: Any) -> web.Response:
@@ -126,6 +136,33 @@ class RunFiles:
         return found if isinstance(found, web.Response) else web.Response(body=found, content_type="application/json")
 
 
+    async def list_media(self, request: web.Request) -> web.Response:
+        run_id = run_id_of(request)
+        handlers = self.handlers
+        records, held = await asyncio.gather(handlers.off_loop(handlers.database, handlers.storage.records, run_id, "media"),
+                                             handlers.off_loop(handlers.database, handlers.storage.file_names, run_id, MEDIA_PREFIX))  # fmt: skip
+        held = set(held)
+        media = [{**{k: v for k, v in r.items() if k not in ("run_id", "writer", "kind")}, "uploaded": r.get("path") in held} for r in records]
+        return web.json_response({"run_id": run_id, "media": media})
+
+    async def put_media(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        problem = _media_name_problem(name)
+        if problem is not None:
+            return error(400, problem, "name")
+        return await self._put(request, MEDIA_PREFIX + name, self.handlers.limits.max_media_bytes, lambda data: _media_problem(name, data))
+
+    async def get_media(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        problem = _media_name_problem(name)
+        if problem is not None:
+            return error(400, problem, "name")
+        found = await self._get(request, MEDIA_PREFIX + name)
+        if isinstance(found, web.Response):
+            return found
+        return web.Response(body=found, content_type=CONTENT_TYPES[name.rsplit(".", 1)[1].lower()],
+                            headers={"Cache-Control": "private, max-age=3600"})  # fmt: skip
+
     async def compare(self, request: web.Request) -> web.Response:
         ids = list(dict.fromkeys(r for r in request.query.get("runs", "").split(",") if r))
         if not 2 <= len(ids) <= MAX_COMPARED:
@@ -155,6 +192,32 @@ class RunFiles:
 
 
 MAX_COMPARED = 20
+MEDIA_PREFIX = "media/"
+_MAGIC = {
+    "mp4": lambda d: d[4:8] == b"ftyp",
+    "webm": lambda d: d[:4] == b"\x1a\x45\xdf\xa3",
+    "gif": lambda d: d[:6] in (b"GIF87a", b"GIF89a"),
+    "png": lambda d: d[:8] == b"\x89PNG\r\n\x1a\n",
+    "jpg": lambda d: d[:3] == b"\xff\xd8\xff",
+    "jpeg": lambda d: d[:3] == b"\xff\xd8\xff",
+    "webp": lambda d: d[:4] == b"RIFF" and d[8:12] == b"WEBP",
+}
+
+
+def _media_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a media file's name (None: it is one): one path segment, with a format's extension."""
+    if not 0 < len(name) <= 255 or name.startswith(".") or "/" in name or "\\" in name:
+        return "a media file's name is one path segment of 1 to 255 characters"
+    extension = name.rsplit(".", 1)[-1].lower() if "." in name else ""
+    if extension not in CONTENT_TYPES:
+        return f"a media file's name ends in one of {', '.join('.' + f for f in sorted(CONTENT_TYPES))}"
+    return None
+
+
+def _media_problem(name: str, data: bytes) -> str | None:
+    """Why ``data`` is not the file its name says (None: it is)."""
+    extension = name.rsplit(".", 1)[1].lower()
+    return None if _MAGIC[extension](data) else f"the body is not a {extension.upper()} file"
 _SETTINGS = ("family", "total_steps", "num_envs", "config", "command")
 
 

@@ -366,6 +366,10 @@ class SqliteStorage:
         rows = self._read("SELECT data FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))
         return bytes(rows[0][0]) if rows else None
 
+    def file_names(self, run_id: str, prefix: str) -> list[str]:
+        rows = self._read("SELECT name FROM run_files WHERE run_id = ? AND substr(name, 1, ?) = ? ORDER BY name", (run_id, len(prefix), prefix))
+        return [r[0] for r in rows]
+
     def trace_of(self, run_id: str) -> str | None:
         rows = self._read("SELECT trace_id FROM runs WHERE run_id = ?", (run_id,))
         return rows[0][0] if rows else None

@@ -265,6 +265,10 @@ class Storage(Protocol):
         """The run's file ``name``, None when it has none."""
         ...
 
+    def file_names(self, run_id: str, prefix: str) -> list[str]:
+        """The names of the run's files that start with ``prefix`` (their bytes are not read)."""
+        ...
+
     def trace_of(self, run_id: str) -> str | None:
         """The trace id of the run holding ``run_id`` (from its run records), None when unknown."""
         ...

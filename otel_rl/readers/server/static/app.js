@@ -600,6 +600,7 @@ function runView(runId) {
     round += 1;
     await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey)), diagnosisPanel(diagnosis, runId)]);
     eventList(details, events, info.events_total);
+    await mediaSection(details, runId);
     detailTables(details, started);
   }
 
@@ -799,6 +800,64 @@ function eventList(details, events, total) {
     events.slice(-200).map((e) => el("tr", {}, el("td", {}, when(e.ts)), el("td", {}, e.name), el("td", { class: "mono" }, JSON.stringify(e.attributes || {})))));
   const count = total > 200 ? "the newest 200 of " + number(total) : String(total);
   replaceSection(details, "events-section", el("div", { id: "events-section" }, el("h2", {}, "Events (" + count + ")"), list));
+}
+
+// -- a run's videos and images -------------------------------------------------------------
+
+const mediaUrls = new Map(); // "<run id>\n<path>" -> an object URL of the file (read once, with the token)
+const mediaChosen = new Map(); // "<run id>\n<key>" -> the path chosen in its step list
+
+async function mediaUrl(runId, path) {
+  const id = runId + "\n" + path;
+  if (!mediaUrls.has(id)) {
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const name = path.split("/").pop();
+    const response = await fetch("/api/v1/run/media/" + encodeURIComponent(name) + "?" + new URLSearchParams({ run_id: runId }),
+      { headers: token ? { Authorization: "Bearer " + token } : {} });
+    if (!response.ok) throw new Error(name + " cannot be read: " + response.status);
+    mediaUrls.set(id, URL.createObjectURL(await response.blob()));
+  }
+  return mediaUrls.get(id);
+}
+
+// Each key's video or image at the step chosen (the newest unless another is picked), played in the page. The section is
+// drawn again only when the run's media change, so that a refresh never restarts a video being watched.
+async function mediaSection(details, runId) {
+  const { media } = await runApi(runId, "/media");
+  const section = document.getElementById("media-section");
+  const shape = JSON.stringify(media.map((m) => [m.path, m.uploaded]));
+  if (section && section.dataset.shape === shape) return;
+  const byKey = new Map();
+  for (const item of media) byKey.set(item.key, [...(byKey.get(item.key) || []), item]);
+  const blocks = [];
+  for (const [key, items] of byKey) {
+    const id = runId + "\n" + key;
+    const chosen = items.find((m) => m.path === mediaChosen.get(id)) || items[items.length - 1];
+    const steps = el("select", { class: "media-step", "aria-label": key + " step",
+      onchange: () => { mediaChosen.set(id, steps.value); document.getElementById("media-section").dataset.shape = ""; mediaSection(details, runId); } },
+      items.map((m) => el("option", { value: m.path, selected: m === chosen }, "step " + (m.step === null || m.step === undefined ? "?" : number(m.step)))));
+    const shown = el("div", { class: "media-file" });
+    if (!chosen.uploaded) {
+      shown.append(el("p", { class: "muted" }, chosen.path + " has not reached this server (otel-rl backfill sends it)"));
+    } else {
+      try {
+        const url = await mediaUrl(runId, chosen.path);
+        const video = chosen.type === "video" && chosen.format !== "gif";
+        const node = video ? el("video", { src: url, controls: true, loop: true, playsinline: true, "data-key": key, "data-path": chosen.path })
+          : el("img", { src: url, alt: key, "data-key": key, "data-path": chosen.path });
+        if (video) node.muted = true; // a muted video may play without a click
+        shown.append(node);
+      } catch (error) {
+        shown.append(el("p", { class: "warning" }, error.message));
+      }
+    }
+    const about = [chosen.frames && chosen.frames + " frames", chosen.fps && chosen.fps + " fps", chosen.width && chosen.width + "x" + chosen.height,
+      chosen.caption].filter(Boolean).join(" · ");
+    blocks.push(el("figure", { class: "media" }, el("figcaption", {}, el("b", {}, key), " ", items.length > 1 ? steps : el("span", { class: "muted" }, steps.options[0].text),
+      " ", el("span", { class: "muted" }, about)), shown));
+  }
+  const fresh = el("div", { id: "media-section", "data-shape": shape }, media.length ? [el("h2", {}, "Media (" + media.length + ")"), ...blocks] : []);
+  replaceSection(details, "media-section", fresh);
 }
 
 function detailTables(details, started) {
