@@ -8,8 +8,9 @@ learner iterations they are over (``Perf/window_iterations``): an iteration
 longer than the window is its own record, faster ones are averaged, aligned on
 the learner's latest iteration and env steps; the learner's Iter Wall is
 ``Perf/iteration_time``, the collector's cycle (a rollout) ``Perf/collection_time``,
-and a learner ``gradient_sync`` phase is also ``Perf/dp_gradient_sync_ms_per_rank``
-(each rank's own, rank 0's in its outputs). With ``derive_fps`` (a run of
+and a learner ``gradient_sync`` phase is also ``Perf/dp_gradient_sync_ms_per_rank``,
+its occurrences per iteration ``Perf/dp_gradient_sync_calls_per_rank`` (each rank's
+own, rank 0's in its outputs). With ``derive_fps`` (a run of
 one rank), a loop that does not log ``Perf/total_fps`` gets it derived: the
 learner's env steps over the window's time.
 """
@@ -25,17 +26,19 @@ from otel_rl.formats import schema
 class _Window:
     """Phase durations of one timeline since the last Perf record."""
 
-    __slots__ = ("cycles", "wall_ns", "phase_ns", "phase_count")
+    __slots__ = ("cycles", "wall_ns", "phase_ns", "phase_count", "sync_calls")
 
     def __init__(self) -> None:
         self.cycles = 0
         self.wall_ns = 0
         self.phase_ns: dict[str, int] = {}
         self.phase_count: dict[str, int] = {}
+        self.sync_calls = 0
 
     def add(self, totals: CycleTotals) -> None:
         self.cycles += totals.cycles
         self.wall_ns += totals.wall_ns
+        self.sync_calls += totals.sync_calls
         phase_ns, phase_count = self.phase_ns, self.phase_count
         for part in (totals.top, totals.nested, totals.loose):
             for name, ns in part.items():
@@ -56,6 +59,8 @@ class _Window:
                 out[schema.phase_key(timeline, name)] = total_ns / per / 1e6 * schema.phase_key_scale(timeline, name)
         if timeline == schema.LEARNER and schema.DP_SYNC_KEY_FROM in out:  # the ranks' gradient all-reduce, per rank
             out[schema.DP_SYNC_KEY] = out[schema.DP_SYNC_KEY_FROM]
+            if self.cycles and self.sync_calls:
+                out[schema.DP_SYNC_CALLS_KEY] = self.sync_calls / self.cycles
         return out
 
 

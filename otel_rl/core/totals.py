@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from otel_rl.core.batches import IterationBatch
+from otel_rl.formats import schema
 
 
 @dataclass(slots=True)
@@ -31,6 +32,8 @@ class CycleTotals:
     env_steps: int | None = None
     parents: dict[str, str] = field(default_factory=dict)
     """The top-level phase each custom nested phase ran in (a canonical one names its parent in the schema)."""
+    sync_calls: int = 0
+    """``gradient_sync`` phases within the cycles (a rank's gradient all-reduces: one per bucket or per update)."""
 
     def add_cycle(self, wall_ns: int, top: Mapping[str, int], nested: Mapping[str, int]) -> None:
         """A cycle relayed from a worker."""
@@ -48,6 +51,9 @@ class CycleTotals:
         if not top.all():
             _add(self.nested, batch.phases.totals(~top))
             self._note_parents(batch, top)
+        sync = [i for i, spec in enumerate(batch.phases.specs) if spec is not None and spec.name == schema.GRADIENT_SYNC]
+        if sync:
+            self.sync_calls += int(np.isin(batch.phases.spec_ids, sync).sum())
         self.index, self.env_steps = batch.indices[-1], batch.env_steps[-1]
 
     def _note_parents(self, batch: IterationBatch, top: np.ndarray) -> None:

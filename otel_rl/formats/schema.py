@@ -236,6 +236,9 @@ def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:
 DP_SYNC_KEY = "Perf/dp_gradient_sync_ms_per_rank"
 """A rank's gradient all-reduce per iteration (ms): its learner ``gradient_sync`` phase, under seed 001's name."""
 DP_SYNC_KEY_FROM = "Perf/learner_gradient_sync_ms"
+GRADIENT_SYNC = "gradient_sync"
+DP_SYNC_CALLS_KEY = "Perf/dp_gradient_sync_calls_per_rank"
+"""A rank's ``gradient_sync`` phases per iteration (its all-reduces: one per bucket, or per update), under seed 001's name."""
 WINDOW_ITERATIONS = "Perf/window_iterations"
 """The learner iterations a ``Perf/*`` record's means are over (1: an iteration longer than the window, as it was)."""
 TOTAL_FPS = "Perf/total_fps"
@@ -252,7 +255,7 @@ _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Perf/collection_time", "s", description="Collector rollout wall time: the collector cycle's wall"),
     MetricSpec("Perf/replay_ingress_h2d_submit_ms", "ms", description="Background replay submit (overlaps)"),
     MetricSpec("Perf/dp_gradient_sync_ms_per_rank", "ms"),
-    MetricSpec("Perf/dp_gradient_sync_calls_per_rank", ""),
+    MetricSpec(DP_SYNC_CALLS_KEY, "", description="A rank's gradient all-reduces per iteration (its learner gradient_sync phases)"),
     MetricSpec("Train/mean_reward", "", description="Mean return of the last 100 episodes"),
     MetricSpec("Train/mean_episode_length", ""),
     MetricSpec("Episode/timeout_rate", "", description="Share of the episodes ended since the last value that hit the time limit"),

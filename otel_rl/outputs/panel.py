@@ -356,6 +356,18 @@ def timing_rows(timing: dict[str, Any], timeline: str, parents: dict[str, str] |
     return rows
 
 
+def ema_rows(means: dict[str, float]) -> list[tuple[str, str, str]]:
+    """A collector that reports its own timings (``Perf/collector_<phase>_ms``, per-step EMAs as APPO's do, and its
+    rollout wall ``Perf/collection_time``) rather than recording phases: ms rows without shares (they are no
+    breakdown of one cycle), empty when it reports none."""
+    prefix = "Perf/collector_"
+    rows = [(_title(schema.COLLECTOR, key[len(prefix) : -len("_ms")]), f"{value:.2f}", "EMA")
+            for key, value in sorted(means.items()) if key.startswith(prefix) and key.endswith("_ms")]  # fmt: skip
+    if "Perf/collection_time" in means:
+        rows.append(("Rollout Wall", f"{means['Perf/collection_time'] * 1e3:.2f}", ""))
+    return rows
+
+
 def _alert_wait(rows: list[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
     """The learner's rows with its Collector Wait coloured: red above :data:`WAIT_ALERT_MS`, else yellow."""
     wait = _title(schema.LEARNER, "collector_wait")
@@ -513,6 +525,9 @@ class PanelView:
         rewards = self._kv_table("Rewards", parts["rewards"])
         learner_rows = _alert_wait(timing_rows(learner, schema.LEARNER, self.state.parents))
         collector_rows = timing_rows(collector, schema.COLLECTOR, self.state.parents)
+        reported = [] if collector.get("n") else ema_rows(self.state.scalar_means())
+        if reported:  # its own per-step averages: in ms, no shares
+            collector_rows = reported
         gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU")) * self.machines  # the job's: machines of one size
         ranks = [f"{learner['ranks']} ranks"] if learner.get("ranks") else []
         title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), f"Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)})", *ranks, f"GPUs {gpus}"])
@@ -527,7 +542,7 @@ class PanelView:
             timings = Table.grid(padding=(0, 4))
             columns = [
                 self._timing_table("Learner" if width < 120 else "Learner (Iter Wall)", learner_rows),
-                self._timing_table("Collector" if width < 120 else "Collector (own clock)", collector_rows),
+                self._timing_table("Collector (EMA)" if reported else "Collector" if width < 120 else "Collector (own clock)", collector_rows),
             ]
             if width >= 120:
                 columns.append(self._kv_table("System", parts["system"]))

@@ -33,3 +33,36 @@ def test_an_iteration_longer_than_the_window_is_its_own_record():
         windows.add(PassTotals(1, {"learner": learner}))
         values = windows.take()
         assert values["Perf/window_iterations"] == 1 and values["Perf/iteration_time"] == pytest.approx(wall_ms / 1000)
+
+
+def test_a_ranks_gradient_all_reduces_per_iteration_are_counted_under_seed_001s_name(tmp_path):
+    """Two buckets, two all-reduces an iteration (a real gloo collective each), as a DDP learner records them."""
+    import json
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_rl
+    from tests.support.ports import free_port
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    try:
+        tel = otel_rl.init(run_dir=tmp_path / "run", panel=False, quiet=True, system_metrics_interval_s=0, perf_interval_s=0.05)
+        with tel.run():
+            for i in range(30):
+                with tel.iteration(i, env_steps=i):
+                    with tel.phase("learning"):
+                        pass
+                    for bucket in range(2):
+                        with tel.phase("gradient_sync"):
+                            dist.all_reduce(torch.ones(4))
+        tel.close()
+    finally:
+        dist.destroy_process_group()
+        for name in ("MASTER_ADDR", "MASTER_PORT"):
+            os.environ.pop(name, None)
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    calls = [r["values"]["Perf/dp_gradient_sync_calls_per_rank"] for r in records if r["kind"] == "scalars" and "Perf/dp_gradient_sync_calls_per_rank" in r["values"]]
+    assert calls and set(calls) == {2.0}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 
 import pytest
 from rich.console import Console
@@ -389,3 +390,21 @@ def test_a_job_of_ranks_shows_the_ranks_average_and_the_jobs_gpus():
     console.print(PanelView(state, "run-7", num_envs=lambda: 8, machines=3).render(140))
     text = console.export_text()
     assert "Avg 2s (n=4) · 2 ranks · GPUs 6" in text and "Learning" in text and "8.00" in text
+
+
+def test_a_collector_reporting_its_own_averages_is_shown_in_ms_without_shares():
+    """Seed 001's APPO collector: per-step EMAs of MLP Infer and Env Step, and the rollout's wall; no share of a cycle."""
+    state = PanelState(clock=lambda: NOW)
+    add_iteration(state, iteration(NOW, {"collector_wait": 1.0, "learning": 6.0}, 10.0))
+    state.add_scalars(ScalarBatch.of([ScalarsRecord(NOW - 100, {"Perf/collector_mlp_infer_ms": 0.42, "Perf/collector_env_step_ms": 1.5,
+                                                                "Perf/collection_time": 0.25}, None, None, None)]))  # fmt: skip
+    text = render(state, 140)
+    assert "Collector (EMA)" in text
+    rows = {" ".join(re.split(r"\s+", m.group(0).strip())) for m in re.finditer(r"(Env Step|MLP Infer|Rollout Wall)\s+[\d.]+(\s+EMA)?", text)}
+    assert rows == {"Env Step 1.50 EMA", "MLP Infer 0.42 EMA", "Rollout Wall 250.00"}  # ms only: no share of a cycle
+    from otel_rl.outputs.panel import ema_rows
+
+    assert ema_rows(state.scalar_means()) == [("Env Step", "1.50", "EMA"), ("MLP Infer", "0.42", "EMA"), ("Rollout Wall", "250.00", "")]
+    assert "Perf/collector_mlp_infer_ms" not in dict(PanelView(state, "run").sections(short=False)["metrics"])  # not a metric row too
+    recorded = state_with_data()  # a collector that records phases keeps its shares
+    assert "Collector (EMA)" not in render(recorded, 140)
