@@ -17,7 +17,12 @@ For an ``OnPolicyRunner`` it records:
   (``otel_rl.formats.schema.LIBRARY_TAGS["rsl_rl"]``), at the env-step count of the
   iteration (RSL-RL's own step is the iteration number), next to the writer
   the runner was configured with (TensorBoard, W&B, Neptune). Series RSL-RL
-  plots against wall seconds (``*/time``) are left to that writer.
+  plots against wall seconds (``*/time``) are left to that writer. When
+  otel-rl's own W&B output is on, RSL-RL's W&B writer is left out (one W&B
+  run, not two; RSL-RL then writes its TensorBoard files);
+- the videos its environment records under the log folder (``*.mp4``), each
+  once, as otel-rl videos (``video``): kept in the run folder and sent to
+  every output.
 
 The logger writes only when the runner has a ``log_dir``; without one only
 the phases are recorded (one warning). When no run is open, ``learn()`` is
@@ -27,6 +32,7 @@ configuration), ended as it ends.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from otel_rl.api import TrainingTelemetry
@@ -40,26 +46,28 @@ SYSTEM = "rsl_rl"
 _logger = logger(__name__)
 
 
-class TelemetryWriter:
-    """The runner's log writer seen through otel-rl: every ``add_scalar`` also becomes a scalar of ``tel``."""
+def _scalars_too(tel: TrainingTelemetry, env_steps_per_iteration: int) -> Any:
+    """A wrapper of the runner's writer's ``add_scalar``: every scalar also becomes a scalar of ``tel``.
 
-    def __init__(self, tel: TrainingTelemetry, inner: Any, env_steps_per_iteration: int) -> None:
-        self.tel = tel
-        self.inner = inner
-        self.env_steps_per_iteration = env_steps_per_iteration
+    The writer keeps its class (RSL-RL uploads its configuration, checkpoints and videos only to a ``LogWriter``).
+    """
 
-    def add_scalar(self, key: str, value: Any, step: int = 0, *args: Any, **kwargs: Any) -> None:
-        if not key.endswith("/time"):
-            self.tel.scalars({schema.library_key("rsl_rl", key): value}, step=(int(step) + 1) * self.env_steps_per_iteration)
-        if self.inner is not None:
-            self.inner.add_scalar(key, value, step, *args, **kwargs)
+    def make(original: Any) -> Any:
+        def add_scalar(key: str, value: Any, step: int = 0, *args: Any, **kwargs: Any) -> None:
+            if not key.endswith("/time"):
+                tel.scalars({schema.library_key("rsl_rl", key): value}, step=(int(step) + 1) * env_steps_per_iteration)
+            original(key, value, step, *args, **kwargs)
 
-    def __getattr__(self, name: str) -> Any:
-        # Everything else (save_file, store_config, stop, add_video...) is the configured writer's.
-        inner = self.__dict__.get("inner")
-        if inner is None:
-            raise AttributeError(name)
-        return getattr(inner, name)
+        return add_scalar
+
+    return make
+
+
+def _wandb_configured(cfg: Any) -> bool:
+    """Whether the runner's configuration asks for RSL-RL's W&B writer (the dict form or the old ``"wandb"``)."""
+    logger_cfg = cfg.get("logger", "tensorboard") if isinstance(cfg, dict) else None
+    name = logger_cfg if isinstance(logger_cfg, str) else logger_cfg.get("class_name") if isinstance(logger_cfg, dict) else None
+    return name in ("wandb", "WandbLogWriter") or (isinstance(name, str) and name.endswith(".WandbLogWriter"))
 
 
 def instrument(runner: Any, tel: TrainingTelemetry) -> Any:
@@ -91,11 +99,41 @@ def instrument(runner: Any, tel: TrainingTelemetry) -> Any:
 
     def init_logging_writer(original):
         def wrapped(*args: Any, **kwargs: Any):
-            original(*args, **kwargs)
+            cfg = getattr(log, "cfg", None)
+            takeover = bool(getattr(getattr(tel, "config", None), "wandb", False)) and _wandb_configured(cfg)
+            if takeover:  # one W&B run, otel-rl's: RSL-RL writes its TensorBoard files only
+                had, configured = "logger" in cfg, cfg.get("logger")
+                cfg["logger"] = "tensorboard"
+            try:
+                original(*args, **kwargs)
+            finally:
+                if takeover:
+                    if had:
+                        cfg["logger"] = configured
+                    else:
+                        cfg.pop("logger", None)
+            if takeover:
+                _logger.warning("otel-rl: RSL-RL's W&B writer is left out for otel-rl's W&B run (one run, not two): it gets every "
+                                "scalar, the configuration and the videos; RSL-RL still writes its TensorBoard files")  # fmt: skip
             if log.writer is None:
                 _logger.warning("otel-rl: the RSL-RL runner has no log_dir, so its logger writes nothing; only phases are recorded")
-            elif not isinstance(log.writer, TelemetryWriter):
-                log.writer = TelemetryWriter(tel, log.writer, steps_per_rollout)
+            else:
+                wrap(log.writer, "add_scalar", _scalars_too(tel, steps_per_rollout))
+
+        return wrapped
+
+    videos: set[str] = set()
+
+    def logged(original):
+        def wrapped(*args: Any, **kwargs: Any):
+            result = original(*args, **kwargs)
+            folder = getattr(log, "log_dir", None)
+            if folder is not None and getattr(log, "writer", None) is not None:  # the videos its environment recorded: each once
+                for video in sorted(Path(folder).rglob("*.mp4")):
+                    if video.name not in videos:
+                        videos.add(video.name)
+                        tel.video("video", video, step=rollout.count * steps_per_rollout, caption=video.name)
+            return result
 
         return wrapped
 
@@ -132,6 +170,8 @@ def instrument(runner: Any, tel: TrainingTelemetry) -> Any:
     wrap(alg, "update", update)
     wrap(env, "step", lambda method: timed(tel, "env_step", method))
     wrap(log, "init_logging_writer", init_logging_writer)
+    if callable(getattr(log, "log", None)):
+        wrap(log, "log", logged)
 
     def run_metadata(num_learning_iterations: int, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return {

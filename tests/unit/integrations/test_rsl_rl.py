@@ -127,3 +127,36 @@ def test_a_runner_instrumented_twice_times_each_call_once(tmp_path):
     assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == 2
     assert collector["phases"]["env_step"]["count"] == 2 * 24
     assert collector["accounted_share"] <= 1
+
+
+def test_with_otel_rls_wandb_on_the_runner_makes_one_wandb_run_and_its_videos_are_recorded(tmp_path, monkeypatch):
+    """RSL-RL configured with its W&B writer, otel-rl's W&B on: one W&B run (otel-rl's), RSL-RL's TensorBoard files, the videos."""
+    import json
+
+    import imageio_ffmpeg
+    import numpy as np
+    from wandb_reader import history, run_dirs
+
+    monkeypatch.chdir(tmp_path)  # where RSL-RL's own W&B writer would have put its run
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    log_dir = tmp_path / "rsl_rl"
+    (log_dir / "videos" / "train").mkdir(parents=True)
+    clip = log_dir / "videos" / "train" / "rl-video-step-0.mp4"  # as gymnasium's RecordVideo names them
+    writer = imageio_ffmpeg.write_frames(str(clip), (16, 16), fps=10)
+    writer.send(None)
+    for t in range(8):
+        writer.send(np.full((16, 16, 3), t * 30, np.uint8))
+    writer.close()
+    tel = otel_rl.init(run_dir=tmp_path / "run", wandb=True, wandb_mode="offline", panel=False)
+    cfg = {**TRAIN_CFG, "logger": {"class_name": "WandbLogWriter", "project_name": "rsl"}}
+    runner = OnPolicyRunner(PointMass(), cfg, log_dir=str(log_dir), device="cpu")
+    instrument(runner, tel).learn(num_learning_iterations=2)
+    tel.close()
+    assert not (tmp_path / "wandb").exists()  # RSL-RL started no W&B run of its own
+    (wandb_run,) = run_dirs(tmp_path / "run")
+    rows = history(wandb_run)
+    assert any("Loss/value" in row for row in rows) and any(row.get("video._type") == "video-file" for row in rows)
+    assert list(log_dir.glob("events.out.tfevents.*"))  # RSL-RL's own TensorBoard files, as its W&B writer also writes
+    media = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if '"kind":"media"' in line]
+    assert [(m["key"], m["caption"]) for m in media] == [("video", "rl-video-step-0.mp4")]  # once, though the runner logged twice
+    assert cfg["logger"] == {"class_name": "WandbLogWriter", "project_name": "rsl"}  # the configuration as the user gave it
