@@ -30,7 +30,7 @@ from typing import Any
 from otel_rl.agent.hosts import Host, start_host
 from otel_rl.agent.trace_upload import RESEND_WINDOW_S
 from otel_rl.api import NoOpTelemetry
-from otel_rl.base import extras
+from otel_rl.base import extras, terminal
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
@@ -739,6 +739,7 @@ class Telemetry:
             seconds = self._runs.duration_s if self._runs.duration_s is not None else (self._clock.now_ns() - self._started_ns) / 1e9
             uploaded = self._await_upload(closing_since) if self.config.upload_wait_s and self.config.motrix_url else None
             notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten, self._last_env_steps, uploaded)
+            terminal.wait_all(deadline.left(cap_s=1.0))  # the end line reaches a terminal that reads; one that stopped costs 1 s at most
         self._report_undelivered(counts.live_undelivered)
         if interrupted.happened:
             where = self.config.run_dir

@@ -33,6 +33,7 @@ else "Buffer fill: x/y (p%)" while ``Train/buffer_size`` is below
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections import deque
@@ -45,6 +46,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from otel_rl.base import terminal
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.batches import ScalarBatch
@@ -598,7 +600,7 @@ class PanelSink(RecordSink):
         self.state = PanelState(derive_fps=derive_fps)
         self.num_envs: int | None = None
         self.view = PanelView(self.state, run_id, lambda: self.num_envs, machines)
-        self.console = console or Console()
+        self.console = console or Console(file=terminal.terminal_file(sys.stdout))  # a stalled terminal holds no thread
         self._painter = PanelPainter(self.view, self.console)
 
     def on_run_start(self, run: RunStart) -> None:
@@ -701,7 +703,7 @@ class CommitTable(RecordSink):
             self.latest.update(record.values)
         self._pending, self._batches = [], []
         if self._printer is None:
-            self._printer = _TablePrinter(self._commits, self._console or Console(highlight=False))
+            self._printer = _TablePrinter(self._commits, self._console or Console(file=terminal.terminal_file(sys.stdout), highlight=False))
         self._printer.wake()
 
     def shutdown(self, deadline: Deadline) -> None:

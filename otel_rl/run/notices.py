@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from otel_rl.base import terminal
 from otel_rl.base.log import logger
 from otel_rl.config import TelemetryConfig
 from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, PROFILE_DIR, SUMMARY_FILE, TENSORBOARD_DIR, WANDB_DIR, trace_part
@@ -21,10 +22,7 @@ _logger = logger(__name__)
 
 
 def _say(text: str) -> None:
-    try:
-        print(_PREFIX + text, file=sys.stderr, flush=True)
-    except (OSError, ValueError):  # a closed or broken stderr: nothing to tell
-        pass
+    terminal.say(_PREFIX + text)  # a terminal that stops reading never holds the run (see otel_rl.base.terminal)
 
 
 def trace_path(config: TelemetryConfig) -> Path | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pty
 import re
@@ -9,6 +10,8 @@ import select
 import subprocess
 import sys
 import time
+
+import pytest
 
 LOOP = """
 import sys, time, otel_rl
@@ -136,3 +139,54 @@ def test_the_status_line_says_the_buffer_fill_then_the_loops_own_status(tmp_path
     last = screen[screen.rindex("╭─ otel-rl") :]
     assert "ERROR: reward diverged" in last and "Buffer fill" not in last
     assert "Loss/critic" in last and "  Train/grad_norm" in last  # the loss, and the training diagnostics indented
+
+
+STALLED = """
+import json, os, sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0, shutdown_timeout_s=5.0)
+with tel.run():
+    i, began = 0, time.monotonic()
+    while not os.path.exists(sys.argv[2]) and time.monotonic() - began < 60:  # until the terminal has stopped reading
+        with tel.iteration(i, env_steps=8 * (i + 1)):
+            with tel.phase("learning"):
+                time.sleep(0.002)
+        tel.scalars({"Loss/critic": 1.0, **{f"Custom/key_{k}": float(k) for k in range(40)}})  # a tall panel: much to draw
+        i += 1
+    for _ in range(200):  # the panel goes on drawing into a terminal that reads no more
+        with tel.iteration(i, env_steps=8 * (i + 1)):
+            with tel.phase("learning"):
+                time.sleep(0.01)
+        i += 1
+began = time.monotonic()
+tel.close()
+with open(sys.argv[3], "w") as out:
+    json.dump({"close_s": time.monotonic() - began}, out)
+"""
+
+
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_a_terminal_that_stops_reading_holds_neither_close_nor_the_exit(tmp_path, agent):
+    """Ctrl-S, or a stalled ssh connection: the panel and the end line wait in a bounded queue, never on the closing thread."""
+    leader, follower = pty.openpty()
+    import fcntl
+    import struct
+    import termios
+
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 160, 0, 0))
+    stop, result = tmp_path / "stopped", tmp_path / "close.json"
+    process = subprocess.Popen([sys.executable, "-c", STALLED, str(tmp_path / "run"), str(stop), str(result)],
+                               stdin=follower, stdout=follower, stderr=follower, env=environment(OTEL_RL_AGENT=agent))  # fmt: skip
+    os.close(follower)
+    shown = bytearray()
+    deadline = time.monotonic() + 60
+    while b"Loss/critic" not in shown and time.monotonic() < deadline:  # the panel is up: from here on, nobody reads
+        if select.select([leader], [], [], 0.2)[0]:
+            shown += os.read(leader, 1 << 16)
+    assert b"Loss/critic" in shown
+    stop.touch()
+    try:
+        assert process.wait(timeout=60) == 0  # it exits, and cleanly: no thread holds a stream's lock at the exit
+    finally:
+        process.kill()
+        os.close(leader)
+    assert json.loads(result.read_text())["close_s"] < 5.0  # within its deadline (1 s here, the end line's bound)
