@@ -3,7 +3,9 @@
 The first learner iteration whose index is in ``[start, start + count)``
 starts the profiler as it is entered; the ``count``-th profiled iteration
 stops it as it is exited (so does an iteration past the window, or
-``close()`` when training ends first). A resumed run past the window is not
+``close()`` when training ends first, where stopping fits in half of what is
+left of its deadline (the part ``close()`` gives it): stopping costs about as long as the window was open;
+a longer window stops collecting, is not written, and is said). A resumed run past the window is not
 profiled again. The profiler's own trace is exported where TensorBoard's
 profiler plugin and HTA look for it (``profile/<host>_<pid>.<ms>.pt.trace.json``
 in the run folder), and one :data:`otel_rl.formats.schema.EVENT_TORCH_PROFILE` event
@@ -36,6 +38,10 @@ from otel_rl.formats import schema, trace
 
 _logger = logger(__name__)
 
+STOP_S_PER_PROFILED_S = 1.0
+"""What stopping ``torch.profiler`` costs per second it profiled (it turns every recorded event into its results on the
+calling thread: 0.5 to 0.8 s per second of small CPU ops here), rounded up: close() stops a window only when that fits."""
+
 
 class ProfileWindow:
     """Starts and stops ``torch.profiler`` around a window of learner iterations (see the module docstring).
@@ -54,6 +60,8 @@ class ProfileWindow:
         self._first: int | None = None
         self._profiled = 0
         self._markers: list[list[int]] = []
+        self._opened = 0.0  # time.monotonic() when the profiler started
+        self._activities: list[Any] = []
         self.done = False
 
     def around(self, iteration: Any) -> Any:
@@ -83,6 +91,7 @@ class ProfileWindow:
             profiler = profile(activities=activities)
             profiler.start()
             self._profiler, self._first = profiler, index
+            self._opened, self._activities = time.monotonic(), activities
             self._mark()
         except Exception as exc:
             self._fail("could not start", exc)
@@ -106,6 +115,10 @@ class ProfileWindow:
         self.done = True
         if profiler is None:
             return
+        open_s = time.monotonic() - self._opened
+        if deadline is not None and open_s * STOP_S_PER_PROFILED_S > deadline.left():
+            self._abandon(profiler, open_s, deadline)
+            return
         try:
             self._mark()
             profiler.stop()
@@ -119,6 +132,20 @@ class ProfileWindow:
             run_bounded(lambda: self._write(profiler), deadline, "torch.profiler export")
         except RuntimeError as exc:  # the interpreter is exiting and starts no thread: an unbounded export would overrun
             self._fail("could not be written within the shutdown deadline", exc)
+
+    def _abandon(self, profiler: Any, open_s: float, deadline: Deadline) -> None:
+        """Training ended inside a window too long to stop within ``deadline``: collection stops (at once, and the
+        interpreter exits cleanly, which it does not with a profiler left running), and the window is not written."""
+        try:
+            profiler.toggle_collection_dynamic(False, self._activities)
+        except Exception as exc:
+            _logger.warning("otel-rl: torch.profiler could not be stopped (%s: %s)", type(exc).__name__, exc)
+        last = self._first + self._profiled if self._first is not None else None
+        _logger.warning(
+            "otel-rl: torch.profiler's window (iterations %s to %s, open %.1f s) is not written: stopping it takes about as long as "
+            "it was open, past the %.1f s close() gives it; a shorter window (profile=(start, count)) or a longer "
+            "shutdown_timeout_s keeps it", self._first, last, open_s, deadline.left(),
+        )
 
     def _write(self, profiler: Any) -> None:
         try:

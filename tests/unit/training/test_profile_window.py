@@ -346,3 +346,31 @@ def test_an_exit_inside_the_window_keeps_the_shutdown_deadline(tmp_path):
     assert time.monotonic() - exiting < 5.0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"
+
+
+@pytest.mark.slow
+def test_an_exit_inside_a_long_window_stops_collecting_and_keeps_the_deadline(tmp_path):
+    """Stopping torch.profiler turns every event it recorded into results on the training thread: seconds for a long
+    window. Past what close() gives it, collection stops at once (the interpreter then exits cleanly) and it is said."""
+    script = textwrap.dedent("""
+        import sys, time, torch, otel_rl
+        tel = otel_rl.init(run_dir=sys.argv[1], profile=(0, 10**6), shutdown_timeout_s=2, system_metrics_interval_s=0, panel=False)
+        x = torch.randn(64, 64)
+        tel.start_run()
+        began, i = time.monotonic(), 0
+        while time.monotonic() - began < 8:  # a window of 8 s of small operators: stopping it would take seconds
+            with tel.iteration(i, env_steps=i), tel.phase("learning"):
+                for _ in range(20):
+                    x = torch.tanh(x @ x.T / 64)
+            i += 1
+        print(time.monotonic(), flush=True)  # the script ends inside the window, without close()
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    exiting = float(process.stdout.readline())
+    assert process.wait(60) == 0  # a clean exit: a profiler left collecting ends the interpreter with a segmentation fault
+    assert time.monotonic() - exiting < 5.0  # the 2 s deadline and the interpreter's teardown, not the seconds of the stop
+    said = [line for line in process.stderr.read().splitlines() if "torch.profiler's window" in line]
+    assert len(said) == 1 and "is not written" in said[0] and "shutdown_timeout_s keeps it" in said[0]
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"
