@@ -7,6 +7,9 @@ import pytest
 
 from otel_rl.core.pipeline import RecordSink
 
+# A run given no folder records into ./runs: the suite's runs name theirs (or none), module fixtures and subprocesses too.
+os.environ["OTEL_RL_RUN_DIR"] = "off"
+
 _OTEL_PREFIXES = ("OTEL_", "MOTRIX_", "TRACEPARENT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_")
 
 

@@ -80,7 +80,7 @@ def pipeline(tmp_path_factory):
     collector = Collector(work)
     prometheus = Prometheus(work, collector.ports["prometheus"])
     try:
-        env = {k: v for k, v in collector.env.items() if not k.startswith(("OTEL_EXPORTER", "MOTRIX_"))}
+        env = {k: v for k, v in collector.env.items() if not k.startswith(("OTEL_EXPORTER", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
         env.update(
             OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_grpc,
             OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
@@ -122,7 +122,7 @@ def test_shipped_configs_validate(tmp_path):
 
 
 def _send_short_run(collector: Collector) -> None:
-    env = {k: v for k, v in collector.env.items() if not k.startswith(("OTEL_EXPORTER", "MOTRIX_"))}
+    env = {k: v for k, v in collector.env.items() if not k.startswith(("OTEL_EXPORTER", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(OTEL_EXPORTER_OTLP_ENDPOINT=collector.otlp_grpc, OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_LOGS_EXPORTER="otlp")
     subprocess.run([sys.executable, "-c", SHORT_RUN], env=env, check=True, timeout=60)
 

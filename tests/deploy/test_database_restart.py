@@ -59,7 +59,7 @@ def test_a_database_down_past_the_runs_end_loses_nothing_the_run_recorded(tmp_pa
     postgres = Postgres().start()
     try:
         with IngestServer(postgres.database()) as server:
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
             ready, down = tmp_path / "ready", tmp_path / "down"
             run = subprocess.Popen([sys.executable, "-c", LOOP, str(tmp_path / "run"), server.url, str(ready), str(down)],
                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip

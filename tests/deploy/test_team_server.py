@@ -40,7 +40,7 @@ CLIENT = textwrap.dedent("""
 
 
 def serve(database: str, port: int, *flags: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     process = subprocess.Popen([sys.executable, "-m", "otel_rl.cli", "serve", "--port", str(port), "--db", database, *flags],
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)  # fmt: skip
     deadline = time.monotonic() + 60
@@ -80,7 +80,7 @@ def two_servers(postgres):
 def test_clients_switching_servers_mid_run_store_every_record_once(two_servers, tmp_path):
     database, ports, servers = two_servers
     balancer = RoundRobin(ports).start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     script = tmp_path / "client.py"
     script.write_text(CLIENT)
     try:

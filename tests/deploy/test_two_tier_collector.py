@@ -62,7 +62,7 @@ def test_two_ranks_through_their_machines_collector_reach_the_gateway_told_apart
     try:
         ranks = []
         for rank in (0, 1):
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
             env.update(RANK=str(rank), WORLD_SIZE="2", OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{node.ports['grpc']}",
                        OTEL_EXPORTER_OTLP_PROTOCOL="grpc", OTEL_METRIC_EXPORT_INTERVAL="1000")  # fmt: skip
             ranks.append(subprocess.Popen([sys.executable, "-c", RANK], env=env))

@@ -23,7 +23,7 @@ COLLECTOR_PHASES = {"Inference Request", "Learner Action Wait", "Env Step", "Rep
 def demo_run(tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
     receiver = HttpReceiver().start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(
         OTEL_EXPORTER_OTLP_ENDPOINT=receiver.endpoint,
         OTEL_EXPORTER_OTLP_PROTOCOL="http/protobuf",

@@ -334,7 +334,7 @@ def test_two_sigterms_in_a_row_still_write_every_output(tmp_path, server):
     proc = subprocess.Popen(
         [sys.executable, "-c", SIGNALLED_CHILD, str(run_dir), server.url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))},
+        env={k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"},
     )  # fmt: skip
     assert proc.stdout.readline().strip() == "ready"
     proc.send_signal(signal.SIGTERM)
@@ -441,7 +441,7 @@ def test_a_disk_that_fills_mid_run_and_stays_full_counts_what_it_lost_and_says_t
     from otel_rl.readers.analysis import protobuf_engine
 
     run_dir = small_disk / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     began = time.monotonic()
     result = subprocess.run([sys.executable, "-c", FILLS_UP, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
@@ -488,7 +488,7 @@ tel.close()
 @pytest.mark.parametrize("what", ["file", "folder"])
 def test_a_metrics_file_or_run_folder_deleted_mid_run_is_said_once_and_written_anew(tmp_path, what):
     run_dir = tmp_path / "run"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     result = subprocess.run([sys.executable, "-c", DELETED, str(run_dir), what], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     said = [line for line in result.stderr.splitlines() if "was deleted or replaced while the run wrote it" in line]
@@ -665,7 +665,7 @@ def test_the_disabled_telemetry_has_the_whole_public_surface(tmp_path):
 
 @pytest.mark.slow
 def test_the_demo_runs_with_the_sdk_disabled_and_serving(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env["OTEL_SDK_DISABLED"] = "true"
     result = subprocess.run(
         [sys.executable, "-m", "otel_rl.cli", "demo", "--iterations", "20", "--learning-starts", "64",

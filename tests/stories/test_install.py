@@ -41,7 +41,7 @@ def test_a_wheel_built_from_the_clone_installs_the_whole_package(tmp_path):
     target = tmp_path / "site"
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)], capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr[-3000:]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env["PYTHONPATH"] = str(target)  # ahead of the clone's editable install
     result = subprocess.run([sys.executable, "-c", CHECK, str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

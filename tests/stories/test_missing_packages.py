@@ -32,7 +32,7 @@ print("training returned")
 
 
 def train(run_dir: Path, options: str, hide: str, in_agent: bool = False, extra_env: dict | None = None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE=hide, WANDB_MODE="offline", **(extra_env or {}))
     if in_agent:
         env["OTEL_RL_TEST_HIDE_IN_AGENT"] = "1"
@@ -97,7 +97,7 @@ def test_a_subcommand_whose_extra_is_missing_says_so_in_one_line(tmp_path, args,
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "trace.perfetto-trace").write_bytes(b"")
     named = {"RUN": str(tmp_path / "run"), "PLOT": str(tmp_path / "plot.png")}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE=hidden)
     command = [sys.executable, "-m", "otel_rl.cli", *[named.get(a, a) for a in args]]
     result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
@@ -106,7 +106,7 @@ def test_a_subcommand_whose_extra_is_missing_says_so_in_one_line(tmp_path, args,
 
 
 def test_the_notebook_api_without_pandas_names_its_extra(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE="pandas")
     result = subprocess.run([sys.executable, "-c", "import otel_rl.read"], capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 1 and "reading runs into DataFrames (otel_rl.read, otel-rl export) needs the pandas package: pip install 'otel-rl[read]'" in result.stderr
@@ -121,7 +121,7 @@ def test_the_notebook_api_without_pandas_names_its_extra(tmp_path):
     ],
 )  # fmt: skip
 def test_an_integration_without_its_library_names_its_extra(module, hidden, says):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE=hidden)
     script = f"import otel_rl.integrations.{module}"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, env=env)
@@ -142,7 +142,7 @@ def test_a_video_without_its_encoder_is_one_line_naming_the_extra_and_the_run_go
         "    tel.scalars({'Loss/critic': 1.0})\n"
         "tel.close()\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(PYTHONPATH=str(HIDDEN), OTEL_RL_TEST_HIDE="imageio_ffmpeg")
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run")], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr

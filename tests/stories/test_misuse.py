@@ -356,7 +356,7 @@ def test_a_script_run_twice_into_one_folder_leaves_two_runs_never_one_merged(tmp
     from otel_rl import read
 
     run_dir = tmp_path / "exp"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     first = subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, text=True, timeout=120, env=env)
     assert first.returncode == 0, first.stderr
     before = (run_dir / "metrics.jsonl").read_bytes()
@@ -387,7 +387,7 @@ def _records_of(folder) -> list[dict]:
 
 def test_a_dangling_link_or_a_file_where_the_fresh_folder_would_go_is_passed_over(tmp_path):
     """``exp`` holds an ended run, ``exp-2`` is a dangling link and ``exp-3`` a file: the new run goes to ``exp-4``, whole."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     run_dir = tmp_path / "exp"
     assert subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, timeout=120, env=env).returncode == 0
     (tmp_path / "exp-2").symlink_to(tmp_path / "nowhere")
@@ -402,7 +402,7 @@ def test_a_dangling_link_or_a_file_where_the_fresh_folder_would_go_is_passed_ove
 
 def test_the_current_folder_used_twice_gives_the_second_run_a_sibling(tmp_path):
     """``run_dir='.'`` in a folder that holds a run: the new one goes beside it (``.`` has no name of its own to number)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     folder = tmp_path / "work"
     folder.mkdir()
     for _ in range(2):
@@ -412,7 +412,7 @@ def test_the_current_folder_used_twice_gives_the_second_run_a_sibling(tmp_path):
 
 
 def test_runs_started_at_one_instant_onto_an_ended_runs_folder_each_get_a_folder_of_their_own(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     run_dir = tmp_path / "exp"
     assert subprocess.run([sys.executable, "-c", TWICE, str(run_dir)], capture_output=True, timeout=120, env=env).returncode == 0
     at_once = "import sys, time\nwhile time.time() < float(sys.argv[2]): pass\n" + TWICE

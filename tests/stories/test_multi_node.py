@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(
 
 def _launcher(node: int, port: int, run_dir: Path, ingest: str, skewed_clock: Path) -> subprocess.Popen:
     """One machine: its own host name, its own agent, node 1's wall clock ahead by SKEW_S."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(OTEL_RL_AGENT=f"multinode{port}-{node}", MOTRIX_METRICS_URL=ingest, OTEL_TRACES_EXPORTER="none", OTEL_METRICS_EXPORTER="none", OTEL_LOGS_EXPORTER="none")
     if node == 1:
         env.update(LD_PRELOAD=str(skewed_clock), SKEWED_CLOCK_NS=str(int(SKEW_S * 1e9)))
@@ -207,7 +207,7 @@ def test_a_launcher_that_numbers_no_machine_still_gives_each_machine_its_own_tra
     hosts = ("hostA", "node", "node") if launcher == "one host name" else ("hostA", "hostB")
     launched = []
     for rank, host in enumerate(hosts):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_")) or k == "OTEL_RL_RUN_DIR"}
         env.update(RANK=str(rank), WORLD_SIZE=str(len(hosts)), LOCAL_RANK="0", OTEL_RL_AGENT=f"srun-{launcher.replace(' ', '')}-{rank}")
         if launcher == "slurm":
             env.update(SLURM_NODEID=str(rank), SLURM_LOCALID="0", SLURM_TASKS_PER_NODE="1(x2)", SLURM_PROCID=str(rank))
@@ -241,7 +241,7 @@ def test_slurm_machines_of_different_sizes_place_every_rank(tmp_path):
     run_dir = tmp_path / "srun"
     launched = []
     for rank, (host, node, local) in enumerate((("hostA", 0, 0), ("hostA", 0, 1), ("hostB", 1, 0))):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "SLURM_", "GROUP_RANK", "LOCAL_")) or k == "OTEL_RL_RUN_DIR"}
         env.update(RANK=str(rank), WORLD_SIZE="3", OTEL_RL_AGENT=f"srun-sizes-{rank}", SLURM_NODEID=str(node), SLURM_LOCALID=str(local),
                    SLURM_TASKS_PER_NODE="2,1", SLURM_PROCID=str(rank))  # fmt: skip
         script = f'hostname {host} && exec "$@"'

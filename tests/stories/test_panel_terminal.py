@@ -80,7 +80,7 @@ def in_terminal(tmp_path, env: dict, loop: str = LOOP, seen: bytes | tuple[bytes
 
 
 def environment(**extra: str) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env.update({"TERM": "xterm-256color", "COLUMNS": "140", "LINES": "50", **extra})
     return env
 

@@ -28,7 +28,7 @@ def jsonl(run_dir: Path) -> list[dict]:
 
 
 def python(script: str, *args: str, env: dict | None = None, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(script), *args], capture_output=True, text=True,
                           timeout=timeout_s, env={**clean, **(env or {})})  # fmt: skip
 
@@ -52,7 +52,7 @@ def test_a_full_dev_shm_costs_the_run_nothing(tmp_path):
         "mount -t tmpfs -o size=1m tmpfs /dev/shm && (head -c 2M /dev/zero > /dev/shm/filler 2>/dev/null; true) && "
         f"{sys.executable} {tmp_path / 'train.py'} {tmp_path / 'run'}"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     result = subprocess.run(["unshare", "--mount", "sh", "-c", shell], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["ok", "thread"]  # no room for a segment: the outputs ran on a thread
@@ -294,7 +294,7 @@ def test_in_a_containers_64_mib_dev_shm_the_segment_leaves_a_dataloader_its_room
     """)
     (tmp_path / "train.py").write_text(script)
     shell = f"mount -t tmpfs -o size=64m tmpfs /dev/shm && {sys.executable} {tmp_path / 'train.py'} {tmp_path / 'run'}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     result = subprocess.run(["unshare", "--mount", "sh", "-c", shell], capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stderr
     segment_bytes, batches, host = result.stdout.split()
@@ -366,7 +366,7 @@ def test_an_exception_between_init_and_the_run_ends_the_announced_run_failed_wit
         tel = otel_rl.init(run_dir=sys.argv[1], agent={agent!r}, system_metrics_interval_s=0)
         raise RuntimeError("the environment config is missing")
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 1 and "RuntimeError: the environment config is missing" in result.stderr
     runs = [r for r in jsonl(tmp_path) if r["kind"] == "run"]
@@ -396,7 +396,7 @@ def test_a_service_down_from_the_start_is_said_early_once_and_the_end_line_times
         print("otel-rl-test: the loop ended", file=sys.stderr, flush=True)
         tel.close(timeout_s=3)
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run"), str(seen)], stderr=subprocess.PIPE, text=True, env=env)
     lines: list[str] = []
 
@@ -446,7 +446,7 @@ def test_a_service_that_never_answers_gets_every_record_once_it_is_back(tmp_path
     from otel_rl.readers.server import IngestServer
 
     script = STREAMING.format(options="shutdown_timeout_s=3")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     with held_port() as port:
         url = f"http://127.0.0.1:{port}"
         silent = SilentServer(port)
@@ -487,7 +487,7 @@ def test_ctrl_c_in_a_close_waiting_on_a_hung_service_ends_the_wait_at_once_and_s
         tel.close()
         print("closed", flush=True)
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     silent = SilentServer()
     try:
         process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run"), silent.url, agent], stdout=subprocess.PIPE,
@@ -517,7 +517,7 @@ def test_a_job_killed_at_its_end_can_have_close_wait_for_the_upload(tmp_path):
     from otel_rl.readers.server import IngestServer
 
     script = STREAMING.format(options="upload_wait_s=float(sys.argv[5])")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     with IngestServer(str(tmp_path / "db.sqlite3")) as server:
         run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "sent"), server.url, "sent", "200", "300"], capture_output=True, text=True, timeout=400, env=env)
         assert run.returncode == 0, run.stderr

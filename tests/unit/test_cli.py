@@ -12,7 +12,7 @@ from otel_rl.version import __version__
 
 
 def cli(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     return subprocess.run([sys.executable, "-m", "otel_rl.cli", *args], capture_output=True, text=True, timeout=timeout_s, env=env)
 
 
@@ -57,7 +57,7 @@ def test_analyze_into_a_pipe_closed_early_ends_without_a_traceback(tmp_path):
                 with tel.phase("learning"):
                     pass
     tel.close()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     # `true` reads nothing and is gone before analyze prints: every write meets a closed pipe, as `| head` does past its lines.
     piped = subprocess.run(f"{sys.executable} -m otel_rl.cli analyze {tmp_path} | true", shell=True, capture_output=True, text=True,
                            timeout=120, env=env)  # fmt: skip

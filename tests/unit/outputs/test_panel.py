@@ -362,7 +362,7 @@ def test_committed_stats_are_printed_as_tables_in_a_jobs_log(tmp_path):
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     out = subprocess.run([sys.executable, "-c", COMMITS, str(tmp_path)], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     titles = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("otel-rl stats")]

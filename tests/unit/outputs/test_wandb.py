@@ -133,7 +133,7 @@ def test_the_wandb_run_describes_the_training_script_not_the_agent(tmp_path):
         "    tel.scalars({'Loss/critic': 1.0})\n"
         "tel.close()\n"
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     env.update(WANDB_MODE="offline", WANDB_SILENT="true")
     subprocess.run([sys.executable, str(script), str(tmp_path / "run"), "--lr", "3e-4"], check=True, timeout=120, env=env, cwd=tmp_path)
     (run,) = run_dirs(tmp_path / "run")
@@ -166,7 +166,7 @@ def test_the_wandb_run_is_named_tagged_and_described_as_its_user_says_with_the_p
     subprocess.run([*git, "add", "train.py"], check=True)
     subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
     (repo / "train.py").write_text((repo / "train.py").read_text() + "# edited\n")  # uncommitted: dirty
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     env["WANDB_SILENT"] = "true"
     subprocess.run([sys.executable, "train.py", str(repo / "run"), "--api-key=sk-1", "--token", "sk-2", "--lr", "3e-4"],
                    check=True, timeout=120, env=env, cwd=repo)  # fmt: skip

@@ -19,7 +19,7 @@ def analyze(*arguments: str) -> subprocess.CompletedProcess:
 
 
 def demo(runs_dir, *options: str) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     result = subprocess.run(
         [sys.executable, "-m", "otel_rl.cli", "demo", "--iterations", "200", "--learning-starts", "256", "--seconds", "120",
          "--runs-dir", str(runs_dir), "--no-panel", *options],

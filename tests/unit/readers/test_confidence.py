@@ -112,7 +112,7 @@ def test_a_repeat_on_a_busy_host_says_the_hosts_differed_before_naming_a_phase(t
     """
     script = tmp_path / "loop.py"
     script.write_text(BUSY_LOOP)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     runs = {}
     for name, burners in (("quiet", 0), ("busy", 8 * (os.cpu_count() or 1))):
         spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(burners)]

@@ -162,9 +162,9 @@ def test_backfill_fills_gaps_without_duplicates(tmp_path, server):
     tel.close()
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     first = backfill(run_dir, server.url)
-    assert first == {"sent": len(lines), "accepted": len(lines), "duplicates": 0, "rejected": 0, "reasons": []}
+    assert first == {"sent": len(lines), "accepted": len(lines), "duplicates": 0, "rejected": 0, "reasons": [], "media_sent": 0, "media_failed": 0}
     second = backfill(run_dir / "metrics.jsonl", server.url)
-    assert second == {"sent": len(lines), "accepted": 0, "duplicates": len(lines), "rejected": 0, "reasons": []}
+    assert second == {"sent": len(lines), "accepted": 0, "duplicates": len(lines), "rejected": 0, "reasons": [], "media_sent": 0, "media_failed": 0}
     assert server.storage.count() == len(lines)
 
 
@@ -194,7 +194,7 @@ CHILD = textwrap.dedent(
 
 def _child(tmp_path, server, mode, agent="process"):
     run_dir = tmp_path / mode
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, mode, str(run_dir), server.url],
         stdout=subprocess.PIPE,
@@ -398,7 +398,7 @@ def test_a_read_only_postgresql_database_answers_503_and_is_unhealthy(postgres):
 
 
 def test_the_token_in_the_environment_is_required(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env["MOTRIX_METRICS_TOKEN"] = TOKEN
     batch = _batch(golden_records()["heartbeat"])
     for flags, open_without_token in (([], False), (["--insecure"], True)):
@@ -501,7 +501,7 @@ CLIENT = textwrap.dedent(
 
 def test_twenty_clients_at_once_store_every_record_once_and_finish(tmp_path, database):
     with IngestServer(database) as srv:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
         run_dirs = [tmp_path / f"client-{i:02d}" for i in range(20)]
         procs = [
             subprocess.Popen([sys.executable, "-c", CLIENT, str(d), srv.url], env=env, stderr=subprocess.PIPE, text=True)
@@ -626,7 +626,7 @@ def test_two_runs_on_one_named_agent_keep_every_record_on_the_server(tmp_path, s
                 tel.event("note", n=i)
         tel.close()
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     runs = [subprocess.Popen([sys.executable, "-c", script, f"shared-{n}", server.url], env=env) for n in range(2)]
     assert [p.wait(120) for p in runs] == [0, 0]
     writers = []

@@ -278,7 +278,7 @@ def test_a_second_run_with_the_same_run_id_is_refused_in_one_line_never_merged(d
     import subprocess
     import sys
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     env["OTEL_RL_RUN_ID"] = "sweep"
     with IngestServer(database) as server:
         outcomes = [subprocess.run([sys.executable, "-c", SWEEP_SEED, str(tmp_path / f"seed{seed}"), server.url, str(seed)],

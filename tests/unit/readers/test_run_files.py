@@ -40,7 +40,7 @@ def run_dir(tmp_path_factory):
 
 def test_backfill_sends_the_trace_and_the_diagnosis(run_dir, database):
     with IngestServer(database, token=TOKEN) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
         env["MOTRIX_METRICS_TOKEN"] = TOKEN
         result = subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url],
                                 capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
@@ -99,7 +99,7 @@ def backfilled_page(run_dir, database):
     from browser import Browser
 
     with IngestServer(database, token=TOKEN) as server:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
         env["MOTRIX_METRICS_TOKEN"] = TOKEN
         subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", server.url], check=True, timeout=120, env=env)
         browser = Browser()
@@ -235,7 +235,7 @@ def test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_th
 
     def send(url: str, token: str | None = None) -> subprocess.CompletedProcess:
         # A retry window of 10 minutes, a run of 3 at most: an answer that is retried cannot pass for one that is not.
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
         if token:
             env["MOTRIX_METRICS_TOKEN"] = token
         return subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(run_dir), "--url", url, "--trace-only", "--retry-window", "600"],

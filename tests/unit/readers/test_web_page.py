@@ -26,7 +26,7 @@ TOKEN = "page-t0ken"
 
 
 def start(url: str, run_id: str, mode: str, lr: float) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     env["MOTRIX_METRICS_TOKEN"] = TOKEN
     return subprocess.Popen([sys.executable, str(TARGET), url, run_id, mode, str(lr)], env=env)
 

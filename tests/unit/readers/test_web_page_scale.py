@@ -38,7 +38,7 @@ def post_traps(url: str) -> None:
 
 
 def stream(url: str, run_id: str, keys: int, events: int) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
     env["MOTRIX_METRICS_TOKEN"] = TOKEN
     return subprocess.Popen([sys.executable, str(TARGET), url, run_id, str(keys), str(events)], env=env)
 

@@ -55,7 +55,7 @@ tel.close()
 
 def run_loop(run_dir: Path, start: int, count: int, iterations: int) -> subprocess.CompletedProcess:
     script = LOOP.format(start=start, count=count, iterations=iterations)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     result = subprocess.run([sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=180, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -365,7 +365,7 @@ def test_an_exit_inside_a_long_window_stops_collecting_and_keeps_the_deadline(tm
             i += 1
         print(time.monotonic(), flush=True)  # the script ends inside the window, without close()
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_")) or k == "OTEL_RL_RUN_DIR"}
     process = subprocess.Popen([sys.executable, "-c", script, str(tmp_path / "run")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     exiting = float(process.stdout.readline())
     assert process.wait(60) == 0  # a clean exit: a profiler left collecting ends the interpreter with a segmentation fault
