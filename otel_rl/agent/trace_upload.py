@@ -25,8 +25,9 @@ from otel_rl.run import files
 _logger = logger(__name__)
 
 
-RESEND_WINDOW_S = 120.0
-"""How long the background backfill of records the live stream could not deliver keeps trying the service."""
+RESEND_WINDOW_S = 600.0
+"""How long the background job (the records the live stream could not deliver, then the trace) keeps trying the service:
+every few seconds in its first minute, then every 30 s."""
 
 
 def send_trace_later(config: TelemetryConfig, undelivered: int = 0) -> None:
@@ -42,7 +43,7 @@ def send_trace_later(config: TelemetryConfig, undelivered: int = 0) -> None:
     if not resend and not (config.trace_enabled and any(config.run_dir.glob(files.TRACE_GLOB))):
         return
     env = {**os.environ, MOTRIX_METRICS_TOKEN: config.motrix_token or ""}
-    what = ["--retry-window", str(RESEND_WINDOW_S)] if resend else ["--trace-only"]
+    what = ["--retry-window", str(RESEND_WINDOW_S)] + ([] if resend else ["--trace-only"])
     try:
         subprocess.Popen(
             [sys.executable, "-m", "otel_rl.cli", "backfill", str(config.run_dir), "--url", config.motrix_url, *what],

@@ -98,7 +98,7 @@ _AGAIN_STATUSES = frozenset((408, 429, 500, 502, 503, 504))
 def _put(address: str, data: bytes, token: str | None, timeout_s: float, give_up: float) -> None:
     """PUT ``data`` (gzip'd) to ``address``, tried again until ``give_up`` (monotonic) while the server cannot take it now."""
     body = gzip.compress(data, 6)
-    pause = 0.5
+    pause, began = 0.5, time.monotonic()
     while True:
         try:
             _put_once(address, body, token, timeout_s)
@@ -107,7 +107,8 @@ def _put(address: str, data: bytes, token: str | None, timeout_s: float, give_up
             if time.monotonic() + pause > give_up:
                 raise UploadError(f"{exc} (tried until the retry window closed)") from None
             time.sleep(pause)
-            pause = min(pause * 2, 8.0)
+            # Every few seconds while a restart is likely (the first minute), then every 30 s for the rest of the window.
+            pause = min(pause * 2, 8.0 if time.monotonic() - began < 60 else 30.0)
 
 
 def _put_once(address: str, body: bytes, token: str | None, timeout_s: float) -> None:

@@ -79,7 +79,8 @@ def backfill(
             if outcome.failed:
                 if not attempt:  # said once: the retries can last the whole window
                     _logger.warning("otel-rl: %s unavailable (%s); retrying for up to %.0f s", endpoint, outcome.error, retry_window_s)
-                time.sleep(max(random.uniform(0, min(10.0, 0.5 * 2**attempt)), outcome.retry_after_s or 0.0))
+                cap = 10.0 if time.monotonic() - first_failure < 60 else 30.0  # often in the first minute, then every 30 s
+                time.sleep(max(random.uniform(0, min(cap, 0.5 * 2**attempt)), outcome.retry_after_s or 0.0))
                 attempt += 1
             items = outcome.failed
 
