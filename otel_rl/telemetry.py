@@ -633,17 +633,19 @@ class Telemetry:
         """Measure this rank's clock against the first rank's of ``group`` (the default group: rank 0's), in ms.
 
         A few timed all-reduces (:func:`otel_rl.training.distributed.clock_offsets`);
-        the offset is recorded as :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`,
+        the offset is a record of its own (:data:`otel_rl.formats.schema.EVENT_CLOCK_OFFSET`),
+        written to the trace as :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`,
         which puts this rank's part of the trace on rank 0's clock for
         ``otel-rl analyze`` and a merged trace, however far the machines'
-        clocks are apart. :meth:`log_window` calls it; call it yourself after
+        clocks are apart (the trackers never see it as a curve). :meth:`log_window` calls it; call it yourself after
         ``init_process_group`` in a loop that does not. Every rank of ``group``
         calls it at the same point.
         """
         from otel_rl.training.distributed import clock_offsets
 
         offset = clock_offsets(self._clock.now_ns, group)[_group_rank(group)]
-        self.scalars({trace.CLOCK_OFFSET_KEY: offset})
+        if not self._closed:
+            self._internal_event(schema.EVENT_CLOCK_OFFSET, {"offset_ms": float(offset), "rank": self.config.rank})
         return offset
 
     def add_sink(self, sink: RecordSink) -> None:

@@ -65,6 +65,10 @@ EVENT_COMMIT = "stats_commit"
 """A set of stats was committed (:func:`otel_rl.stats_tracker.commit`): ``epoch``, ``epoch_step``, ``global_step`` where given."""
 EVENT_SUMMARY_FIELDS = "summary_fields"
 """The loop's own fields for ``run_summary.json`` (:meth:`otel_rl.Telemetry.add_summary`), one attribute each."""
+EVENT_CLOCK_OFFSET = "clock_offset"
+"""A rank's clock minus the first rank's, as :meth:`otel_rl.Telemetry.align_clocks` measured it (``offset_ms``): written to
+the trace (the counter :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`, which the merge and ``analyze`` subtract), and no
+tracker's scalar."""
 EVENT_MEDIA = "media"
 """A video or image written to the run folder's ``media/`` (key, type, path, format, bytes, step...): a ``media`` record."""
 SUMMARY_KEYS = frozenset({

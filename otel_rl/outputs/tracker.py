@@ -301,6 +301,8 @@ class TrackerSink(RecordSink):
     def _put_event(self, event: EventRecord) -> None:
         # The step of the latest scalars before it, else of the iterations (a run that logs no scalars).
         step = next((s for s in (self._step, self._perf.axes.get("env_steps"), self._perf.axes.get("iteration")) if s is not None), None)
+        if event.name == schema.EVENT_CLOCK_OFFSET:  # the readers' (the trace's), not a curve
+            return
         if event.name == schema.EVENT_MEDIA:  # a video or image at its own step, for the trackers that show one
             if self.writer.media_root is not None:
                 given = event.attributes.get("step")

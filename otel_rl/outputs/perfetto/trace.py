@@ -233,6 +233,10 @@ class PerfettoTraceSink(RecordSink):
             # Merged at the end of the pass: a pass hands over its events before its phases, and the
             # window's last iteration may be among them.
             self._profile_event = dict(event.attributes)
+        elif event.name == schema.EVENT_CLOCK_OFFSET:  # this process's clock against rank 0's, for the readers
+            offset = event.attributes.get("offset_ms")
+            if isinstance(offset, (int, float)) and not isinstance(offset, bool):
+                self._encode(1, lambda: self._counter_packets([trace.CLOCK_OFFSET_KEY], [(event.time_ns, [float(offset)])]))
         # The agent saw this process die: its timeline ends with the mark a crashed worker's merged fragment gets.
         elif event.name == schema.EVENT_PROCESS_DIED:
             name = f"{trace.CRASH_MARK} ({event.attributes.get('reason')})"

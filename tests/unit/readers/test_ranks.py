@@ -10,9 +10,9 @@ import pytest
 from synthetic_trace import MS, T0, cycle
 
 from otel_rl.base.deadline import Deadline
-from otel_rl.core.batches import IterationBatch, ScalarBatch
-from otel_rl.core.records import ScalarsRecord
-from otel_rl.formats import trace
+from otel_rl.core.batches import IterationBatch
+from otel_rl.core.records import EventRecord
+from otel_rl.formats import schema, trace
 from otel_rl.outputs.perfetto.trace import PerfettoTraceSink
 from otel_rl.readers.analysis import read_trace
 from otel_rl.readers.analysis.report import analyze_model, render_text
@@ -31,7 +31,7 @@ def write_rank(folder, rank: int, learning_ms: float, sync_ms: float, skew_ms: f
         it, t = cycle("learner", i, t, [("learning", learning_ms, []), ("gradient_sync", sync_ms, [])], 1, "MainThread")
         sink.on_iterations(IterationBatch.of([it]))
     if measured:
-        sink.on_scalars(ScalarBatch.of([ScalarsRecord(T0, {trace.CLOCK_OFFSET_KEY: skew_ms + 0.01 * rank}, None, None, None)]))
+        sink.on_event(EventRecord(T0, schema.EVENT_CLOCK_OFFSET, {"offset_ms": skew_ms + 0.01 * rank, "rank": rank}))
     sink.flush(Deadline(10))
     sink.shutdown(Deadline(10))
 

@@ -158,8 +158,10 @@ def test_rank_aware_telemetry(world, tmp_path):
     # The job's env steps are every rank's (each at iteration 4 of 8 steps): the window's axis, and the run's in its summary.
     assert windows[0]["values"]["Perf/job_env_steps"] == 32.0 * world and windows[0]["axes"]["env_steps"] == 32 * world
     assert json.loads((tmp_path / "run_summary.json").read_text())["env_steps"] == 32 * world
-    offsets = [r["values"][trace.CLOCK_OFFSET_KEY] for r in records if trace.CLOCK_OFFSET_KEY in r.get("values", {})]
+    offsets = [r["attributes"]["offset_ms"] for r in records if r["kind"] == "event" and r["name"] == schema.EVENT_CLOCK_OFFSET]
     assert len(offsets) == 1 and abs(offsets[0]) < 1e-9  # rank 0's own clock, measured once (the first window)
+    # A record of its own, for the trace and its readers: never a curve of the trackers.
+    assert not any(trace.CLOCK_OFFSET_KEY in r.get("values", {}) for r in records)
     assert {r["writer"] for r in records} == {records[0]["writer"]}  # one writer: rank 0
     # Every rank exports OTLP, each span and data point carrying its rank.
     ranks = set()
