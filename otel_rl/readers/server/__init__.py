@@ -26,15 +26,33 @@ bodies are decoded in chunks. Records are stored in chunks of
 :data:`~otel_rl.readers.server.decoding.CHUNK_RECORDS`, each in one
 transaction, so ``/healthz`` and other requests are served meanwhile. 500 is left for the server's own faults.
 
-Query API (JSON): ``GET /api/v1/runs?limit=&after=`` (paged; ``next`` is the
-``after`` of the following page), ``/api/v1/runs/{run_id}`` (status and
-events), ``/api/v1/runs/{run_id}/keys`` and
-``/api/v1/runs/{run_id}/scalars?key=K`` (one series). ``GET /healthz`` needs no
-token and answers 503 while the database cannot take writes. A pending or
-running run that sends neither records nor heartbeats for ``lost_after_s``
-is reported as ``lost`` (one log line per sweep).
+A pending or running run that sends neither records nor heartbeats for
+``lost_after_s`` is reported as ``lost`` (one log line per sweep). Every
+``/api/`` route needs the token; the page and ``/healthz`` (503 while the
+database cannot take writes) do not.
 
-The routes are :class:`otel_rl.readers.server.app.Handlers`; :class:`IngestServer`
+Routes (:data:`otel_rl.readers.server.routes.ROUTES`; each ``/api/v1/runs/{run_id}...``
+route is also ``/api/v1/run...?run_id=``, for a run named ``.`` or ``..``):
+
+- ``POST /api/v1/ingest``: a batch of records, as above.
+- ``GET /api/v1/runs``: the runs, a page at a time (``limit``, ``after``; ``next`` is the following page's ``after``),
+  filtered by ``project``, ``group``, ``status``, ``tag``.
+- ``GET /api/v1/facets``: the projects and groups of the runs.
+- ``GET /api/v1/runs/{run_id}``: a run: its status, what it started with, its newest ``events``.
+- ``PATCH /api/v1/runs/{run_id}``: its tags and note. ``DELETE /api/v1/runs/{run_id}``: the run and all it holds.
+- ``GET /api/v1/runs/{run_id}/keys``: its scalar keys and their units.
+- ``GET /api/v1/runs/{run_id}/scalars``: the series of ``key`` (several), against ``x``, at most ``max_points``.
+- ``GET /api/v1/runs/{run_id}/export``: its scalars as CSV or Parquet.
+- ``PUT /api/v1/runs/{run_id}/trace``, ``GET /api/v1/runs/{run_id}/trace``: its Perfetto trace.
+- ``PUT /api/v1/runs/{run_id}/diagnosis``, ``GET /api/v1/runs/{run_id}/diagnosis``: what ``otel-rl analyze`` says of it.
+- ``GET /api/v1/runs/{run_id}/media``: its ``media`` records; ``PUT /api/v1/runs/{run_id}/media/{name}``,
+  ``GET /api/v1/runs/{run_id}/media/{name}``: a video or image file.
+- ``GET /api/v1/compare``: the diagnoses of ``runs`` side by side.
+- ``GET /api/v1/server``: whether the server needs a token.
+- ``GET /healthz``: whether the database takes writes.
+- ``GET /``, ``GET /runs/{run_id}``, ``GET /run``, ``GET /compare``: the web page (its files under ``/static``).
+
+The routes are answered by :class:`otel_rl.readers.server.app.Handlers`; :class:`IngestServer`
 runs them on a thread, :func:`serve_forever` in the foreground.
 """
 

@@ -1,4 +1,5 @@
-"""The server's aiohttp application: :class:`Handlers` answers every route of the module docstring of :mod:`otel_rl.readers.server`."""
+"""The server's aiohttp application: :class:`Handlers` answers the routes of :data:`otel_rl.readers.server.routes.ROUTES`
+(with :class:`~otel_rl.readers.server.run_files.RunFiles` and :class:`~otel_rl.readers.server.run_edits.RunEdits`)."""
 
 from __future__ import annotations
 
@@ -18,11 +19,11 @@ from typing import Any
 from aiohttp import web
 
 from otel_rl.formats import schema
-from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.readers.server import export, queries, summaries
 from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.decoding import decoded_rows, decompress, exit_with, prepare, refusals, unpickled
 from otel_rl.readers.server.run_edits import RunEdits
+from otel_rl.readers.server.routes import route_table
 from otel_rl.readers.server.run_files import RunFiles
 from otel_rl.readers.server.storage import OtherRun, Row, Storage, StorageUnavailable
 from otel_rl.readers.server.validation import Invalid
@@ -108,25 +109,7 @@ class Handlers:
     def application(self) -> web.Application:
         app = web.Application(client_max_size=self.limits.max_body_bytes, middlewares=[self.authorize])
         app.cleanup_ctx.append(self.background)
-        add = app.router.add_get
-        app.router.add_post(INGEST_PATH, self.ingest)
-        add("/api/v1/runs", self.runs)
-        add("/api/v1/facets", self.facets)
-        add("/api/v1/runs/{run_id}", self.one_run)
-        add("/api/v1/runs/{run_id}/keys", self.keys)
-        add("/api/v1/runs/{run_id}/scalars", self.scalars)
-        add("/api/v1/runs/{run_id}/export", self.export)
-        # The same with the run id as ?run_id=: a run named "." or ".." has no path of its own (URLs drop dot segments).
-        add("/api/v1/run", self.one_run)
-        add("/api/v1/run/keys", self.keys)
-        add("/api/v1/run/scalars", self.scalars)
-        add("/api/v1/run/export", self.export)
-        add("/api/v1/server", self.server_info)
-        add("/healthz", self.healthz)
-        RunFiles(self).add_routes(app)
-        RunEdits(self).add_routes(app)
-        for path in ("/", "/runs/{run_id}", "/run", "/compare"):
-            add(path, self.page)
+        app.add_routes(route_table(handlers=self, files=RunFiles(self), edits=RunEdits(self)))
         app.router.add_static("/static", STATIC)
         return app
 

@@ -31,11 +31,6 @@ class RunEdits:
     def __init__(self, handlers: Any) -> None:
         self.handlers = handlers
 
-    def add_routes(self, app: web.Application) -> None:
-        for path in ("/api/v1/runs/{run_id}", "/api/v1/run"):
-            app.router.add_patch(path, self.annotate)
-            app.router.add_delete(path, self.delete)
-
     async def annotate(self, request: web.Request) -> web.Response:
         run_id = run_id_of(request)
         body = await request.content.read(MAX_BODY + 1)

@@ -73,17 +73,6 @@ class RunFiles:
     def __init__(self, handlers: Any) -> None:
         self.handlers = handlers
 
-    def add_routes(self, app: web.Application) -> None:
-        for base in ("/api/v1/runs/{run_id}", "/api/v1/run"):
-            app.router.add_put(base + "/trace", self.put_trace)
-            app.router.add_get(base + "/trace", self.get_trace)
-            app.router.add_put(base + "/diagnosis", self.put_diagnosis)
-            app.router.add_get(base + "/diagnosis", self.get_diagnosis)
-            app.router.add_get(base + "/media", self.list_media)
-            app.router.add_put(base + "/media/{name}", self.put_media)
-            app.router.add_get(base + "/media/{name}", self.get_media)
-        app.router.add_get("/api/v1/compare", self.compare)
-
     async def _put(self, request: web.Request, name: str, limit: int, check: Any) -> web.Response:
         run_id = run_id_of(request)
         handlers = self.handlers

@@ -642,3 +642,25 @@ def test_two_runs_on_one_named_agent_keep_every_record_on_the_server(tmp_path, s
         assert len([e for e in one["events"] if e["name"] == "note"]) == 15
         writers.append({e["writer"] for e in one["events"]})
     assert len(writers[0]) == len(writers[1]) == 1 and writers[0] != writers[1]  # one writer per run, though one agent wrote both
+
+
+def test_the_package_docstring_lists_every_route_of_the_table_and_no_other():
+    import re
+
+    import otel_rl.readers.server as server
+    from otel_rl.readers.server.routes import ROUTES
+
+    listed = set(re.findall(r"``(GET|POST|PUT|PATCH|DELETE) (/[^`]*)``", server.__doc__))
+    assert listed == {(route.method, route.path) for route in ROUTES}
+
+
+def test_the_app_serves_the_tables_routes_each_with_its_twin(tmp_path):
+    from otel_rl.readers.server.routes import ROUTES
+
+    from otel_rl.readers.server import create_app
+    from otel_rl.readers.server.backends import open_storage
+
+    app = create_app(open_storage(str(tmp_path / "routes.sqlite3")))
+    served = {(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+    expected = {(route.method, path) for route in ROUTES for path in route.paths}
+    assert expected <= served and {(m, p) for m, p in served if m != "HEAD" and not p.startswith("/static")} == expected
