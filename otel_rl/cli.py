@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from otel_rl.base import environment_variables as env
 from otel_rl.base import extras
 from otel_rl.base.extras import MissingExtra, require
 from otel_rl.run import files
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     _serve_arguments(command("serve", "run the motrix.metrics/v1 ingest server", _serve))
     backfill = command("backfill", "replay a run's metrics.jsonl into an ingest service", _backfill)
     backfill.add_argument("run_dir", help="run folder (or the metrics.jsonl file)")
-    backfill.add_argument("--url", default=os.environ.get("MOTRIX_METRICS_URL"), help="service base URL (MOTRIX_METRICS_URL)")
+    backfill.add_argument("--url", default=os.environ.get(env.MOTRIX_METRICS_URL), help="service base URL (MOTRIX_METRICS_URL)")
     backfill.add_argument("--retry-window", type=float, default=60.0, help="seconds to retry a service that is down before giving up")
     backfill.add_argument("--trace-only", action="store_true", help="send only the trace and its diagnosis (what an agent does when a run ends)")
     export = command("export", "write runs and their scalars as Parquet or CSV files (for notebooks and spreadsheets)", _export)
@@ -126,7 +127,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         require(extras.POSTGRES)
     from otel_rl.readers.server import serve_forever
 
-    token = os.environ.get("MOTRIX_METRICS_TOKEN") or None
+    token = os.environ.get(env.MOTRIX_METRICS_TOKEN) or None
     if args.require_token and not token:
         parser.error("--require-token needs MOTRIX_METRICS_TOKEN in the environment")
     if token and args.insecure:
@@ -148,7 +149,7 @@ def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     run_dir = Path(args.run_dir)
     folder = run_dir if run_dir.is_dir() else run_dir.parent
     try:
-        totals = backfill(args.run_dir, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
+        totals = backfill(args.run_dir, args.url, os.environ.get(env.MOTRIX_METRICS_TOKEN) or None, retry_window_s=args.retry_window)
     except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
         print(f"otel-rl backfill: {exc}", file=sys.stderr)
         if folder.is_dir():
@@ -172,7 +173,7 @@ def _send_trace(args: argparse.Namespace, records: dict | None = None) -> int:
     run_dir = Path(args.run_dir)
     folder = run_dir if run_dir.is_dir() else run_dir.parent
     try:
-        sent = upload(folder, args.url, os.environ.get("MOTRIX_METRICS_TOKEN") or None, retry_window_s=args.retry_window)
+        sent = upload(folder, args.url, os.environ.get(env.MOTRIX_METRICS_TOKEN) or None, retry_window_s=args.retry_window)
     except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
         diagnosis_sent = getattr(exc, "diagnosis_sent", False)
         what = "the trace is not sent (its diagnosis is)" if diagnosis_sent else "the trace and its diagnosis are not sent"

@@ -417,6 +417,7 @@ class TelemetryConfig:
             hints = [f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                      for name in unknown for close in [difflib.get_close_matches(name, names, n=1, cutoff=0.6)]]  # fmt: skip
             raise TypeError(f"unknown option {', '.join(hints)}; the options are the fields of otel_rl.TelemetryConfig")
+        field = {f.name: f.default for f in dataclasses.fields(cls)}  # each default written once: on its field
         defaults: dict[str, Any] = {
             "enabled": not env.read(env.OTEL_SDK_DISABLED, env.parse_bool, False, "true or false"),
             "run_id": os.environ.get(env.OTEL_RL_RUN_ID) or os.environ.get(env.MOTRIX_METRICS_RUN_ID) or None,
@@ -426,32 +427,32 @@ class TelemetryConfig:
             "group": os.environ.get(env.MOTRIX_METRICS_GROUP) or None,
             "meta": env.read(env.MOTRIX_METRICS_META, _json_object, {}, "a JSON object"),
             "algorithm": os.environ.get(env.OTEL_RL_ALGORITHM) or None,
-            "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, 1000.0, "spans per second >= 0"),
-            "upload_wait_s": env.read(env.OTEL_RL_UPLOAD_WAIT, _non_negative, 0.0, "seconds >= 0"),
-            "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, False, "true or false"),
+            "span_budget_per_s": env.read(env.OTEL_RL_SPAN_BUDGET, _non_negative, field["span_budget_per_s"], "spans per second >= 0"),
+            "upload_wait_s": env.read(env.OTEL_RL_UPLOAD_WAIT, _non_negative, field["upload_wait_s"], "seconds >= 0"),
+            "strict": env.read(env.OTEL_RL_STRICT, env.parse_bool, field["strict"], "true or false"),
             "system_metrics_interval_s": env.read(
-                env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, 2.0, "seconds >= 0"
+                env.OTEL_RL_SYSTEM_METRICS_INTERVAL, _non_negative, field["system_metrics_interval_s"], "seconds >= 0"
             ),
-            "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, None, "true or false"),
-            "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, None, "true or false"),
+            "trace_enabled": env.read(env.OTEL_RL_TRACE_ENABLED, env.parse_bool, field["trace_enabled"], "true or false"),
+            "tensorboard": env.read(env.OTEL_RL_TENSORBOARD, env.parse_bool, field["tensorboard"], "true or false"),
             "tensorboard_dir": os.environ.get(env.OTEL_RL_TENSORBOARD_DIR) or None,
-            "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, False, "true or false"),
-            "trackio": env.read(env.OTEL_RL_TRACKIO, env.parse_bool, False, "true or false"),
-            "swanlab": env.read(env.OTEL_RL_SWANLAB, env.parse_bool, False, "true or false"),
+            "wandb": env.read(env.OTEL_RL_WANDB, env.parse_bool, field["wandb"], "true or false"),
+            "trackio": env.read(env.OTEL_RL_TRACKIO, env.parse_bool, field["trackio"], "true or false"),
+            "swanlab": env.read(env.OTEL_RL_SWANLAB, env.parse_bool, field["swanlab"], "true or false"),
             **tracker_options.defaults(),
-            "quiet": env.read(env.OTEL_RL_QUIET, env.parse_bool, False, "true or false"),
-            "panel": env.read(env.OTEL_RL_PANEL, env.parse_bool, None, "true or false"),
-            "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, False, "true or false"),
-            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, "process", AGENT_CHOICES),
+            "quiet": env.read(env.OTEL_RL_QUIET, env.parse_bool, field["quiet"], "true or false"),
+            "panel": env.read(env.OTEL_RL_PANEL, env.parse_bool, field["panel"], "true or false"),
+            "resume": env.read(env.OTEL_RL_RESUME, env.parse_bool, field["resume"], "true or false"),
+            "agent": env.read(env.OTEL_RL_AGENT, _agent_mode, field["agent"], AGENT_CHOICES),
             "trace_output_dir": os.environ.get(env.OTEL_RL_TRACE_OUTPUT_DIR) or None,
-            "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, False, "true or false"),
-            "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, True, "true or false"),
-            "profile": env.read(env.OTEL_RL_PROFILE, _parse_profile, None, "START,COUNT (iterations, COUNT >= 1)"),
-            "rank": env.read(env.RANK, int, 0, "an integer"),
-            "world_size": env.read(env.WORLD_SIZE, int, 1, "an integer"),
-            "node_rank": env.read(env.GROUP_RANK, int, None, "an integer"),
-            "local_rank": env.read(env.LOCAL_RANK, int, None, "an integer"),
-            "local_world_size": env.read(env.LOCAL_WORLD_SIZE, int, None, "an integer"),
+            "trace_thread_time": env.read(env.OTEL_RL_TRACE_THREAD_TIME, env.parse_bool, field["trace_thread_time"], "true or false"),
+            "trace_cuda_events": env.read(env.OTEL_RL_TRACE_CUDA_EVENTS, env.parse_bool, field["trace_cuda_events"], "true or false"),
+            "profile": env.read(env.OTEL_RL_PROFILE, _parse_profile, field["profile"], "START,COUNT (iterations, COUNT >= 1)"),
+            "rank": env.read(env.RANK, int, field["rank"], "an integer"),
+            "world_size": env.read(env.WORLD_SIZE, int, field["world_size"], "an integer"),
+            "node_rank": env.read(env.GROUP_RANK, int, field["node_rank"], "an integer"),
+            "local_rank": env.read(env.LOCAL_RANK, int, field["local_rank"], "an integer"),
+            "local_world_size": env.read(env.LOCAL_WORLD_SIZE, int, field["local_world_size"], "an integer"),
         }
         launcher = {name: variable for name, variable in _LAUNCHER.items() if os.environ.get(variable, "").strip()}
         _slurm_placement(defaults, launcher)

@@ -27,6 +27,7 @@ from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
+from otel_rl.base import environment_variables as env
 from otel_rl.agent.hosts import Host, start_host
 from otel_rl.agent.trace_upload import RESEND_WINDOW_S
 from otel_rl.api import NoOpTelemetry
@@ -171,7 +172,7 @@ class Telemetry:
 
     def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None) -> None:
         """The trace, the run being resumed, the configuration made plain data, the host, its recorder and the owners."""
-        parent = parse_traceparent(os.environ.get("TRACEPARENT", ""))
+        parent = parse_traceparent(os.environ.get(env.TRACEPARENT, ""))
         self.trace_id, self._parent_span_id = parent if parent else (new_trace_id(), None)
         previous = self._previous_run() if config.resume and config.role == schema.LEARNER else None
         if previous is not None and previous.trace_id and not parent:

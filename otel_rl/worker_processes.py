@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from otel_rl.base.environment_variables import TRACEPARENT
 from otel_rl.base.log import logger
 from otel_rl.training.workers import WorkerSpec
 
@@ -35,7 +36,7 @@ def init_worker(spec: WorkerSpec, **options: Any):
     import otel_rl
 
     if spec.traceparent:
-        os.environ["TRACEPARENT"] = spec.traceparent
+        os.environ[TRACEPARENT] = spec.traceparent
     settings: dict[str, Any] = {
         "service_name": spec.service_name,
         "run_id": spec.run_id or None,

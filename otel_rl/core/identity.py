@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from otel_rl.base.environment_variables import OTEL_SERVICE_NAME
 from otel_rl.config import TelemetryConfig
 from otel_rl.run.resume import PreviousRun
 
@@ -31,4 +32,4 @@ class RunIdentity:
 
 def service_name(config: TelemetryConfig) -> str:
     """``service.name``: the option, else ``OTEL_SERVICE_NAME``, else ``otel-rl``."""
-    return config.service_name or os.environ.get("OTEL_SERVICE_NAME") or "otel-rl"
+    return config.service_name or os.environ.get(OTEL_SERVICE_NAME) or "otel-rl"

@@ -22,6 +22,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from otel_rl.base.environment_variables import OTEL_SERVICE_NAME
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seconds", type=float, default=180.0, help="wall-clock budget of training")
@@ -60,7 +62,7 @@ def run_demo(args: argparse.Namespace) -> int:
     tel = otel_rl.init(
         run_dir=run_dir,
         # The standard variable wins over the demo's own default.
-        service_name=os.environ.get("OTEL_SERVICE_NAME") or "otel-rl-demo",
+        service_name=os.environ.get(OTEL_SERVICE_NAME) or "otel-rl-demo",
         algorithm="sac",
         jsonl=True,
         trace_enabled=True,

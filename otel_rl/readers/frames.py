@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pandas as pd
 
+from otel_rl.base import environment_variables as env
 from otel_rl.formats import lifecycle
 from otel_rl.base.log import logger
 from otel_rl.run import files
@@ -135,7 +136,7 @@ class Server:
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float | None = None) -> None:
         self.url = url.rstrip("/")
-        self.token = token if token is not None else os.environ.get("MOTRIX_METRICS_TOKEN") or None
+        self.token = token if token is not None else os.environ.get(env.MOTRIX_METRICS_TOKEN) or None
         self.timeout_s = REQUEST_TIMEOUT_S if timeout_s is None else timeout_s
 
     def get(self, path: str, expect: str | None = None, **query: Any) -> Any:

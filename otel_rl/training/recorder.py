@@ -8,14 +8,15 @@ kept in the lane. One writer per lane means the lane needs no lock; a full
 lane refuses the new record and counts it, it never blocks. Scalars, events,
 run records, distributions, GPU intervals and relayed cycles go into the
 segment's message rings: a ``scalars()`` call of string keys and numbers
-packed (:data:`otel_rl.shm.layout.SCALARS_HEADER`), anything else as a small
-pickle. Nothing stays in this process's memory: what was recorded is readable
-by the pipeline (on a thread here, or in an agent process) even after this
-process dies.
+packed (:data:`otel_rl.shm.layout.SCALARS_HEADER`), other scalars and events
+as ``marshal`` (plain values), anything else (run records, distributions,
+device intervals) as a small pickle. Nothing stays in this process's memory:
+what was recorded is readable by the pipeline (on a thread here, or in an
+agent process) even after this process dies.
 
 The hot path is ``otel_rl.training._hotpath`` (C) when it is built, else the
-pure-Python twins here (:class:`PyLane`, :class:`PyPhase`, :class:`PyIteration`),
-which write the same records.
+pure-Python twins in :mod:`otel_rl.training.lanes` (``PyLane``, ``PyPhase``,
+``PyIteration``), which write the same records; ``OTEL_RL_PURE_PYTHON=1`` takes those.
 """
 
 from __future__ import annotations
