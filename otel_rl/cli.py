@@ -139,67 +139,11 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 
 def _backfill(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from otel_rl.outputs.motrix.backfill import backfill
+    from otel_rl.agent.send_run import send_run
 
     if not args.url:
         parser.error("--url (or MOTRIX_METRICS_URL) is required")
-    if args.trace_only:
-        os.nice(10)  # after a run, beside whatever runs next: the analysis yields the CPU
-        return _send_trace(args)
-    run_dir = Path(args.run_dir)
-    folder = run_dir if run_dir.is_dir() else run_dir.parent
-    try:
-        totals = backfill(args.run_dir, args.url, os.environ.get(env.MOTRIX_METRICS_TOKEN) or None, retry_window_s=args.retry_window)
-    except (RuntimeError, OSError, ValueError) as exc:  # refused, unreachable, not a run folder
-        print(f"otel-rl backfill: {exc}", file=sys.stderr)
-        if folder.is_dir():
-            _note_upload(folder, {"url": args.url, "sent": False, "records": None, "error": str(exc)})
-        return 1
-    print(
-        f"sent {totals['sent']} records: {totals['accepted']} new, {totals['duplicates']} already there, "
-        f"{totals['rejected']} refused by the service"
-    )
-    for reason in totals["reasons"]:
-        print(f"  refused: {reason}")
-    records = {key: totals[key] for key in ("sent", "accepted", "duplicates", "rejected")}
-    return _send_trace(args, records)
-
-
-def _send_trace(args: argparse.Namespace, records: dict | None = None) -> int:
-    """Send the run's trace and diagnosis; the outcome is said here and kept in the run folder (``trace_upload.json``),
-    where the user of a run whose agent sent them (detached, its output discarded) finds it."""
-    from otel_rl.readers.run_upload import UploadError, upload
-
-    run_dir = Path(args.run_dir)
-    folder = run_dir if run_dir.is_dir() else run_dir.parent
-    try:
-        sent = upload(folder, args.url, os.environ.get(env.MOTRIX_METRICS_TOKEN) or None, retry_window_s=args.retry_window)
-    except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
-        diagnosis_sent = getattr(exc, "diagnosis_sent", False)
-        what = "the trace is not sent (its diagnosis is)" if diagnosis_sent else "the trace and its diagnosis are not sent"
-        print(f"otel-rl backfill: {what}: {exc}", file=sys.stderr)
-        _note_upload(folder, {"url": args.url, "sent": False, "diagnosis_sent": diagnosis_sent, "records": records, "error": str(exc)})
-        return 1
-    if sent is not None:
-        print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")
-        _note_upload(folder, {"url": args.url, "sent": True, "diagnosis_sent": True, "records": records, "trace_bytes": sent[0], "bottleneck": sent[1]})
-    elif records is not None:
-        _note_upload(folder, {"url": args.url, "sent": True, "records": records})
-    return 0
-
-
-def _note_upload(folder: Path, outcome: dict) -> None:
-    import json
-    import time
-
-    from otel_rl.base.files import write_atomically
-    from otel_rl.run.files import TRACE_UPLOAD_FILE
-
-    path = folder / TRACE_UPLOAD_FILE
-    try:  # at once: the run's user (or a script) may be reading it; never a part of it
-        write_atomically(path, json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
-    except OSError as exc:  # a full disk, a folder that cannot be written: said, with the outcome above it and in the exit status
-        print(f"otel-rl backfill: could not write {path} ({exc.strerror or exc}); the outcome is only in this output", file=sys.stderr)
+    return send_run(Path(args.run_dir), args.url, os.environ.get(env.MOTRIX_METRICS_TOKEN) or None, args.retry_window, args.trace_only)
 
 
 def _export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

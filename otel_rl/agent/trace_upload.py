@@ -1,4 +1,4 @@
-"""When a run streaming to a service ends, its trace and diagnosis follow: ``otel-rl backfill --trace-only``, detached.
+"""When a run streaming to a service ends, its trace and diagnosis follow: :mod:`otel_rl.agent.send_run`, detached.
 
 The run's outputs are closed (the trace is complete, its workers' fragments
 taken in) before this starts, and nothing waits for it: a process of its
@@ -25,6 +25,8 @@ from otel_rl.run import files
 _logger = logger(__name__)
 
 
+UPLOAD_MODULE = "otel_rl.agent.send_run"
+"""The upload's entry point (what ``otel-rl backfill`` runs too), started as a process of its own."""
 RESEND_WINDOW_S = 600.0
 """How long the background job (the records the live stream could not deliver, then the trace) keeps trying the service:
 every few seconds in its first minute, then every 30 s."""
@@ -46,7 +48,7 @@ def send_trace_later(config: TelemetryConfig, undelivered: int = 0) -> None:
     what = ["--retry-window", str(RESEND_WINDOW_S)] + ([] if resend else ["--trace-only"])
     try:
         subprocess.Popen(
-            [sys.executable, "-m", "otel_rl.cli", "backfill", str(config.run_dir), "--url", config.motrix_url, *what],
+            [sys.executable, "-m", UPLOAD_MODULE, str(config.run_dir), "--url", config.motrix_url, *what],
             env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
         )  # fmt: skip
     except OSError as exc:  # no process to spare: the folder keeps the trace for a later backfill

@@ -1,4 +1,4 @@
-"""The upload a run's agent starts detached when the run ends (``otel-rl backfill ... --trace-only``), awaited by its outcome."""
+"""The upload a run's agent starts detached when the run ends (``python -m otel_rl.agent.send_run ... --trace-only``), awaited by its outcome."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import psutil
 
 
 def _uploading(run_dir: Path) -> bool:
-    """Whether a detached ``otel-rl backfill`` of ``run_dir`` still runs."""
+    """Whether a detached upload (or an ``otel-rl backfill``) of ``run_dir`` still runs."""
     folder = str(run_dir)
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info["cmdline"] or []
-        if "backfill" in cmdline and folder in cmdline:
+        if ("backfill" in cmdline or "otel_rl.agent.send_run" in cmdline) and folder in cmdline:
             return True
     return False
 
