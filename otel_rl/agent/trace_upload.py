@@ -27,7 +27,7 @@ _logger = logger(__name__)
 
 UPLOAD_MODULE = "otel_rl.agent.send_run"
 """The upload's entry point (what ``otel-rl backfill`` runs too), started as a process of its own."""
-RESEND_WINDOW_S = 600.0
+RESEND_WINDOW_S = 300.0
 """How long the background job (the records the live stream could not deliver, then the trace) keeps trying the service:
 every few seconds in its first minute, then every 30 s."""
 
