@@ -600,7 +600,7 @@ function runView(runId) {
     round += 1;
     await Promise.all([draw(true), rankTable(ranks, runId, keyList.keys.filter(rankKey)), diagnosisPanel(diagnosis, runId)]);
     eventList(details, events, info.events_total);
-    await mediaSection(details, runId);
+    await mediaSection(details, runId).catch((e) => { if (e instanceof NeedsToken) throw e; }); // the media never cost the refresh
     detailTables(details, started);
   }
 
