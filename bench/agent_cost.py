@@ -121,9 +121,7 @@ def main() -> None:
         if args.profile:
             profile.enable()
         producer.pipeline.drain()
-        deadline = Deadline(5.0)
-        for writer in producer.outputs.files:
-            writer.flush(deadline)
+        producer.outputs.flush_files(Deadline(5.0))
         source.commit()
         if args.profile:
             profile.disable()

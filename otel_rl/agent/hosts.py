@@ -103,10 +103,10 @@ class ThreadHost:
         return True
 
     def tracer_provider(self) -> Any:
-        return self._server.producer.outputs.otel.tracer_provider
+        return self._server.producer.outputs.tracer_provider
 
     def meter_provider(self) -> Any:
-        return self._server.producer.outputs.otel.meter_provider
+        return self._server.producer.outputs.meter_provider
 
 
 def start_host(identity: RunIdentity, sinks: list[RecordSink]) -> Host:

@@ -73,15 +73,15 @@ class ProducerOutputs:
         file_interval_s = FLUSH_DRIVEN_S if durable else OWN_PERIOD_S
         context = Context(self.drops, seq, self.clock, takeover, announced, self.pending, self.dropped, file_interval_s)
         self.outputs = build_outputs(identity, context, sinks)
-        budget = SpanBudget(config.span_budget_per_s) if self.outputs.otel.exports_spans else None
+        budget = SpanBudget(config.span_budget_per_s) if self.outputs.exports_spans else None
         previous = identity.previous
         step_check = StepCheck(None if previous is None else previous.last_steps)
         self.pipeline = Pipeline([source, self._inbox_source], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget))
         self.system: SystemSampler | None = None
         if config.system_metrics_interval_s:
             self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)
-            if self.outputs.otel.meter_provider is not None:
-                self.system.register_gauges(self.outputs.otel.meter_provider.get_meter("otel_rl.system"))
+            if self.outputs.meter_provider is not None:
+                self.system.register_gauges(self.outputs.meter_provider.get_meter("otel_rl.system"))
 
     def _system_scalars(self, values: dict[str, float]) -> None:
         # perf_counter_ns() is CLOCK_MONOTONIC, one clock for every process of the machine: the producer's timebase.
@@ -91,9 +91,7 @@ class ProducerOutputs:
 
     def continue_run(self, run: RunStart) -> None:
         """A run another agent started (its start record is out): what the spans and the panel need of it."""
-        self.outputs.otel.on_run_start(run)
-        if self.outputs.panel is not None:
-            self.outputs.panel.on_run_start(run)
+        self.outputs.continue_run(run)
 
     def add_sink(self, sink: RecordSink) -> None:
         self.pipeline.add_sink(sink)
@@ -111,13 +109,12 @@ class ProducerOutputs:
         return {**self.pipeline.dropped(), "span_budget": self.pipeline.sampler.sampled_out}
 
     def counts(self) -> Counts:
-        live = self.outputs.live
         return Counts(
-            self.outputs.aggregates.totals(),
+            self.outputs.totals(),
             self.pipeline.dropped(),
             self.pipeline.sampler.sampled_out,
             self.outputs.failed,
-            0 if live is None else live.undelivered,
+            self.outputs.live_undelivered,
             self.outputs.unwritten(self.drops),
         )
 

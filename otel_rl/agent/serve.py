@@ -125,7 +125,7 @@ class SegmentServer(BackgroundLoop):
     def _commit(self) -> None:
         """Commit what the pipeline read, once the files hold it (at once where nothing can take over)."""
         deadline = Deadline(1.0)
-        if not self._durable or all([writer.flush(deadline) for writer in self.producer.outputs.files]):
+        if not self._durable or self.producer.outputs.flush_files(deadline):
             self._commit_file_sizes()  # first: a death between the two re-reads (never skips) one pass
             self.producer.source.commit()
             self.reader.set("commits", self.reader.get("commits") + 1)
@@ -152,13 +152,12 @@ class SegmentServer(BackgroundLoop):
             source.commit()
             self.publish()  # what closing dropped, for the producer's last stats()
             self.reader.set("agent_state", shm.AGENT_DONE)
-            live = producer.outputs.live
-            send_trace_later(identity.config, 0 if live is None else live.undelivered)
+            send_trace_later(identity.config, producer.outputs.live_undelivered)
 
     def _commit_file_sizes(self) -> None:
-        outputs = self.producer.outputs
-        self.reader.set("committed_jsonl_bytes", 0 if outputs.jsonl is None else outputs.jsonl.size)
-        self.reader.set("committed_trace_bytes", 0 if outputs.trace is None else outputs.trace.size)
+        jsonl, trace = self.producer.outputs.file_sizes()
+        self.reader.set("committed_jsonl_bytes", jsonl)
+        self.reader.set("committed_trace_bytes", trace)
 
     def publish(self) -> None:
         """Hand the producer what it reports without the outputs (``window_timings()``, ``stats()``)."""

@@ -76,10 +76,11 @@ class Context:
 
 @dataclass(frozen=True)
 class OutputSet:
-    """Every output of one producer: its sinks, in the order the pipeline calls them, and the parts others read.
+    """Every output of one producer: its sinks, in the order the pipeline calls them, and what the agent asks of them.
 
-    ``jsonl`` and ``trace`` write the run folder's streamed files
-    (``metrics.jsonl``, the trace part; None when off): what a commit waits for.
+    The agent feeds ``sinks`` to its pipeline and otherwise uses the verbs
+    below; the other fields are the factory's (``jsonl`` and ``trace`` write
+    the run folder's streamed files, None when off: what a commit waits for).
     """
 
     sinks: tuple[RecordSink, ...]
@@ -91,10 +92,45 @@ class OutputSet:
     trace: Any
     failed: tuple[str, ...]
 
+    # -- what the agent asks of its outputs -----------------------------------
+
     @property
-    def files(self) -> tuple[Any, ...]:
-        """The writers of the run folder's streamed files."""
-        return tuple(writer for writer in (self.jsonl, self.trace) if writer is not None)
+    def exports_spans(self) -> bool:
+        """Whether a span exporter is configured (the span budget applies only then)."""
+        return bool(self.otel.exports_spans)
+
+    @property
+    def tracer_provider(self) -> Any:
+        """The SDK tracer provider for the user's own spans (None without a span exporter)."""
+        return self.otel.tracer_provider
+
+    @property
+    def meter_provider(self) -> Any:
+        """The SDK meter provider for the user's own instruments (None without a metric exporter)."""
+        return self.otel.meter_provider
+
+    def continue_run(self, run: Any) -> None:
+        """A run another agent started (its start record is already out): what the spans and the panel need of it."""
+        self.otel.on_run_start(run)
+        if self.panel is not None:
+            self.panel.on_run_start(run)
+
+    def flush_files(self, deadline: Deadline) -> bool:
+        """Write out the run folder's streamed files (``metrics.jsonl``, the trace part); True when both hold everything."""
+        return all([writer.flush(deadline) for writer in (self.jsonl, self.trace) if writer is not None])
+
+    def file_sizes(self) -> tuple[int, int]:
+        """The bytes ``metrics.jsonl`` and the trace part hold (0 for one that is off)."""
+        return (0 if self.jsonl is None else self.jsonl.size), (0 if self.trace is None else self.trace.size)
+
+    def totals(self) -> Any:
+        """The run's aggregates so far (:meth:`otel_rl.outputs.aggregates.Aggregates.totals`)."""
+        return self.aggregates.totals()
+
+    @property
+    def live_undelivered(self) -> int:
+        """Records the live stream was handed and the service never took (0 without one)."""
+        return 0 if self.live is None else self.live.undelivered
 
     def unwritten(self, drops: Drops) -> tuple[str, ...]:
         """What the run folder's files could not keep, as the end line says it (``metrics.jsonl lost 2,550 records
