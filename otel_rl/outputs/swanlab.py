@@ -47,6 +47,7 @@ def swanlab_sink(config: Any, drops: Drops, resumed_after: int | None = None) ->
     fields = config.wandb_fields()
     folder = None if config.run_dir is None else config.run_dir / "swanlab"
     writer = SwanLabWriter(fields["project"], fields["name"], fields["group"], config.swanlab_mode or "offline", folder, drops)
+    writer.media_root = config.run_dir  # images (and GIF videos) go with the run
     return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after, derive_fps=config.world_size == 1)
 
 
@@ -69,6 +70,17 @@ class SwanLabWriter(RowWriter):
 
     def log(self, row: dict[str, Any], step: int | None) -> None:
         self.run.log(row, step=step)
+
+    def media(self, path: Path, attributes: dict[str, Any]) -> Any:
+        """An image as SwanLab's; a video only as a GIF (SwanLab's videos are GIFs)."""
+        import swanlab
+
+        caption = attributes.get("caption")
+        if attributes.get("format") == "gif" and attributes.get("type") == "video":
+            return swanlab.Video(str(path), caption=caption)
+        if attributes.get("type") == "image" and attributes.get("format") in ("png", "jpg", "jpeg"):
+            return swanlab.Image(str(path), caption=caption)
+        return None
 
     def end(self, status: str, reason: str | None) -> None:
         state = STATES.get(status, "crashed")

@@ -168,6 +168,11 @@ class RowWriter(TrackerWriter):
                     _, _, step, name, _ = item
                     self._events[name] = self._events.get(name, 0) + 1
                     self.log({f"events/{name}/count": self._events[name]}, step)
+                elif kind == "media" and self.media_root is not None:
+                    _, _, step, attributes = item
+                    value = self.media(self.media_root / attributes["path"], attributes)
+                    if value is not None:
+                        self.log({attributes["key"]: value}, step)
                 elif kind == "end" and not self._ended:
                     self._ended = True
                     self.end(item[2], item[3])
@@ -197,6 +202,10 @@ class RowWriter(TrackerWriter):
 
     def histogram(self, histogram: Any) -> Any:
         """The tracker's histogram of ``histogram`` (:class:`otel_rl.core.distributions.Histogram`); None: it has none."""
+        return None
+
+    def media(self, path: Path, attributes: dict[str, Any]) -> Any:
+        """The tracker's object of a video or image file (``attributes``: its ``media`` record); None: it shows none of that kind."""
         return None
 
 

@@ -23,6 +23,7 @@ sampling) are kept as the user configured them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from otel_rl.base import environment_variables as env
@@ -41,6 +42,7 @@ def trackio_sink(config: Any, drops: Drops, resumed_after: int | None = None) ->
     extras.require(extras.OUTPUTS["trackio"])  # here, rather than failing later on the writer's thread
     fields = config.wandb_fields()
     writer = TrackioWriter(fields["project"], fields["name"], fields["group"], config.trackio_mode or "local", config.resume, drops)
+    writer.media_root = config.run_dir  # videos and images go with the run
     return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after, derive_fps=config.world_size == 1)
 
 
@@ -69,6 +71,14 @@ class TrackioWriter(RowWriter):
         import trackio
 
         return trackio.Histogram(np_histogram=(histogram.counts, histogram.edges))
+
+    def media(self, path: Path, attributes: dict[str, Any]) -> Any:
+        import trackio
+
+        caption = attributes.get("caption")
+        if attributes.get("type") == "video":
+            return trackio.Video(str(path), caption=caption, format=attributes.get("format"))
+        return trackio.Image(str(path), caption=caption)
 
     def end(self, status: str, reason: str | None) -> None:
         self.run.finish()  # Trackio keeps no end status

@@ -125,3 +125,23 @@ def test_a_second_swanlab_run_in_one_process_costs_only_its_own_output(tmp_path,
     assert [v for _, v in scalars(run_dirs(tmp_path / "a" / "swanlab")[0])["Loss/critic"]] == [1.0] * 5
     assert sum("swanlab output failed" in r.getMessage() for r in caplog.records) == 1
     assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) > 5  # the rest of the run is whole
+
+
+def test_videos_and_images_reach_trackio_and_swanlab_as_their_own_media(tmp_path):
+    frames = np.zeros((6, 16, 16, 3), np.uint8)
+    frames[:, 4:12, 4:12] = 200
+    tel = otel_rl.init(run_dir=tmp_path / "exp", trackio=True, swanlab=True, system_metrics_interval_s=0, project="media", panel=False)
+    with tel.run():
+        for i in range(3):
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                pass
+        tel.video("Media/play", frames, fps=6)
+        tel.image("Media/map", np.linspace(0, 1, 64).reshape(8, 8), caption="a map")
+    tel.close()
+    logs = trackio_reader.read(tmp_path / "trackio-home", "media", "exp")["logs"]
+    (video,) = [row["Media/play"] for row in logs if "Media/play" in row]
+    (image,) = [row["Media/map"] for row in logs if "Media/map" in row]
+    assert video["_type"] == "trackio.video" and image["_type"] == "trackio.image" and image["caption"] == "a map"
+    (run,) = run_dirs(tmp_path / "exp" / "swanlab")
+    logged = [record for record in records(run) if record.HasField("media")]
+    assert [record.media.key for record in logged] == ["Media/map"]  # SwanLab shows images (its videos are GIFs)
