@@ -4,8 +4,9 @@
 process, a worker, a rank): the pipeline reading the producer's segment, the
 :class:`~otel_rl.outputs.factory.OutputSet` it feeds, and an inbox for the
 records made on the outputs' side (system metrics, the cycles a worker
-relays through this agent), which is a small segment of its own read by the
-same kind of source: the pipeline has one input.
+relays through this agent): a record source of its own
+(:class:`otel_rl.core.inbox.Inbox`), which hands them to the pipeline as they
+are, since they are made in its process.
 """
 
 from __future__ import annotations
@@ -21,16 +22,12 @@ from otel_rl.core.identity import RunIdentity
 from otel_rl.core.pipeline import Pipeline, RecordSink
 from otel_rl.core.records import RunStart
 from otel_rl.core.sampling import SpanBudget, SpanSampler
+from otel_rl.core.inbox import Inbox
 from otel_rl.core.segment_source import SegmentSource
 from otel_rl.core.step_check import StepCheck
 from otel_rl.core.system_metrics import SystemSampler
 from otel_rl.formats import protocol
 from otel_rl.outputs.factory import FLUSH_DRIVEN_S, OWN_PERIOD_S, Context, build_outputs
-from otel_rl.shm import segment as shm
-from otel_rl.training.recorder import Recorder
-
-INBOX_SIZES = (shm.MIN_LANE_CAPACITY, shm.MIN_CONTROL_BYTES, shm.MIN_DATA_BYTES)
-"""The inbox's segment: no lane is used, its rings take a second of system metrics and relayed cycles many times over."""
 
 
 @dataclass(frozen=True)
@@ -66,17 +63,15 @@ class ProducerOutputs:
         self.clock.offset_ns = identity.clock_offset_ns
         self.drops = Drops()
         seq = protocol.seq_counter()
-        inbox_segment = shm.Segment(None, b"", *INBOX_SIZES)
-        self.inbox = Recorder(inbox_segment, inbox_segment.lane_capacity)
-        """Takes the records made on the outputs' side."""
-        self._inbox_source = SegmentSource(shm.SegmentReader(inbox_segment.buffer), commits=True)
+        self.inbox = Inbox()
+        """Takes the records made on the outputs' side (the system metrics, relayed cycles), handed to the pipeline as they are."""
         file_interval_s = FLUSH_DRIVEN_S if durable else OWN_PERIOD_S
         context = Context(self.drops, seq, self.clock, takeover, announced, self.pending, self.dropped, file_interval_s)
         self.outputs = build_outputs(identity, context, sinks)
         budget = SpanBudget(config.span_budget_per_s) if self.outputs.exports_spans else None
         previous = identity.previous
         step_check = StepCheck(None if previous is None else previous.last_steps)
-        self.pipeline = Pipeline([source, self._inbox_source], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget))
+        self.pipeline = Pipeline([source, self.inbox], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget))
         self.system: SystemSampler | None = None
         if config.system_metrics_interval_s:
             self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)
@@ -99,7 +94,7 @@ class ProducerOutputs:
     def pending(self) -> dict[str, int]:
         """Records waiting in the sources, per queue (the ``rl.telemetry.pending`` gauge)."""
         out: dict[str, int] = {}
-        for source in (self.source, self._inbox_source):
+        for source in (self.source, self.inbox):
             for queue, count in source.pending().items():
                 out[queue] = out.get(queue, 0) + count
         return out
@@ -126,4 +121,4 @@ class ProducerOutputs:
         if self.system is not None:
             self.system.shutdown(Deadline(deadline.left(cap_s=1.0)))
         self.pipeline.shutdown(deadline)
-        self.inbox.detach()
+        self.inbox.close()

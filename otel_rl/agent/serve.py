@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from otel_rl.formats import lifecycle
-from otel_rl.agent.producer import ProducerOutputs
+from otel_rl.agent.producer import Counts, ProducerOutputs
 from otel_rl.agent.trace_upload import send_trace_later
 from otel_rl.agent.watch import ProducerDeadline, ProducerWatch
 from otel_rl.base.deadline import Deadline
@@ -66,12 +66,17 @@ class SegmentServer(BackgroundLoop):
     """
 
     def __init__(
-        self, reader: shm.SegmentReader, producer: ProducerOutputs, before_close: Callable[[], None] | None = None, durable: bool = True
+        self, reader: shm.SegmentReader, producer: ProducerOutputs, before_close: Callable[[], None] | None = None, durable: bool = True,
+        in_process: bool = False,
     ) -> None:
         identity = producer.identity
         super().__init__(f"otel-rl-serve-{identity.pid}", min(identity.config.pipeline_interval_s, CONTROL_POLL_S))
         self.reader = reader
         self.producer = producer
+        self.in_process = in_process
+        """The producer is this process (the thread host): it reads what this publishes without a segment in between."""
+        self.latest: Counts = Counts()
+        """What the last pass reported (see :meth:`publish`)."""
         self._pass_every_s = identity.config.pipeline_interval_s
         self._next_pass = 0.0
         self._before_close = before_close
@@ -160,8 +165,12 @@ class SegmentServer(BackgroundLoop):
         self.reader.set("committed_trace_bytes", trace)
 
     def publish(self) -> None:
-        """Hand the producer what it reports without the outputs (``window_timings()``, ``stats()``)."""
-        self.reader.publish_totals(pickle.dumps(self.producer.counts()))
+        """Hand the producer what it reports without the outputs (``window_timings()``, ``stats()``): as it is when the
+        producer is this process (:attr:`latest`), through the segment when it is another."""
+        counts = self.producer.counts()
+        self.latest = counts
+        if not self.in_process:
+            self.reader.publish_totals(pickle.dumps(counts))
 
     def release(self) -> None:
         self.watch.shutdown(Deadline(1.0))
@@ -176,9 +185,11 @@ def attach(reader: shm.SegmentReader) -> int:
 
 
 def serve_segment(
-    reader: shm.SegmentReader, identity: RunIdentity, sinks: Sequence[RecordSink] = (), before_close=None, durable: bool = True
+    reader: shm.SegmentReader, identity: RunIdentity, sinks: Sequence[RecordSink] = (), before_close=None, durable: bool = True,
+    in_process: bool = False,
 ) -> SegmentServer:
-    """Build the producer's outputs from ``identity`` and serve its segment (the caller waits on ``.done``; ``durable``: see :class:`SegmentServer`).
+    """Build the producer's outputs from ``identity`` and serve its segment (the caller waits on ``.done``; ``durable`` and
+    ``in_process``: see :class:`SegmentServer`).
 
     An agent taking over from one that died first cuts ``metrics.jsonl`` and
     the previous agent's trace part back to what that one committed: it reads
@@ -193,7 +204,7 @@ def serve_segment(
     producer = ProducerOutputs(identity, source, sinks, takeover, announced=reader.get("commits") > 0, durable=durable)
     if source.run is not None:
         producer.continue_run(source.run)
-    return SegmentServer(reader, producer, before_close, durable)
+    return SegmentServer(reader, producer, before_close, durable, in_process)
 
 
 def _cut_back(identity: RunIdentity, takeover: int, jsonl_bytes: int, trace_bytes: int) -> None:

@@ -157,11 +157,12 @@ def test_rising_scalars_of_known_keys_go_through_as_one_table():
 
 def test_records_beside_the_run_on_another_axis_leave_the_training_scalars_in_blocks():
     """System metrics step by the env steps, the loop's scalars by its own ``step=``: neither sends the other call by call."""
-    segment, inbox_segment = shm.Segment(None, b"", 64), shm.Segment(None, b"", 64)
+    from otel_rl.core.inbox import Inbox
+
+    segment, inbox = shm.Segment(None, b"", 64), Inbox()  # the agent's own records (its system metrics) come in beside the segment
     sink = _Keep()
-    sources = [SegmentSource(shm.SegmentReader(segment.buffer)), SegmentSource(shm.SegmentReader(inbox_segment.buffer), commits=True)]
-    pipeline = Pipeline(sources, [sink], Clock(), itertools.count(1))
-    recorder, inbox = Recorder(segment, 64), Recorder(inbox_segment, 64)
+    pipeline = Pipeline([SegmentSource(shm.SegmentReader(segment.buffer)), inbox], [sink], Clock(), itertools.count(1))
+    recorder = Recorder(segment, 64)
     step = 0
     for round_ in range(4):
         for _ in range(5):
