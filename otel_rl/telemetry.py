@@ -411,14 +411,22 @@ class Telemetry:
         self._media_call("image", key, source, 0.0, step, caption)
 
     def _media_call(self, kind: str, key: Any, source: Any, fps: Any, step: Any, caption: Any) -> None:
+        if self._closed:
+            _logger.warning("otel-rl: %s() after close(); %s dropped", kind, describe(key)[:100], extra=once(f"closed-media:{kind}"))
+            return
+        writer = self._media_writer()
+        if writer is None:
+            return
+        nbytes = getattr(source, "nbytes", 0)  # an array's (a tensor's) frames: no copy made when there is no room for them
+        if isinstance(nbytes, int) and not writer.has_room(nbytes):
+            writer.refuse(kind, key[:100] if isinstance(key, str) else describe(key)[:100])
+            return
         try:
             item = self._media_item(kind, key, source, fps, step, caption)
         except (TypeError, ValueError, OSError) as exc:
             _logger.warning("otel-rl: %s(%s) ignored: %s", kind, describe(key)[:100], exc, extra=once(f"media-input:{kind}:{describe(key)[:100]}:{str(exc)[:200]}"))
             return
-        writer = self._media_writer()
-        if writer is not None:
-            writer.put(item)
+        writer.put(item)
 
     def _media_item(self, kind: str, key: Any, source: Any, fps: Any, step: Any, caption: Any) -> media.MediaItem:
         if self._closed:

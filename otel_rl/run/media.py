@@ -134,14 +134,27 @@ class MediaWriter:
         self._thread = threading.Thread(target=self._loop, name="otel-rl-media", daemon=True)
         self._thread.start()
 
+    def refuse(self, kind: str, key: str) -> None:
+        """Drop a ``kind`` of ``key`` that found no room (:meth:`has_room`): counted, said once."""
+        with self._cond:
+            self._refuse(kind, key)
+
+    def _refuse(self, kind: str, key: str) -> None:
+        self.dropped += 1
+        why = "after close()" if self._closed else f"{MAX_PENDING} items or {MAX_PENDING_BYTES >> 20} MiB of frames wait to be written"
+        _logger.warning("otel-rl: %s %r dropped: %s", kind, key, why, extra=once(f"media-drop:{why[:5]}"))
+
+    def has_room(self, size: int) -> bool:
+        """Whether an item of ``size`` bytes of frames would be taken now (asked before the frames are copied)."""
+        with self._cond:
+            return not self._closed and len(self._items) < MAX_PENDING and self._bytes + size <= MAX_PENDING_BYTES
+
     def put(self, item: MediaItem) -> bool:
         """Queue ``item`` (the training thread: no IO); False when it is dropped (counted, said once)."""
         with self._cond:
             full = len(self._items) >= MAX_PENDING or self._bytes + item.size > MAX_PENDING_BYTES
             if self._closed or full:
-                self.dropped += 1
-                why = "after close()" if self._closed else f"{MAX_PENDING} items or {MAX_PENDING_BYTES >> 20} MiB of frames wait to be written"
-                _logger.warning("otel-rl: %s %r dropped: %s", item.kind, item.key, why, extra=once(f"media-drop:{why[:5]}"))
+                self._refuse(item.kind, item.key)
                 return False
             self._items.append(item)
             self._bytes += item.size
