@@ -31,7 +31,7 @@ from otel_rl.base import environment_variables as env
 from otel_rl.agent.hosts import Host, start_host
 from otel_rl.agent.trace_upload import RESEND_WINDOW_S
 from otel_rl.api import NoOpTelemetry
-from otel_rl.base import extras, terminal
+from otel_rl.base import terminal
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
@@ -422,38 +422,12 @@ class Telemetry:
             writer.refuse(kind, key[:100] if isinstance(key, str) else describe(key)[:100])
             return
         try:
-            item = self._media_item(kind, key, source, fps, step, caption)
+            default_step = self._last_env_steps if self._last_env_steps is not None else self._last_iteration
+            item = media.make_item(kind, key, source, fps, step, caption, default_step)
         except (TypeError, ValueError, OSError) as exc:
             _logger.warning("otel-rl: %s(%s) ignored: %s", kind, describe(key)[:100], exc, extra=once(f"media-input:{kind}:{describe(key)[:100]}:{str(exc)[:200]}"))
             return
         writer.put(item)
-
-    def _media_item(self, kind: str, key: Any, source: Any, fps: Any, step: Any, caption: Any) -> media.MediaItem:
-        if self._closed:
-            raise ValueError("called after close()")
-        if not isinstance(key, str) or not 0 < len(key) <= 256:
-            raise TypeError(f"the key must be a text of 1 to 256 characters, got {describe(key)[:100]}")
-        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not (kind == "image" or 0 < fps <= 1000):
-            raise ValueError(f"fps must be a number above 0 and at most 1000, got {describe(fps)[:100]}")
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63):
-            raise ValueError(f"step must be an integer from 0 below 2**63, got {describe(step)[:100]}")
-        if isinstance(source, (str, os.PathLike)):
-            path = Path(source)
-            formats = media.VIDEO_FORMATS if kind == "video" else media.IMAGE_FORMATS
-            if path.suffix.lower().lstrip(".") not in formats:
-                raise ValueError(f"{str(path)[:200]!r} is not one of {', '.join('.' + f for f in formats)}")
-            if not path.is_file():
-                raise ValueError(f"{str(path)[:200]!r} is not a file")
-            frames, size = path.resolve(), 0
-        else:
-            if extras.MEDIA[kind].missing():
-                raise ValueError(extras.MEDIA[kind].message())
-            frames = media.frames_of(source)
-            media.check_shape(frames.shape, kind)
-            size = int(frames.nbytes)
-        text = None if caption is None else clean_text(str(caption))[:1000]
-        step = next((s for s in (step, self._last_env_steps, self._last_iteration) if s is not None), None)
-        return media.MediaItem(kind, key, frames, float(fps), step, text, size)
 
     def _media_writer(self) -> media.MediaWriter | None:
         """The writer of this process's videos and images, started at the first (None without a run folder: said once)."""

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from otel_rl.base import extras
 from otel_rl.base.log import logger, once
+from otel_rl.base.values import clean_text, describe
 
 MEDIA_DIR = "media"
 MAX_PENDING = 16
@@ -44,6 +46,36 @@ class MediaItem:
     step: int | None
     caption: str | None
     size: int  # bytes of frames held
+
+
+def make_item(kind: str, key: Any, source: Any, fps: Any, step: Any, caption: Any, default_step: int | None) -> MediaItem:
+    """A ``tel.video()`` or ``tel.image()`` call as an item to write (the training thread: checks, and one copy of frames).
+
+    Raises:
+        TypeError, ValueError, OSError: what is wrong with the call, to be said in one warning.
+    """
+    if not isinstance(key, str) or not 0 < len(key) <= 256:
+        raise TypeError(f"the key must be a text of 1 to 256 characters, got {describe(key)[:100]}")
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not (kind == "image" or 0 < fps <= 1000):
+        raise ValueError(f"fps must be a number above 0 and at most 1000, got {describe(fps)[:100]}")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63):
+        raise ValueError(f"step must be an integer from 0 below 2**63, got {describe(step)[:100]}")
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        formats = VIDEO_FORMATS if kind == "video" else IMAGE_FORMATS
+        if path.suffix.lower().lstrip(".") not in formats:
+            raise ValueError(f"{str(path)[:200]!r} is not one of {', '.join('.' + f for f in formats)}")
+        if not path.is_file():
+            raise ValueError(f"{str(path)[:200]!r} is not a file")
+        frames, size = path.resolve(), 0
+    else:
+        if extras.MEDIA[kind].missing():
+            raise ValueError(extras.MEDIA[kind].message())
+        frames = frames_of(source)
+        check_shape(frames.shape, kind)
+        size = int(frames.nbytes)
+    text = None if caption is None else clean_text(str(caption))[:1000]
+    return MediaItem(kind, key, frames, float(fps), step if step is not None else default_step, text, size)
 
 
 def frames_of(value: Any) -> Any:
