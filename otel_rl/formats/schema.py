@@ -21,6 +21,7 @@ Conventions (stable within schema version 1):
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -153,6 +154,8 @@ class PhaseSpec:
     timeline: str
     title: str
     parent: str | None = None
+    waits: bool = False
+    """Time spent waiting for others (the other side, a collective, a queue), not work of its own."""
 
     @property
     def key(self) -> str:
@@ -160,23 +163,23 @@ class PhaseSpec:
 
 
 LEARNER_PHASES: tuple[PhaseSpec, ...] = (
-    PhaseSpec("collector_wait", LEARNER, "Collector Wait"),
+    PhaseSpec("collector_wait", LEARNER, "Collector Wait", waits=True),
     PhaseSpec("inference", LEARNER, "Inference"),
     PhaseSpec("inference_h2d", LEARNER, "H2D", parent="inference"),
     PhaseSpec("inference_forward", LEARNER, "Forward", parent="inference"),
     PhaseSpec("inference_d2h", LEARNER, "D2H", parent="inference"),
     PhaseSpec("collector_release", LEARNER, "Collector Release"),
-    PhaseSpec("replay_batch_wait", LEARNER, "Replay Batch Wait"),
+    PhaseSpec("replay_batch_wait", LEARNER, "Replay Batch Wait", waits=True),
     PhaseSpec("replay_stage", LEARNER, "Replay Stage"),
     PhaseSpec("replay_sample", LEARNER, "Replay Sample"),
     PhaseSpec("learning", LEARNER, "Learning"),
-    PhaseSpec("gradient_sync", LEARNER, "Gradient Sync"),  # the ranks' all-reduce: where the others wait for a straggler
+    PhaseSpec("gradient_sync", LEARNER, "Gradient Sync", waits=True),  # the ranks' all-reduce: where the others wait for a straggler
     PhaseSpec("weight_publish", LEARNER, "Weight Publish"),
 )
 
 COLLECTOR_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("inference_request", COLLECTOR, "Inference Request"),
-    PhaseSpec("learner_action_wait", COLLECTOR, "Learner Action Wait"),
+    PhaseSpec("learner_action_wait", COLLECTOR, "Learner Action Wait", waits=True),
     PhaseSpec("policy_inference", COLLECTOR, "Policy Inference"),
     PhaseSpec("mlp_infer", COLLECTOR, "MLP Infer"),  # APPO's own policy step in the collector
     PhaseSpec("env_step", COLLECTOR, "Env Step"),
@@ -231,6 +234,21 @@ def phase_spec(timeline: str, phase: str, *, strict: bool = False) -> PhaseSpec:
             f"known: {', '.join(n for (t, n) in PHASES if t == timeline)}"
         )
     return PhaseSpec(phase, timeline, phase.replace("_", " ").title())
+
+
+SIDE_WAITS = {LEARNER: "collector_wait", COLLECTOR: "learner_action_wait"}
+"""Each side's wait for the other: the learner for the collector's data, the collector for the learner's actions."""
+
+
+@functools.lru_cache(maxsize=4096)
+def is_wait(name: str) -> bool:
+    """Whether phase ``name`` is waiting for others, not work of its own: a canonical phase says so (:attr:`PhaseSpec.waits`);
+    a phase of the loop's own is judged by its name (``*_wait``, ``*_sync``, a barrier, an all-reduce)."""
+    canonical = [spec for (_, phase), spec in PHASES.items() if phase == name.lower()]
+    if canonical:
+        return any(spec.waits for spec in canonical)
+    lowered = name.lower()
+    return lowered.endswith(("_wait", "_sync", "wait", "barrier")) or any(w in lowered for w in ("all_reduce", "allreduce", "barrier"))
 
 
 def top_level_phases(timeline: str) -> tuple[PhaseSpec, ...]:

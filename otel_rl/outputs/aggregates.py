@@ -312,8 +312,11 @@ class Aggregates:
 
     def note_env_steps(self, steps: int | None) -> None:
         """The env steps a scalars record carries (the newest of a batch)."""
-        if steps is not None and (self._scalar_env_steps is None or steps > self._scalar_env_steps):
-            self._scalar_env_steps = steps
+        if steps is None:
+            return
+        with self._lock:  # read by the summary and the end line on other threads
+            if self._scalar_env_steps is None or steps > self._scalar_env_steps:
+                self._scalar_env_steps = steps
 
     def phase_summary(self) -> dict[str, dict[str, Any]]:
         """Per timeline: iteration stats, accounted and Other shares, per-phase count/mean/p50/p95 (ms).

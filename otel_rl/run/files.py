@@ -26,7 +26,8 @@ TENSORBOARD_DIR = "tensorboard"
 WANDB_DIR = "wandb"
 PROFILE_DIR = "profile"
 TRACE_UPLOAD_FILE = "trace_upload.json"
-"""What became of the trace and diagnosis sent to a service when the run ended (``otel-rl backfill --trace-only``)."""
+"""What became of a run sent to a service after it ended (:mod:`otel_rl.agent.send_run`, ``otel-rl backfill``): the records
+it sent again (a whole backfill, when the live stream could not deliver them), the trace and the diagnosis."""
 ERRORS_DIR = "errors"
 """Where a launcher keeps a failed run's error logs (the ``failed`` record lists them)."""
 

@@ -15,7 +15,9 @@ one, which the folder's next run reuses and removes).
 A folder that holds an ended run is never written by another one unless it
 resumes it: :func:`claim_fresh` gives the new run a sibling folder of its own
 (``runs/exp`` -> ``runs/exp-2``), so a script run twice leaves two runs, never
-one run with two starts.
+one run with two starts. A job of several ranks keeps the folder its ranks
+agreed on (they cannot all move to one new name at once): a job started twice
+onto one ``run_dir`` writes into it again.
 """
 
 from __future__ import annotations

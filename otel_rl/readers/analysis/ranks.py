@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from otel_rl.formats import trace
+from otel_rl.formats import schema, trace
 from otel_rl.readers.analysis.trace_model import Slice
 
 STRAGGLER_RATIO = 1.2
@@ -45,13 +45,8 @@ def rank_tables(cycles: list[Slice], phases: list[Slice], table: Callable[[list[
     return out
 
 
-def is_wait(name: str) -> bool:
-    """Whether phase ``name`` is time spent waiting for others (a collective, a queue), not work of its own."""
-    lowered = name.lower()
-    return lowered in _WAIT_PHASES or lowered.endswith(("_wait", "_sync", "wait", "barrier")) or any(w in lowered for w in ("all_reduce", "allreduce", "barrier"))
-
-
-_WAIT_PHASES = frozenset(("gradient_sync", "collector_wait", "replay_batch_wait", "learner_action_wait"))
+is_wait = schema.is_wait
+"""Whether a phase is waiting for others, not work of its own (its one home: :func:`otel_rl.formats.schema.is_wait`)."""
 
 
 def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -54,7 +54,7 @@ TRIM = 0.1
 MAX_SAMPLES = 1000
 """Per-cycle durations kept in the report (evenly spaced) for the comparison's significance test."""
 
-_WAITS = {schema.LEARNER: "collector_wait", schema.COLLECTOR: "learner_action_wait"}
+_WAITS = schema.SIDE_WAITS
 _TITLES = {(p.timeline, p.title): p.name for p in schema.PHASES.values()}
 
 
