@@ -11,11 +11,11 @@ import gzip
 import json
 import tempfile
 import time
-import urllib.error
+import http.client
 import urllib.parse
-import urllib.request
 from pathlib import Path
 
+from otel_rl.base.http_post import Poster, PostError
 from otel_rl.readers.analysis import analyze, trace_files
 from otel_rl.readers.analysis.merge import merge_parts
 from otel_rl.run import files
@@ -112,22 +112,26 @@ def _put(address: str, data: bytes, token: str | None, timeout_s: float, give_up
 
 
 def _put_once(address: str, body: bytes, token: str | None, timeout_s: float) -> None:
+    """One PUT, its whole request (connecting, sending, the answer) within ``timeout_s``: a server that trickles its
+    answer cannot hold the upload (:class:`otel_rl.base.http_post.Poster`)."""
     headers = {"Content-Encoding": "gzip", "Content-Type": "application/octet-stream"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(address, data=body, headers=headers, method="PUT")
+    poster = Poster(address, headers)
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            kind, text = answer.headers.get("Content-Type", ""), answer.read(1 << 20)
-    except urllib.error.HTTPError as exc:
+        answer = poster.post(body, timeout_s, method="PUT")
+    except PostError as exc:
+        raise _Again(f"the server cannot be reached: {exc}") from None
+    finally:
+        poster.close()
+    kind, text = answer.headers.get("content-type", ""), answer.body
+    if answer.status >= 300:
         try:
-            reason = json.loads(exc.read()).get("error")
+            reason = json.loads(text).get("error")
         except (ValueError, AttributeError):
-            reason = exc.reason
-        error = _Again if exc.code in _AGAIN_STATUSES else UploadError
-        raise error(f"the server answered {exc.code}: {reason}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise _Again(f"the server cannot be reached: {getattr(exc, 'reason', exc)}") from None
+            reason = http.client.responses.get(answer.status, "")
+        error = _Again if answer.status in _AGAIN_STATUSES else UploadError
+        raise error(f"the server answered {answer.status}: {reason}")
     try:
         stored = json.loads(text)
     except ValueError:

@@ -20,7 +20,7 @@ from typing import Any
 from otel_rl.base.log import logger
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.outputs.motrix.delivery import send
-from otel_rl.outputs.motrix.http_post import Poster
+from otel_rl.base.http_post import Poster
 from otel_rl.outputs.motrix.media_upload import media_headers, put_media
 from otel_rl.run.files import JSONL_FILE
 from otel_rl.run.jsonl import read_lines

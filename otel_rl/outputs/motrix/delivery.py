@@ -26,7 +26,7 @@ except ImportError:  # a platform without its wheel
     from gzip import compress
 
 from otel_rl.formats.protocol import PROTOCOL, batch_body
-from otel_rl.outputs.motrix.http_post import Poster, PostError
+from otel_rl.base.http_post import Poster, PostError
 from otel_rl.outputs.motrix.record_queue import Item
 
 RETRYABLE = frozenset({408, 429}) | frozenset(range(500, 600))

@@ -32,7 +32,7 @@ from otel_rl.base.log import EVERY_TIME, logger, once
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.formats.protocol import INGEST_PATH
 from otel_rl.outputs.motrix.delivery import Outcome, send
-from otel_rl.outputs.motrix.http_post import Poster
+from otel_rl.base.http_post import Poster
 from otel_rl.outputs.motrix.record_queue import DROPPABLE, Item, RecordQueue
 
 _logger = logger(__name__)

@@ -22,7 +22,7 @@ from urllib.parse import quote, urlencode
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger, once
 from otel_rl.base.loops import BackgroundLoop
-from otel_rl.outputs.motrix.http_post import Poster, PostError
+from otel_rl.base.http_post import Poster, PostError
 from otel_rl.outputs.motrix.record_queue import Item
 
 CAPACITY = 64

@@ -319,3 +319,20 @@ def test_an_upload_outcome_that_cannot_be_written_is_said_and_never_left_in_part
     (line,) = [line for line in result.stderr.splitlines() if "trace_upload.json" in line]
     assert line == f"otel-rl backfill: could not write {folder / 'trace_upload.json'} (No space left on device); the outcome is only in this output"
     assert sorted(p.name for p in folder.iterdir()) == ["metrics.jsonl", "run_config.json", "trace.perfetto-trace"]
+
+
+def test_a_server_that_trickles_its_answer_cannot_hold_the_trace_upload(run_dir):
+    """A byte every 0.3 s is never a read timeout: the upload's requests are bounded whole, and retried within the window."""
+    from fault_servers import TrickleServer
+
+    from otel_rl.readers.run_upload import UploadError, upload
+
+    server = TrickleServer(every_s=0.3)
+    began = time.monotonic()
+    try:
+        with pytest.raises(UploadError, match="within 2.0 s"):
+            upload(run_dir, server.url, None, timeout_s=2.0, retry_window_s=3.0)
+    finally:
+        server.stop()
+    assert time.monotonic() - began < 30  # each request 2 s at most, tried again within the 3 s window (a trickle took 27 s a request)
+    assert server.requests >= 2

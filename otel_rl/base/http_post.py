@@ -1,4 +1,4 @@
-"""HTTP POSTs with a total deadline per request.
+"""HTTP POSTs (and PUTs) with a total deadline per request: the live stream's, the media files' and the trace upload's.
 
 Socket timeouts bound each read, not a request: a service that trickles its
 answer (a byte every few seconds) holds a request open forever. Here a
