@@ -20,6 +20,7 @@ from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, Track
 from otel_rl.base.log import logger
 from otel_rl.base.processes import pid_alive
 from otel_rl.formats import trace
+from otel_rl.formats.protowire import TRACE_PACKET, length_delimited
 from otel_rl.outputs.perfetto.encoder import trace_entry, track_uuid
 from otel_rl.run import files
 
@@ -64,25 +65,13 @@ def _writer_alive(fragment: Path) -> bool:
 def _whole_packets(data: bytes) -> tuple[int, int, int | None]:
     """(bytes of whole packets, timestamp of the last packet that has one, pid of the first process descriptor)."""
     offset, pid = 0, None
-    size = len(data)
     recent: deque[tuple[int, int]] = deque(maxlen=64)  # the last packets' spans, searched for a timestamp
-    while offset < size and data[offset] == 0x0A:  # field 1 of Trace: a length-delimited packet
-        length, shift, cursor = 0, 0, offset + 1
-        while cursor < size:
-            byte = data[cursor]
-            cursor += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        else:
-            break
-        end = cursor + length
-        if end > size:
+    for tag, _, body, end in length_delimited(data):
+        if tag != TRACE_PACKET:
             break
         if pid is None:
-            pid = TracePacket.FromString(data[cursor:end]).track_descriptor.process.pid or None
-        recent.append((cursor, end))
+            pid = TracePacket.FromString(data[body:end]).track_descriptor.process.pid or None
+        recent.append((body, end))
         offset = end
     last_ts = 0
     for begin, stop in reversed(recent):

@@ -13,6 +13,7 @@ from pathlib import Path
 from google.protobuf.message import DecodeError
 from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket, TrackEvent
 
+from otel_rl.formats.protowire import TRACE_PACKET, length_delimited, read_varint
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 _BEGIN = TrackEvent.Type.TYPE_SLICE_BEGIN
@@ -21,15 +22,18 @@ _COUNTER = TrackEvent.Type.TYPE_COUNTER
 _CLEARED = TracePacket.SequenceFlags.SEQ_INCREMENTAL_STATE_CLEARED
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
+def _cut_short(buffer: bytes, pos: int) -> bool:
+    """Whether the field at ``pos`` is only cut short (the next chunk continues it), rather than no field at all."""
+    try:
+        tag, after = read_varint(buffer, pos)
+        if tag & 7 != 2:
+            return False
+        read_varint(buffer, after)
+    except IndexError:
+        return True  # a varint the next chunk continues
+    except ValueError:
+        return False
+    return True  # a length past the buffer's end
 
 
 class UnreadableTrace(ValueError):
@@ -50,21 +54,16 @@ def iter_packets(path: Path, chunk_bytes: int = 1 << 20) -> Iterator[TracePacket
             chunk = trace.read(chunk_bytes)
             buffer += chunk
             pos = 0
-            while pos < len(buffer):
-                try:
-                    tag, body = _varint(buffer, pos)
-                    size, body = _varint(buffer, body)
-                except IndexError:
-                    break  # the varint continues in the next chunk
-                if body + size > len(buffer):
-                    break
-                if tag == 0x0A:  # Trace.packet
+            for tag, start, body, end in length_delimited(buffer):
+                if tag == TRACE_PACKET:
                     try:
-                        packet = TracePacket.FromString(buffer[body : body + size])
+                        packet = TracePacket.FromString(buffer[body:end])
                     except DecodeError:
-                        raise UnreadableTrace(f"{path} is not a readable Perfetto trace (a damaged packet at byte {read_before + pos})") from None
+                        raise UnreadableTrace(f"{path} is not a readable Perfetto trace (a damaged packet at byte {read_before + start})") from None
                     yield packet
-                pos = body + size
+                pos = end  # a field of another kind is passed over
+            if pos < len(buffer) and not _cut_short(buffer, pos):  # bytes no field can start: not a trace
+                raise UnreadableTrace(f"{path} is not a readable Perfetto trace (byte {read_before + pos} starts no field)")
             read_before += pos
             buffer = buffer[pos:]
             if not chunk:

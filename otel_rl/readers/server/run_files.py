@@ -31,6 +31,7 @@ from typing import Any
 
 from aiohttp import web
 
+from otel_rl.formats.protowire import TRACE_PACKET, length_delimited, read_varint
 from otel_rl.readers.analysis.compare import compare_reports
 from otel_rl.run.media import CONTENT_TYPES
 from otel_rl.readers.server.answers import error, file_name, run_id_of
@@ -225,25 +226,20 @@ def _trace_problem(data: bytes) -> str | None:
     """
     if not data:
         return "the trace is empty"
-    position, size = 0, len(data)
-    while position < size:
-        if data[position] != 0x0A:  # field 1, wire type 2: a TracePacket
-            return f"the body is not a Perfetto trace (byte {position:,} starts no packet)"
-        position += 1
-        length = shift = 0
-        while True:
-            if position >= size or shift > 63:
-                return f"the trace is cut short at byte {position:,}"
-            byte = data[position]
-            position += 1
-            length |= (byte & 0x7F) << shift
-            shift += 7
-            if byte < 0x80:
-                break
-        position += length
-        if position > size:
-            return f"the trace is cut short: its last packet needs {position - size:,} more bytes"
-    return None
+    position = 0
+    for tag, start, _, end in length_delimited(data):
+        if tag != TRACE_PACKET:
+            return f"the body is not a Perfetto trace (byte {start:,} starts no packet)"
+        position = end
+    if position == len(data):
+        return None
+    if data[position] != TRACE_PACKET:
+        return f"the body is not a Perfetto trace (byte {position:,} starts no packet)"
+    try:
+        length, body = read_varint(data, position + 1)
+    except (IndexError, ValueError):
+        return f"the trace is cut short at byte {len(data):,}"
+    return f"the trace is cut short: its last packet needs {body + length - len(data):,} more bytes"
 
 
 def _diagnosis_problem(data: bytes) -> str | None:
