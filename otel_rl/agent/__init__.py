@@ -8,4 +8,5 @@
 - :mod:`otel_rl.agent.service`: the agent process, serving every segment of its directory (a run's learner, workers and ranks).
 - :mod:`otel_rl.agent.directory`: the agents' private directories, their locks, what crashes leave.
 - :mod:`otel_rl.agent.watch`, :mod:`otel_rl.agent.logs`: watching a producer; its warnings logged where it runs.
+- :mod:`otel_rl.agent.trace_upload`, :mod:`otel_rl.agent.send_run`: a finished run sent to its service, in a process of its own.
 """

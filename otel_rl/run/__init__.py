@@ -6,4 +6,5 @@
 - :mod:`~otel_rl.run.provenance`: the configuration (secrets redacted) and where the run came from.
 - :mod:`~otel_rl.run.jsonl`: reading ``metrics.jsonl`` back.
 - :mod:`~otel_rl.run.notices`: the start and end lines on standard error.
+- :mod:`~otel_rl.run.media`: the videos and images a loop records, written into ``media/`` off the training thread.
 """
