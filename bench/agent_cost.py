@@ -4,6 +4,7 @@
     python bench/agent_cost.py --profile       # the same under cProfile, the top functions printed
     python bench/agent_cost.py --parts         # the agent's time per part: reading the segment, each output's handlers
     python bench/agent_cost.py --hosts [--compare CHECKOUT ...]   # both hosts through the public API (and other checkouts')
+    python bench/agent_cost.py --hosts --all-outputs [--compare ...]  # the same with every output a team switches on
 
 The training side records into a shared-memory segment (the ``Recorder`` of
 a training process); the agent's side reads it back with the code an agent
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import cProfile
 import gc
 import json
@@ -80,9 +82,11 @@ def main() -> None:
     parser.add_argument("--hosts", action="store_true", help="both hosts through the public API, a process per arm")
     parser.add_argument("--compare", metavar="CHECKOUT", action="append", default=[], help="with --hosts: the same arms with another checkout's otel-rl (repeatable)")
     parser.add_argument("--rounds", type=int, default=3, help="with --hosts: rounds of every arm, interleaved")
+    parser.add_argument("--all-outputs", action="store_true", help="with --hosts: every output a team switches on besides the defaults "
+                        "(TensorBoard, W&B offline, the live stream to a real otel-rl server, OTLP to a real receiver, served here)")
     args = parser.parse_args()
     if args.hosts:
-        compare_hosts(args.iterations or 150_000, args.rounds, args.compare)
+        compare_hosts(args.iterations or 150_000, args.rounds, args.compare, args.all_outputs)
         return
     args.iterations = args.iterations or 20_000
     gc.set_threshold(*GC_THRESHOLDS)
@@ -176,25 +180,53 @@ HOST_LOOP = Path(__file__).resolve().parents[1] / "tests" / "support" / "cost_ta
 """The measured loop, shared with the suite's cost test: 4 phases and 40 scalars an iteration, the loop's own ``step=``."""
 
 
-def compare_hosts(iterations: int, rounds: int, compare: list[str]) -> None:
-    """Print, per checkout and host, the medians of :data:`HOST_LOOP`'s CPU per iteration."""
+def compare_hosts(iterations: int, rounds: int, compare: list[str], all_outputs: bool = False) -> None:
+    """Print, per checkout and host, the medians of :data:`HOST_LOOP`'s CPU per iteration (``all_outputs``: with every
+    output a team switches on, the live stream and OTLP served by this process, whose CPU is not counted)."""
+    if all_outputs:
+        with _services() as environment:
+            _compare_hosts(iterations, rounds, compare, environment, "all")
+        return
+    _compare_hosts(iterations, rounds, compare, {}, "default")
+
+
+@contextlib.contextmanager
+def _services():
+    """A real ingest server and a real OTLP receiver on loopback, as the environment that points a run at them."""
+    sys.path.insert(0, str(HOST_LOOP.parent))
+    from otlp_receivers import HttpReceiver
+
+    from otel_rl.readers.server import IngestServer
+
+    with tempfile.TemporaryDirectory(prefix="otel-rl-services-") as scratch:
+        receiver = HttpReceiver().start()
+        try:
+            with IngestServer(str(Path(scratch) / "bench.sqlite3")) as server:
+                yield {"MOTRIX_METRICS_URL": server.url, "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint,
+                       "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}  # fmt: skip
+        finally:
+            receiver.stop()
+
+
+def _compare_hosts(iterations: int, rounds: int, compare: list[str], services: dict[str, str], outputs: str) -> None:
     checkouts = {"this checkout": str(Path(__file__).resolve().parents[1])}
     for other in compare:
         checkouts[Path(other).resolve().name[:15]] = str(Path(other).resolve())
     arms = [(name, host) for name in checkouts for host in ("thread", "process")]
     results: dict[tuple[str, str], list[dict[str, float]]] = {arm: [] for arm in arms}
     failed: dict[tuple[str, str], str] = {}
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}, **services}
     for _ in range(rounds):
         for name, host in arms:
             with tempfile.TemporaryDirectory(prefix="otel-rl-hosts-") as scratch:  # each arm's run folder is gone when it has been measured
-                command = [sys.executable, str(HOST_LOOP), str(Path(scratch) / "run"), str(iterations), "default", host, checkouts[name]]  # system metrics as a user has them
+                command = [sys.executable, str(HOST_LOOP), str(Path(scratch) / "run"), str(iterations), "default", host, checkouts[name], outputs]  # system metrics as a user has them
                 out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
             if out.returncode != 0:  # an older checkout's host may not keep up (its flush() times out): said, and the rest go on
                 failed[name, host] = (out.stderr.strip().splitlines() or ["no output"])[-1]
                 continue
             results[name, host].append(json.loads(out.stdout.strip().splitlines()[-1]))
-    print(f"{iterations} iterations of 4 phases and 40 scalars, default outputs (system metrics on); us of CPU per iteration, median of {rounds}")
+    which = "every output a team switches on (TensorBoard, W&B offline, live stream, OTLP)" if outputs == "all" else "default outputs"
+    print(f"{iterations} iterations of 4 phases and 40 scalars, {which} (system metrics on); us of CPU per iteration, median of {rounds}")
     print(f"{'checkout':15s} {'agent=':8s} {'training thread':>16s} {'other threads':>14s} {'agent process':>14s} {'total':>8s} {'outputs, % of a core per 1k it/s':>34s}")
     for name, host in arms:
         if not results[name, host]:
