@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.formats import lifecycle
-from otel_rl.base import extras
+from otel_rl.base import compat, extras
 from otel_rl.base.drops import Drops
 from otel_rl.outputs.tracker import TrackerSink, TrackerWriter
 from otel_rl.run import provenance
@@ -88,6 +88,7 @@ class TensorBoardWriter(TrackerWriter):
         if self._writer is None:
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
+            compat.fast_tensorboard_crc()  # a C CRC where google-crc32c is installed (it comes with the extra)
             self.log_dir.mkdir(parents=True, exist_ok=True)
             earlier = sorted(self.log_dir.glob("events.out.tfevents.*"))
             self._writer = EventFileWriter(str(self.log_dir), flush_secs=5)

@@ -80,3 +80,28 @@ def test_an_sb3_models_kind_and_budget_are_read():
     assert not compat.sb3_off_policy(ppo) and compat.sb3_off_policy(sac)
     ppo.learn(total_timesteps=64)
     assert compat.sb3_total_steps(ppo) == 64
+
+
+def test_tensorboards_writer_takes_a_c_crc_of_the_same_value_and_its_files_read_back(tmp_path):
+    import os
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as python_crc
+    from tensorboard.summary.writer import record_writer
+
+    assert compat.fast_tensorboard_crc()  # google-crc32c comes with the tensorboard extra
+    for size in (0, 1, 7, 8, 9, 1000, 70_000):
+        data = os.urandom(size)
+        assert record_writer.masked_crc32c(data) == python_crc(data)
+    import otel_rl
+
+    tel = otel_rl.init(run_dir=tmp_path / "run", tensorboard=True, agent="thread", quiet=True, panel=False, system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(50):
+            with tel.iteration(i, env_steps=i):
+                pass
+            tel.scalars({f"Loss/key_{k}": float(i + k) for k in range(40)})
+    tel.close()
+    (events,) = (tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*")
+    read = [value for event in EventFileLoader(str(events)).Load() for value in event.summary.value if value.tag == "Loss/key_3"]
+    assert len(read) == 50  # every record's checksum as TensorBoard's own reader checks it
