@@ -26,6 +26,7 @@ from typing import Any
 
 from otel_rl.base import environment_variables as env
 from otel_rl.base import extras, tracker_options, user_dir
+from otel_rl.base.files import safe_name
 from otel_rl.base.log import logger, once
 from otel_rl.base.values import clean_text
 
@@ -503,8 +504,8 @@ def _run_folder(run_dir: Any, merged: dict[str, Any]) -> Any:
             )
         return None
     name = name or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
-    parts = [DEFAULT_RUNS_ROOT] + ([_folder_name(merged["algorithm"])] if merged.get("algorithm") else [])
-    return Path(*parts, _folder_name(name))
+    parts = [DEFAULT_RUNS_ROOT] + ([safe_name(merged["algorithm"], "run")] if merged.get("algorithm") else [])
+    return Path(*parts, safe_name(name, "run"))
 
 
 def _job_id() -> str | None:
@@ -518,11 +519,6 @@ def _job_id() -> str | None:
         return f"slurm-{job}" + (f".{step}" if step else "")
     return None
 
-
-def _folder_name(text: str) -> str:
-    """``text`` as one folder name: no separator, no leading dot, at most 100 characters."""
-    name = re.sub(r"[^\w.@+=-]+", "_", str(text)).lstrip(".")[:100]
-    return name or "run"
 
 
 _ENVIRONMENT_OUTPUTS = {

@@ -49,6 +49,7 @@ class CaptureSink(RecordSink):
         self.scalars = []
         self.events = []
         self.runs = []
+        self.cycles = []
 
     def on_iterations(self, batch):
         self.iterations.extend(batch)
@@ -67,6 +68,9 @@ class CaptureSink(RecordSink):
 
     def on_run_end(self, run):
         self.runs.append(run)
+
+    def on_cycles(self, totals):
+        self.cycles.append(totals)
 
 
 @pytest.fixture

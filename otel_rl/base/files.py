@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from pathlib import Path
 from typing import IO
 
@@ -29,3 +30,9 @@ def close_quietly(file: IO | None) -> None:
     if file is not None:
         with contextlib.suppress(OSError):
             file.close()
+
+
+def safe_name(text: str, fallback: str, limit: int = 100) -> str:
+    """``text`` as one file or folder name: no separator or odd character, no leading or trailing dot, at most ``limit``
+    characters; ``fallback`` when nothing is left (``Media/play`` -> ``Media_play``)."""
+    return re.sub(r"[^\w.@+=-]+", "_", str(text)).strip("._")[:limit] or fallback

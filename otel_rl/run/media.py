@@ -13,7 +13,6 @@ call, counted and said once.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import threading
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.base import extras
+from otel_rl.base.files import safe_name
 from otel_rl.base.log import logger, once
 from otel_rl.base.values import clean_text, describe
 
@@ -139,8 +139,7 @@ def shaped(array: Any, kind: str) -> Any:
 
 def file_stem(key: str, step: int | None, suffix: str = "") -> str:
     """A file name for ``key`` at ``step``: the key's characters that are safe in a name (``Media/play`` -> ``Media_play``)."""
-    stem = re.sub(r"[^\w.+=-]+", "_", key).strip("._")[:100] or "media"
-    return f"{stem}_{step if step is not None else 'x'}{suffix}"
+    return f"{safe_name(key, 'media')}_{step if step is not None else 'x'}{suffix}"
 
 
 class MediaWriter:

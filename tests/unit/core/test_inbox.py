@@ -8,23 +8,12 @@ from time import perf_counter_ns
 
 from otel_rl.base.clock import Clock
 from otel_rl.core.inbox import Inbox
-from otel_rl.core.pipeline import Pipeline, RecordSink
+from otel_rl.core.pipeline import Pipeline
 from otel_rl.core.records import RemoteCycle
 
 
-class _Keep(RecordSink):
-    def __init__(self):
-        self.scalars, self.cycles = [], []
-
-    def on_scalars(self, batch):
-        self.scalars.extend(batch)
-
-    def on_cycles(self, totals):
-        self.cycles.append(totals)
-
-
-def test_records_from_several_threads_reach_the_sinks_once_each_and_past_the_bound_are_counted():
-    inbox, sink = Inbox(capacity=500), _Keep()
+def test_records_from_several_threads_reach_the_sinks_once_each_and_past_the_bound_are_counted(capture):
+    inbox, sink = Inbox(capacity=500), capture
     pipeline = Pipeline([inbox], [sink], Clock(), itertools.count(1))
 
     def sampler(n: int) -> None:
@@ -47,8 +36,8 @@ def test_records_from_several_threads_reach_the_sinks_once_each_and_past_the_bou
     assert inbox.pending() == {"messages": 0}  # a closing agent takes no more
 
 
-def test_a_relayed_cycle_is_totalled_like_one_read_from_a_segment():
-    inbox, sink = Inbox(), _Keep()
+def test_a_relayed_cycle_is_totalled_like_one_read_from_a_segment(capture):
+    inbox, sink = Inbox(), capture
     pipeline = Pipeline([inbox], [sink], Clock(), itertools.count(1))
     inbox.add_remote(RemoteCycle("collector", "collector", perf_counter_ns(), 8_000_000, {"env_step": 5_000_000}, {}))
     pipeline.drain()
