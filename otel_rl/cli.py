@@ -8,6 +8,7 @@ itself failed), never a traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -195,7 +196,7 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from google.protobuf.message import DecodeError
 
     from otel_rl.readers.analysis import read_trace
-    from otel_rl.readers.analysis.report import analyze_model, render_text
+    from otel_rl.readers.analysis import analyze_model, render_text
     from otel_rl.readers.analysis.protobuf_engine import UnreadableTrace
     from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
 
@@ -225,8 +226,7 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             print(f"otel-rl analyze: {shown} is not a readable Perfetto trace ({type(exc).__name__}: {exc})", file=sys.stderr)
             return 1
     model, engine = read[tuple(args.path)]
-    report = analyze_model(model)
-    report["engine"] = engine
+    report = dataclasses.replace(analyze_model(model), engine=engine)
     if args.compare is not None:
         from otel_rl.readers.analysis.compare import compare_reports, render_comparison
 
@@ -234,7 +234,7 @@ def _analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         comparison = compare_reports(report, analyze_model(read[args.compare][0]), same_settings=same)
         print(json.dumps(comparison, indent=2) if args.json else render_comparison(comparison))
     else:
-        print(json.dumps(report, indent=2) if args.json else render_text(report))
+        print(json.dumps(report.to_json(), indent=2) if args.json else render_text(report))
     if args.plot:
         from otel_rl.readers.analysis.plot import plot
 

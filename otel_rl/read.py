@@ -167,7 +167,7 @@ def phases(source: Source, run_id: str | None = None, token: str | None = None) 
 
 def _phase_frame(model) -> pd.DataFrame:
     """A trace model's iterations as :func:`phases` returns them."""
-    from otel_rl.readers.analysis.report import phase_name
+    from otel_rl.readers.analysis.measure import phase_name
 
     rows, counters = {}, {}
     for index, s in enumerate(model.slices):

@@ -65,7 +65,7 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0,
     trace_id = _trace_id_of(run_dir)  # the server refuses it for another run that holds the same run id
     query = urllib.parse.urlencode({"run_id": run_id, **({"trace_id": trace_id} if trace_id else {})})
     give_up = time.monotonic() + retry_window_s
-    diagnosis = json.dumps(report).encode()
+    diagnosis = json.dumps(report.to_json()).encode()
     try:
         _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
     except UploadError as trace_failed:
@@ -76,7 +76,7 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0,
         trace_failed.diagnosis_sent = True
         raise
     _put(f"{base}/diagnosis?{query}", diagnosis, token, timeout_s, give_up)
-    return len(trace), report["diagnosis"]["bottleneck"]
+    return len(trace), report.diagnosis.bottleneck if report.diagnosis else ""
 
 
 def _trace_id_of(run_dir: Path) -> str | None:

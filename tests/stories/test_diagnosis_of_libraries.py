@@ -34,8 +34,8 @@ class SlowStep(gym.Wrapper):
 
 def verdict(run_dir) -> str:
     report = analyze(run_dir, engine="python")
-    assert report["turns"] is not None, render_text(report)  # recognised as taking turns
-    return report["diagnosis"]["bottleneck"]
+    assert report.turns is not None, render_text(report)  # recognised as taking turns
+    return report.diagnosis.bottleneck
 
 
 @pytest.mark.parametrize("slow", ["collection", "learning"])
@@ -161,12 +161,12 @@ def test_rllib_ppo_few_epochs_wait_for_the_env_runners_and_many_for_the_learner(
     finally:
         ray.shutdown()
     few, many = reports[1], reports[60]
-    assert few["turns"] is not None and many["turns"] is not None, render_text(few)
-    assert few["diagnosis"]["bottleneck"].startswith("collector ("), render_text(few)
-    assert many["diagnosis"]["bottleneck"].startswith("learner (learning"), render_text(many)
-    runner = few["timelines"]["collector"]
-    assert {"Env To Module", "Module To Env", "Policy Inference", "Env Step", "Episode Bookkeeping"} <= {s["title"] for s in runner["phases"].values()}
-    assert runner["other_share"] <= 0.20, render_text(few)
+    assert few.turns is not None and many.turns is not None, render_text(few)
+    assert few.diagnosis.bottleneck.startswith("collector ("), render_text(few)
+    assert many.diagnosis.bottleneck.startswith("learner (learning"), render_text(many)
+    runner = few.timelines["collector"]
+    assert {"Env To Module", "Module To Env", "Policy Inference", "Env Step", "Episode Bookkeeping"} <= {s.title for s in runner.phases.values()}
+    assert runner.other_share <= 0.20, render_text(few)
     assert compare_reports(many, few)["verdict"].startswith("too few cycles to tell (n=3")
 
 

@@ -25,7 +25,7 @@ from ports import free_port
 
 from otel_rl.formats import schema, trace
 from otel_rl.readers.analysis import read_trace
-from otel_rl.readers.analysis.report import analyze_model
+from otel_rl.readers.analysis import analyze_model
 from otel_rl.readers.server.serving import IngestServer
 
 SKEW_S = 0.25
@@ -135,16 +135,16 @@ def test_the_clocks_are_aligned_through_the_collectives(job):
 def test_the_analysis_names_the_straggler_per_rank(job):
     model, _ = read_trace(job["run_dir"])
     report = analyze_model(model)
-    found = report["straggler"]
-    assert (found["rank"], found["host"], found["phase"]) == (SLOW_RANK, "node1", "learning"), found
-    assert 1.6 < found["ratio"] < 2.6 and found["others_wait_in"] == "Gradient Sync", found
-    rows = report["timelines"]["learner"]["ranks"]
-    assert [r["rank"] for r in rows] == [0, 1, 2, 3] and all(r["cycles"] == ITERATIONS for r in rows)
-    per_rank = report["env_steps_per_s_by_rank"]
+    found = report.straggler
+    assert (found.rank, found.host, found.phase) == (SLOW_RANK, "node1", "learning"), found
+    assert 1.6 < found.ratio < 2.6 and found.others_wait_in == "Gradient Sync", found
+    rows = report.timelines["learner"].ranks
+    assert [r.rank for r in rows] == [0, 1, 2, 3] and all(r.cycles == ITERATIONS for r in rows)
+    per_rank = report.env_steps_per_s_by_rank
     assert sorted(per_rank) == ["0", "1", "2", "3"]
     for rate in per_rank.values():  # 64 steps per iteration of about 40-60 ms: each rank's own count
         assert 500 < rate < 3000, per_rank
-    assert report["env_steps_per_s"] == pytest.approx(sum(per_rank.values()), rel=0.15)
+    assert report.env_steps_per_s == pytest.approx(sum(per_rank.values()), rel=0.15)
     cli = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(job["run_dir"])], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert "straggler: rank 3 on node1: Learning" in cli.stdout and "the others wait in their Gradient Sync" in cli.stdout, cli.stdout
@@ -231,7 +231,7 @@ def test_a_launcher_that_numbers_no_machine_still_gives_each_machine_its_own_tra
     learning = {s.process for s in model.slices if s.name == "Learning"}
     assert len(learning) == len(hosts)  # every machine's learner, read as one job
     report = analyze(run_dir, engine="python")
-    assert report["timelines"]["learner"]["cycles"] == 30 * len(hosts)
+    assert report.timelines["learner"].cycles == 30 * len(hosts)
 
 
 def test_slurm_machines_of_different_sizes_place_every_rank(tmp_path):
@@ -252,4 +252,4 @@ def test_slurm_machines_of_different_sizes_place_every_rank(tmp_path):
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["0", "0", "1"]  # the machine each rank is on
     model, _ = read_trace(run_dir)
     assert len({s.process for s in model.slices if s.name == "Learning"}) == 3  # every rank's learner, in one job
-    assert analyze(run_dir, engine="python")["timelines"]["learner"]["cycles"] == 90
+    assert analyze(run_dir, engine="python").timelines["learner"].cycles == 90

@@ -66,7 +66,7 @@ def test_a_killed_run_resumes_as_one_run_in_every_output(tmp_path):
     config = json.loads((run_dir / "run_config.json").read_text())
     assert config["trace_id"] == first_trace_id and config["resumes"] == 1
     assert (run_dir / "trace.perfetto-trace").exists() and (run_dir / "trace.resume-1.perfetto-trace").exists()
-    assert analyze(run_dir)["timelines"]["learner"]["cycles"] == 40
+    assert analyze(run_dir).timelines["learner"].cycles == 40
     # TensorBoard: both parts' event files in one folder, steps continuous.
     accumulator = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0})
     accumulator.Reload()

@@ -8,18 +8,19 @@ when it can, else ``python``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
 from otel_rl.base.environment_variables import OTEL_RL_TRACE_PROCESSOR
-from otel_rl.readers.analysis.report import analyze_model, render_text
+from otel_rl.readers.analysis.measure import analyze_model
+from otel_rl.readers.analysis.printer import render_text
+from otel_rl.readers.analysis.report import Report
 from otel_rl.readers.analysis.trace_model import TraceModel
 from otel_rl.run.files import TRACE_GLOB
 
-__all__ = ["analyze", "trace_files", "read_trace", "render_text"]
+__all__ = ["Report", "analyze", "analyze_model", "trace_files", "read_trace", "render_text"]
 
 _logger = logging.getLogger(__name__)
 
@@ -77,9 +78,7 @@ def read_trace(path: Path | str | Sequence[Path | str], engine: str = "auto", bi
     raise ValueError(f"unknown engine {engine!r}; expected auto, python or sql")
 
 
-def analyze(path: Path | str | Sequence[Path | str], engine: str = "auto", bin_path: str | None = None) -> dict[str, Any]:
-    """The analysis report of a trace file or run folder (see :mod:`otel_rl.readers.analysis.report`)."""
+def analyze(path: Path | str | Sequence[Path | str], engine: str = "auto", bin_path: str | None = None) -> Report:
+    """The analysis report of a trace file or run folder (:class:`Report`; its ``to_json()`` is ``otel-rl analyze --json``)."""
     model, used = read_trace(path, engine, bin_path)
-    report = analyze_model(model)
-    report["engine"] = used
-    return report
+    return dataclasses.replace(analyze_model(model), engine=used)

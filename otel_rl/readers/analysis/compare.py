@@ -1,6 +1,6 @@
 """``otel-rl analyze RUN --compare BASELINE``: what changed between two runs of the same job, and how sure that is.
 
-Both runs are analysed as ``otel-rl analyze`` does (:func:`report.analyze_model`),
+Both runs are analysed as ``otel-rl analyze`` does (:func:`.measure.analyze_model`),
 then compared per timeline and phase: the mean (with the median and p95
 beside it), the time per cycle, its weight in the wall time, the share of the
 cycle, Other, and the throughput (env steps per second). A phase one run
@@ -33,9 +33,10 @@ from typing import Any
 
 from otel_rl.formats import schema
 from otel_rl.readers.analysis import host
+from otel_rl.readers.analysis.report import PhaseStats, Report, Stats
 from otel_rl.readers.analysis.significance import rank_sum_p
 
-_WAITS = {schema.LEARNER: "collector_wait", schema.COLLECTOR: "learner_action_wait"}
+_WAITS = schema.SIDE_WAITS
 NOISE = 0.05
 """Relative changes up to this are within the noise of two runs on one machine."""
 ALPHA = 0.01
@@ -50,84 +51,86 @@ def _relative(after: float | None, before: float | None) -> float | None:
     return after / before - 1.0
 
 
-def _per_cycle(stat: dict[str, Any] | None, cycles: int) -> float | None:
+def _per_cycle(stat: PhaseStats | None, cycles: int) -> float | None:
     if stat is None:
         return None
-    return stat["total_ms"] / cycles if cycles else stat["mean_ms"]
+    return stat.total_ms / cycles if cycles else stat.mean_ms
 
 
-def _cell(after: dict[str, Any], before: dict[str, Any], key: str) -> tuple[float | None, float | None, float | None]:
-    return before.get(key), after.get(key), _relative(after.get(key), before.get(key))
+def _cell(after: Stats | None, before: Stats | None, key: str) -> tuple[float | None, float | None, float | None]:
+    pair = (getattr(before, key) if before else None, getattr(after, key) if after else None)
+    return pair[0], pair[1], _relative(pair[1], pair[0])
 
 
-def _phase(after: dict[str, Any] | None, before: dict[str, Any] | None, cycles: tuple[int, int], base_cycle: float | None, weight: float) -> dict[str, Any]:
-    a, b = after or {}, before or {}
+def _phase(after: PhaseStats | None, before: PhaseStats | None, cycles: tuple[int, int], base_cycle: float | None, weight: float) -> dict[str, Any]:
+    either = after or before
+    assert either is not None  # a phase of one run at least
     per_cycle = (_per_cycle(before, cycles[1]), _per_cycle(after, cycles[0]))
     moved = ((per_cycle[1] or 0.0) - (per_cycle[0] or 0.0)) / base_cycle if base_cycle else 0.0
     return {
-        "title": a.get("title") or b.get("title"),
-        "nested": a.get("nested", b.get("nested", False)),
-        "background": a.get("background", b.get("background", False)),
+        "title": (after.title if after else "") or (before.title if before else ""),
+        "nested": either.nested,
+        "background": either.background,
         "in": "both" if after and before else ("run" if after else "baseline"),
-        "mean_ms": _cell(a, b, "mean_ms"),
-        "p50_ms": _cell(a, b, "p50_ms"),
-        "p95_ms": _cell(a, b, "p95_ms"),
+        "mean_ms": _cell(after, before, "mean_ms"),
+        "p50_ms": _cell(after, before, "p50_ms"),
+        "p95_ms": _cell(after, before, "p95_ms"),
         "per_cycle_ms": (*per_cycle, _relative(per_cycle[1], per_cycle[0])),
         "wall": moved * weight,
-        "share": (b.get("share"), a.get("share")),
+        "share": (before.share if before else None, after.share if after else None),
     }
 
 
-def weight(timeline: str, run: dict[str, Any], baseline: dict[str, Any]) -> float:
+def weight(timeline: str, run: Report, baseline: Report) -> float:
     """How much of the wall time a change of ``timeline``'s cycle moves (the larger of the two runs')."""
     weights = []
     for report in (baseline, run):
-        turns = report.get("turns")
-        if len(report["timelines"]) < 2:
+        entry = report.timelines.get(timeline)
+        if len(report.timelines) < 2:
             weights.append(1.0)  # its waits are for a side the trace does not show: they absorb nothing
-        elif turns is not None:
-            weights.append(turns.get(timeline, 0.0))
+        elif report.turns is not None:
+            weights.append(getattr(report.turns, timeline, 0.0))
         else:
-            wait = report["timelines"].get(timeline, {}).get("phases", {}).get(_WAITS[timeline], {}).get("share", 0.0)
-            weights.append(1.0 - wait)
+            wait = entry.phases.get(_WAITS[timeline]) if entry is not None else None
+            weights.append(1.0 - (wait.share if wait is not None else 0.0))
     return max(weights)
 
 
-def _timeline(name: str, run: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
-    after, before = run["timelines"][name], baseline["timelines"][name]
-    cycles = (after["cycles"], before["cycles"])
-    base_cycle = before["cycle_ms"]["mean_ms"] if before["cycle_ms"] else None
+def _timeline(name: str, run: Report, baseline: Report) -> dict[str, Any]:
+    after, before = run.timelines[name], baseline.timelines[name]
+    cycles = (after.cycles, before.cycles)
+    base_cycle = before.cycle_ms.mean_ms if before.cycle_ms else None
     share = weight(name, run, baseline)
-    names = list(dict.fromkeys([*before["phases"], *after["phases"]]))
+    names = list(dict.fromkeys([*before.phases, *after.phases]))
     out: dict[str, Any] = {
-        "cycles": (before["cycles"], after["cycles"]),
+        "cycles": (before.cycles, after.cycles),
         "weight": share,
-        "phases": {n: _phase(after["phases"].get(n), before["phases"].get(n), cycles, base_cycle, share) for n in names},
-        "other_share": (before.get("other_share", 0.0), after.get("other_share", 0.0)),
+        "phases": {n: _phase(after.phases.get(n), before.phases.get(n), cycles, base_cycle, share) for n in names},
+        "other_share": (before.other_share, after.other_share),
     }
-    if after["cycle_ms"] and before["cycle_ms"]:
-        out["cycle_mean_ms"] = _cell(after["cycle_ms"], before["cycle_ms"], "mean_ms")
-        out["cycle_p50_ms"] = _cell(after["cycle_ms"], before["cycle_ms"], "p50_ms")
-        out["p_value"] = rank_sum_p(before["cycle_ms"].get("samples", []), after["cycle_ms"].get("samples", []))
+    if after.cycle_ms and before.cycle_ms:
+        out["cycle_mean_ms"] = _cell(after.cycle_ms, before.cycle_ms, "mean_ms")
+        out["cycle_p50_ms"] = _cell(after.cycle_ms, before.cycle_ms, "p50_ms")
+        out["p_value"] = rank_sum_p(before.cycle_ms.samples, after.cycle_ms.samples)
         out["changed"] = abs(out["cycle_p50_ms"][2] or 0.0) > NOISE and out["p_value"] < ALPHA
-        other = (before.get("other_share", 0.0) * out["cycle_mean_ms"][0], after.get("other_share", 0.0) * out["cycle_mean_ms"][1])
+        other = (before.other_share * out["cycle_mean_ms"][0], after.other_share * out["cycle_mean_ms"][1])
         out["other_wall"] = (other[1] - other[0]) / base_cycle * share if base_cycle else 0.0
     return out
 
 
-def compare_reports(run: dict[str, Any], baseline: dict[str, Any], same_settings: bool | None = None) -> dict[str, Any]:
+def compare_reports(run: Report, baseline: Report, same_settings: bool | None = None) -> dict[str, Any]:
     """The comparison of two analysis reports as a JSON-ready dict: per timeline, per phase, throughput, hosts, verdict.
 
     ``same_settings``: whether the two runs had the same settings (their ``run_config.json``), when known.
     """
     timelines: dict[str, Any] = {}
-    for name in dict.fromkeys([*baseline["timelines"], *run["timelines"]]):
-        if name in run["timelines"] and name in baseline["timelines"]:
+    for name in dict.fromkeys([*baseline.timelines, *run.timelines]):
+        if name in run.timelines and name in baseline.timelines:
             timelines[name] = _timeline(name, run, baseline)
         else:
-            timelines[name] = {"in": "run" if name in run["timelines"] else "baseline"}
-    throughput = (baseline.get("env_steps_per_s"), run.get("env_steps_per_s"))
-    hosts = (baseline.get("host") or {}, run.get("host") or {})
+            timelines[name] = {"in": "run" if name in run.timelines else "baseline"}
+    throughput = (baseline.env_steps_per_s, run.env_steps_per_s)
+    hosts = (dict(baseline.host), dict(run.host))
     out = {
         "timelines": timelines,
         "env_steps_per_s": (*throughput, _relative(throughput[1], throughput[0])),

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from otel_rl.readers.analysis.report import phase_name
+from otel_rl.readers.analysis.measure import phase_name
+from otel_rl.readers.analysis.report import Report
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 WINDOW_CYCLES = 8
@@ -23,7 +24,7 @@ def timeline_rows(slices: list[Slice]) -> dict[tuple[str, str, str], list[Slice]
     return dict(sorted(rows.items(), key=lambda row: ("learner", "collector", "gpu").index(row[0][0])))
 
 
-def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
+def plot(model: TraceModel, report: Report, path: Path | str) -> None:
     """Draw the figure (:func:`figure`) to ``path``."""
     import matplotlib.pyplot as plt
 
@@ -32,7 +33,7 @@ def plot(model: TraceModel, report: dict[str, Any], path: Path | str) -> None:
     plt.close(fig)
 
 
-def figure(model: TraceModel, report: dict[str, Any]) -> Any:
+def figure(model: TraceModel, report: Report) -> Any:
     """The timeline of the last learner iterations and each timeline's phase shares, as a matplotlib figure."""
     import matplotlib
 
@@ -71,15 +72,15 @@ def figure(model: TraceModel, report: dict[str, Any]) -> Any:
     timeline.legend(handles, names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
 
     rows = []
-    for timeline_name, entry in report["timelines"].items():
-        top = [(n, v) for n, v in entry["phases"].items() if not v["nested"]]
-        rows.append((timeline_name, top, entry.get("other_share", 0.0)))
+    for timeline_name, entry in report.timelines.items():
+        top = [(n, v) for n, v in entry.phases.items() if not v.nested]
+        rows.append((timeline_name, top, entry.other_share))
     labels = []
     for y, (timeline_name, top, other) in enumerate(rows):
         left = 0.0
         for name, stat in top:
-            title = stat["title"]
-            width = 100 * stat["share"]
+            title = stat.title
+            width = 100 * stat.share
             shares.barh(y, width, left=left, color=colors.get(title, cmap(hash(phase_name(timeline_name, title)) % 20)))
             labels.append((shares.text(left + width / 2, y, title, ha="center", va="center", fontsize=8), left, width))
             left += width
@@ -88,7 +89,7 @@ def figure(model: TraceModel, report: dict[str, Any]) -> Any:
     shares.set_yticks(range(len(rows)), [r[0] for r in rows])
     shares.set_xlabel("% of cycle")
     shares.set_xlim(0, 100)
-    shares.set_title(f"phase shares — bottleneck: {report['diagnosis']['bottleneck']}")
+    shares.set_title(f"phase shares — bottleneck: {report.diagnosis.bottleneck if report.diagnosis else ''}")
     fig.tight_layout()
     _keep_labels_that_fit(fig, shares, labels)
     return fig

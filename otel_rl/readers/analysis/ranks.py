@@ -10,11 +10,12 @@ in which phase, by how much, and the phase where the other ranks wait for it
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
 
 from otel_rl.formats import schema, trace
+from otel_rl.readers.analysis.report import RankTimeline, Straggler, Timeline
 from otel_rl.readers.analysis.trace_model import Slice
 
 STRAGGLER_RATIO = 1.2
@@ -31,25 +32,26 @@ def by_rank(slices: list[Slice]) -> dict[int, list[Slice]]:
     return out
 
 
-def rank_tables(cycles: list[Slice], phases: list[Slice], table: Callable[[list[Slice], list[Slice]], dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per rank (``rank``, ``host``, and what ``table`` makes of its cycles and phases); none for one rank."""
+def rank_tables(cycles: list[Slice], phases: list[Slice], table: Callable[[list[Slice], list[Slice]], Timeline]) -> tuple[RankTimeline, ...]:
+    """One table per rank (what ``table`` makes of its cycles and phases, with its rank and host); none for one rank."""
     cycles_of, phases_of = by_rank(cycles), by_rank(phases)
     ranks = sorted(set(cycles_of) | set(phases_of))
     if len(ranks) < 2:
-        return []
+        return ()
     out = []
     for rank in ranks:
         own = cycles_of.get(rank) or phases_of[rank]
         host = trace.parse_process(own[0].process)[2]
-        out.append({"rank": rank, "host": host, **table(cycles_of.get(rank, []), phases_of.get(rank, []))})
-    return out
+        entry = table(cycles_of.get(rank, []), phases_of.get(rank, []))
+        out.append(RankTimeline(**{f.name: getattr(entry, f.name) for f in dataclasses.fields(Timeline)}, rank=rank, host=host))
+    return tuple(out)
 
 
 is_wait = schema.is_wait
 """Whether a phase is waiting for others, not work of its own (its one home: :func:`otel_rl.formats.schema.is_wait`)."""
 
 
-def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+def straggler(ranks: Sequence[RankTimeline], timeline: str = schema.LEARNER) -> Straggler | None:
     """The rank whose top-level phase of work most exceeds the median rank's, per iteration; None when no rank's is
     :data:`STRAGGLER_RATIO` times the median's or more (``ranks``: :func:`rank_tables`' entries).
 
@@ -57,7 +59,9 @@ def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     with two ranks the two excesses are equal. A phase of waiting (:func:`is_wait`) therefore names a straggler
     only when no phase of work does: the rank that works longer is named, never the ones that wait for it.
     """
-    per = {entry["rank"]: _per_iteration(entry) for entry in ranks}
+    if not ranks:
+        return None
+    per = {entry.rank: _per_iteration(entry) for entry in ranks}
     names = sorted(set().union(*per.values()))
     median = {name: statistics.median(own.get(name, 0.0) for own in per.values()) for name in names}
 
@@ -71,39 +75,35 @@ def straggler(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     if rank is None:
         return None
     excess = per[rank][name] - median[name]
-    entry = next(e for e in ranks if e["rank"] == rank)
-    titles = {n: s["title"] for e in ranks for n, s in e["phases"].items()}
+    entry = next(e for e in ranks if e.rank == rank)
+    titles = {n: s.title for e in ranks for n, s in e.phases.items()}
     others = [own for r, own in per.items() if r != rank]
     waits = {n: statistics.median(own.get(n, 0.0) for own in others) - per[rank].get(n, 0.0) for n in names if n != name}
     wait = max(waits, key=waits.get) if waits else None  # type: ignore[arg-type]
-    found = {
-        "rank": rank,
-        "host": entry["host"],
-        "phase": name,
-        "title": titles[name],
-        "ms_per_iteration": per[rank][name],
-        "median_ms_per_iteration": median[name],
-        "ratio": per[rank][name] / median[name] if median[name] else None,
-        "others_wait_in": None,
-        "others_wait_ms_per_iteration": None,
-    }
+    others_wait_in = others_wait_ms = None
     if wait is not None and waits[wait] >= 0.5 * excess:  # the others spend at least half its excess waiting there
-        found["others_wait_in"], found["others_wait_ms_per_iteration"] = titles[wait], waits[wait]
-    found["verdict"] = _verdict(found)
-    return found
+        others_wait_in, others_wait_ms = titles[wait], waits[wait]
+    ratio = per[rank][name] / median[name] if median[name] else None
+    line = _verdict(rank, entry.host, titles[name], ratio, per[rank][name], median[name], others_wait_in, others_wait_ms)
+    return Straggler(
+        rank=rank, host=entry.host, phase=name, title=titles[name], ms_per_iteration=per[rank][name],
+        median_ms_per_iteration=median[name], ratio=ratio, others_wait_in=others_wait_in,
+        others_wait_ms_per_iteration=others_wait_ms, verdict=line, timeline=timeline,
+    )  # fmt: skip
 
 
-def _per_iteration(entry: dict[str, Any]) -> dict[str, float]:
-    cycles = entry["cycles"] or 1
-    return {name: stat["total_ms"] / cycles for name, stat in entry["phases"].items() if not stat["nested"] and not stat["background"]}
+def _per_iteration(entry: Timeline) -> dict[str, float]:
+    cycles = entry.cycles or 1
+    return {name: stat.total_ms / cycles for name, stat in entry.phases.items() if not stat.nested and not stat.background}
 
 
-def _verdict(found: dict[str, Any]) -> str:
-    where = f"rank {found['rank']}" + (f" on {found['host']}" if found["host"] else "")
-    ratio = f"{found['ratio']:.1f}x the median rank" if found["ratio"] else "only this rank has it"
-    line = f"{where}: {found['title']} {ratio} ({found['ms_per_iteration']:.2f} ms against {found['median_ms_per_iteration']:.2f} ms per iteration)"
-    if found["others_wait_in"]:
-        line += f"; the others wait in their {found['others_wait_in']} (+{found['others_wait_ms_per_iteration']:.2f} ms per iteration)"
+def _verdict(rank: int, host: str | None, title: str, ratio: float | None, ms: float, median_ms: float,
+             others_wait_in: str | None, others_wait_ms: float | None) -> str:  # fmt: skip
+    where = f"rank {rank}" + (f" on {host}" if host else "")
+    times = f"{ratio:.1f}x the median rank" if ratio else "only this rank has it"
+    line = f"{where}: {title} {times} ({ms:.2f} ms against {median_ms:.2f} ms per iteration)"
+    if others_wait_in:
+        line += f"; the others wait in their {others_wait_in} (+{others_wait_ms:.2f} ms per iteration)"
     return line
 
 

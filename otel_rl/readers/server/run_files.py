@@ -33,6 +33,7 @@ from aiohttp import web
 
 from otel_rl.formats.protowire import TRACE_PACKET, length_delimited, read_varint
 from otel_rl.readers.analysis.compare import compare_reports
+from otel_rl.readers.analysis.report import Report
 from otel_rl.run.media import CONTENT_TYPES
 from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.storage import other_run
@@ -170,14 +171,14 @@ class RunFiles:
                 comparisons[run_id] = compare_reports(report, base, same_settings=_same_settings(started, base_started))
         return web.json_response({"baseline": baseline, "comparisons": comparisons, "missing": missing})
 
-    def diagnoses(self, ids: list[str]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    def diagnoses(self, ids: list[str]) -> dict[str, tuple[Report, dict[str, Any]]]:
         """Each run's diagnosis and what it started with (on a database thread), for those that have one."""
         storage, out = self.handlers.storage, {}
         for run_id in ids:
             data = storage.file(run_id, DIAGNOSIS)
             run = storage.run(run_id) if data is not None else None
             if run is not None:
-                out[run_id] = (json.loads(data), run.get("started") or {})
+                out[run_id] = (Report.from_json(json.loads(data)), run.get("started") or {})
         return out
 
 
@@ -245,21 +246,15 @@ def _trace_problem(data: bytes) -> str | None:
 def _diagnosis_problem(data: bytes) -> str | None:
     """Why ``data`` is not an analysis report (None: it is one): the shape ``otel-rl analyze --json`` writes, and one that compares."""
     try:
-        report = json.loads(data)
+        data = json.loads(data)
     except ValueError:
         return "the diagnosis is not JSON"
-    shape = "the diagnosis must be otel-rl analyze --json's report (an object with 'diagnosis' and 'timelines')"
-    if not isinstance(report, dict) or not isinstance(report.get("diagnosis"), dict) or not isinstance(report.get("timelines"), dict):
-        return shape
-    verdict = report["diagnosis"]
-    if not isinstance(verdict.get("bottleneck"), str) or not isinstance(verdict.get("findings"), list) or not all(isinstance(f, dict) for f in verdict["findings"]):
-        return "the diagnosis's 'diagnosis' must hold a 'bottleneck' text and a list of 'findings' objects"
-    if not report["timelines"]:
+    try:
+        report = Report.from_json(data)
+    except ValueError as exc:
+        return f"the diagnosis is not otel-rl analyze --json's report: {exc}"
+    if not report.timelines:
         return "the diagnosis has no timeline: analyze found no iteration in the trace"
-    for name, timeline in report["timelines"].items():
-        if not isinstance(timeline, dict) or not isinstance(timeline.get("cycles"), int) or not isinstance(timeline.get("phases"), dict) \
-                or not isinstance(timeline.get("cycle_ms"), dict):  # fmt: skip
-            return f"timeline {name[:100]!r} of the diagnosis must hold 'cycles', 'cycle_ms' and 'phases' as analyze writes them"
     try:  # what the run and compare pages do with it
         compare_reports(report, report, same_settings=None)
     except Exception as exc:  # a shape the comparison cannot read

@@ -202,7 +202,7 @@ def test_gpu_streams_get_their_own_process_and_tracks(tmp_path):
     names = {(d.process.process_name or d.name) for p in trace.packet if p.HasField("track_descriptor") for d in [p.track_descriptor]}
     assert {"GPU 0", "stream 7", "stream 9"} <= names
     report = analyze(path)
-    shares = report["gpu_busy_share"]
+    shares = report.gpu_busy_share
     assert set(shares) == {"GPU 0/stream 7", "GPU 0/stream 9"}
     assert abs(shares["GPU 0/stream 7"] - 2.0 / 5.1) < 0.02
 

@@ -13,8 +13,7 @@ import pytest
 from synthetic_trace import write_trace
 
 import otel_rl
-from otel_rl.readers.analysis import analyze, read_trace
-from otel_rl.readers.analysis.report import analyze_model
+from otel_rl.readers.analysis import Report, analyze, analyze_model, read_trace, render_text
 from otel_rl.readers.analysis.sql_engine import TraceProcessorUnavailable
 
 COLLECTOR_BOUND = dict(
@@ -29,18 +28,18 @@ LEARNER_BOUND = dict(
 
 def test_collector_bound(tmp_path):
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", **COLLECTOR_BOUND))
-    assert report["diagnosis"]["bottleneck"] == "collector (env step)"
-    finding = report["diagnosis"]["findings"][0]
-    assert "Collector Wait is 70% of Iter Wall" in finding["evidence"]
-    assert "Env Step is" in finding["evidence"] and "env step cost" in finding["check"]
+    assert report.diagnosis.bottleneck == "collector (env step)"
+    finding = report.diagnosis.findings[0]
+    assert "Collector Wait is 70% of Iter Wall" in finding.evidence
+    assert "Env Step is" in finding.evidence and "env step cost" in finding.check
 
 
 def test_learner_bound(tmp_path):
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", **LEARNER_BOUND))
-    assert report["diagnosis"]["bottleneck"] == "learner (learning)"
-    finding = report["diagnosis"]["findings"][0]
-    assert "Learner Action Wait" in finding["evidence"] and "Learning is" in finding["evidence"]
-    assert "updates per step" in finding["check"]
+    assert report.diagnosis.bottleneck == "learner (learning)"
+    finding = report.diagnosis.findings[0]
+    assert "Learner Action Wait" in finding.evidence and "Learning is" in finding.evidence
+    assert "updates per step" in finding.check
 
 
 def test_inference_points_at_its_largest_part(tmp_path):
@@ -50,27 +49,27 @@ def test_inference_points_at_its_largest_part(tmp_path):
         ("learning", 4.0, []),
     ]
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=learner))
-    assert report["diagnosis"]["bottleneck"] == "learner (inference)"
-    (inference,) = [f for f in report["diagnosis"]["findings"] if "action path" in f["finding"]]
-    assert inference["check"] == "d2h first"
-    assert "D2H 37%" in inference["evidence"]
-    table = report["timelines"]["learner"]["phases"]
-    assert table["inference_d2h"]["nested"] and not table["inference"]["nested"]
+    assert report.diagnosis.bottleneck == "learner (inference)"
+    (inference,) = [f for f in report.diagnosis.findings if "action path" in f.finding]
+    assert inference.check == "d2h first"
+    assert "D2H 37%" in inference.evidence
+    table = report.timelines["learner"].phases
+    assert table["inference_d2h"].nested and not table["inference"].nested
     # Nested phases are never counted twice.
-    assert abs(report["timelines"]["learner"]["accounted_share"] - 9.2 / 9.3) < 0.01
+    assert abs(report.timelines["learner"].accounted_share - 9.2 / 9.3) < 0.01
 
 
 def test_replay_batch_wait_means_prefetch_falls_behind(tmp_path):
     learner = [("collector_wait", 0.2, []), ("replay_batch_wait", 2.0, []), ("learning", 6.0, [])]
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=learner))
-    assert any("prefetch falls behind" in f["finding"] for f in report["diagnosis"]["findings"])
+    assert any("prefetch falls behind" in f.finding for f in report.diagnosis.findings)
 
 
 def test_replay_write_means_ingress_saturated(tmp_path):
     collector = [("learner_action_wait", 0.5, []), ("env_step", 1.0, []), ("replay_write", 3.0, [])]
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=COLLECTOR_BOUND["learner"], collector=collector))
-    assert report["diagnosis"]["bottleneck"] == "collector (replay write)"
-    assert any("ingress is saturated" in f["finding"] for f in report["diagnosis"]["findings"])
+    assert report.diagnosis.bottleneck == "collector (replay write)"
+    assert any("ingress is saturated" in f.finding for f in report.diagnosis.findings)
 
 
 def test_background_submit_is_not_a_bottleneck(tmp_path):
@@ -78,21 +77,21 @@ def test_background_submit_is_not_a_bottleneck(tmp_path):
     report = analyze(
         write_trace(tmp_path / "t.perfetto-trace", learner=learner, background=("replay_ingress_h2d_submit", 4.0))
     )
-    assert report["diagnosis"]["bottleneck"] == "learner (learning)"
-    (background,) = [f for f in report["diagnosis"]["findings"] if "background" in f["finding"]]
-    assert "not a bottleneck" in background["finding"]
-    submit = report["timelines"]["learner"]["phases"]["replay_ingress_h2d_submit"]
-    assert submit["background"] and abs(report["timelines"]["learner"]["accounted_share"] - 5.2 / 5.3) < 0.01
+    assert report.diagnosis.bottleneck == "learner (learning)"
+    (background,) = [f for f in report.diagnosis.findings if "background" in f.finding]
+    assert "not a bottleneck" in background.finding
+    submit = report.timelines["learner"].phases["replay_ingress_h2d_submit"]
+    assert submit.background and abs(report.timelines["learner"].accounted_share - 5.2 / 5.3) < 0.01
 
 
 def test_other_and_overlap(tmp_path):
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=[("learning", 2.0, [])], learner_other_ms=2.0))
-    entry = report["timelines"]["learner"]
-    assert abs(entry["other_share"] - 0.5) < 0.01 and abs(entry["accounted_share"] + entry["other_share"] - 1) < 1e-9
-    assert any("in no phase" in f["finding"] for f in report["diagnosis"]["findings"])
+    entry = report.timelines["learner"]
+    assert abs(entry.other_share - 0.5) < 0.01 and abs(entry.accounted_share + entry.other_share - 1) < 1e-9
+    assert any("in no phase" in f.finding for f in report.diagnosis.findings)
     overlapping = analyze(write_trace(tmp_path / "o.perfetto-trace", **LEARNER_BOUND))
     # Learner busy 9.0 of 9.3 ms per cycle, collector busy 1.6 of 8.6: both busy about 1.6 / 9.3 of the time.
-    assert 0.1 < overlapping["overlap_share"] < 0.25
+    assert 0.1 < overlapping.overlap_share < 0.25
 
 
 def test_host_timing_matches_known_sleeps(tmp_path):
@@ -102,9 +101,9 @@ def test_host_timing_matches_known_sleeps(tmp_path):
             with tel.phase("learning"):
                 time.sleep(0.005)
     tel.close()
-    stat = analyze(tmp_path)["timelines"]["learner"]["phases"]["learning"]
-    assert stat["count"] == 20
-    assert 5.0 <= stat["p50_ms"] < 5.0 + 2.0  # sleep() may overshoot, never undershoot
+    stat = analyze(tmp_path).timelines["learner"].phases["learning"]
+    assert stat.count == 20
+    assert 5.0 <= stat.p50_ms < 5.0 + 2.0  # sleep() may overshoot, never undershoot
 
 
 def test_sql_engine_says_clearly_that_it_needs_a_binary(tmp_path):
@@ -139,7 +138,10 @@ def test_cli_text_json_and_plot(tmp_path):
         text=True,
         check=True,
     )
-    assert json.loads(out.stdout)["engine"] == "python"
+    printed = json.loads(out.stdout)
+    assert printed["engine"] == "python"
+    read_back = Report.from_json(printed)  # the typed report, whole, from its JSON
+    assert read_back == analyze(path) and render_text(read_back) == text.stdout.rstrip("\n")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     missing = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(tmp_path / "nope")], capture_output=True, text=True)
     assert missing.returncode == 2 and "no trace" in missing.stderr
@@ -148,9 +150,9 @@ def test_cli_text_json_and_plot(tmp_path):
 def test_time_in_no_phase_is_named_unaccounted_not_blamed_on_a_phase(tmp_path):
     learner = [("collector_wait", 0.2, []), ("inference", 1.0, []), ("learning", 1.5, [])]
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=learner, learner_other_ms=6.0))
-    assert report["diagnosis"]["bottleneck"].startswith("learner (unaccounted: 69% of Iter Wall")
-    (finding,) = [f for f in report["diagnosis"]["findings"] if "in no phase" in f["finding"]]
-    assert "time the loop's remaining work" in finding["check"]
+    assert report.diagnosis.bottleneck.startswith("learner (unaccounted: 69% of Iter Wall")
+    (finding,) = [f for f in report.diagnosis.findings if "in no phase" in f.finding]
+    assert "time the loop's remaining work" in finding.check
 
 
 def test_the_run_summary_quantiles_agree_with_analyze(tmp_path):
@@ -169,23 +171,23 @@ def test_the_run_summary_quantiles_agree_with_analyze(tmp_path):
                     while time.perf_counter() < end:
                         pass
     tel.close()
-    exact = analyze(tmp_path)["timelines"]["learner"]
+    exact = analyze(tmp_path).timelines["learner"]
     summary = json.loads((tmp_path / "run_summary.json").read_text())["timelines"]["learner"]
     for quantile in ("p50_ms", "p95_ms"):
-        truth = exact["phases"]["learning"][quantile]
+        truth = getattr(exact.phases["learning"], quantile)
         assert abs(summary["phases"]["learning"][quantile] - truth) <= QUANTILE_ACCURACY * truth * 1.001 + 1e-6, quantile
-        assert abs(summary["iterations"][quantile] - exact["cycle_ms"][quantile]) <= QUANTILE_ACCURACY * exact["cycle_ms"][quantile] * 1.001 + 1e-6
+        assert abs(summary["iterations"][quantile] - getattr(exact.cycle_ms, quantile)) <= QUANTILE_ACCURACY * getattr(exact.cycle_ms, quantile) * 1.001 + 1e-6
 
 
 def test_the_collectors_time_in_no_phase_is_named_unaccounted_by_the_same_rule(tmp_path):
     """As the learner's: a collector cycle mostly in no phase (RLlib's env runner before its connectors were timed)."""
     collector = [("policy_inference", 1.0, []), ("env_step", 0.5, [])]
     report = analyze(write_trace(tmp_path / "t.perfetto-trace", learner=COLLECTOR_BOUND["learner"], collector=collector, collector_other_ms=5.0))
-    assert report["diagnosis"]["bottleneck"] == "collector (unaccounted: 77% of its cycle is in no phase)"
-    (waits, *_) = report["diagnosis"]["findings"]
-    assert "the collector's cycle is 77% in no phase" in waits["evidence"] and "remaining work as phases" in waits["check"]
-    (finding,) = [f for f in report["diagnosis"]["findings"] if f["finding"] == "much of the collector's cycle is in no phase"]
-    assert "Other is 77% of its cycle" in finding["evidence"]
+    assert report.diagnosis.bottleneck == "collector (unaccounted: 77% of its cycle is in no phase)"
+    (waits, *_) = report.diagnosis.findings
+    assert "the collector's cycle is 77% in no phase" in waits.evidence and "remaining work as phases" in waits.check
+    (finding,) = [f for f in report.diagnosis.findings if f.finding == "much of the collector's cycle is in no phase"]
+    assert "Other is 77% of its cycle" in finding.evidence
 
 
 def test_the_plots_share_labels_never_overlap(tmp_path):

@@ -42,13 +42,13 @@ def test_one_stall_is_counted_as_a_stall_and_names_no_bottleneck(tmp_path):
     """Env Step 2 ms a cycle is the collector's cost; one 0.8 s Policy Inference (its median 0.2 ms) is a stall, not a bottleneck."""
     report = analyze(turns(tmp_path, 150, learning_s=0.0005, inference_s=0.0002, env_s=0.002, stall_at=70), engine="python")
     text = render_text(report)
-    assert report["diagnosis"]["bottleneck"].startswith("collector (env step"), text
-    inference = report["timelines"]["collector"]["phases"]["policy_inference"]
-    assert inference["stalls"] == 1 and inference["stall_max_ms"] >= 800 and inference["count"] == 149
-    assert inference["mean_ms"] < 5 and inference["p50_ms"] <= inference["trimmed_mean_ms"] * 1.5
-    (stalls,) = [f for f in report["diagnosis"]["findings"] if f["finding"].startswith("stalls hold")]
-    assert "Policy Inference: 1 stall of up to" in stalls["evidence"], text
-    checks = [f["check"] for f in report["diagnosis"]["findings"] if f["finding"].startswith("collection and learning take turns")]
+    assert report.diagnosis.bottleneck.startswith("collector (env step"), text
+    inference = report.timelines["collector"].phases["policy_inference"]
+    assert inference.stalls == 1 and inference.stall_max_ms >= 800 and inference.count == 149
+    assert inference.mean_ms < 5 and inference.p50_ms <= inference.trimmed_mean_ms * 1.5
+    (stalls,) = [f for f in report.diagnosis.findings if f.finding.startswith("stalls hold")]
+    assert "Policy Inference: 1 stall of up to" in stalls.evidence, text
+    checks = [f.check for f in report.diagnosis.findings if f.finding.startswith("collection and learning take turns")]
     assert checks == ["env step cost and the number of environments"]  # the check follows the phase named
     assert "trimmed ms" in text and "stalls" in text
 
@@ -57,8 +57,8 @@ def test_a_stall_in_the_side_that_waits_does_not_make_it_the_bottleneck(tmp_path
     """Learning 4 ms a cycle against a 0.7 ms collection, and one 1.5 s Policy Inference: the learner sets the pace, the stall is a stall."""
     report = analyze(turns(tmp_path, 150, learning_s=0.004, inference_s=0.0002, env_s=0.0005, stall_at=70, stall_s=1.5), engine="python")
     text = render_text(report)
-    assert report["diagnosis"]["bottleneck"].startswith("learner (learning"), text
-    assert any(f["finding"].startswith("stalls hold") for f in report["diagnosis"]["findings"]), text
+    assert report.diagnosis.bottleneck.startswith("learner (learning"), text
+    assert any(f.finding.startswith("stalls hold") for f in report.diagnosis.findings), text
 
 
 def test_a_change_in_a_side_holding_little_wall_time_does_not_explain_the_run(tmp_path):

@@ -51,7 +51,7 @@ def test_backfill_sends_the_trace_and_the_diagnosis(run_dir, database):
         assert trace.headers["Content-Disposition"] == 'attachment; filename="traced.perfetto-trace"'
         diagnosis = requests.get(server.url + "/api/v1/runs/traced/diagnosis", headers=AUTH, timeout=30).json()
         local = analyze(run_dir, engine="python")
-        assert diagnosis["diagnosis"]["bottleneck"] == local["diagnosis"]["bottleneck"]
+        assert diagnosis["diagnosis"]["bottleneck"] == local.diagnosis.bottleneck
         assert diagnosis["timelines"]["learner"]["cycles"] == 30
         assert requests.get(server.url + "/api/v1/runs/traced/trace", timeout=30).status_code == 401  # the token, as everywhere
 
@@ -71,7 +71,13 @@ def test_bad_uploads_cost_only_their_request(run_dir, tmp_path):
         odd = {"diagnosis": {"bottleneck": "x", "findings": []}, "timelines": {"learner": 3}}
         empty = {"diagnosis": {"bottleneck": "x", "findings": []}, "timelines": {}}
         broken = {"diagnosis": {"bottleneck": "x", "findings": []}, "timelines": {"learner": {"cycles": 3, "cycle_ms": {}, "phases": {"x": 1}}}}
-        for bad, says in ((odd, "timeline 'learner'"), (empty, "no timeline"), (broken, "does not compare")):
+        wall = {"wall_s": 1.0}
+        odd, empty, broken = ({**wall, **bad} for bad in (odd, empty, broken))
+        untyped = {**odd, "timelines": {"learner": {"cycles": "3", "cycle_ms": None, "phases": {}}}}
+        for bad, says in ((odd, "report.timelines['learner']: expected an object, got int"), (empty, "no timeline"),
+                          (broken, "report.timelines['learner'].cycle_ms.count: missing"),
+                          (untyped, "report.timelines['learner'].cycles: expected an integer, got a text"),
+                          ({"bottleneck": "x"}, "report.wall_s: missing")):  # fmt: skip
             answer = requests.put(url + "/diagnosis", data=json.dumps(bad), timeout=30)
             assert answer.status_code == 400 and says in answer.json()["error"], answer.text
         assert requests.get(url + "/diagnosis", timeout=30).content == kept  # a refused one replaces nothing
@@ -113,7 +119,7 @@ def test_the_run_page_shows_the_diagnosis_and_hands_over_the_trace(run_dir, tmp_
     with backfilled_page(run_dir, str(tmp_path / "page.sqlite3")) as (server, browser):
         browser.goto(f"{server.url}/runs/traced#token={TOKEN}")
         verdict = browser.wait_for("document.querySelector('#verdict') && document.querySelector('#verdict').textContent")
-        assert verdict == "bottleneck: " + analyze(run_dir, engine="python")["diagnosis"]["bottleneck"]
+        assert verdict == "bottleneck: " + analyze(run_dir, engine="python").diagnosis.bottleneck
         phases = browser.eval("[...document.querySelectorAll('table.phases[data-timeline=\"learner\"] tr td:first-child')].map(c => c.textContent)")
         assert {"Learning", "Collector Wait", "Other"} <= set(phases)
         browser.eval("document.querySelector('#trace-download').click()")

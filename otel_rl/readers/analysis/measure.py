@@ -1,0 +1,260 @@
+"""Where the time goes, measured from a trace: per-phase statistics, stalls, shares, overlap, GPU busy time, throughput.
+
+:func:`measure` reads a :class:`TraceModel` (whichever engine read it) into a
+:class:`~otel_rl.readers.analysis.report.Report` without its diagnosis;
+:func:`analyze_model` adds the diagnosis of :mod:`.rules`.
+
+A phase's statistics leave out its stalls: a rare occurrence far above its
+median (over :data:`STALL_FACTOR` times it and :data:`STALL_MIN_MS`, at most
+:data:`STALL_MAX_FRACTION` of the occurrences) is counted and shown as a
+stall, never averaged into its phase, so one host stall cannot name a
+bottleneck.
+"""
+
+from __future__ import annotations
+
+import math
+import dataclasses
+from collections.abc import Callable
+
+from otel_rl.formats import schema
+from otel_rl.readers.analysis import host, ranks, rules
+from otel_rl.readers.analysis.operators import operators_by_phase
+from otel_rl.readers.analysis.report import CycleStats, PhaseStats, Report, Timeline, Turns
+from otel_rl.readers.analysis.trace_model import Slice, TraceModel
+
+STALL_FACTOR = 10.0
+STALL_MIN_MS = 50.0
+STALL_MAX_FRACTION = 0.02
+"""Above this share of a phase's occurrences, long ones are its steady cost, not stalls."""
+TRIM = 0.1
+"""The trimmed mean leaves out this share of the occurrences at each end."""
+MAX_SAMPLES = 1000
+"""Per-cycle durations kept in the report (evenly spaced) for the comparison's significance test."""
+_WAITS = schema.SIDE_WAITS
+_TITLES = {(p.timeline, p.title): p.name for p in schema.PHASES.values()}
+
+
+def phase_name(timeline: str, title: str) -> str:
+    """A phase's name from its slice's title on ``timeline`` (the schema's name, else the title in snake case)."""
+    return _TITLES.get((timeline, title), title.lower().replace(" ", "_"))
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _subtract(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The parts of the merged intervals ``a`` outside the merged intervals ``b``."""
+    out: list[tuple[int, int]] = []
+    j = 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > start:
+                out.append((start, b[k][0]))
+            start = max(start, b[k][1])
+            k += 1
+        if start < end:
+            out.append((start, end))
+    return out
+
+
+def _total(intervals: list[tuple[int, int]]) -> int:
+    return sum(end - start for start, end in intervals)
+
+
+def _intersection(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        low, high = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if low < high:
+            total += high - low
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def nearest_rank(ordered: list[float], q: float) -> float:
+    """The value of rank ``ceil(q * n)`` of sorted values: the quantile the run summary estimates too."""
+    return ordered[max(1, math.ceil(q * len(ordered) - 1e-9)) - 1]
+
+
+def _stats(ms: list[float]) -> dict[str, float]:
+    """Count, mean, standard deviation, median, trimmed mean, p95 and total of sorted durations (ms)."""
+    mean = sum(ms) / len(ms)
+    std = math.sqrt(sum((x - mean) ** 2 for x in ms) / (len(ms) - 1)) if len(ms) > 1 else 0.0
+    cut = int(TRIM * len(ms))
+    kept = ms[cut : len(ms) - cut]
+    return {
+        "count": len(ms), "mean_ms": mean, "std_ms": std, "p50_ms": nearest_rank(ms, 0.5),
+        "trimmed_mean_ms": sum(kept) / len(kept), "p95_ms": nearest_rank(ms, 0.95), "total_ms": sum(ms),
+    }  # fmt: skip
+
+
+def _cycle_stats(durations_ns: list[int]) -> CycleStats:
+    """A timeline's cycle statistics, with up to :data:`MAX_SAMPLES` of its durations (in order, evenly spaced)."""
+    ms = [d / 1e6 for d in durations_ns]
+    stride = max(1, math.ceil(len(ms) / MAX_SAMPLES))
+    return CycleStats(**_stats(sorted(ms)), samples=tuple(round(x, 4) for x in ms[::stride]))
+
+
+def _phase_stats(durations_ns: list[int], title: str, nested: bool, background: bool, wall_ns: int) -> PhaseStats:
+    """A phase's statistics without its stalls, the stalls' count and time, and its share of ``wall_ns``."""
+    ms = sorted(d / 1e6 for d in durations_ns)
+    threshold = max(STALL_FACTOR * nearest_rank(ms, 0.5), STALL_MIN_MS)
+    stalls = [x for x in ms if x > threshold]
+    if len(stalls) > max(1, STALL_MAX_FRACTION * len(ms)):
+        stalls = []  # long occurrences this common are how the phase runs
+    steady = _stats(ms[: len(ms) - len(stalls)])
+    return PhaseStats(
+        **steady, stalls=len(stalls), stall_ms=sum(stalls), stall_max_ms=max(stalls, default=0.0), title=title, nested=nested,
+        background=background, share=steady["total_ms"] * 1e6 / wall_ns if wall_ns else 0.0,
+    )  # fmt: skip
+
+
+def _throughput(iterations: dict[str, list[Slice]]) -> tuple[float | None, dict[int, float]]:
+    """Env steps per second of the job and of each rank (:func:`ranks.throughput`), the learner's, else the collector's."""
+    for timeline in (schema.LEARNER, schema.COLLECTOR):
+        job, per_rank = ranks.throughput(iterations.get(timeline, []))
+        if job is not None:
+            return job, per_rank
+    return None, {}
+
+
+def _timeline_entry(timeline: str, cycles: list[Slice], own: list[Slice], is_top: Callable[[Slice], bool]) -> tuple[Timeline, list[Slice]]:
+    """A timeline's table (cycles, phases, accounted and other shares) from its cycles and phases, and its top-level phases."""
+    # Top-level phases inside cycles (or all of them for a timeline without cycles).
+    top = [s for s in own if is_top(s) and (s.parent != -1 or not cycles)]
+    wall = sum(c.duration_ns for c in cycles) if cycles else sum(s.duration_ns for s in top)
+    by_name: dict[str, list[Slice]] = {}
+    for s in own:
+        by_name.setdefault(phase_name(timeline, s.name), []).append(s)
+    table = {}
+    for name, occurrences in by_name.items():
+        nested = not any(is_top(s) for s in occurrences)
+        # Work on other threads, never inside this timeline's cycles: it overlaps them.
+        background = bool(cycles) and not nested and all(s.parent == -1 for s in occurrences)
+        table[name] = _phase_stats([s.duration_ns for s in occurrences], occurrences[0].name, nested, background, wall)
+    accounted = sum(s.duration_ns for s in top)
+    stalled = sum(stat.stall_ms for stat in table.values() if not stat.nested and not stat.background) * 1e6
+    entry = Timeline(
+        cycles=len(cycles),
+        cycle_ms=_cycle_stats([c.duration_ns for c in cycles]) if cycles else None,
+        phases=dict(sorted(table.items(), key=lambda kv: (kv[1].nested, -kv[1].total_ms))),
+        accounted_share=(accounted - stalled) / wall if wall else 0.0,
+        stall_share=stalled / wall if wall else 0.0,
+        other_share=max(wall - accounted, 0) / wall if wall and cycles else 0.0,
+    )
+    return entry, top
+
+
+def analyze_model(model: TraceModel) -> Report:
+    """The analysis report of a trace: what :func:`measure` finds, with the diagnosis of :func:`.rules.diagnose`."""
+    report = measure(model)
+    return dataclasses.replace(report, diagnosis=rules.diagnose(report))
+
+
+def measure(model: TraceModel) -> Report:
+    """Where the time goes in a trace, without a diagnosis."""
+    slices = model.slices
+    iterations: dict[str, list[Slice]] = {}
+    phases: dict[str, list[Slice]] = {}
+    for s in slices:
+        if s.category not in schema.TIMELINES:
+            continue
+        if s.name == f"{s.category} iteration":
+            iterations.setdefault(s.category, []).append(s)
+        else:
+            phases.setdefault(s.category, []).append(s)
+
+    def is_top(s: Slice) -> bool:
+        parent = s.parent
+        while parent != -1 and slices[parent].category not in schema.TIMELINES:
+            parent = slices[parent].parent  # a profiler's slice around the phase (torch.profiler's record_function)
+        return parent == -1 or slices[parent].name == f"{slices[parent].category} iteration"
+
+    everything = [s for s in slices if s.category in schema.TIMELINES]
+    span_start = min((s.start_ns for s in everything), default=0)
+    span_end = max((s.end_ns for s in everything), default=0)
+    span = max(span_end - span_start, 1)
+
+    timelines: dict[str, Timeline] = {}
+    busy: dict[str, list[tuple[int, int]]] = {}
+    for timeline in schema.TIMELINES:
+        own = phases.get(timeline, [])
+        cycles = iterations.get(timeline, [])
+        if not own and not cycles:
+            continue
+        entry, top = _timeline_entry(timeline, cycles, own, is_top)
+        per_rank = ranks.rank_tables(cycles, own, lambda c, p, t=timeline: _timeline_entry(t, c, p, is_top)[0])
+        timelines[timeline] = dataclasses.replace(entry, ranks=per_rank) if per_rank else entry
+        busy[timeline] = _union([(s.start_ns, s.end_ns) for s in top if phase_name(timeline, s.name) != _WAITS[timeline]])
+
+    gpu: dict[str, float] = {}
+    for s in slices:
+        if s.category == "gpu":
+            gpu.setdefault(s.track, 0)
+    for track in gpu:
+        intervals = _union([(s.start_ns, s.end_ns) for s in slices if s.category == "gpu" and s.track == track])
+        gpu[track] = _total(intervals) / span
+
+    job_steps, rank_steps = _throughput(iterations)
+    return Report(
+        wall_s=span / 1e9 if everything else 0.0,
+        turns=_turns(iterations, phases, span),
+        env_steps_per_s=job_steps,
+        env_steps_per_s_by_rank={str(rank): v for rank, v in sorted(rank_steps.items())} if len(rank_steps) > 1 else None,
+        timelines=timelines,
+        overlap_share=(
+            _intersection(busy[schema.LEARNER], busy[schema.COLLECTOR]) / span
+            if schema.LEARNER in busy and schema.COLLECTOR in busy
+            else None
+        ),
+        gpu_busy_share=gpu,
+        host=host.readings(model.system),
+        profile=operators_by_phase(slices) or None,
+        straggler=next((found for name, entry in timelines.items() if (found := ranks.straggler(entry.ranks, name)) is not None), None),
+    )
+
+
+SEQUENTIAL_OVERLAP = 0.05
+"""Learner and collector cycles overlapping for less than this share of the shorter side's time: they take turns."""
+
+
+def _turns(iterations: dict[str, list[Slice]], phases: dict[str, list[Slice]], span: int) -> Turns | None:
+    """For a loop that collects and learns in turn: each side's share of wall time.
+
+    A side works in its cycles, except while it waits for the other side
+    (the learner's Collector Wait, the collector's Learner Action Wait): one
+    thread (most single-process libraries) or a driver that waits for its
+    env runners (RLlib) takes turns. ``collector`` and ``learner``: the share
+    of wall time each side works; ``outside``: neither. None when the two
+    sides work at once (or one is missing): then each side's own cycle is
+    what to read.
+    """
+
+    def working(timeline: str) -> list[tuple[int, int]]:
+        cycles = _union([(s.start_ns, s.end_ns) for s in iterations.get(timeline, [])])
+        waits = _union([(s.start_ns, s.end_ns) for s in phases.get(timeline, []) if phase_name(timeline, s.name) == _WAITS[timeline]])
+        return _subtract(cycles, waits)
+
+    learner, collector = working(schema.LEARNER), working(schema.COLLECTOR)
+    if not learner or not collector:
+        return None
+    if _intersection(learner, collector) > SEQUENTIAL_OVERLAP * min(_total(learner), _total(collector)):
+        return None
+    shares = (_total(collector) / span, _total(learner) / span)
+    return Turns(collector=shares[0], learner=shares[1], outside=max(0.0, 1.0 - sum(shares)))
+
