@@ -27,6 +27,10 @@ STALLED_FOR = "10m"
 """A run whose iterations stopped advancing for this long is stalled."""
 COLLECTOR_WAIT_SHARE = 0.8
 """Share of the collector's cycle spent waiting on the learner that is worth an alert."""
+THROUGHPUT_FALL = 0.3
+"""A run whose env steps per second fell by more than this share (against :data:`THROUGHPUT_BEFORE` earlier) ..."""
+THROUGHPUT_BEFORE = "15m"
+"""... while its live verdict changed within that time: a new bottleneck cost it throughput."""
 
 
 def _prometheus(name: str, unit: str = "", counter: bool = False) -> str:
@@ -57,6 +61,8 @@ def rules() -> dict:
     events = _prometheus(schema.METRIC_EVENTS, counter=True)
     dropped = _prometheus(schema.METRIC_DROPPED, counter=True)
     active = _prometheus(schema.METRIC_RUN_ACTIVE)
+    env_steps = _prometheus(schema.METRIC_ENV_STEPS, counter=True)
+    bottleneck = _prometheus(schema.METRIC_BOTTLENECK)
     run, timeline, phase = _label(schema.ATTR_RUN_ID), _label(schema.ATTR_TIMELINE), _label(schema.ATTR_PHASE)
     event, queue = _label(schema.ATTR_EVENT), _label(schema.ATTR_QUEUE)
     wait = schema.phase_spec(schema.COLLECTOR, "learner_action_wait")
@@ -107,6 +113,16 @@ def rules() -> dict:
                         f"Collectors of run {on_run} wait on the learner for most of their cycle",
                         f"{wait.title} is over {COLLECTOR_WAIT_SHARE:.0%} of the collector cycle: the learner is the bottleneck.",
                         wait="10m",
+                    ),
+                    _rule(
+                        "RLBottleneckChangedAndSlower",
+                        f"max by ({run}) (rate({env_steps}[5m])) < {1 - THROUGHPUT_FALL:g} * max by ({run}) (rate({env_steps}[5m] offset {THROUGHPUT_BEFORE}))"
+                        f' and on ({run}) sum by ({run}) (increase({events}{{{event}="{schema.EVENT_BOTTLENECK}"}}[{THROUGHPUT_BEFORE}])) > 0',
+                        "warning",
+                        f"Run {on_run} slowed by more than {THROUGHPUT_FALL:.0%} and its bottleneck changed",
+                        f"Env steps per second fell by more than {THROUGHPUT_FALL:.0%} against {THROUGHPUT_BEFORE} earlier while the live"
+                        f" verdict changed: {bottleneck} and the run's page name the new bottleneck.",
+                        wait="2m",
                     ),
                 ],
             }

@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from grafana_foundation_sdk.builders import dashboard, prometheus, stat, timeseries
+from grafana_foundation_sdk.builders import dashboard, prometheus, stat, statetimeline, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.common import StackingMode
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, GridPos, ValueMap, ValueMappingResult
@@ -298,7 +298,26 @@ def timelines() -> dashboard.Dashboard:
                 "From the collector's spanmetrics connector: what the span budget lets through.",
             )
         )
+        .with_panel(
+            statetimeline.Panel()
+            .title("Bottleneck (live verdict)")
+            .description(
+                "Each run's live verdict over time: the side and phase that set its pace, as otel-rl analyze's rules read the last"
+                " seconds of the run (rl.bottleneck). A change of colour is a change of bottleneck; the throughput panel beside it"
+                " says what it cost."
+            )
+            .unit("none")
+            .datasource(DATASOURCE)
+            .grid_pos(GridPos(h=6, w=24, x=0, y=25))
+            .with_target(_query(f"max by (rl_run_id, rl_timeline, rl_phase) ({_metric(schema.METRIC_BOTTLENECK)}{{{SELECTOR}}}) == 1",
+                                "{{rl_run_id}}: {{rl_timeline}} ({{rl_phase}})"))
+        )
     )
+
+
+def _metric(name: str) -> str:
+    """A metric's Prometheus name, as the collector's exporter writes it."""
+    return name.replace(".", "_")
 
 
 GPU_METRICS = ("gpu_utilization_ratio", "gpu_memory_usage_bytes", "gpu_power_watts", "gpu_temperature_celsius")

@@ -35,6 +35,7 @@ Source = str | os.PathLike[str]
 
 def runs(source: Source, project: str | None = None, group: str | None = None, status: str | None = None, token: str | None = None) -> pd.DataFrame:
     """A row per run: ``run_id``, ``status``, ``project``, ``group``, ``start`` (UTC), ``duration_s``, ``env_steps``,
+    ``bottleneck``, ``bottleneck_side`` and ``bottleneck_phase`` (the live verdict, or the trace's once a server has it),
     ``config.*`` (the run's configuration, flattened), and the last value of each key.
 
     Raises:

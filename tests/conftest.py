@@ -122,6 +122,7 @@ _SLOW_UNIT = (
     "tests/unit/readers/test_read_api.py::test_a_second_run_with_the_same_run_id_is_refused_in_one_line_never_merged",
     "tests/unit/readers/test_run_files.py::test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_the_run_folder",
     "tests/unit/readers/test_web_page.py",
+    "tests/unit/readers/test_web_page_bottleneck.py",
     "tests/unit/readers/test_web_page_cursor.py",
     "tests/unit/readers/test_web_page_scale.py",
     "tests/unit/training/test_distributed.py",

@@ -23,6 +23,7 @@ from otel_rl.core.pipeline import Pipeline, RecordSink
 from otel_rl.core.records import RunStart
 from otel_rl.core.sampling import SpanBudget, SpanSampler
 from otel_rl.core.inbox import Inbox
+from otel_rl.core.live_verdict import LiveVerdict
 from otel_rl.core.segment_source import SegmentSource
 from otel_rl.core.step_check import StepCheck
 from otel_rl.core.system_metrics import SystemSampler
@@ -71,7 +72,8 @@ class ProducerOutputs:
         budget = SpanBudget(config.span_budget_per_s) if self.outputs.exports_spans else None
         previous = identity.previous
         step_check = StepCheck(None if previous is None else previous.last_steps)
-        self.pipeline = Pipeline([source, self.inbox], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget))
+        self.pipeline = Pipeline([source, self.inbox], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget),
+                                 verdict=LiveVerdict())
         self.system: SystemSampler | None = None
         if config.system_metrics_interval_s:
             self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)

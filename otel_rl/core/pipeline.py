@@ -37,6 +37,7 @@ from otel_rl.core import distributions
 from otel_rl.core.assembly import LaneAssembler
 from otel_rl.core.batches import IterationBatch, PhaseBatch, ScalarBatch
 from otel_rl.core.keys import KeyPolicy
+from otel_rl.core.live_verdict import LiveVerdict
 from otel_rl.core.records import (
     CudaFallback,
     DeviceIntervalRecord,
@@ -175,6 +176,7 @@ class Pipeline:
         drops: the shared drop counters; new drops are reported as ``records_dropped`` events.
         step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
         sampler: which records become spans (none by default).
+        verdict: the live verdict, said as ``bottleneck`` events while a run is open (none by default).
     """
 
     def __init__(
@@ -186,6 +188,7 @@ class Pipeline:
         drops: Drops | None = None,
         step_check: StepCheck | None = None,
         sampler: SpanSampler | None = None,
+        verdict: LiveVerdict | None = None,
     ) -> None:
         self.sources = list(sources)
         self.sinks = list(sinks)
@@ -202,6 +205,7 @@ class Pipeline:
         self.latest_axes: tuple[int | None, int | None] = (None, None)
         """The run's latest iteration and env steps, as passes saw them: the axes of records made beside the run (system metrics)."""
         self._final = False
+        self.verdict = verdict
         self._index_handlers()
 
     def _index_handlers(self) -> None:
@@ -210,7 +214,7 @@ class Pipeline:
             method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
             for method in _METHODS
         }
-        self._want_totals = bool(self._handlers["on_cycles"])  # per-pass totals are only summed for a reader
+        self._want_totals = bool(self._handlers["on_cycles"]) or self.verdict is not None  # summed only for a reader
 
     def add_sink(self, sink: RecordSink) -> None:
         """Add a sink while running; it sees records from the next pass on."""
@@ -270,6 +274,8 @@ class Pipeline:
         for item in batch.control:
             if isinstance(item, RunStart):
                 self._fanout("on_run_start", replace(item, seq=next(self._seq)))
+                if self.verdict is not None:
+                    self.verdict.start()
             elif isinstance(item, RunEnd):
                 ends.append(item)  # after the records written before it
             else:
@@ -309,6 +315,8 @@ class Pipeline:
     def _scalars_out(self) -> None:
         for out in self.scalars.take():
             self._fanout("on_scalars" if isinstance(out, ScalarBatch) else "on_event", out)
+            if self.verdict is not None and isinstance(out, ScalarBatch):
+                self.verdict.note_scalars(out)
 
     def _distribution(self, raw: tuple) -> None:
         """Summarise one ``distribution()`` call: a :class:`DistributionRecord`, and its statistics as scalars."""
@@ -334,12 +342,18 @@ class Pipeline:
             self._note_axes(self._pass_totals)
             totals, self._pass_totals = PassTotals(now_ns, self._pass_totals), {}
             self._fanout("on_cycles", totals)
+            if self.verdict is not None:
+                self.verdict.add(totals)
+        if self.verdict is not None and (said := self.verdict.take(now_ns)) is not None:
+            self._fanout("on_event", EventRecord(now_ns, schema.EVENT_BOTTLENECK, said, next(self._seq)))
         self.dropped()  # the sources' counters, mirrored
         for queue, kinds in self._drops.take_report(force=self._final).items():
             attributes = {"queue": queue, "total": sum(kinds.values()), **kinds}
             self._fanout("on_event", EventRecord(now_ns, "records_dropped", attributes, next(self._seq)))
         for run in ends:
             self._fanout("on_run_end", replace(run, seq=next(self._seq)))
+            if self.verdict is not None:
+                self.verdict.stop()
         self._fanout("on_drain", now_ns)
 
     def _totals(self, timeline: str) -> CycleTotals:

@@ -70,6 +70,12 @@ EVENT_CLOCK_OFFSET = "clock_offset"
 """A rank's clock minus the first rank's, as :meth:`otel_rl.Telemetry.align_clocks` measured it (``offset_ms``): written to
 the trace (the counter :data:`otel_rl.formats.trace.CLOCK_OFFSET_KEY`, which the merge and ``analyze`` subtract), and no
 tracker's scalar."""
+EVENT_BOTTLENECK = "bottleneck"
+"""The live verdict changed (:mod:`otel_rl.core.live_verdict`): ``text`` (the line ``otel-rl analyze`` prints), ``side``,
+``phase``, ``rank`` (a straggler's), ``confidence`` (``high`` or ``low``, ``caveat`` says why), ``cycles`` and ``window_s``
+(what it read), ``env_steps_per_s``, ``evidence`` and ``previous`` (the verdict it replaces)."""
+METRIC_BOTTLENECK = "rl.bottleneck"
+"""1 for the run's current live verdict, labelled with its ``rl.timeline`` (the side) and ``rl.phase``."""
 EVENT_MEDIA = "media"
 """A video or image written to the run folder's ``media/`` (key, type, path, format, bytes, step...): a ``media`` record."""
 SUMMARY_KEYS = frozenset({

@@ -145,6 +145,7 @@ class Aggregates:
         self._scalar_env_steps: int | None = None
         self._dropped: dict[str, int] = {}
         self._run_info: dict[str, str] | None = None
+        self._bottleneck: dict[str, str] | None = None
         self._run_active: int | None = None
         self._events: dict[str, int] = {}
         self._distributions: dict[str, Bins] = {}
@@ -280,6 +281,11 @@ class Aggregates:
         with self._lock:
             self._run_info = dict(labels)
 
+    def set_bottleneck(self, side: str, phase: str) -> None:
+        """The ``rl.bottleneck`` gauge (value 1) of the live verdict, labelled with its side and phase, from now on."""
+        with self._lock:
+            self._bottleneck = {schema.ATTR_TIMELINE: side or "none", schema.ATTR_PHASE: phase or "none"}
+
     def set_run_active(self, active: bool) -> None:
         """The ``rl.run.active`` gauge: 1 from the run's start, 0 once it ended (dashboards and alerts tell a finished run from a stuck one)."""
         with self._lock:
@@ -361,6 +367,7 @@ class Aggregates:
                 gauges={key: (value, self._gauge_times[key]) for key, value in self._gauges.items()},
                 run_active=self._run_active,
                 run_info=None if self._run_info is None else dict(self._run_info),
+                bottleneck=None if self._bottleneck is None else dict(self._bottleneck),
                 env_steps=dict(self._env_steps),
                 dropped=dict(self._dropped),
                 events=dict(self._events),
@@ -400,6 +407,8 @@ class Snapshot:
     """Each scalar key's latest value and its time."""
     run_active: int | None
     run_info: dict[str, str] | None
+    bottleneck: dict[str, str] | None
+    """The live verdict's side and phase (``rl.timeline``, ``rl.phase``), None before one."""
     env_steps: dict[str, int]
     dropped: dict[str, int]
     events: dict[str, int]
@@ -431,6 +440,8 @@ class AggregatorSink(RecordSink):
 
     def on_event(self, event: EventRecord) -> None:
         self.aggregates.count_event(event.name)
+        if event.name == schema.EVENT_BOTTLENECK:
+            self.aggregates.set_bottleneck(str(event.attributes.get("side") or ""), str(event.attributes.get("phase") or ""))
 
     def on_drain(self, now_ns: int) -> None:
         self.aggregates.set_dropped(self._dropped())

@@ -23,7 +23,9 @@ the envs' timeout and terminated rates (``Episode/timeout_rate``,
 MPS (``Train/cuda_mps``: 0 off, 1 on, 2 ambient), Sync Collect
 (``Train/sync_collect_steps``: env steps per sync, 0 for none) and the staging
 pool (``Train/staging_pool_len`` of ``Train/staging_pool_max``) where the loop
-logs them, CPU, memory and GPUs. Timing: a Collector Wait above 1 ms is red;
+logs them, CPU, memory and GPUs. Under the tables, the live verdict
+(:mod:`otel_rl.core.live_verdict`: "Bottleneck: collector (env step)", with
+its caveat when it is not sure). Timing: a Collector Wait above 1 ms is red;
 quiet collector diagnostics and nested rows show from 1% of the cycle; a
 custom nested phase sits under its parent. The status under the panel:
 ``tel.status(text)``'s latest (one that says error or fail redraws at once),
@@ -181,6 +183,8 @@ class PanelState:
         """Each custom nested phase's top-level phase."""
         self.status: str | None = None
         """The loop's latest ``tel.status()``."""
+        self.bottleneck: str | None = None
+        """The live verdict's latest line, with its caveat when it is not sure."""
         self.warmed_up = False
         """A ``warmup_done`` event or a first iteration came."""
         self.reward_peak: float | None = None
@@ -550,6 +554,8 @@ class PanelView:
                 columns.append(self._kv_table("System", parts["system"]))
             timings.add_row(*columns)
             body = Group(top, timings)
+        if self.state.bottleneck:
+            body = Group(body, Text("Bottleneck: " + self.state.bottleneck, style="bold"))
         status = self.state.status_line()
         return Panel(body, title=title, title_align="left", subtitle=None if status is None else Text(status, style=_status_style(status)), subtitle_align="left")
 
@@ -585,6 +591,8 @@ class PanelView:
             parts.append(f"{fps:.0f} steps/s")
         if "Train/mean_reward" in means:
             parts.append(f"reward {means['Train/mean_reward']:.1f}")
+        if self.state.bottleneck:
+            parts.append("bottleneck: " + self.state.bottleneck)
         status = self.state.status_line()
         if status is not None:
             parts.append(status)
@@ -617,6 +625,9 @@ class PanelSink(RecordSink):
     def on_event(self, event: EventRecord) -> None:
         if event.name == schema.EVENT_WARMUP_DONE:
             self.state.warmed_up = True
+        elif event.name == schema.EVENT_BOTTLENECK:
+            text, caveat = event.attributes.get("text"), event.attributes.get("caveat")
+            self.state.bottleneck = f"{text} ({caveat})" if caveat else str(text or "") or None
         elif event.name == STATUS_EVENT:
             text = str(event.attributes.get("text", ""))
             self.state.status = text or None

@@ -24,7 +24,7 @@ import orjson
 import pandas as pd
 
 from otel_rl.base import environment_variables as env
-from otel_rl.formats import lifecycle
+from otel_rl.formats import lifecycle, schema
 from otel_rl.base.log import logger
 from otel_rl.run import files
 from otel_rl.run.jsonl import read_records
@@ -104,7 +104,8 @@ def folder_scalars(folder: Path) -> pd.DataFrame:
 
 def folder_run(folder: Path) -> dict[str, Any]:
     """A run folder's row of :func:`runs`, from its run records and its scalars."""
-    statuses = [r for r in records(folder) if r.get("kind") == "run"]
+    every = list(records(folder))
+    statuses = [r for r in every if r.get("kind") == "run"]
     started = next((r for r in statuses if r.get("status") == lifecycle.RUNNING), statuses[0] if statuses else {})
     last = statuses[-1] if statuses else {}
     scalars = folder_scalars(folder)
@@ -113,6 +114,8 @@ def folder_run(folder: Path) -> dict[str, Any]:
     end_ts = max([r["ts"] for r in statuses] + scalars["ts"].dropna().tolist()) if statuses else None
     row["duration_s"] = end_ts - statuses[0]["ts"] if statuses else None
     row["env_steps"] = scalars["env_steps"].dropna().max() if len(scalars) else None
+    verdicts = [r.get("attributes") for r in every if r.get("kind") == "event" and r.get("name") == schema.EVENT_BOTTLENECK]
+    row.update(_bottleneck(verdicts[-1] if verdicts and isinstance(verdicts[-1], dict) else None))
     for key in scalars.columns.drop(["seq", "ts", "step", "env_steps"], errors="ignore"):
         present = scalars[key].dropna()
         row[key] = present.iloc[-1] if len(present) else None
@@ -233,11 +236,18 @@ def server_run(entry: dict[str, Any]) -> dict[str, Any]:
     row["start"] = pd.to_datetime(entry.get("created"), unit="s", utc=True)
     row["duration_s"] = entry.get("duration_s")
     row["env_steps"] = entry.get("env_steps")
+    row.update(_bottleneck(entry.get("bottleneck")))
     row.update(entry.get("last") or {})
     return row
 
 
 # -- shared ------------------------------------------------------------------------
+
+
+def _bottleneck(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's bottleneck columns: the verdict's line, side and phase (the live one, or the trace's once a server has it)."""
+    verdict = verdict or {}
+    return {"bottleneck": verdict.get("text"), "bottleneck_side": verdict.get("side") or None, "bottleneck_phase": verdict.get("phase") or None}
 
 
 def _identity(run_id: str, status: str | None, project: str | None, group: str | None, started: dict[str, Any]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ def test_the_committed_rules_are_current():
 
 def test_the_rules_are_valid_promql():
     result = subprocess.run(["promtool", "check", "rules", str(CONFIG / "alerts.yaml")], capture_output=True, text=True)
-    assert result.returncode == 0 and "5 rules found" in result.stdout, result.stdout + result.stderr
+    assert result.returncode == 0 and "6 rules found" in result.stdout, result.stdout + result.stderr
 
 
 def test_every_rule_fires_when_it_should_and_only_then():

@@ -176,6 +176,11 @@ def test_prometheus_names_follow_the_opentelemetry_translation(pipeline):
     assert labels["rl_timeline"] == "learner" and labels["rl_run_id"] == "e2e-run"
     assert labels["service_name"] == "e2e-service" and labels["rl_rank"] == "0"
     assert float(series["value"][1]) == 200
+    # The live verdict, as a state: 1 for the side and phase that set the pace (the learner's Learning, 80% of its iteration).
+    (verdict,) = prometheus.query('rl_bottleneck{rl_run_id="e2e-run"}')
+    assert (verdict["metric"]["rl_timeline"], verdict["metric"]["rl_phase"], verdict["value"][1]) == ("learner", "learning", "1")
+    (changes,) = prometheus.query('rl_events_total{rl_event="bottleneck"}')  # what the alert rule reads
+    assert float(changes["value"][1]) >= 1
 
 
 def _substitute(expr: str) -> str:

@@ -108,6 +108,16 @@ def test_a_dumb_terminal_gets_plain_lines_while_the_run_goes_on(tmp_path):
     assert first_line < screen.index("otel-rl-test: the loop ended"), screen[-2000:]  # while the loop ran
 
 
+def test_the_panel_says_the_live_bottleneck_on_a_line_of_its_own(tmp_path):
+    """The live verdict under the tables, as analyze would say it of the last seconds; in a dumb terminal's plain lines too."""
+    screen = in_terminal(tmp_path, environment(), UNTIL_SEEN, seen=b"Bottleneck: learner (learning)")
+    assert "otel-rl-test: done" in screen
+    frame = screen[screen.rindex("Bottleneck: learner (learning)") - 4000 :]
+    assert "╭─ otel-rl" in frame or "│" in frame, screen[-3000:]  # drawn inside the panel
+    plain = in_terminal(tmp_path / "dumb", environment(TERM="dumb"), UNTIL_SEEN, seen=b"bottleneck: learner (learning)")
+    assert "| bottleneck: learner (learning)" in plain, plain[-2000:]
+
+
 STATUS = """
 import os, sys, time, otel_rl
 tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)

@@ -148,6 +148,11 @@ class MotrixSink(RecordSink):
             self._emit(self.make("media", ts=event.time_ns / 1e9, seq=event.seq, **media_fields(event.attributes)))
             return
         self._emit(self.make("event", ts=event.time_ns / 1e9, seq=event.seq, name=event.name, attributes=event.attributes))
+        if event.name == schema.EVENT_BOTTLENECK:  # a change of verdict is sent now, not at the next round (rare: it must hold)
+            for writer in self.writers:
+                wake = getattr(writer, "wake", None)
+                if wake is not None:
+                    wake()
 
     def on_cycles(self, totals: PassTotals) -> None:
         self._perf.add(totals)

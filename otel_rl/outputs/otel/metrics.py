@@ -53,6 +53,9 @@ def collect(snapshot: Snapshot, trace_id: int) -> list[Metric]:
     if snapshot.run_info is not None:
         point = NumberDataPoint({**base, **snapshot.run_info}, start, now, 1)
         metrics.append(Metric(schema.METRIC_RUN_INFO, "The run's commit and configuration as labels", "", Gauge([point])))
+    if snapshot.bottleneck is not None:
+        point = NumberDataPoint({**base, **snapshot.bottleneck}, start, now, 1)
+        metrics.append(Metric(schema.METRIC_BOTTLENECK, "1 for the live verdict's side and phase (its labels)", "", Gauge([point])))
     for name, values, attribute, unit, description in (
         (schema.METRIC_ENV_STEPS, snapshot.env_steps, schema.ATTR_TIMELINE, "{step}", "Environment steps taken"),
         (schema.METRIC_DROPPED, snapshot.dropped, schema.ATTR_QUEUE, "{record}", "Telemetry records dropped or sampled out"),

@@ -16,7 +16,7 @@ from pathlib import Path
 from otel_rl.base.environment_variables import OTEL_RL_TRACE_PROCESSOR
 from otel_rl.readers.analysis.measure import analyze_model
 from otel_rl.readers.analysis.printer import render_text
-from otel_rl.readers.analysis.report import Report
+from otel_rl.formats.report import Report
 from otel_rl.readers.analysis.trace_model import TraceModel
 from otel_rl.run.files import TRACE_GLOB
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from otel_rl.formats import schema
 from otel_rl.readers.analysis import host
-from otel_rl.readers.analysis.report import PhaseStats, Report, Stats
+from otel_rl.formats.report import PhaseStats, Report, Stats
 from otel_rl.readers.analysis.significance import rank_sum_p
 
 _WAITS = schema.SIDE_WAITS

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 
+from otel_rl.formats import diagnosis as rules
 from otel_rl.formats import trace
 
 READINGS = {
@@ -26,7 +27,7 @@ LOAD_PER_CPU = 0.5
 SWITCHES_RATIO = 3.0
 SWITCHES_MIN_PER_S = 50.0
 """The training process preempted this many times more often (and at least this many more per second): the hosts differed."""
-BUSY_LOAD_PER_CPU = 1.5
+BUSY_LOAD_PER_CPU = rules.BUSY_LOAD_PER_CPU
 BUSY_SWITCHES_PER_S = 200.0
 """Above either in both runs, the host was busy in both: more runnable threads than cores, or the training process preempted often."""
 

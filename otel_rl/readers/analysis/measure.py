@@ -1,7 +1,7 @@
 """Where the time goes, measured from a trace: per-phase statistics, stalls, shares, overlap, GPU busy time, throughput.
 
 :func:`measure` reads a :class:`TraceModel` (whichever engine read it) into a
-:class:`~otel_rl.readers.analysis.report.Report` without its diagnosis;
+:class:`~otel_rl.formats.report.Report` without its diagnosis;
 :func:`analyze_model` adds the diagnosis of :mod:`.rules`.
 
 A phase's statistics leave out its stalls: a rare occurrence far above its
@@ -18,9 +18,10 @@ import dataclasses
 from collections.abc import Callable
 
 from otel_rl.formats import schema
-from otel_rl.readers.analysis import host, ranks, rules
+from otel_rl.formats import diagnosis as rules
+from otel_rl.readers.analysis import host, ranks
 from otel_rl.readers.analysis.operators import operators_by_phase
-from otel_rl.readers.analysis.report import CycleStats, PhaseStats, Report, Timeline, Turns
+from otel_rl.formats.report import CycleStats, PhaseStats, Report, Timeline, Turns
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 STALL_FACTOR = 10.0
@@ -225,7 +226,7 @@ def measure(model: TraceModel) -> Report:
         gpu_busy_share=gpu,
         host=host.readings(model.system),
         profile=operators_by_phase(slices) or None,
-        straggler=next((found for name, entry in timelines.items() if (found := ranks.straggler(entry.ranks, name)) is not None), None),
+        straggler=next((found for name, entry in timelines.items() if (found := rules.straggler(entry.ranks, name)) is not None), None),
     )
 
 

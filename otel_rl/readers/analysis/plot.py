@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from otel_rl.readers.analysis.measure import phase_name
-from otel_rl.readers.analysis.report import Report
+from otel_rl.formats.report import Report
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 WINDOW_CYCLES = 8

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from otel_rl.readers.analysis import host
 from otel_rl.readers.analysis.operators import render_operators
-from otel_rl.readers.analysis.report import Report, Straggler, Timeline, RankTimeline
+from otel_rl.formats.report import Report, Straggler, Timeline, RankTimeline
 
 
 def render_text(report: Report) -> str:

@@ -109,6 +109,10 @@ ALTER TABLE runs ADD COLUMN IF NOT EXISTS steps_ts DOUBLE PRECISION;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS tags TEXT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS note TEXT;
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS trace_id TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS bottleneck TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS bottleneck_side TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS bottleneck_phase TEXT;
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS bottleneck_ts DOUBLE PRECISION;
 """
 _SET_STARTED = (
     "UPDATE runs SET started = s.body, started_ts = s.ts, started_seq = s.seq"
@@ -118,6 +122,11 @@ _SET_STARTED = (
 _SET_STEPS = (
     "UPDATE runs SET env_steps = s.steps, steps_ts = s.ts FROM unnest(%s::text[], %s::bigint[], %s::float8[]) AS s(run_id, steps, ts)"
     " WHERE runs.run_id = s.run_id AND (runs.steps_ts IS NULL OR runs.steps_ts <= s.ts)"
+)
+_SET_BOTTLENECK = (
+    "UPDATE runs SET bottleneck = s.body, bottleneck_side = s.side, bottleneck_phase = s.phase, bottleneck_ts = s.ts"
+    " FROM unnest(%s::text[], %s::text[], %s::text[], %s::text[], %s::float8[]) AS s(run_id, body, side, phase, ts)"
+    " WHERE runs.run_id = s.run_id AND (runs.bottleneck_ts IS NULL OR runs.bottleneck_ts <= s.ts)"
 )
 _SUMMARIZE = (
     "INSERT INTO run_summaries AS r (run_id, key, last, last_ts, last_seq, min, max)"
@@ -312,6 +321,7 @@ class PostgresStorage:
     def _describe(cursor: Any, rows: list[Row], blocks: list[tuple]) -> None:
         """Keep the runs' listing columns and key summaries up to date with new ``rows`` and their point blocks (in a transaction)."""
         for statement, found in ((_SET_STARTED, summaries.started(rows)), (_SET_STEPS, summaries.newest_steps(rows)),
+                                 (_SET_BOTTLENECK, summaries.newest_bottleneck(rows)),
                                  (_SUMMARIZE, summaries.key_summaries(blocks))):  # fmt: skip
             if found:
                 cursor.execute(statement, tuple(map(list, zip(*found, strict=True))))
@@ -407,6 +417,13 @@ class PostgresStorage:
             "INSERT INTO run_files (run_id, name, stored, data) SELECT run_id, %s, %s, %s FROM runs WHERE run_id = %s"
             " ON CONFLICT (run_id, name) DO UPDATE SET stored = excluded.stored, data = excluded.data RETURNING run_id",
             (name, time.time(), data, run_id),
+        )
+        return bool(rows)
+
+    def set_bottleneck(self, run_id: str, verdict: dict[str, Any]) -> bool:
+        rows = self._query(
+            "UPDATE runs SET bottleneck = %s, bottleneck_side = %s, bottleneck_phase = %s, bottleneck_ts = %s WHERE run_id = %s RETURNING run_id",
+            (json.dumps(verdict), verdict.get("side") or "", verdict.get("phase") or "", summaries.TRACE_VERDICT_TS, run_id),
         )
         return bool(rows)
 

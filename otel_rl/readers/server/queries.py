@@ -33,7 +33,8 @@ class BadQuery(ValueError):
 
 
 def run_filter(query: Mapping[str, str]) -> RunFilter:
-    """``project``, ``group``, ``status`` (one or several, comma-separated), ``q``, ``tag`` and ``order`` of a listing request."""
+    """``project``, ``group``, ``status`` (one or several, comma-separated), ``q``, ``tag``, ``bottleneck`` (a verdict's side,
+    or ``side/phase``: ``collector``, ``learner/learning``) and ``order`` of a listing request."""
     statuses = tuple(s.strip() for s in query.get("status", "").split(",") if s.strip())
     unknown = [s for s in statuses if s not in STATUSES]
     if unknown:
@@ -42,8 +43,11 @@ def run_filter(query: Mapping[str, str]) -> RunFilter:
     if order not in ("created", "newest"):
         raise BadQuery("order", "order must be created (oldest first, the default) or newest")
     tag = query.get("tag") or None  # as tags are kept: one form of each accent (NFC), however it was typed
+    bottleneck = query.get("bottleneck") or None
+    if bottleneck is not None and (len(bottleneck) > 200 or bottleneck.count("/") > 1 or bottleneck.startswith("/")):
+        raise BadQuery("bottleneck", "bottleneck is a verdict's side (collector, learner) or side/phase (collector/env_step)")
     return RunFilter(query.get("project") or None, query.get("group") or None, statuses, query.get("q") or None,
-                     None if tag is None else unicodedata.normalize("NFC", tag), newest_first=order == "newest")  # fmt: skip
+                     None if tag is None else unicodedata.normalize("NFC", tag), bottleneck, newest_first=order == "newest")  # fmt: skip
 
 
 def events_limit(query: Mapping[str, str]) -> int | None:

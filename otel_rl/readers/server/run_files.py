@@ -33,7 +33,7 @@ from aiohttp import web
 
 from otel_rl.formats.protowire import TRACE_PACKET, length_delimited, read_varint
 from otel_rl.readers.analysis.compare import compare_reports
-from otel_rl.readers.analysis.report import Report
+from otel_rl.formats.report import Report
 from otel_rl.run.media import CONTENT_TYPES
 from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.storage import other_run
@@ -120,7 +120,20 @@ class RunFiles:
                             headers={"Content-Disposition": f'attachment; filename="{file_name(run_id)}.perfetto-trace"'})  # fmt: skip
 
     async def put_diagnosis(self, request: web.Request) -> web.Response:
-        return await self._put(request, DIAGNOSIS, MAX_DIAGNOSIS_BYTES, _diagnosis_problem)
+        """The run's diagnosis from its trace; its verdict replaces the live one as the run's bottleneck, the two reconciled."""
+        response = await self._put(request, DIAGNOSIS, MAX_DIAGNOSIS_BYTES, _diagnosis_problem)
+        if response.status == 200:
+            handlers, run_id = self.handlers, run_id_of(request)
+            await handlers.off_loop(handlers.database, self._settle_verdict, run_id)
+        return response
+
+    def _settle_verdict(self, run_id: str) -> None:
+        """The trace's verdict as the run's bottleneck (on a database thread), beside the last live one and whether they agree."""
+        storage = self.handlers.storage
+        data, run = storage.file(run_id, DIAGNOSIS), storage.run(run_id)
+        if data is None or run is None:
+            return
+        storage.set_bottleneck(run_id, reconcile(Report.from_json(json.loads(data)), run.get("bottleneck")))
 
     async def get_diagnosis(self, request: web.Request) -> web.Response:
         found = await self._get(request, DIAGNOSIS)
@@ -241,6 +254,31 @@ def _trace_problem(data: bytes) -> str | None:
     except (IndexError, ValueError):
         return f"the trace is cut short at byte {len(data):,}"
     return f"the trace is cut short: its last packet needs {body + length - len(data):,} more bytes"
+
+
+def reconcile(report: Report, live: dict[str, Any] | None) -> dict[str, Any]:
+    """The trace's verdict as the run's bottleneck: its text, side and phase, the live verdict it replaces, and whether they agree.
+
+    They agree when they name the same side and phase (and rank); a run whose bottleneck moved while it ran ends with
+    the verdict of its whole trace, and says so.
+    """
+    diagnosis = report.diagnosis
+    assert diagnosis is not None  # from_json refuses a report without one
+    verdict: dict[str, Any] = {"source": "trace", "text": diagnosis.bottleneck, "side": diagnosis.side, "phase": diagnosis.phase}
+    if diagnosis.rank is not None:
+        verdict["rank"] = diagnosis.rank
+    if live is not None and live.get("source") == "trace":
+        live = live.get("live")  # a diagnosis sent again: reconciled with the same live verdict
+    if live:
+        verdict["live"] = {k: live[k] for k in ("text", "side", "phase", "rank", "confidence", "since") if k in live}
+        same = (live.get("side") or None, live.get("phase") or None, live.get("rank")) == (diagnosis.side, diagnosis.phase, diagnosis.rank)
+        verdict["agrees"] = same
+        verdict["reconciled"] = (
+            f"the trace agrees with the live verdict: {diagnosis.bottleneck}" if same
+            else f"the trace says {diagnosis.bottleneck} over the whole run; the live verdict said {live.get('text')} at the end "
+                 "(its last seconds): the bottleneck moved while the run went, or the last window was not the run's steady state"
+        )  # fmt: skip
+    return verdict
 
 
 def _diagnosis_problem(data: bytes) -> str | None:

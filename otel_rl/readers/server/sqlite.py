@@ -94,13 +94,18 @@ CREATE TABLE IF NOT EXISTS run_files (
     PRIMARY KEY (run_id, name)
 );
 """
-_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL", "tags": "TEXT", "note": "TEXT", "trace_id": "TEXT"}
+_RUN_COLUMNS = {"started": "TEXT", "started_ts": "REAL", "started_seq": "INTEGER", "env_steps": "INTEGER", "steps_ts": "REAL", "tags": "TEXT", "note": "TEXT", "trace_id": "TEXT",
+                "bottleneck": "TEXT", "bottleneck_side": "TEXT", "bottleneck_phase": "TEXT", "bottleneck_ts": "REAL"}
 """Columns of ``runs`` the listing reads (:mod:`otel_rl.readers.server.summaries`), added to a database made before them."""
 _SET_STARTED = (
     "UPDATE runs SET started = ?, started_ts = ?, started_seq = ?"
     " WHERE run_id = ? AND (started_ts IS NULL OR started_ts < ? OR (started_ts = ? AND started_seq < ?))"
 )
 _SET_STEPS = "UPDATE runs SET env_steps = ?, steps_ts = ? WHERE run_id = ? AND (steps_ts IS NULL OR steps_ts <= ?)"
+_SET_BOTTLENECK = (
+    "UPDATE runs SET bottleneck = ?, bottleneck_side = ?, bottleneck_phase = ?, bottleneck_ts = ?"
+    " WHERE run_id = ? AND (bottleneck_ts IS NULL OR bottleneck_ts <= ?)"
+)
 _SUMMARIZE = (
     "INSERT INTO run_summaries (run_id, key, last, last_ts, last_seq, min, max) VALUES (?, ?, ?, ?, ?, ?, ?)"
     " ON CONFLICT (run_id, key) DO UPDATE SET"
@@ -165,7 +170,7 @@ class SqliteStorage:
         for name in missing:
             self._db.execute(f"ALTER TABLE runs ADD COLUMN {name} {_RUN_COLUMNS[name]}")
         for (run_id,) in self._db.execute("SELECT run_id FROM runs").fetchall():
-            bodies = self._db.execute("SELECT body FROM records WHERE run_id = ? AND kind IN ('run', 'scalars') ORDER BY ts, seq", (run_id,))
+            bodies = self._db.execute("SELECT body FROM records WHERE run_id = ? AND kind IN ('run', 'scalars', 'event') ORDER BY ts, seq", (run_id,))
             rows = [Row.of(json.loads(body), body) for (body,) in bodies]
             self._describe(self._db, rows, point_blocks(rows))
         self._db.execute("COMMIT")
@@ -175,6 +180,7 @@ class SqliteStorage:
         """Keep the runs' listing columns and key summaries up to date with new ``rows`` and their point blocks (in a transaction)."""
         db.executemany(_SET_STARTED, [(body, ts, seq, run_id, ts, ts, seq) for run_id, body, ts, seq in summaries.started(rows)])
         db.executemany(_SET_STEPS, [(steps, ts, run_id, ts) for run_id, steps, ts in summaries.newest_steps(rows)])
+        db.executemany(_SET_BOTTLENECK, [(*found, run_id, found[-1]) for run_id, *found in summaries.newest_bottleneck(rows)])
         db.executemany(_SUMMARIZE, summaries.key_summaries(blocks))
 
     def close(self) -> None:
@@ -361,6 +367,10 @@ class SqliteStorage:
     def put_file(self, run_id: str, name: str, data: bytes) -> bool:
         insert = "INSERT OR REPLACE INTO run_files (run_id, name, stored, data) VALUES (?, ?, ?, ?)"
         return self._write([(insert, (run_id, name, time.time(), data))], run_id)
+
+    def set_bottleneck(self, run_id: str, verdict: dict[str, Any]) -> bool:
+        return self._write([("UPDATE runs SET bottleneck = ?, bottleneck_side = ?, bottleneck_phase = ?, bottleneck_ts = ? WHERE run_id = ?",
+                             (json.dumps(verdict), verdict.get("side") or "", verdict.get("phase") or "", summaries.TRACE_VERDICT_TS, run_id))], run_id)  # fmt: skip
 
     def file(self, run_id: str, name: str) -> bytes | None:
         rows = self._read("SELECT data FROM run_files WHERE run_id = ? AND name = ?", (run_id, name))

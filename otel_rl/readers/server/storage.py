@@ -25,7 +25,7 @@ from otel_rl.formats import lifecycle
 
 RUN_FIELDS = (
     "run_id", "status", "lost", "project", "grp", "meta", "reason", "created", "last_seen", "started", "env_steps", "status_ts", "started_ts",
-    "tags", "note",
+    "tags", "note", "bottleneck",
 )  # fmt: skip
 RUN_TABLES = ("records", "series_keys", "point_blocks", "run_summaries", "run_files", "refused_writers", "runs")
 """Every table that holds a run's rows: what deleting a run empties."""
@@ -33,13 +33,16 @@ TERMINAL = lifecycle.TERMINAL
 FACETS = (
     "SELECT DISTINCT 'project', project FROM runs WHERE project IS NOT NULL"
     " UNION SELECT DISTINCT 'group', grp FROM runs WHERE grp IS NOT NULL"
+    " UNION SELECT DISTINCT 'bottleneck', bottleneck_side FROM runs WHERE bottleneck_side IS NOT NULL AND bottleneck_side <> ''"
+    " UNION SELECT DISTINCT 'bottleneck', bottleneck_side || '/' || bottleneck_phase FROM runs"
+    " WHERE bottleneck_side IS NOT NULL AND bottleneck_side <> '' AND bottleneck_phase <> ''"
 )
 """The distinct projects and groups of the runs (:meth:`Storage.facets`), as ``(kind, value)`` rows."""
 
 
 def facets_of(rows: list[tuple]) -> dict[str, list[str]]:
-    """:data:`FACETS`' rows as ``{"project": [...], "group": [...]}``, sorted."""
-    return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group")}
+    """:data:`FACETS`' rows as ``{"project": [...], "group": [...], "bottleneck": [...]}`` (a verdict's ``side`` and ``side/phase``), sorted."""
+    return {name: sorted(value for kind, value in rows if kind == name) for name in ("project", "group", "bottleneck")}
 MAX_PAGE = 1000
 MAX_KNOWN_KEYS = 200_000
 """(run, key) pairs remembered to skip re-inserting known series keys; forgotten all at once past this."""
@@ -58,6 +61,8 @@ class RunFilter:
     statuses: tuple[str, ...] = ()
     search: str | None = None
     tag: str | None = None
+    bottleneck: str | None = None
+    """The verdict's side (``collector``), or side and phase (``collector/env_step``)."""
     newest_first: bool = False
 
     def where(self, mark: str, like: str) -> tuple[list[str], list[Any]]:
@@ -73,6 +78,13 @@ class RunFilter:
             either = [f"(NOT runs.lost AND runs.status IN ({', '.join([mark] * len(reported))}))"] if reported else []
             clauses.append("(" + " OR ".join(either + (["runs.lost"] if lifecycle.LOST in self.statuses else [])) + ")")
             params += reported
+        if self.bottleneck:
+            side, _, phase = self.bottleneck.partition("/")
+            clauses.append(f"runs.bottleneck_side = {mark}")
+            params.append(side)
+            if phase:
+                clauses.append(f"runs.bottleneck_phase = {mark}")
+                params.append(phase)
         if self.tag:
             # Tags are kept as a JSON list, '["a", "b"]': with its first '[' made ', ', each tag is ', "tag"' (the quotes
             # inside a tag escaped), so one exact, case-sensitive substring test finds a tag and no other.
@@ -261,6 +273,10 @@ class Storage(Protocol):
         """Keep ``data`` as the run's file ``name`` (replacing it); False when there is no such run."""
         ...
 
+    def set_bottleneck(self, run_id: str, verdict: dict[str, Any]) -> bool:
+        """Make ``verdict`` the run's bottleneck for good (the trace's, which no later live verdict replaces); False when there is no such run."""
+        ...
+
     def file(self, run_id: str, name: str) -> bytes | None:
         """The run's file ``name``, None when it has none."""
         ...
@@ -280,7 +296,9 @@ class Storage(Protocol):
 
 def run_dict(row: tuple) -> dict[str, Any]:
     """A ``runs`` row (:data:`RUN_FIELDS`) as the API shows a run."""
-    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps, status_ts, started_ts, tags, note = row[: len(RUN_FIELDS)]
+    run_id, status, lost, project, group, meta, reason, created, last_seen, started, env_steps, status_ts, started_ts, tags, note, bottleneck = row[
+        : len(RUN_FIELDS)
+    ]
     # From its running record to its end (its terminal record), or to now's last word: in the run's own clock where it can be.
     end = status_ts if status in TERMINAL else last_seen
     duration = max(0.0, end - started_ts) if started_ts is not None and end is not None else None
@@ -299,6 +317,7 @@ def run_dict(row: tuple) -> dict[str, Any]:
         "duration_s": duration,
         "tags": json.loads(tags) if isinstance(tags, str) and tags else [],
         "note": note or "",
+        "bottleneck": json.loads(bottleneck) if isinstance(bottleneck, str) and bottleneck else None,
     }
 
 

@@ -2,7 +2,10 @@
 
 Per run: what it said when it started (its newest ``running`` record's
 configuration, provenance and plan, ``started``) and its newest env-step
-count (``env_steps``), as columns of ``runs``; per run and key, the last
+count (``env_steps``) and its newest live verdict (``bottleneck``: a
+``bottleneck`` event's text, side, phase and confidence, with the time it was
+said; its side and phase also as columns the listing filters on), as columns
+of ``runs``; per run and key, the last
 value (by ``(ts, seq)``), the minimum and the maximum in ``run_summaries``.
 Each batch updates them in its own transaction, whichever server stores it:
 a newer value wins, older ones leave them as they are, so batches stored in
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from otel_rl.formats import lifecycle
+from otel_rl.formats import lifecycle, schema
 from otel_rl.readers.server.storage import BLOCK_COLUMNS, Row
 
 STARTED_FIELDS = ("family", "total_steps", "num_envs", "config", "versions", "command", "host", "git")
@@ -46,6 +49,32 @@ def newest_steps(rows: list[Row]) -> list[tuple[str, int, float]]:
         if steps is not None and (row.run_id not in newest or row.ts >= newest[row.run_id][0]):
             newest[row.run_id] = (row.ts, int(steps))
     return [(run_id, steps, ts) for run_id, (ts, steps) in newest.items()]
+
+
+BOTTLENECK_FIELDS = ("text", "side", "phase", "rank", "confidence", "caveat", "env_steps_per_s", "evidence", "previous")
+"""What a ``bottleneck`` event says that the run keeps as its current verdict."""
+TRACE_VERDICT_TS = 1e300
+"""The time a trace's verdict is kept at: after every live one, so none replaces it."""
+
+
+def newest_bottleneck(rows: list[Row]) -> list[tuple[str, str, str, str, float]]:
+    """``(run_id, verdict JSON, side, phase, ts)``: per run, its newest ``bottleneck`` event of the batch."""
+    newest: dict[str, tuple[float, dict[str, Any]]] = {}
+    for row in rows:
+        if row.kind != "event" or '"bottleneck"' not in row.body:
+            continue
+        record = json.loads(row.body)
+        attributes = record.get("attributes")
+        if record.get("name") != schema.EVENT_BOTTLENECK or not isinstance(attributes, dict):
+            continue
+        if row.run_id not in newest or row.ts >= newest[row.run_id][0]:
+            newest[row.run_id] = (row.ts, attributes)
+    out = []
+    for run_id, (ts, attributes) in newest.items():
+        verdict = {k: attributes[k] for k in BOTTLENECK_FIELDS if k in attributes}
+        verdict.update(source="live", since=ts)
+        out.append((run_id, json.dumps(verdict), str(attributes.get("side") or ""), str(attributes.get("phase") or ""), ts))
+    return out
 
 
 def key_summaries(blocks: list[tuple[str, str, str, float, bytes]]) -> list[tuple[str, str, float, float, float, float, float]]:

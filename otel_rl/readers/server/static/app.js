@@ -182,7 +182,7 @@ function runsView() {
     const summaries = summaryColumns(query.get("sum"));
     // A page of the newest runs (the filters' and the sort's), then older ones page by page: a team's thousands stay quick.
     const filtered = new URLSearchParams({ limit: String(RUNS_PER_PAGE), order: "newest" });
-    for (const name of ["project", "group", "status", "q", "tag", "after"]) if (query.get(name)) filtered.set(name, query.get(name));
+    for (const name of ["project", "group", "status", "bottleneck", "q", "tag", "after"]) if (query.get(name)) filtered.set(name, query.get(name));
     for (const key of new Set(summaries.map((s) => s.key))) filtered.append("summary", key);
     const [facets, shown] = await Promise.all([api("/api/v1/facets"), api("/api/v1/runs?" + filtered)]);
     const distinct = (field) => facets[field] || [];
@@ -191,26 +191,27 @@ function runsView() {
       " " + shown.runs.length + " runs" + (query.get("after") ? " (older)" : "") + " ",
       shown.next ? el("button", { id: "older", onclick: () => { setParams({ after: shown.next }); refresh(); } }, "older →") : "");
     const columns = (query.get("cols") || "").split(",").filter((c) => configKeys.includes(c));
-    if (!filters.childElementCount || filters.dataset.known !== JSON.stringify([distinct("project"), distinct("group"), configKeys])) {
+    if (!filters.childElementCount || filters.dataset.known !== JSON.stringify([distinct("project"), distinct("group"), distinct("bottleneck"), configKeys])) {
       const search = el("input", { id: "filter-q", type: "search", placeholder: "search runs", value: query.get("q") || "",
         oninput: () => { setParams({ q: search.value, after: "" }); refresh(); } });
       const picker = el("select", { id: "columns", multiple: true, size: 3, title: "configuration columns",
         onchange: () => { setParams({ cols: [...picker.selectedOptions].map((o) => o.value).join(",") }); refresh(); } },
         configKeys.map((k) => el("option", { value: k, selected: columns.includes(k) }, k)));
       filters.replaceChildren(control("project", "projects", distinct("project")), control("group", "groups", distinct("group")),
-        control("status", "statuses", ["pending", "running", "finished", "failed", "killed", "lost"]), search,
+        control("status", "statuses", ["pending", "running", "finished", "failed", "killed", "lost"]),
+        control("bottleneck", "bottlenecks", distinct("bottleneck")), search,
         el("label", { class: "muted" }, "configuration columns ", picker),
         el("label", { class: "muted" }, "summary columns ", el("input", { id: "summary-columns", type: "text", size: 34, value: query.get("sum") || "",
           placeholder: "Train/mean_reward, Loss/value:min", title: "keys, each with :last (the default), :min or :max",
           onchange: (e) => { setParams({ sum: e.target.value.replace(/\s+/g, "") }); refresh(); } })));
-      filters.dataset.known = JSON.stringify([distinct("project"), distinct("group"), configKeys]);
+      filters.dataset.known = JSON.stringify([distinct("project"), distinct("group"), distinct("bottleneck"), configKeys]);
     }
     const sort = query.get("sort") || "";
     const header = (name, label, cls) => el("th", { class: cls, "data-sort": name, title: "sort by " + label,
       onclick: () => { setParams({ sort: sort === name ? "-" + name : name }); refresh(); } },
       label + (sort === name ? " ▲" : sort === "-" + name ? " ▼" : ""));
     const head = el("tr", {}, el("th", {}, ""), [["status", "status"], ["run_id", "run"], ["project", "project"], ["group", "group"],
-      ["created", "started"], ["duration", "duration"], ["last_seen", "last seen"], ["env_steps", "env steps"]].map(([n, l]) => header(n, l)),
+      ["created", "started"], ["duration", "duration"], ["last_seen", "last seen"], ["env_steps", "env steps"], ["bottleneck", "bottleneck"]].map(([n, l]) => header(n, l)),
       el("th", {}, "progress"), el("th", {}, "tags" + (query.get("tag") ? " (" + query.get("tag") + ")" : "")),
       summaries.map((s) => header("sum:" + s.name, s.name, "summary")),
       columns.map((c) => header("config:" + c, c, "config")));
@@ -230,16 +231,26 @@ function runsView() {
         el("td", {}, run.project || "-"), el("td", {}, run.group || "-"), el("td", {}, when(run.created)),
         el("td", { class: "num" }, duration(run.duration_s)),
         el("td", { title: when(run.last_seen) }, ago(run.last_seen)), el("td", { class: "num" }, number(run.env_steps)),
+        verdictCell(run.bottleneck),
         el("td", {}, fraction === null ? "-" : el("span", { class: "progress", title: Math.round(100 * fraction) + "%" },
           el("span", { style: "width:" + (100 * fraction).toFixed(1) + "%" }))),
         el("td", { class: "tags" }, (run.tags || []).map((t) => el("a", { class: "tag", href: "?tag=" + encodeURIComponent(t), title: "runs tagged " + t }, t))),
         summaries.map((s) => el("td", { class: "num summary" }, number(summaryValue(run, s)))),
         columns.map((c) => el("td", { class: "config" }, c in config ? String(config[c]) : "-")));
     });
-    table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 11, class: "muted" }, "No run matches."))));
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, rows.length ? rows : el("tr", {}, el("td", { colspan: 12, class: "muted" }, "No run matches."))));
     compare.disabled = selected.size < 2;
   }
   live(refresh);
+}
+
+// A run's bottleneck in the runs table: the live verdict while it runs, the trace's once it was sent (marked when they disagree).
+function verdictCell(verdict) {
+  if (!verdict) return el("td", { class: "bottleneck muted" }, "-");
+  const title = verdict.source === "trace" ? "from the trace" + (verdict.live ? " (live: " + verdict.live.text + ")" : "")
+    : "live" + (verdict.confidence === "low" ? ", not sure: " + (verdict.caveat || "") : "") + (verdict.since ? ", since " + when(verdict.since) : "");
+  return el("td", { class: "bottleneck" + (verdict.confidence === "low" ? " unsure" : ""), "data-side": verdict.side || "", "data-phase": verdict.phase || "",
+    "data-source": verdict.source || "", title }, verdict.text + (verdict.agrees === false ? " *" : ""));
 }
 
 // "Train/mean_reward,Loss/value:min" -> [{key, stat, name}]: the summary columns asked for (last, the default; min; max).
@@ -307,6 +318,7 @@ function sorted(runs, sort) {
   const name = descending ? sort.slice(1) : sort;
   const value = (run) => {
     if (name === "duration") return run.duration_s;
+    if (name === "bottleneck") return run.bottleneck ? run.bottleneck.text : null;
     if (name.startsWith("sum:")) {
       const column = summaryColumns(params().get("sum")).find((c) => c.name === name.slice(4));
       return column ? summaryValue(run, column) : null;
@@ -553,8 +565,9 @@ function runView(runId) {
   const details = el("section", { id: "details", class: "details" });
   const ranks = el("section", { id: "ranks", class: "details" });
   const diagnosis = el("section", { id: "diagnosis", class: "diagnosis" });
+  const verdict = el("section", { id: "live-verdict", class: "diagnosis" });
   const editor = el("section", { id: "editor", class: "editor" });
-  app(header, editor, controls, diagnosis, ranks, charts, details);
+  app(header, verdict, editor, controls, diagnosis, ranks, charts, details);
   const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); refresh(); } },
     Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
   const smoothingValue = el("output", { id: "smoothing-value" }, params().get("smooth") || "0");
@@ -594,6 +607,7 @@ function runView(runId) {
     keys = shaped.keys;
     members = shaped.members;
     events = info.events;
+    verdictPanel(verdict, run, events);
     board.units = keyList.units || {};
     board.place(keys);
     filterCharts(charts, search.value);
@@ -711,6 +725,31 @@ async function diagnosisPanel(section, runId) {
     el("p", { id: "verdict", class: "verdict" }, "bottleneck: " + report.diagnosis.bottleneck),
     el("ul", { id: "findings" }, report.diagnosis.findings.map((f) => el("li", {}, `${f.finding}: ${f.evidence}. Check: ${f.check}.`))),
     el("div", { class: "timelines" }, tables), download);
+}
+
+// The run's bottleneck now (the live verdict while it runs; the trace's once it was sent, reconciled with the last
+// live one), and when it changed: from what, to what, at what throughput.
+function verdictPanel(section, run, events) {
+  const verdict = run.bottleneck;
+  const changes = events.filter((e) => e.name === "bottleneck");
+  if (!verdict && !changes.length) return section.replaceChildren();
+  const rows = changes.slice().reverse().map((e) => {
+    const a = e.attributes || {};
+    return el("tr", { class: "verdict-change", "data-side": a.side || "", "data-phase": a.phase || "" },
+      el("td", {}, when(e.ts)), el("td", {}, a.previous ? a.previous + " → " : ""), el("td", {}, a.text || ""),
+      el("td", { class: "num" }, a.env_steps_per_s === undefined ? "-" : number(a.env_steps_per_s) + " steps/s"),
+      el("td", { class: "muted" }, a.confidence === "low" ? "not sure: " + (a.caveat || "") : ""));
+  });
+  const now = !verdict ? "" : verdict.source === "trace"
+    ? el("p", { id: "verdict-now", class: "verdict", "data-side": verdict.side || "", "data-phase": verdict.phase || "", "data-source": "trace" },
+      "bottleneck (from the trace): " + verdict.text)
+    : el("p", { id: "verdict-now", class: "verdict", "data-side": verdict.side || "", "data-phase": verdict.phase || "", "data-source": "live" },
+      "bottleneck now: " + verdict.text, el("span", { class: "muted" },
+        (verdict.since ? " · since " + when(verdict.since) : "") + (verdict.env_steps_per_s !== undefined ? " · " + number(verdict.env_steps_per_s) + " env steps/s" : "") +
+        (verdict.confidence === "low" ? " · not sure: " + (verdict.caveat || "") : "")));
+  section.replaceChildren(el("h2", {}, "Bottleneck"), now,
+    verdict && verdict.reconciled ? el("p", { id: "reconciled", class: verdict.agrees ? "muted" : "warning" }, verdict.reconciled) : "",
+    rows.length ? el("table", { id: "verdict-history" }, el("tr", {}, ["when", "from", "to", "throughput", ""].map((h) => el("th", {}, h))), rows) : "");
 }
 
 // The trace, saved as a file for ui.perfetto.dev.
@@ -885,8 +924,9 @@ function compareView() {
   const charts = el("section", { id: "charts" });
   const diff = el("section", { id: "diff" });
   const verdicts = el("section", { id: "verdicts", class: "diagnosis" });
+  const bottleneckSection = el("section", { id: "live-verdicts", class: "diagnosis" });
   const controls = el("div", { class: "controls" });
-  app(note, verdicts, diff, controls, charts);
+  app(note, bottleneckSection, verdicts, diff, controls, charts);
   const redraw = () => { round += 1; draw(true).catch(() => {}); };
   const axis = el("select", { id: "axis", onchange: () => { setParams({ x: axis.value }); redraw(); } },
     Object.entries(AXES).map(([v, label]) => el("option", { value: v, selected: (params().get("x") || "env_steps") === v }, label)));
@@ -915,6 +955,11 @@ function compareView() {
     members = shaped.members;
     board.place(keys, false);
     round += 1;
+    const bottlenecks = ids.flatMap((id, i) => (infos[i].ok ? [[id, infos[i].value.run]] : []));
+    bottleneckSection.replaceChildren(el("h2", {}, "Bottleneck"), el("table", { id: "compare-bottlenecks" },
+      el("tr", {}, el("th", {}, "run"), el("th", {}, "status"), el("th", {}, "bottleneck")),
+      bottlenecks.map(([id, run]) => el("tr", { "data-run-id": id }, el("td", {}, id + (id === ids[0] ? " (baseline)" : "")),
+        el("td", {}, badge(run.status)), verdictCell(run.bottleneck)))));
     await Promise.all([draw(true), compareVerdicts(verdicts, ids)]);
     const found = ids.filter((id) => keysOf.has(id));
     const configs = new Map(found.map((id) => [id, flatten((infos[ids.indexOf(id)].value.run.started || {}).config)]));

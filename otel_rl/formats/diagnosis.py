@@ -1,4 +1,9 @@
-"""The bottleneck diagnosis: rules over a measured :class:`~otel_rl.readers.analysis.report.Report`.
+"""The bottleneck diagnosis: rules over a measured :class:`~otel_rl.formats.report.Report`.
+
+Shared by ``otel-rl analyze`` (a trace's report, :mod:`otel_rl.readers.analysis.measure`)
+and the live verdict (the pipeline's sliding window, :mod:`otel_rl.core.live_verdict`):
+one set of rules, one wording, whichever side reads the run. Each verdict says its
+side and phase as well as its line, so a page can filter on it and a metric carry it.
 
 The rules read the bottleneck table of the learner/collector design:
 
@@ -28,8 +33,11 @@ finding carries the numbers behind it.
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
+
 from otel_rl.formats import schema
-from otel_rl.readers.analysis.report import Diagnosis, Finding, PhaseStats, Report, Turns
+from otel_rl.formats.report import Diagnosis, Finding, PhaseStats, RankTimeline, Report, Straggler, Timeline, Turns
 
 HIGH_WAIT = 0.25
 """A wait phase above this share of its cycle means the other side holds it up."""
@@ -39,6 +47,12 @@ HIGH_REPLAY_WRITE = 0.30
 HIGH_OTHER = 0.20
 HIGH_STALLS = 0.05
 """Stalls holding more than this share of a timeline's time are a finding of their own."""
+STRAGGLER_RATIO = 1.2
+"""A rank whose phase takes this many times the median rank's (per iteration) is a straggler."""
+BUSY_LOAD_PER_CPU = 1.5
+"""A host's 1-minute load per core above this: busy (more runnable threads than cores); a verdict read there is less sure."""
+UNACCOUNTED = "unaccounted"
+"""A verdict's phase when time in no phase holds the pace."""
 _WAITS = schema.SIDE_WAITS
 
 
@@ -80,11 +94,13 @@ def _title(report: Report, timeline: str, name: str) -> str:
 
 def diagnose(report: Report) -> Diagnosis:
     """The main bottleneck in one plain line, and findings with their evidence."""
-    bottleneck, findings = _bottleneck(report)
+    bottleneck, side, phase, findings = _bottleneck(report)
+    rank = None
     found = report.straggler
     if found is not None:  # the job goes at its slowest rank's pace: that is the headline
         ratio = f"{found.ratio:.1f}x the median rank" if found.ratio else "only this rank has it"
         bottleneck = f"{found.timeline} rank {found.rank} ({found.title.lower()}, {ratio}): the straggler"
+        side, phase, rank = found.timeline, found.phase, found.rank
         findings.insert(0, Finding(
             finding=f"rank {found.rank} is the straggler",
             evidence=found.verdict,
@@ -95,7 +111,7 @@ def diagnose(report: Report) -> Diagnosis:
     for timeline in (schema.LEARNER, schema.COLLECTOR):  # every timeline by the same rule
         if _other(report, timeline) >= HIGH_OTHER and not any(f.finding.startswith(f"much of the {timeline}'s") for f in findings):
             findings.append(_unaccounted_finding(report, timeline))
-    return Diagnosis(bottleneck=bottleneck, findings=tuple(findings))
+    return Diagnosis(bottleneck=bottleneck, findings=tuple(findings), side=side, phase=phase, rank=rank)
 
 
 def _pace_setter(report: Report, timeline: str) -> tuple[str | None, str | None]:
@@ -106,21 +122,24 @@ def _pace_setter(report: Report, timeline: str) -> tuple[str | None, str | None]
     return culprit, (_title(report, timeline, culprit).lower() if culprit else None)
 
 
-def _bottleneck(report: Report) -> tuple[str, list[Finding]]:
-    """Which side sets the pace, and the finding that says why."""
+def _bottleneck(report: Report) -> tuple[str, str | None, str | None, list[Finding]]:
+    """Which side sets the pace (the line, its side and phase: ``unaccounted`` for time in no phase), and the finding that says why."""
     L, C = schema.LEARNER, schema.COLLECTOR
     findings: list[Finding] = []
     bottleneck = "none found (no phases in the trace)"
+    side: str | None = None
+    phase: str | None = None
     have_l, have_c = L in report.timelines, C in report.timelines
     collector_wait = _share(report, L, "collector_wait")
     action_wait = _share(report, C, "learner_action_wait")
 
     if report.turns is not None:
-        bottleneck, finding = _in_turns(report, report.turns)
+        bottleneck, side, phase, finding = _in_turns(report, report.turns)
         findings.append(finding)
     elif have_l and collector_wait >= HIGH_WAIT:
         culprit, where = _pace_setter(report, C) if have_c else (None, None)
         bottleneck = f"collector ({where or 'not instrumented'})"
+        side, phase = C, culprit or (UNACCOUNTED if where else None)
         evidence = f"learner Collector Wait is {_pct(collector_wait)} of Iter Wall (p50 {_p50(report, L, 'collector_wait'):.2f} ms)"
         if culprit:
             evidence += f"; collector {_title(report, C, culprit)} is {_pct(_share(report, C, culprit))} of its cycle"
@@ -135,6 +154,7 @@ def _bottleneck(report: Report) -> tuple[str, list[Finding]]:
     elif have_c and action_wait >= HIGH_WAIT:
         culprit, where = _pace_setter(report, L) if have_l else (None, None)
         bottleneck = f"learner ({where or 'not instrumented'})"
+        side, phase = L, culprit or (UNACCOUNTED if where else None)
         evidence = f"collector Learner Action Wait is {_pct(action_wait)} of its cycle while learner Collector Wait is {_pct(collector_wait)} of Iter Wall"
         if culprit:
             evidence += f"; learner {_title(report, L, culprit)} is {_pct(_share(report, L, culprit))} of Iter Wall"
@@ -146,11 +166,13 @@ def _bottleneck(report: Report) -> tuple[str, list[Finding]]:
         ))  # fmt: skip
     elif have_l and _unaccounted_leads(report, L):
         bottleneck = f"learner (unaccounted: {_pct(_other(report, L))} of Iter Wall is in no phase)"
+        side, phase = L, UNACCOUNTED
         findings.append(_unaccounted_finding(report, L))
     elif have_l:
         culprit = _largest(report, L, exclude=("collector_wait",))
         if culprit:
             bottleneck = f"learner ({_title(report, L, culprit).lower()})"
+            side, phase = L, culprit
             findings.append(Finding(
                 finding="no side waits much for the other; the learner's largest phase sets the pace",
                 evidence=f"learner {_title(report, L, culprit)} is {_pct(_share(report, L, culprit))} of Iter Wall"
@@ -161,7 +183,8 @@ def _bottleneck(report: Report) -> tuple[str, list[Finding]]:
         culprit, where = _pace_setter(report, C)
         if where:
             bottleneck = f"collector ({where})"
-    return bottleneck, findings
+            side, phase = C, culprit or UNACCOUNTED
+    return bottleneck, side, phase, findings
 
 
 def _hot_spots(report: Report) -> list[Finding]:
@@ -227,13 +250,15 @@ def _unaccounted_finding(report: Report, timeline: str) -> Finding:
     )
 
 
-def _in_turns(report: Report, turns: Turns) -> tuple[str, Finding]:
+def _in_turns(report: Report, turns: Turns) -> tuple[str, str | None, str, Finding]:
     """The verdict for a loop that collects and learns in turn: from where the wall time goes."""
     L, C = schema.LEARNER, schema.COLLECTOR
     evidence = f"collection is {_pct(turns.collector)} of wall time, learning {_pct(turns.learner)}, {_pct(turns.outside)} is in neither"
     if turns.outside >= max(turns.collector, turns.learner):
         return (
             f"unaccounted ({_pct(turns.outside)} of wall time is in no iteration)",
+            None,
+            UNACCOUNTED,
             Finding(finding="collection and learning take turns, and most of the time is in neither",
                 evidence=evidence,
                 check="what runs between rollouts and updates (evaluation, checkpoints, logging, resets): time it as phases",
@@ -252,6 +277,8 @@ def _in_turns(report: Report, turns: Turns) -> tuple[str, Finding]:
     name = "collection" if side == C else "learning"
     return (
         f"{side} ({where})",
+        side,
+        UNACCOUNTED if _unaccounted_leads(report, side) or culprit is None else culprit,
         Finding(finding=f"collection and learning take turns, and {name} takes most of the wall time", evidence=evidence, check=check),
     )
 
@@ -289,3 +316,59 @@ def _stall_findings(report: Report) -> list[Finding]:
             check="what the host did at those moments (other processes, swapping, I/O, garbage collection): a stall is not the phase's steady cost",
         ))  # fmt: skip
     return findings
+
+
+def straggler(ranks: Sequence[RankTimeline], timeline: str = schema.LEARNER) -> Straggler | None:
+    """The rank whose top-level phase of work most exceeds the median rank's, per iteration; None when no rank's is
+    :data:`STRAGGLER_RATIO` times the median's or more (``ranks``: each rank's table, from a trace or a live window).
+
+    A rank that works longer makes the others wait in their collective, which then exceeds its median on them:
+    with two ranks the two excesses are equal. A phase of waiting (:func:`~otel_rl.formats.schema.is_wait`) therefore names a straggler
+    only when no phase of work does: the rank that works longer is named, never the ones that wait for it.
+    """
+    if not ranks:
+        return None
+    per = {entry.rank: _per_iteration(entry) for entry in ranks}
+    names = sorted(set().union(*per.values()))
+    median = {name: statistics.median(own.get(name, 0.0) for own in per.values()) for name in names}
+
+    def slow(rank: int, name: str) -> bool:
+        excess = per[rank].get(name, 0.0) - median[name]
+        return excess > 0 and not (median[name] > 0 and per[rank].get(name, 0.0) < STRAGGLER_RATIO * median[name])
+
+    found = [(per[rank].get(name, 0.0) - median[name], not schema.is_wait(name), rank, name) for rank in per for name in names if slow(rank, name)]
+    work = [candidate for candidate in found if candidate[1]]
+    _, _, rank, name = max(work or found, default=(0.0, False, None, None))
+    if rank is None:
+        return None
+    excess = per[rank][name] - median[name]
+    entry = next(e for e in ranks if e.rank == rank)
+    titles = {n: s.title for e in ranks for n, s in e.phases.items()}
+    others = [own for r, own in per.items() if r != rank]
+    waits = {n: statistics.median(own.get(n, 0.0) for own in others) - per[rank].get(n, 0.0) for n in names if n != name}
+    wait = max(waits, key=waits.get) if waits else None  # type: ignore[arg-type]
+    others_wait_in = others_wait_ms = None
+    if wait is not None and waits[wait] >= 0.5 * excess:  # the others spend at least half its excess waiting there
+        others_wait_in, others_wait_ms = titles[wait], waits[wait]
+    ratio = per[rank][name] / median[name] if median[name] else None
+    line = _verdict(rank, entry.host, titles[name], ratio, per[rank][name], median[name], others_wait_in, others_wait_ms)
+    return Straggler(
+        rank=rank, host=entry.host, phase=name, title=titles[name], ms_per_iteration=per[rank][name],
+        median_ms_per_iteration=median[name], ratio=ratio, others_wait_in=others_wait_in,
+        others_wait_ms_per_iteration=others_wait_ms, verdict=line, timeline=timeline,
+    )  # fmt: skip
+
+
+def _per_iteration(entry: Timeline) -> dict[str, float]:
+    cycles = entry.cycles or 1
+    return {name: stat.total_ms / cycles for name, stat in entry.phases.items() if not stat.nested and not stat.background}
+
+
+def _verdict(rank: int, host: str | None, title: str, ratio: float | None, ms: float, median_ms: float,
+             others_wait_in: str | None, others_wait_ms: float | None) -> str:  # fmt: skip
+    where = f"rank {rank}" + (f" on {host}" if host else "")
+    times = f"{ratio:.1f}x the median rank" if ratio else "only this rank has it"
+    line = f"{where}: {title} {times} ({ms:.2f} ms against {median_ms:.2f} ms per iteration)"
+    if others_wait_in:
+        line += f"; the others wait in their {others_wait_in} (+{others_wait_ms:.2f} ms per iteration)"
+    return line

@@ -117,6 +117,12 @@ class Diagnosis:
 
     bottleneck: str
     findings: tuple[Finding, ...] = ()
+    side: str | None = None
+    """The timeline that sets the pace (``learner``, ``collector``), None when none does."""
+    phase: str | None = None
+    """Its phase (``env_step``...), ``unaccounted`` for time in no phase, None when not instrumented or unknown."""
+    rank: int | None = None
+    """The straggler's rank, when one holds the job."""
 
 
 @dataclass(frozen=True)
