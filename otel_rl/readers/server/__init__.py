@@ -36,9 +36,10 @@ route is also ``/api/v1/run...?run_id=``, for a run named ``.`` or ``..``):
 
 - ``POST /api/v1/ingest``: a batch of records, as above.
 - ``GET /api/v1/runs``: the runs, a page at a time (``limit``, ``after``; ``next`` is the following page's ``after``),
-  filtered by ``project``, ``group``, ``status``, ``tag``.
-- ``GET /api/v1/facets``: the projects and groups of the runs.
-- ``GET /api/v1/runs/{run_id}``: a run: its status, what it started with, its newest ``events``.
+  filtered by ``project``, ``group``, ``status``, ``tag``, ``bottleneck`` (a verdict's side, or ``side/phase``).
+- ``GET /api/v1/facets``: the projects, groups and bottlenecks of the runs.
+- ``GET /api/v1/runs/{run_id}``: a run: its status, what it started with, its ``bottleneck`` (the live verdict, the
+  trace's once it was sent), its newest ``events``.
 - ``PATCH /api/v1/runs/{run_id}``: its tags and note. ``DELETE /api/v1/runs/{run_id}``: the run and all it holds.
 - ``GET /api/v1/runs/{run_id}/keys``: its scalar keys and their units.
 - ``GET /api/v1/runs/{run_id}/scalars``: the series of ``key`` (several), against ``x``, at most ``max_points``.

@@ -123,7 +123,7 @@ def test_nothing_is_said_outside_a_run():
 
 def test_a_real_loop_records_its_verdict_changes_in_its_run_folder(tmp_path):
     """Learning slows from 2 ms to 20 ms midway: metrics.jsonl holds the collector-bound verdict, then the learner-bound one."""
-    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0)
+    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0, tensorboard=True)
     with tel.run():
         start = time.monotonic()
         i = 0
@@ -140,5 +140,11 @@ def test_a_real_loop_records_its_verdict_changes_in_its_run_folder(tmp_path):
     changes = [r["attributes"] for r in records if r["kind"] == "event" and r["name"] == schema.EVENT_BOTTLENECK]
     assert [c["text"] for c in changes] == ["collector (not instrumented)", "learner (learning)"], changes
     assert changes[1]["previous"] == "collector (not instrumented)" and changes[1]["cycles"] > MIN_CYCLES
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"tensors": 0})
+    board.Reload()
+    said = [t.tensor_proto.string_val[0].decode() for t in board.Tensors("events/bottleneck")]
+    assert len(said) == 2 and "learner (learning)" in said[1], said  # TensorBoard shows each change as text
     (row,) = otel_rl.read.runs(tmp_path).to_dict("records")  # what a script reads of the run: its latest verdict
     assert (row["bottleneck"], row["bottleneck_side"], row["bottleneck_phase"]) == ("learner (learning)", "learner", "learning")
