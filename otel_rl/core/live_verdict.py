@@ -28,12 +28,11 @@ from __future__ import annotations
 
 import collections
 import re
-from dataclasses import dataclass, field
 from typing import Any
 
 from otel_rl.formats import diagnosis as rules
 from otel_rl.core.batches import ScalarBatch
-from otel_rl.core.totals import PassTotals
+from otel_rl.core.totals import CycleTotals, PassTotals
 from otel_rl.formats import schema
 from otel_rl.formats.report import Diagnosis, PhaseStats, RankTimeline, Report, Stats, Timeline, Turns
 
@@ -57,25 +56,6 @@ LOAD_KEY = "sys/load_per_cpu"
 _LEARNER_PHASE_KEY = re.compile(r"^Perf/learner_([a-z][a-z0-9_]*)_ms$")
 
 
-@dataclass(slots=True)
-class _Sums:
-    """One timeline's time in one bucket of the window (ns)."""
-
-    cycles: int = 0
-    wall_ns: int = 0
-    top: dict[str, int] = field(default_factory=dict)
-    nested: dict[str, int] = field(default_factory=dict)
-    loose: dict[str, int] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-
-    def add(self, other: Any) -> None:
-        self.cycles += other.cycles
-        self.wall_ns += other.wall_ns
-        for mine, theirs in ((self.top, other.top), (self.nested, other.nested), (self.loose, other.loose), (self.counts, other.counts)):
-            for name, value in theirs.items():
-                mine[name] = mine.get(name, 0) + value
-
-
 class LiveVerdict:
     """Reads the pipeline's recent totals with the diagnosis rules; not thread-safe (the pipeline thread owns it)."""
 
@@ -89,7 +69,7 @@ class LiveVerdict:
         self._reset()
 
     def _reset(self) -> None:
-        self._buckets: collections.deque[tuple[int, dict[str, _Sums]]] = collections.deque()
+        self._buckets: collections.deque[tuple[int, dict[str, CycleTotals]]] = collections.deque()
         self._steps: collections.deque[tuple[int, int]] = collections.deque()
         self._ranks: dict[int, dict[str, tuple[int, float]]] = {}
         self._load: tuple[int, float] | None = None
@@ -119,7 +99,7 @@ class LiveVerdict:
         for timeline, cycles in totals.timelines.items():
             own = sums.get(timeline)
             if own is None:
-                own = sums[timeline] = _Sums()
+                own = sums[timeline] = CycleTotals()
             own.add(cycles)
         learner = totals.timelines.get(schema.LEARNER)
         if learner is not None and learner.env_steps is not None:
@@ -186,14 +166,14 @@ class LiveVerdict:
         The newest buckets of :data:`WINDOW_S`, and older ones (up to :data:`MAX_WINDOW_S`) while it holds fewer than
         :data:`ENOUGH_CYCLES` cycles.
         """
-        sums: dict[str, _Sums] = {}
+        sums: dict[str, CycleTotals] = {}
         first_ns = now_ns
         for start, bucket in reversed(self._buckets):
             if now_ns - first_ns >= self.window_ns and max((own.cycles for own in sums.values()), default=0) >= ENOUGH_CYCLES:
                 break
             first_ns = start
             for timeline, own in bucket.items():
-                sums.setdefault(timeline, _Sums()).add(own)
+                sums.setdefault(timeline, CycleTotals()).add(own)
         timelines = {name: _timeline(name, own) for name, own in sums.items() if own.cycles or own.loose}
         if not timelines:
             return None
@@ -237,7 +217,7 @@ def _spec(timeline: str, name: str) -> tuple[str, bool]:
     return spec.title, spec.parent is not None
 
 
-def _timeline(timeline: str, own: _Sums) -> Timeline:
+def _timeline(timeline: str, own: CycleTotals) -> Timeline:
     """A timeline's window as the report's table: each phase's mean per cycle and share (per occurrence without cycles)."""
     wall = own.wall_ns if own.cycles else sum(own.loose.values())
     phases: dict[str, PhaseStats] = {}
@@ -266,7 +246,7 @@ def _timeline(timeline: str, own: _Sums) -> Timeline:
     )
 
 
-def _turns(sums: dict[str, _Sums], span_ns: int) -> Turns | None:
+def _turns(sums: dict[str, CycleTotals], span_ns: int) -> Turns | None:
     """Each side's share of the window's time when their working time fits in it (they take turns), else None."""
     learner, collector = sums.get(schema.LEARNER), sums.get(schema.COLLECTOR)
     if learner is None or collector is None or not learner.cycles or not collector.cycles:

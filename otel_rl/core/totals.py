@@ -35,6 +35,14 @@ class CycleTotals:
     sync_calls: int = 0
     """``gradient_sync`` phases within the cycles (a rank's gradient all-reduces: one per bucket or per update)."""
 
+    def add(self, other: CycleTotals) -> None:
+        """Another pass's totals of the same timeline (a window adding up passes); its ``index`` and ``env_steps`` are not kept."""
+        self.cycles += other.cycles
+        self.wall_ns += other.wall_ns
+        self.sync_calls += other.sync_calls
+        for mine, theirs in ((self.top, other.top), (self.nested, other.nested), (self.loose, other.loose), (self.counts, other.counts)):
+            _add(mine, theirs)
+
     def add_cycle(self, wall_ns: int, top: Mapping[str, int], nested: Mapping[str, int]) -> None:
         """A cycle relayed from a worker."""
         self.cycles += 1
