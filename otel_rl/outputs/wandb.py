@@ -48,6 +48,7 @@ queue, failures counted and warned once, within the shutdown deadline).
 from __future__ import annotations
 
 import contextlib
+import html
 import os
 import re
 import sys
@@ -56,7 +57,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from otel_rl.formats import lifecycle
+from otel_rl.formats import lifecycle, schema
 from otel_rl.base import extras
 from otel_rl.base import environment_variables as env
 from otel_rl.base.drops import Drops
@@ -145,7 +146,9 @@ class WandbWriter(TrackerWriter):
                     seen.update(count=seen["count"] + 1, step=step, attributes=attributes)
                     run.summary[f"events/{name}"] = dict(seen)
                     # Its count as a series too, so the event shows on the charts' axis where it happened.
-                    count = {f"events/{name}/count": seen["count"]}
+                    count: dict = {f"events/{name}/count": seen["count"]}
+                    if name == schema.EVENT_BOTTLENECK and attributes.get("text"):  # the verdict, readable where it changed
+                        count[f"events/{name}/text"] = wandb.Html(f"<p>{html.escape(str(attributes['text']))}</p>", inject=False)
                     run.log(count if step is None else {STEP_METRIC: step, **count})
                 elif kind == "media":
                     _, _, step, attributes = item

@@ -220,3 +220,22 @@ def test_wandb_disabled_is_no_wandb_run_and_a_wrong_mode_is_named(tmp_path, monk
         tel.close()
     assert sum("WANDB_MODE" in r.getMessage() for r in caplog.records) == 1
     assert tel.config.wandb_mode == "offline"  # the variable ignored: no API key, so offline
+
+
+def test_a_change_of_bottleneck_reaches_wandb_as_text_at_its_step(tmp_path):
+    """The live verdict's changes: a history row with the verdict as HTML text and its count, the latest in the summary."""
+    tel = otel_rl.init(run_dir=tmp_path, wandb=True, system_metrics_interval_s=0)
+    with tel.run():
+        began, i = time.monotonic(), 0
+        while time.monotonic() - began < 4:
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                with tel.phase("learning"):
+                    time.sleep(0.01)
+            i += 1
+    tel.close()
+    (run,) = run_dirs(tmp_path)
+    (row,) = [r for r in history(run) if "events/bottleneck/count" in r]
+    assert row["events/bottleneck/text._type"] == "html-file" and row["env_steps"] > 0
+    text = (run / "files" / row["events/bottleneck/text.path"]).read_text()
+    assert "learner (learning)" in text
+    assert summary(run)["summary"]["events/bottleneck"]["attributes"]["text"] == "learner (learning)"
