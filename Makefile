@@ -16,8 +16,11 @@ demo: $(BIN)/python
 	$(BIN)/pip install -q -e '.[demo]'
 	$(BIN)/otel-rl demo
 
+# verl is installed without its dependencies: its tensordict pin (<= 0.10) refuses TorchRL 0.14's, and its tracking and
+# metrics run on either; the rest of its dependencies are in the test extra.
 test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps 'verl>=0.9.1,<0.10'
 	command -v prometheus >/dev/null && command -v chromium-headless-shell >/dev/null && test -x /usr/lib/postgresql/15/bin/initdb \
 		&& command -v unshare >/dev/null && command -v cc >/dev/null || \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15 chromium-headless-shell util-linux gcc)

@@ -8,7 +8,7 @@ never miss a method or take different arguments.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
@@ -38,6 +38,11 @@ class TrainingTelemetry(Protocol):
     def flow(self, flow_id: int, end: bool = False) -> None: ...
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None: ...
+
+    def record_iteration(
+        self, index: int, start_ns: int, end_ns: int, phases: Sequence[tuple[str, int, int]] = (), env_steps: int | None = None,
+        timeline: str = schema.LEARNER,
+    ) -> None: ...
 
     def scalars(self, values: Mapping[str, Any], step: int | None = None, env_steps: int | None = None) -> None: ...
 
@@ -199,6 +204,12 @@ class NoOpTelemetry:
         return ""
 
     def record_phase(self, name: str, start_ns: int, end_ns: int, timeline: str = schema.LEARNER) -> None:
+        pass
+
+    def record_iteration(
+        self, index: int, start_ns: int, end_ns: int, phases: Sequence[tuple[str, int, int]] = (), env_steps: int | None = None,
+        timeline: str = schema.LEARNER,
+    ) -> None:
         pass
 
     def window_timings(self) -> dict[str, float]:

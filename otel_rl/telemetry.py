@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from time import perf_counter_ns
@@ -46,6 +46,7 @@ from otel_rl.formats import lifecycle, schema, trace
 from otel_rl.run import files, media, notices
 from otel_rl.run import folder as run_folder
 from otel_rl.run.provenance import redact
+from otel_rl.shm import layout
 from otel_rl.training.recorder import Iteration, Phase
 from otel_rl.training.run_scope import RunScope
 from otel_rl.training.windows import Windows
@@ -310,6 +311,39 @@ class Telemetry:
             raise ValueError(f"phase {name!r}: end_ns {end_ns} is before start_ns {start_ns}")
         phase = self.phase(name, timeline)
         self._recorder.lane().phase(phase, int(start_ns), int(end_ns), None)
+
+    def record_iteration(
+        self, index: int, start_ns: int, end_ns: int, phases: Sequence[tuple[str, int, int]] = (), env_steps: int | None = None,
+        timeline: str = schema.LEARNER,
+    ) -> None:
+        """Record an iteration measured elsewhere, and its top-level phases (``(name, start_ns, end_ns)``, in order),
+        with ``time.perf_counter_ns()`` timestamps: a step a library reports only as durations after it ended.
+
+        The calling thread must hold no open iteration of ``timeline`` (one is said once and nothing recorded).
+
+        Raises:
+            ValueError: a phase or the iteration ends before it starts, or a phase lies outside the iteration.
+        """
+        if not end_ns >= start_ns:
+            raise ValueError(f"iteration {index}: end_ns {end_ns} is before start_ns {start_ns}")
+        for name, start, end in phases:
+            if not start_ns <= start <= end <= end_ns:
+                raise ValueError(f"phase {name!r} ({start} to {end}) does not lie in iteration {index} ({start_ns} to {end_ns})")
+        resolved = [(self.phase(name, timeline), int(start), int(end)) for name, start, end in phases]
+        lane = self._recorder.lane()
+        if timeline in lane.open_iterations:
+            _logger.warning("otel-rl: record_iteration() inside an open %s iteration of the same thread; nothing is recorded", timeline)
+            return
+        steps = layout.NO_STEPS if env_steps is None else int(env_steps)
+        timeline_id = lane.timeline_id(timeline)
+        lane.iteration_mark(layout.RecordKind.ITERATION_START, int(start_ns), -1, int(index), steps, timeline_id)
+        for phase, start, end in resolved:
+            lane.phase(phase, start, end, None)
+        lane.iteration_mark(layout.RecordKind.ITERATION_END, int(end_ns), -1, int(index), steps, timeline_id)
+        if timeline == schema.LEARNER:
+            self._last_iteration = int(index)
+            if env_steps is not None:
+                self._last_env_steps = int(env_steps)
 
     def _on_iteration(self, iteration: Iteration) -> None:
         if iteration.timeline == schema.LEARNER:

@@ -121,6 +121,7 @@ _SLOW_UNIT = (
     "tests/unit/readers/test_ingest_server.py::test_after_a_sigkill_the_agent_delivers_everything_and_backfill_finds_nothing_new",
     "tests/unit/readers/test_read_api.py::test_a_second_run_with_the_same_run_id_is_refused_in_one_line_never_merged",
     "tests/unit/readers/test_run_files.py::test_the_trace_upload_retries_a_restarting_server_and_says_what_failed_in_the_run_folder",
+    "tests/unit/integrations/test_trl.py",
     "tests/unit/readers/test_web_page.py",
     "tests/unit/readers/test_web_page_bottleneck.py",
     "tests/unit/readers/test_web_page_cursor.py",

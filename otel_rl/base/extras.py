@@ -51,6 +51,8 @@ INTEGRATIONS = {
     "sb3": Extra("otel_rl.integrations.sb3 (Stable-Baselines3)", "stable_baselines3", "sb3"),
     "torchrl": Extra("otel_rl.integrations.torchrl (TorchRL)", "torchrl", "torchrl"),
     "rllib": Extra("otel_rl.integrations.rllib (RLlib)", "ray.rllib", "rllib"),
+    "trl": Extra("otel_rl.integrations.trl (TRL)", "trl", "trl"),
+    "verl": Extra("otel_rl.integrations.verl (verl)", "verl", "verl"),
 }
 """The integrations that import their library when imported (RSL-RL's and skrl's take the library's objects as given)."""
 

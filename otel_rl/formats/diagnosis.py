@@ -202,6 +202,14 @@ def _hot_spots(report: Report) -> list[Finding]:
                 check=f"{worst.removeprefix('inference_')} first",
             )
         )
+    log_probs = _share(report, L, "old_log_prob") + _share(report, L, "ref_log_prob")
+    if log_probs >= HIGH_LOG_PROB:
+        findings.append(Finding(
+            finding="the log-prob passes take much of the step",
+            evidence=f"Old Log-Prob {_pct(_share(report, L, 'old_log_prob'))} and Ref Log-Prob {_pct(_share(report, L, 'ref_log_prob'))} of Iter Wall",
+            check="each is a forward pass over every completion: num_iterations=1 skips the old one and beta=0 the reference one (TRL);"
+            " a larger log-prob micro-batch (verl log_prob_micro_batch_size_per_gpu) speeds both",
+        ))  # fmt: skip
     batch_wait = _share(report, L, "replay_batch_wait")
     if batch_wait >= HIGH_REPLAY_BATCH_WAIT:
         findings.append(
@@ -292,7 +300,19 @@ _CHECKS = {
     (schema.LEARNER, "learning"): "the update's cost: epochs, updates per step, batch size, model size",
     (schema.LEARNER, "replay_sample"): "the replay's sampling cost and the batch size",
     (schema.LEARNER, "gradient_sync"): "the slowest rank and the interconnect",
+    (schema.LEARNER, "generation"): (
+        "generation: fewer completions per prompt (TRL num_generations, verl rollout.n), shorter ones (max_completion_length,"
+        " data.max_response_length), more prompts per generate call (per_device_train_batch_size, generation_batch_size), or"
+        " a generation server (TRL use_vllm, verl's vLLM or SGLang rollout)"
+    ),
+    (schema.LEARNER, "reward"): "the reward functions: the slowest is its nested phase (a remote judge, a sandbox, a parser)",
+    (schema.LEARNER, "old_log_prob"): "the old policy's log-prob pass: num_iterations=1 (TRL) skips it; a larger log-prob micro-batch speeds it",
+    (schema.LEARNER, "ref_log_prob"): "the reference model's log-prob pass: beta=0 skips it (TRL; verl: use_kl_loss and kl_ctrl off)",
+    (schema.LEARNER, "weight_publish"): "publishing weights to the generation server: how often (every step) and how (NCCL, not the file system)",
+    (schema.LEARNER, "critic_update"): "the critic's update: its epochs, micro-batch size and model size",
 }
+HIGH_LOG_PROB = 0.25
+"""The old and reference log-prob passes together above this share of an LLM-RL step: a finding of their own."""
 
 
 def _check(timeline: str, name: str) -> str:

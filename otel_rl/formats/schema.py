@@ -162,6 +162,9 @@ class PhaseSpec:
     parent: str | None = None
     waits: bool = False
     """Time spent waiting for others (the other side, a collective, a queue), not work of its own."""
+    semconv: str | None = None
+    """The ``rl.*`` span of the proposed OpenTelemetry conventions for RL (semantic-conventions-genai#88) this phase is
+    part of: ``rl.sample`` (making experience), ``rl.reward``, ``rl.train``, ``rl.sync`` (publishing weights)."""
 
     @property
     def key(self) -> str:
@@ -178,9 +181,17 @@ LEARNER_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("replay_batch_wait", LEARNER, "Replay Batch Wait", waits=True),
     PhaseSpec("replay_stage", LEARNER, "Replay Stage"),
     PhaseSpec("replay_sample", LEARNER, "Replay Sample"),
-    PhaseSpec("learning", LEARNER, "Learning"),
-    PhaseSpec("gradient_sync", LEARNER, "Gradient Sync", waits=True),  # the ranks' all-reduce: where the others wait for a straggler
-    PhaseSpec("weight_publish", LEARNER, "Weight Publish"),
+    PhaseSpec("learning", LEARNER, "Learning", semconv="rl.train"),
+    PhaseSpec("gradient_sync", LEARNER, "Gradient Sync", waits=True, semconv="rl.train"),  # the ranks' all-reduce: where the others wait for a straggler
+    PhaseSpec("weight_publish", LEARNER, "Weight Publish", semconv="rl.sync"),
+    # LLM RL (TRL, verl): a step generates completions, scores them, runs the log-prob passes, then learns.
+    PhaseSpec("generation", LEARNER, "Generation", semconv="rl.sample"),
+    PhaseSpec("reward", LEARNER, "Reward", semconv="rl.reward"),
+    PhaseSpec("old_log_prob", LEARNER, "Old Log-Prob", semconv="rl.train"),
+    PhaseSpec("ref_log_prob", LEARNER, "Ref Log-Prob", semconv="rl.train"),
+    PhaseSpec("values", LEARNER, "Values", semconv="rl.train"),
+    PhaseSpec("advantage", LEARNER, "Advantage", semconv="rl.train"),
+    PhaseSpec("critic_update", LEARNER, "Critic Update", semconv="rl.train"),
 )
 
 COLLECTOR_PHASES: tuple[PhaseSpec, ...] = (
@@ -188,7 +199,7 @@ COLLECTOR_PHASES: tuple[PhaseSpec, ...] = (
     PhaseSpec("learner_action_wait", COLLECTOR, "Learner Action Wait", waits=True),
     PhaseSpec("policy_inference", COLLECTOR, "Policy Inference"),
     PhaseSpec("mlp_infer", COLLECTOR, "MLP Infer"),  # APPO's own policy step in the collector
-    PhaseSpec("env_step", COLLECTOR, "Env Step"),
+    PhaseSpec("env_step", COLLECTOR, "Env Step", semconv="rl.sample"),
     PhaseSpec("action_validate", COLLECTOR, "Action Validate", parent="env_step"),
     PhaseSpec("action_apply", COLLECTOR, "Apply Action", parent="env_step"),
     PhaseSpec("action_backend", COLLECTOR, "Action+Backend", parent="env_step"),
@@ -274,6 +285,9 @@ TOTAL_FPS = "Perf/total_fps"
 JOB_ENV_STEPS = "Perf/job_env_steps"
 """The whole job's env steps, which :meth:`otel_rl.Telemetry.log_window` sums across the ranks."""
 
+TOKENS_PER_S = "Perf/tokens_per_s"
+"""Tokens per second of an LLM-RL step (TRL, verl: ``perf/throughput``)."""
+
 _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec(TOTAL_FPS, "1/s", "sum", description="Env steps per second of the whole job (derived on a run of one rank that does not log it)"),
     MetricSpec("Perf/job_env_steps", "", "sum", description="Env steps of the whole job: each rank's latest, summed (log_window)"),
@@ -284,6 +298,9 @@ _CANONICAL_METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("Perf/replay_ingress_h2d_submit_ms", "ms", description="Background replay submit (overlaps)"),
     MetricSpec("Perf/dp_gradient_sync_ms_per_rank", "ms"),
     MetricSpec(DP_SYNC_CALLS_KEY, "", description="A rank's gradient all-reduces per iteration (its learner gradient_sync phases)"),
+    MetricSpec(TOKENS_PER_S, "1/s", "sum", description="Tokens (prompts and completions) an LLM-RL step processes per second"),
+    MetricSpec("Train/prompt_tokens", "", description="Prompt tokens of an LLM-RL step"),
+    MetricSpec("Train/completion_tokens", "", description="Completion tokens an LLM-RL step generated"),
     MetricSpec("Train/mean_reward", "", description="Mean return of the last 100 episodes"),
     MetricSpec("Train/mean_episode_length", ""),
     MetricSpec("Episode/timeout_rate", "", description="Share of the episodes ended since the last value that hit the time limit"),
@@ -534,6 +551,32 @@ LIBRARY_TAGS: dict[str, dict[str, str]] = {
         "Policy / Standard deviation": "Policy/mean_std",
         "Learning / Learning rate": "Train/learning_rate",
         "Learning / Policy learning rate": "Train/learning_rate",
+    },
+    "trl": {  # GRPOTrainer's and RLOOTrainer's merged logs (their averaged metrics and the Trainer's own)
+        "loss": "Loss/policy",
+        "grad_norm": "Train/grad_norm",
+        "learning_rate": "Train/learning_rate",
+        "reward": "Train/mean_reward",
+        "reward_std": "Train/reward_std",
+        "kl": "Policy/approx_kl",
+        "entropy": "Policy/entropy",
+        "clip_ratio/region_mean": "Policy/clip_fraction",
+        "completions/mean_length": "Train/mean_completion_length",
+        "num_tokens": "Train/num_tokens",
+        "epoch": "Train/epoch",
+    },
+    "verl": {  # the keys of verl's metric_utils and its trainer
+        "actor/pg_loss": "Loss/policy",
+        "critic/vf_loss": "Loss/value",
+        "actor/entropy": "Policy/entropy",
+        "actor/ppo_kl": "Policy/approx_kl",
+        "actor/pg_clipfrac": "Policy/clip_fraction",
+        "actor/grad_norm": "Train/grad_norm",
+        "actor/lr": "Train/learning_rate",
+        "critic/score/mean": "Train/mean_reward",
+        "response_length/mean": "Train/mean_completion_length",
+        "perf/throughput": TOKENS_PER_S,
+        "perf/total_num_tokens": "Train/num_tokens",
     },
     "rllib": {
         "env_runners/episode_return_mean": "Train/mean_reward",

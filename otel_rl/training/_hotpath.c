@@ -213,6 +213,37 @@ static PyObject *Lane_phase(LaneObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* timeline_id(timeline): the timeline's id in the string table (PyLane.timeline_id's twin). */
+static PyObject *Lane_timeline_id(LaneObject *self, PyObject *timeline) {
+    int32_t id = shm_intern(self, timeline);
+    if (id == INTERRUPTED) return NULL;
+    return PyLong_FromLong(id);
+}
+
+/* iteration_mark(kind, time_ns, cpu_ns, index, env_steps, timeline_id): an iteration's start or end measured
+   elsewhere (PyLane.iteration_mark's twin), at the depth of the phases open now. */
+static PyObject *Lane_iteration_mark(LaneObject *self, PyObject *args) {
+    int kind, timeline_id;
+    long long time_ns, cpu_ns, index, env_steps;
+    if (!PyArg_ParseTuple(args, "iLLLLi", &kind, &time_ns, &cpu_ns, &index, &env_steps, &timeline_id)) return NULL;
+    if (kind != RECORD_KIND_ITERATION_START && kind != RECORD_KIND_ITERATION_END) {
+        PyErr_SetString(PyExc_ValueError, "kind must be an iteration's start or end");
+        return NULL;
+    }
+    LaneRecord *rec = shm_next(self);
+    if (rec == NULL) Py_RETURN_NONE;
+    rec->kind = (uint8_t)kind;
+    rec->name = timeline_id;
+    rec->start = time_ns;
+    rec->end = cpu_ns;
+    rec->a = index;
+    rec->b = env_steps;
+    rec->depth = (int16_t)self->depth;
+    rec->exc = -1;
+    shm_commit(self);
+    Py_RETURN_NONE;
+}
+
 /* flow(time_ns, flow_id, terminating): a flow mark for the innermost open phase (its low 64 bits). */
 static PyObject *Lane_flow(LaneObject *self, PyObject *args) {
     long long time_ns;
@@ -292,6 +323,8 @@ static PyObject *Lane_get_depth(LaneObject *self, void *closure) {
 static PyMethodDef Lane_methods[] = {
     {"phase", (PyCFunction)Lane_phase, METH_VARARGS, "Record a phase measured elsewhere, nested in the open phases."},
     {"flow", (PyCFunction)Lane_flow, METH_VARARGS, "Record a flow mark for the innermost open phase."},
+    {"timeline_id", (PyCFunction)Lane_timeline_id, METH_O, "A timeline's id in the string table."},
+    {"iteration_mark", (PyCFunction)Lane_iteration_mark, METH_VARARGS, "Record an iteration's start or end measured elsewhere."},
     {"correlate", (PyCFunction)Lane_correlate, METH_O, "Pair the innermost open phase with a GPU interval."},
     {"detach", (PyCFunction)Lane_detach, METH_NOARGS, "Stop writing to shared memory; later records are dropped."},
     {"rebind", (PyCFunction)Lane_rebind, METH_VARARGS, "Give a drained lane of an ended thread to another thread."},

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from otel_rl import read
-from tests.support.ports import free_port
+from ports import free_port
 
 _LOOP = textwrap.dedent(
     """

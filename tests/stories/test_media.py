@@ -20,8 +20,8 @@ from otel_rl.outputs.motrix.backfill import backfill
 from otel_rl.outputs.wandb import STEP_METRIC
 from otel_rl.readers.server import IngestServer
 from otel_rl.run import media
-from tests.support import wandb_reader
-from tests.support.browser import Browser
+import wandb_reader
+from browser import Browser
 
 FRAMES = 24
 FPS = 12

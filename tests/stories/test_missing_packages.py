@@ -118,6 +118,8 @@ def test_the_notebook_api_without_pandas_names_its_extra(tmp_path):
         ("sb3", "stable_baselines3", "otel_rl.integrations.sb3 (Stable-Baselines3) needs the stable_baselines3 package: pip install 'otel-rl[sb3]'"),
         ("torchrl", "torchrl", "otel_rl.integrations.torchrl (TorchRL) needs the torchrl package: pip install 'otel-rl[torchrl]'"),
         ("rllib", "ray", "otel_rl.integrations.rllib (RLlib) needs the ray.rllib package: pip install 'otel-rl[rllib]'"),
+        ("trl", "trl", "otel_rl.integrations.trl (TRL) needs the trl package: pip install 'otel-rl[trl]'"),
+        ("verl", "verl", "otel_rl.integrations.verl (verl) needs the verl package: pip install 'otel-rl[verl]'"),
     ],
 )  # fmt: skip
 def test_an_integration_without_its_library_names_its_extra(module, hidden, says):

@@ -44,7 +44,7 @@ def test_a_ranks_gradient_all_reduces_per_iteration_are_counted_under_seed_001s_
     import torch.distributed as dist
 
     import otel_rl
-    from tests.support.ports import free_port
+    from ports import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)

@@ -1,0 +1,43 @@
+"""TRL's GRPO on the tiny model of ``examples/trl_grpo.py``, instrumented, as a test asks.
+
+    python trl_target.py RUN_DIR STEPS MODE
+
+MODE ``plain``: the example's settings; ``raise``: a second reward function raises at the third step; ``trl-wandb``:
+TRL reports to W&B (offline) while otel-rl does not; ``both-wandb``: both ask for W&B. Under ``accelerate launch``
+each process is a rank of one run (the run folder given).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from locations import REPO
+
+sys.path.insert(0, str(REPO / "examples"))
+
+import trl_grpo  # noqa: E402
+
+import otel_rl  # noqa: E402
+from otel_rl.integrations.trl import instrument  # noqa: E402
+
+run_dir, steps, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+calls = {"n": 0}
+
+
+def judge(completions, **kwargs):
+    """A reward function that fails at its third call (a judge that went away)."""
+    calls["n"] += 1
+    if calls["n"] == 3:
+        raise ConnectionError("the reward judge at http://judge:8000 is unreachable")
+    return [0.5] * len(completions)
+
+
+rewards = [trl_grpo.reward_len, judge] if mode == "raise" else None
+report_to = ["wandb"] if mode in ("trl-wandb", "both-wandb") else []
+trainer = trl_grpo.trainer(f"{run_dir}/trl", steps, rewards, report_to=report_to, num_iterations=1 if mode == "raise" else 2)
+tel = otel_rl.init(run_dir=run_dir, algorithm="grpo", wandb=mode == "both-wandb", system_metrics_interval_s=0)
+instrument(trainer, tel)
+try:
+    trainer.train()
+finally:
+    tel.close()
