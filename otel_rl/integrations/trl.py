@@ -323,6 +323,8 @@ def instrument(trainer: Any, tel: TrainingTelemetry) -> Any:
     wrap(trainer, "training_step", training_step)
     wrap(trainer.accelerator, "backward", backward)
     wrap(trainer, "train", train)
+    while any(isinstance(c, _StepCallback) for c in trainer.callback_handler.callbacks):  # instrumented again: one callback
+        trainer.remove_callback(_StepCallback)
     trainer.add_callback(_StepCallback(steps))
     return trainer
 

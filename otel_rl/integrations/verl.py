@@ -142,7 +142,7 @@ def instrument(tel: TrainingTelemetry) -> Callable[[], None]:
     """Record verl's steps and metrics with ``tel`` (see the module); returns the function that undoes it."""
     steps = _Steps(tel)
     tel.describe_system(SYSTEM)
-    original_log = _tracking.Tracking.log
+    original_log = getattr(_tracking.Tracking.log, "__otel_rl_original__", _tracking.Tracking.log)  # instrumented again: replaced
 
     def log(self: Any, data: Any, step: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -151,9 +151,11 @@ def instrument(tel: TrainingTelemetry) -> Callable[[], None]:
             _logger.warning("otel-rl: a verl step could not be recorded", exc_info=True)
         return original_log(self, data, step, *args, **kwargs)
 
-    _tracking.Tracking.log = log
+    log.__otel_rl_original__ = original_log  # type: ignore[attr-defined]
+    _tracking.Tracking.log = log  # type: ignore[method-assign]
     undo = [lambda: setattr(_tracking.Tracking, "log", original_log)]
-    original_timer = getattr(_profiler, "marked_timer", None)
+    current = getattr(_profiler, "marked_timer", None)
+    original_timer = getattr(current, "__otel_rl_original__", current)
     if original_timer is not None:
 
         @contextmanager
@@ -161,10 +163,12 @@ def instrument(tel: TrainingTelemetry) -> Callable[[], None]:
             with original_timer(name, timing_raw, *args, **kwargs), steps.timer(name):
                 yield
 
+        marked_timer.__otel_rl_original__ = original_timer  # type: ignore[attr-defined]
+
         # verl's trainers import it by name (``from verl.utils.debug import marked_timer``): the modules that export it
         # now, and those of verl that hold it already (a trainer imported before this call), get the wrapper.
         for module in [module for name, module in list(sys.modules.items()) if name == "verl" or name.startswith("verl.")]:
-            if getattr(module, "marked_timer", None) is original_timer:
+            if getattr(module, "marked_timer", None) in (original_timer, current):
                 module.marked_timer = marked_timer
                 undo.append(lambda module=module: setattr(module, "marked_timer", original_timer))
 

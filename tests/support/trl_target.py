@@ -36,6 +36,8 @@ rewards = [trl_grpo.reward_len, judge] if mode == "raise" else None
 report_to = ["wandb"] if mode in ("trl-wandb", "both-wandb") else []
 trainer = trl_grpo.trainer(f"{run_dir}/trl", steps, rewards, report_to=report_to, num_iterations=1 if mode == "raise" else 2)
 tel = otel_rl.init(run_dir=run_dir, algorithm="grpo", wandb=mode == "both-wandb", system_metrics_interval_s=0)
+if mode == "plain":
+    instrument(trainer, tel)  # set up twice (a notebook cell run again): each step is still recorded once
 instrument(trainer, tel)
 try:
     trainer.train()

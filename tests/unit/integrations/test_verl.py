@@ -38,7 +38,8 @@ def step_metrics(step: int) -> dict:
 def test_a_verl_step_logged_through_its_tracking_is_a_rebuilt_step_of_canonical_phases(tmp_path, monkeypatch):
     monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "verl-tensorboard"))
     tel = otel_rl.init(run_dir=tmp_path / "run", system_metrics_interval_s=0, quiet=True)
-    undo = instrument(tel)
+    instrument(tel)
+    undo = instrument(tel)  # set up twice: each step is still recorded once
     try:
         tracking = Tracking("otel-rl-test", "grpo", default_backend=["console", "tensorboard"])
         for step in range(1, 13):
