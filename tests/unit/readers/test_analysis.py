@@ -127,6 +127,21 @@ def test_engines_agree(tmp_path):
     assert analyze_model(python_model) == analyze_model(sql_model)
 
 
+def test_an_llm_rl_step_is_read_as_any_other_with_the_lever_in_the_trainers_terms(tmp_path):
+    """Generation holding most of the step names it, with TRL's and verl's settings; log-prob passes that weigh, too."""
+    generation_bound = [("generation", 7.0, []), ("reward", 0.5, [("reward_len", 0.4)]), ("old_log_prob", 0.5, []),
+                        ("ref_log_prob", 0.5, []), ("learning", 1.4, [])]  # fmt: skip
+    report = analyze(write_trace(tmp_path / "g.perfetto-trace", learner=generation_bound))
+    assert report.diagnosis.bottleneck == "learner (generation)" and (report.diagnosis.side, report.diagnosis.phase) == ("learner", "generation")
+    (pace,) = [f for f in report.diagnosis.findings if "Generation is" in f.evidence]
+    assert "num_generations" in pace.check and "rollout.n" in pace.check and "max_completion_length" in pace.check
+    assert report.timelines["learner"].phases["reward_len"].nested
+    log_prob_bound = [("generation", 2.0, []), ("old_log_prob", 2.0, []), ("ref_log_prob", 2.5, []), ("learning", 3.0, [])]
+    report = analyze(write_trace(tmp_path / "l.perfetto-trace", learner=log_prob_bound))
+    (passes,) = [f for f in report.diagnosis.findings if f.finding == "the log-prob passes take much of the step"]
+    assert "Old Log-Prob 21% and Ref Log-Prob 26%" in passes.evidence and "beta=0" in passes.check
+
+
 def test_cli_text_json_and_plot(tmp_path):
     path = write_trace(tmp_path / "t.perfetto-trace", **COLLECTOR_BOUND)
     text = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(tmp_path)], capture_output=True, text=True, check=True)
