@@ -43,8 +43,8 @@ from otel_rl.base.log import logger
 
 extras.require(extras.INTEGRATIONS["trl"])  # an error naming the extra, before the library's own import fails
 
-import trl.extras.profiling as _profiling
 from transformers import TrainerCallback
+from trl import GRPOTrainer
 
 from otel_rl.formats import schema
 from otel_rl.integrations._wrapping import opens_run, plain_settings, wrap
@@ -243,13 +243,14 @@ def instrument(trainer: Any, tel: TrainingTelemetry) -> Any:
 
     def log_probs(original: Any) -> Any:
         old, ref = tel.phase("old_log_prob"), tel.phase("ref_log_prob")
+        grpo = isinstance(trainer, GRPOTrainer)
 
         def wrapped(model: Any, *args: Any, **kwargs: Any) -> Any:
             if steps.in_loss:  # the policy's forward for the loss: part of learning
                 return original(model, *args, **kwargs)
-            # The old policy's pass comes first where TRL makes one (several iterations per generation, vLLM's
-            # importance sampling); the reference model's is the other (beta > 0), whether a model or a disabled adapter.
-            expects_old = getattr(trainer, "num_iterations", 1) > 1 or bool(getattr(trainer, "use_vllm", False))
+            # The old policy's pass comes first where TRL makes one (RLOO always; GRPO with several iterations per
+            # generation or vLLM's importance sampling); the reference model's is the other (beta > 0), a model or a disabled adapter.
+            expects_old = not grpo or getattr(trainer, "num_iterations", 1) > 1 or bool(getattr(trainer, "use_vllm", False))
             is_ref = model is getattr(trainer, "ref_model", None) or not expects_old or steps.old_done
             with ref if is_ref else old:
                 result = original(model, *args, **kwargs)

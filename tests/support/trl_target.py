@@ -3,7 +3,7 @@
     python trl_target.py RUN_DIR STEPS MODE
 
 MODE ``plain``: the example's settings; ``raise``: a second reward function raises at the third step; ``trl-wandb``:
-TRL reports to W&B (offline) while otel-rl does not; ``both-wandb``: both ask for W&B. Under ``accelerate launch``
+TRL reports to W&B (offline) while otel-rl does not; ``both-wandb``: both ask for W&B; ``rloo``: RLOOTrainer. Under ``accelerate launch``
 each process is a rank of one run (the run folder given).
 """
 
@@ -34,7 +34,21 @@ def judge(completions, **kwargs):
 
 rewards = [trl_grpo.reward_len, judge] if mode == "raise" else None
 report_to = ["wandb"] if mode in ("trl-wandb", "both-wandb") else []
-trainer = trl_grpo.trainer(f"{run_dir}/trl", steps, rewards, report_to=report_to, num_iterations=1 if mode == "raise" else 2)
+if mode == "rloo":  # RLOOTrainer, which shares GRPO's code path
+    import tempfile
+    from pathlib import Path
+
+    from datasets import Dataset
+    from trl import RLOOConfig, RLOOTrainer
+
+    model_dir = Path(tempfile.mkdtemp(prefix="tiny-gpt2-"))
+    trl_grpo.policy().save_pretrained(model_dir)
+    prompts = Dataset.from_dict({"prompt": [" ".join(f"w{(i + j) % 60}" for j in range(4)) for i in range(64)]})
+    args = RLOOConfig(output_dir=f"{run_dir}/trl", use_cpu=True, report_to=[], max_steps=steps, per_device_train_batch_size=8, num_generations=4,
+                      max_completion_length=8, beta=0.04, logging_steps=1, save_strategy="no")  # fmt: skip
+    trainer = RLOOTrainer(model=str(model_dir), processing_class=trl_grpo.tokenizer(), reward_funcs=[trl_grpo.reward_len], args=args, train_dataset=prompts)
+else:
+    trainer = trl_grpo.trainer(f"{run_dir}/trl", steps, rewards, report_to=report_to, num_iterations=1 if mode == "raise" else 2)
 tel = otel_rl.init(run_dir=run_dir, algorithm="grpo", wandb=mode == "both-wandb", system_metrics_interval_s=0)
 if mode == "plain":
     instrument(trainer, tel)  # set up twice (a notebook cell run again): each step is still recorded once

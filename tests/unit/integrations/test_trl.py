@@ -108,3 +108,15 @@ def test_two_processes_under_accelerate_launch_are_one_run_on_one_timeline(tmp_p
     learner = analyze(run_dir).timelines["learner"]
     assert learner.cycles == 8 and [(r.rank, r.cycles) for r in learner.ranks] == [(0, 4), (1, 4)]
     assert all({"generation", "reward", "learning"} <= set(r.phases) for r in learner.ranks)
+
+
+def test_rloo_shares_the_code_path_and_its_old_and_reference_passes_are_told_apart(tmp_path):
+    run_dir = tmp_path / "run"
+    done = train(run_dir, 4, "rloo")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = analyze(run_dir)
+    phases = report.timelines["learner"].phases
+    assert report.timelines["learner"].cycles == 4
+    for name in ("generation", "reward", "old_log_prob", "ref_log_prob"):  # RLOO computes the old policy's log-probs on every generation
+        assert phases[name].count + phases[name].stalls == 4, name
+    assert [r["step"] for r in records(run_dir) if r["kind"] == "scalars" and "Loss/policy" in r["values"]] == [1, 2, 3, 4]
