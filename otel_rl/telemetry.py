@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import operator
 import os
 import shlex
 import signal
@@ -324,26 +325,32 @@ class Telemetry:
         Raises:
             ValueError: a phase or the iteration ends before it starts, or a phase lies outside the iteration.
         """
+        start_ns, end_ns = _timestamp(start_ns, "start_ns"), _timestamp(end_ns, "end_ns")
         if not end_ns >= start_ns:
             raise ValueError(f"iteration {index}: end_ns {end_ns} is before start_ns {start_ns}")
+        resolved = []
         for name, start, end in phases:
+            start, end = _timestamp(start, f"phase {name!r}'s start"), _timestamp(end, f"phase {name!r}'s end")
             if not start_ns <= start <= end <= end_ns:
                 raise ValueError(f"phase {name!r} ({start} to {end}) does not lie in iteration {index} ({start_ns} to {end_ns})")
-        resolved = [(self.phase(name, timeline), int(start), int(end)) for name, start, end in phases]
+            resolved.append((self.phase(name, timeline), start, end))
+        index = as_step(index, "iteration index")
+        index = -1 if index is None else index
+        env_steps = None if env_steps is None else as_step(env_steps, "env_steps")
         lane = self._recorder.lane()
         if timeline in lane.open_iterations:
             _logger.warning("otel-rl: record_iteration() inside an open %s iteration of the same thread; nothing is recorded", timeline)
             return
-        steps = layout.NO_STEPS if env_steps is None else int(env_steps)
+        steps = layout.NO_STEPS if env_steps is None else env_steps
         timeline_id = lane.timeline_id(timeline)
-        lane.iteration_mark(layout.RecordKind.ITERATION_START, int(start_ns), -1, int(index), steps, timeline_id)
+        lane.iteration_mark(layout.RecordKind.ITERATION_START, start_ns, -1, index, steps, timeline_id)
         for phase, start, end in resolved:
             lane.phase(phase, start, end, None)
-        lane.iteration_mark(layout.RecordKind.ITERATION_END, int(end_ns), -1, int(index), steps, timeline_id)
+        lane.iteration_mark(layout.RecordKind.ITERATION_END, end_ns, -1, index, steps, timeline_id)
         if timeline == schema.LEARNER:
-            self._last_iteration = int(index)
+            self._last_iteration = index
             if env_steps is not None:
-                self._last_env_steps = int(env_steps)
+                self._last_env_steps = env_steps
 
     def _on_iteration(self, iteration: Iteration) -> None:
         if iteration.timeline == schema.LEARNER:
@@ -908,3 +915,18 @@ class _CloseInterrupt:
                     signal.signal(signal.SIGINT, signal.default_int_handler)
             except (ValueError, OSError):
                 pass
+
+
+def _timestamp(value: Any, what: str) -> int:
+    """A ``time.perf_counter_ns()`` timestamp as a plain int (numpy and torch integers too).
+
+    Raises:
+        ValueError: not an integer, or outside the signed 64-bit range.
+    """
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{what} must be an integer of nanoseconds (time.perf_counter_ns()), got {describe(value)}") from None
+    if not INT64_MIN <= number <= INT64_MAX:
+        raise ValueError(f"{what} {number} is outside the 64-bit range of nanoseconds")
+    return number

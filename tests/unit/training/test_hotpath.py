@@ -271,3 +271,19 @@ def test_a_ctrl_c_during_a_name_lookup_is_raised_to_the_loop_never_swallowed(imp
         pass
     kinds = [RecordKind(r[6]).name for r in read(rec)[0].tolist()]
     assert kinds.count("PHASE") == 3 and kinds.count("ITERATION_START") == kinds.count("ITERATION_END") == 2, kinds
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_an_iteration_measured_elsewhere_is_written_as_one_measured_here(impl):
+    """``iteration_mark`` (what record_iteration writes): the same start and end records as an iteration entered and left."""
+    rec = recorder(impl)
+    lane = rec.lane()
+    timeline = lane.timeline_id("learner")
+    lane.iteration_mark(RecordKind.ITERATION_START, 1_000, -1, 7, 56, timeline)
+    lane.phase(rec.new_phase(phase_spec("learner", "learning")), 1_100, 1_900, None)
+    lane.iteration_mark(RecordKind.ITERATION_END, 2_000, -1, 7, NO_STEPS, timeline)
+    (records,) = read(rec)
+    start, phase, end = records.tolist()
+    assert (start[6], start[0], start[2], start[3], names(rec)[start[4]]) == (RecordKind.ITERATION_START, 1_000, 7, 56, "learner")
+    assert (phase[6], phase[0], phase[1], phase[5]) == (RecordKind.PHASE, 1_100, 1_900, 0)
+    assert (end[6], end[0], end[3]) == (RecordKind.ITERATION_END, 2_000, NO_STEPS)
