@@ -56,7 +56,7 @@ def remove_if_empty(directory: Path) -> None:
     finds it gone) and starts a new agent.
     """
     try:
-        if not any(directory.glob("*.seg")):
+        if not segments(directory):
             (directory / AGENT_LOCK).unlink(missing_ok=True)
             directory.rmdir()
     except OSError:
@@ -81,6 +81,28 @@ def lock_agent(directory: Path, wait_s: float = 1.0) -> int | None:
             time.sleep(0.01)
 
 
+def segments(directory: Path, pattern: str = "*.seg", below: bool = False) -> list[Path]:
+    """The segment files of ``directory`` (``below``: of each agent's directory in it) matching ``pattern``.
+
+    An agent removes its directory when it ends, at any moment: a directory gone
+    while it is read holds none (a glob over it would raise from inside the listing).
+    """
+    folders = [directory]
+    if below:
+        try:
+            with os.scandir(directory) as entries:
+                folders = [Path(entry.path) for entry in entries if entry.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    found: list[Path] = []
+    for folder in folders:
+        try:
+            found.extend(folder.glob(pattern))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+    return found
+
+
 def run_prefix(run_id: str) -> str:
     """How the names of a run's segment files begin."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", run_id)[:80] + "-"
@@ -98,7 +120,7 @@ def wait_for_agents(run_id: str, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
         busy = False
-        for path in segment_dir().glob(f"*/{glob_escape(prefix)}*.seg"):
+        for path in segments(segment_dir(), f"{glob_escape(prefix)}*.seg", below=True):
             try:
                 header = peek_header(path)
             except (OSError, struct.error):
@@ -128,7 +150,7 @@ def tidy(directory: Path) -> tuple[list[Path], set[Path]]:
     segment nor an agent is removed.
     """
     removed, orphaned = [], set()
-    for path in [*directory.glob("*.seg"), *directory.glob("*/*.seg")]:
+    for path in [*segments(directory), *segments(directory, below=True)]:
         try:
             header = peek_header(path)
             if header is None:  # never initialised: being created, or its producer died creating it
