@@ -11,8 +11,8 @@ import otel_rl
 
 url, run_id, key_count, event_count = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 keys = [f"Metric/{i:04d}" for i in range(key_count)]
-# A close that waits long enough for the server to take 20,000 events on a busy machine: the page is under test, not the deadline.
-tel = otel_rl.init(run_id=run_id, motrix_url=url, perf_interval_s=0.2, system_metrics_interval_s=0, quiet=True, shutdown_timeout_s=60)
+# A close that waits long enough for the server to take 20,000 events and 12,000 points on a busy machine: the page is under test, not the deadline.
+tel = otel_rl.init(run_id=run_id, motrix_url=url, perf_interval_s=0.2, system_metrics_interval_s=0, quiet=True, shutdown_timeout_s=120)
 with tel.run(config={"constructor": 1, "__proto__": {"x": 2}}):
     for i in range(12):
         with tel.iteration(i, env_steps=8 * i):

@@ -53,7 +53,7 @@ def site(tmp_path_factory):
     with IngestServer(tmp_path_factory.mktemp("scale") / "runs.sqlite3", token=TOKEN) as server:
         producers = [stream(server.url, run_id, keys, events) for run_id, (keys, events) in RUNS.items()]
         post_traps(server.url)
-        assert [p.wait(180) for p in producers] == [0] * len(producers)
+        assert [p.wait(300) for p in producers] == [0] * len(producers)
         deadline = time.monotonic() + 60
         while not all(finished(server.url, run_id) for run_id in RUNS) and time.monotonic() < deadline:
             time.sleep(0.2)
