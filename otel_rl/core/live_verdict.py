@@ -66,6 +66,7 @@ class LiveVerdict:
         self.hold = hold
         self.open = False
         """A run is open: only then is a verdict said (a worker's pipeline, or one between runs, says none)."""
+        self._wanted: dict[tuple[str, ...], bool] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -110,7 +111,12 @@ class LiveVerdict:
         if not self.open:
             return
         names = batch.names
-        if LOAD_KEY not in names and not any(name.startswith("Perf/rank_") for name in names):
+        wanted = self._wanted.get(names)
+        if wanted is None:  # a loop logs the same keys call after call: each key set is looked at once
+            if len(self._wanted) >= 256:
+                self._wanted.clear()
+            wanted = self._wanted[names] = LOAD_KEY in names or any(name.startswith("Perf/rank_") for name in names)
+        if not wanted:
             return
         time_ns = int(batch.times_ns[-1])
         for name, value in batch.latest_values().items():

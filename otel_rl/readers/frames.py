@@ -104,8 +104,12 @@ def folder_scalars(folder: Path) -> pd.DataFrame:
 
 def folder_run(folder: Path) -> dict[str, Any]:
     """A run folder's row of :func:`runs`, from its run records and its scalars."""
-    every = list(records(folder))
-    statuses = [r for r in every if r.get("kind") == "run"]
+    statuses, verdict = [], None
+    for record in records(folder):  # one pass, nothing kept but the run records and the newest verdict
+        if record.get("kind") == "run":
+            statuses.append(record)
+        elif record.get("kind") == "event" and record.get("name") == schema.EVENT_BOTTLENECK and isinstance(record.get("attributes"), dict):
+            verdict = record["attributes"]
     started = next((r for r in statuses if r.get("status") == lifecycle.RUNNING), statuses[0] if statuses else {})
     last = statuses[-1] if statuses else {}
     scalars = folder_scalars(folder)
@@ -114,8 +118,7 @@ def folder_run(folder: Path) -> dict[str, Any]:
     end_ts = max([r["ts"] for r in statuses] + scalars["ts"].dropna().tolist()) if statuses else None
     row["duration_s"] = end_ts - statuses[0]["ts"] if statuses else None
     row["env_steps"] = scalars["env_steps"].dropna().max() if len(scalars) else None
-    verdicts = [r.get("attributes") for r in every if r.get("kind") == "event" and r.get("name") == schema.EVENT_BOTTLENECK]
-    row.update(_bottleneck(verdicts[-1] if verdicts and isinstance(verdicts[-1], dict) else None))
+    row.update(_bottleneck(verdict))
     for key in scalars.columns.drop(["seq", "ts", "step", "env_steps"], errors="ignore"):
         present = scalars[key].dropna()
         row[key] = present.iloc[-1] if len(present) else None
