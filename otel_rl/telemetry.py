@@ -32,7 +32,7 @@ from otel_rl.base import environment_variables as env
 from otel_rl.agent.hosts import Host, start_host
 from otel_rl.agent.trace_upload import RESEND_WINDOW_S
 from otel_rl.api import NoOpTelemetry
-from otel_rl.base import terminal
+from otel_rl.base import extras, terminal
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
@@ -48,6 +48,7 @@ from otel_rl.run import files, media, notices
 from otel_rl.run import folder as run_folder
 from otel_rl.run.provenance import redact
 from otel_rl.shm import layout
+from otel_rl.training.media_out import HANDOFF_FOLDER, MediaOut, Refused
 from otel_rl.training.recorder import Iteration, Phase
 from otel_rl.training.run_scope import RunScope
 from otel_rl.training.windows import Windows
@@ -112,7 +113,7 @@ class Telemetry:
         self._deadline: Deadline | None = None
         self._hurried = False
         self._described: dict[str, str] = {}  # what describe_system() last recorded
-        self._media: media.MediaWriter | None = None
+        self._media: MediaOut | None = None
         if config.resume and config.run_dir is not None and config.run_id == config.run_dir.resolve().name:
             self._resume_folder_run(config)  # the id a run given none gets: the folder's, which may have been moved
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
@@ -439,10 +440,11 @@ class Telemetry:
         """Record a video: ``source`` is frames (an array or tensor ``(T, H, W, C)`` or ``(T, C, H, W)``, a list of
         ``(H, W, C)`` frames; uint8, or floats from 0 to 1) or the path of an ``.mp4``, ``.webm`` or ``.gif`` file.
 
-        The frames are copied and the loop goes on: a thread of its own writes them to an H.264 MP4 in the run
-        folder's ``media/`` (a file is copied there), then every output gets a ``media`` record naming it
+        The frames are copied once, as they are, and the loop goes on: the agent writes them to an H.264 MP4 in the
+        run folder's ``media/`` (a file is copied there), then every output gets a ``media`` record naming it
         (``metrics.jsonl``, W&B, TensorBoard, the live service and its run page). ``step``: default the run's latest.
-        A source that is not frames or such a file is one warning, and the call costs nothing else.
+        A source that is not frames or such a file is one warning, and the call costs nothing else; so is a video
+        past the bound of what waits to be written (checked before anything is copied).
         """
         self._media_call("video", key, source, fps, step, caption)
 
@@ -455,43 +457,49 @@ class Telemetry:
         if self._closed:
             _logger.warning("otel-rl: %s() after close(); %s dropped", kind, describe(key)[:100], extra=once(f"closed-media:{kind}"))
             return
-        writer = self._media_writer()
-        if writer is None:
-            return
-        nbytes = getattr(source, "nbytes", 0)  # an array's (a tensor's) frames: no copy made when there is no room for them
-        if isinstance(nbytes, int) and not writer.has_room(nbytes):
-            writer.refuse(kind, key[:100] if isinstance(key, str) else describe(key)[:100])
+        out = self._media_out()
+        if out is None:
             return
         try:
-            default_step = self._last_env_steps if self._last_env_steps is not None else self._last_iteration
-            item = media.make_item(kind, key, source, fps, step, caption, default_step)
+            key, fps, step, caption = media.check_call(kind, key, fps, step, caption)
+            if self._media_missing and not isinstance(source, (str, os.PathLike)):
+                raise ValueError(self._media_missing)
+            if step is None:
+                step = self._last_env_steps if self._last_env_steps is not None else self._last_iteration
+            out.hand({"kind": kind, "key": key, "fps": fps, "step": step, "caption": caption, "time_ns": perf_counter_ns()}, source)
+        except Refused as exc:
+            _logger.warning("otel-rl: %s %r dropped: %s", kind, key[:100], exc, extra=once(f"media-drop:{str(exc)[:12]}"))
         except (TypeError, ValueError, OSError) as exc:
             _logger.warning("otel-rl: %s(%s) ignored: %s", kind, describe(key)[:100], exc, extra=once(f"media-input:{kind}:{describe(key)[:100]}:{str(exc)[:200]}"))
-            return
-        writer.put(item)
 
-    def _media_writer(self) -> media.MediaWriter | None:
-        """The writer of this process's videos and images, started at the first (None without a run folder: said once)."""
+    def _media_out(self) -> MediaOut | None:
+        """Where this process's videos and images are handed to the agent, made at the first (None without a run folder: said once)."""
         if self._media is None:
             folder = self.config.run_dir or self.config.trace_output_dir
             if folder is None:
                 _logger.warning("otel-rl: videos and images need a run folder (this process has none: run_dir=False); dropped",
                                 extra=once("media-no-folder"))  # fmt: skip
                 return None
-            config = self.config
-            suffix = "" if config.role == schema.LEARNER and config.rank == 0 else f"-{config.role}{config.rank}"
-            self._media = media.MediaWriter(Path(folder) / media.MEDIA_DIR, self._media_recorded, suffix)
+            missing = extras.MEDIA["video"]
+            self._media_missing = missing.message() if missing.missing() else ""
+            fallback = Path(folder) / media.MEDIA_DIR / HANDOFF_FOLDER
+            stem = self._host.media_stem or fallback / f"{self.config.role}-{self.config.rank}-{os.getpid()}"
+            self._media = MediaOut(stem, fallback, self._recorder.add_media)
         return self._media
+
+    def _media_wait(self, deadline_s: float) -> bool:
+        """Wait until the agent has written (or lost) every video and image handed to it, or ``deadline_s`` (``time.monotonic()``)."""
+        while self._media is not None and self._media.held():
+            if time.monotonic() >= deadline_s:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _media_before_end(self, status: str) -> None:
         """The run's videos and images go out before its end (half the shutdown timeout at most; none when killed)."""
         if self._media is not None and status != lifecycle.KILLED:
-            if not self._media.drain(time.monotonic() + self.config.shutdown_timeout_s / 2):
+            if not self._media_wait(time.monotonic() + self.config.shutdown_timeout_s / 2):
                 _logger.warning("otel-rl: videos or images still being written follow the run's end record", extra=once("media-after-end"))
-
-    def _media_recorded(self, attributes: dict[str, Any]) -> None:
-        """A written video or image, for the outputs (on the media writer's thread)."""
-        self._internal_event(schema.EVENT_MEDIA, attributes)
 
     def add_summary(self, **fields: Any) -> None:
         """Add the loop's own fields to ``run_summary.json`` (``backend_diagnostics={...}``, say), beside otel-rl's.
@@ -744,7 +752,7 @@ class Telemetry:
         if self._profile is not None:  # training ended inside the window: what was profiled is still written
             self._profile.shutdown(Deadline(deadline.left() / 2))  # in half the deadline at most: the outputs need the rest
         if self._media is not None:  # the videos and images recorded so far, before the run's end (half the time at most)
-            self._media.close(time.monotonic() + deadline.left() / 2)
+            self._media_wait(time.monotonic() + deadline.left() / 2)
         # A run start_run() opened and nothing ended: training ended here (at exit, of an uncaught exception?).
         uncaught = getattr(sys, "last_value", None) if self._at_exit else None
         self._runs.end(uncaught)
@@ -839,9 +847,11 @@ class Telemetry:
         dropped = self._recorder.dropped()
         if self._cuda_timer is not None:
             dropped["cuda_pending"] = self._cuda_timer.pending.dropped
-        if self._media is not None:
-            dropped["media"] = self._media.dropped
+        if self._media is not None:  # refused at the call, and lost by the agent (both counted once)
+            dropped["media"] = self._media.refused + (counts.dropped or {}).get("media", 0)
         for queue, n in (counts.dropped or {}).items():
+            if queue == "media":
+                continue
             # The outputs mirror this recorder's counters (so that they report them): not counted twice.
             dropped[queue] = max(dropped.get(queue, 0), n) if queue in dropped else n
         return {

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from otel_rl.base.processes import pid_alive, pid_running
 from otel_rl.base.user_dir import private_dir as segment_dir
+from otel_rl.run.media import HANDOFF_MARK
 from otel_rl.config import AGENT_NAME
 from otel_rl.shm.segment import AGENT_DONE, peek_header
 
@@ -174,4 +175,22 @@ def tidy(directory: Path) -> tuple[list[Path], set[Path]]:
             remove_if_empty(agent)
         except OSError:
             continue
+    removed.extend(_tidy_handoffs(directory))
     return removed, orphaned
+
+
+def _tidy_handoffs(directory: Path) -> list[Path]:
+    """Handoff files of videos and images whose producer died and whose segment is gone (no agent will write them)."""
+    removed = []
+    for path in segments(directory, f"*{HANDOFF_MARK}*", below=True):
+        stem = path.name.split(HANDOFF_MARK, 1)[0]
+        parts = stem.rsplit("-", 2)
+        pid = int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
+        try:
+            if (path.parent / f"{stem}.seg").exists() or pid_running(pid) or time.time() - path.stat().st_mtime < STALE_AFTER_S:
+                continue
+            path.unlink()
+            removed.append(path)
+        except OSError:
+            continue
+    return removed

@@ -13,6 +13,10 @@ speaks to its server through the segment's header either way
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+from pathlib import Path
 from typing import Any, Protocol
 
 from otel_rl.agent import handshake, switching
@@ -37,6 +41,8 @@ class Host(Protocol):
     """What the training thread records into."""
     workers_agent: str | None
     """The agent this process's workers record into (None: they relay their cycles to this process)."""
+    media_stem: Path | None
+    """How this producer's handoff files of videos and images are named, where they go (None: in the run folder)."""
 
     def flush(self, deadline: Deadline) -> bool: ...
 
@@ -69,7 +75,9 @@ class ThreadHost:
     def __init__(self, identity: RunIdentity, sinks: list[RecordSink]) -> None:
         self.segment = shm.Segment(None, b"", identity.config.lane_capacity)
         self.recorder = Recorder(self.segment, self.segment.lane_capacity)
-        self._server = serve_segment(shm.SegmentReader(self.segment.buffer), identity, sinks, durable=False, in_process=True)
+        self.media_stem = _media_stem(identity)
+        self._server = serve_segment(shm.SegmentReader(self.segment.buffer), identity, sinks, durable=False, in_process=True,
+                                     media_stem=self.media_stem)  # fmt: skip
         switching.hold()
 
     def flush(self, deadline: Deadline) -> bool:
@@ -85,6 +93,8 @@ class ThreadHost:
         switching.release()
         self.recorder.detach()
         self.segment.close()
+        if self.media_stem is not None and self._server.done.is_set():  # what the writer left it counted as lost
+            shutil.rmtree(self.media_stem.parent, ignore_errors=True)
 
     def hurry(self, deadline: Deadline) -> None:
         handshake.hurry(self.segment, deadline)
@@ -107,6 +117,16 @@ class ThreadHost:
 
     def meter_provider(self) -> Any:
         return self._server.producer.outputs.meter_provider
+
+
+def _media_stem(identity: RunIdentity) -> Path | None:
+    """Where a thread host's handoff files go: a folder of this process's own in the user's shared memory (made at the first)."""
+    from otel_rl.agent.directory import segment_dir
+    from otel_rl.agent.launch import segment_path
+
+    with contextlib.suppress(OSError):
+        return segment_path(identity.config, segment_dir() / f"thread-{os.getpid()}-{os.urandom(4).hex()}").with_suffix("")
+    return None
 
 
 def start_host(identity: RunIdentity, sinks: list[RecordSink]) -> Host:

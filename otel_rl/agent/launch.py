@@ -173,6 +173,7 @@ class AgentHost:
         self.recorder = Recorder(segment, segment.lane_capacity)
         self.workers_agent = name
         self.directory = Path(segment.path).parent  # type: ignore[arg-type]
+        self.media_stem = Path(segment.path).with_suffix("")  # type: ignore[arg-type]
         self.linger_s = linger_s
         self.process = process
         self.detached = False  # the segment was damaged: this process writes into it no more

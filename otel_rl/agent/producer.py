@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from time import perf_counter_ns
 
 from otel_rl.base.clock import Clock
@@ -27,7 +28,9 @@ from otel_rl.core.live_verdict import LiveVerdict
 from otel_rl.core.segment_source import SegmentSource
 from otel_rl.core.step_check import StepCheck
 from otel_rl.core.system_metrics import SystemSampler
-from otel_rl.formats import protocol
+from otel_rl.agent.media import MediaWriter
+from otel_rl.formats import protocol, schema
+from otel_rl.run import media
 from otel_rl.outputs.factory import FLUSH_DRIVEN_S, OWN_PERIOD_S, Context, build_outputs
 
 
@@ -53,10 +56,12 @@ class ProducerOutputs:
         announced: the run's ``pending`` record is out.
         durable: the serving loop commits only what the files hold (see :class:`otel_rl.agent.serve.SegmentServer`),
             flushing them after every pass; else they write on their own period.
+        media_stem: how the producer's handoff files of videos and images are named (its segment's path less ``.seg``).
     """
 
     def __init__(
-        self, identity: RunIdentity, source: SegmentSource, sinks: Sequence[RecordSink] = (), takeover: int = 0, announced: bool = False, durable: bool = True
+        self, identity: RunIdentity, source: SegmentSource, sinks: Sequence[RecordSink] = (), takeover: int = 0, announced: bool = False,
+        durable: bool = True, media_stem: Path | None = None,
     ) -> None:
         config = identity.config
         self.identity, self.config, self.source = identity, config, source
@@ -72,8 +77,14 @@ class ProducerOutputs:
         budget = SpanBudget(config.span_budget_per_s) if self.outputs.exports_spans else None
         previous = identity.previous
         step_check = StepCheck(None if previous is None else previous.last_steps)
+        self.media: MediaWriter | None = None
+        """Writes the producer's videos and images into the run folder (none without one)."""
+        folder = config.run_dir or config.trace_output_dir
+        if folder is not None:
+            suffix = "" if config.role == schema.LEARNER and config.rank == 0 else f"-{config.role}{config.rank}"
+            self.media = MediaWriter(Path(folder) / media.MEDIA_DIR, suffix, self.inbox.add_event, self.drops, media_stem, takeover > 0)
         self.pipeline = Pipeline([source, self.inbox], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget),
-                                 verdict=LiveVerdict())
+                                 verdict=LiveVerdict(), media=None if self.media is None else self.media.take)
         self.system: SystemSampler | None = None
         if config.system_metrics_interval_s:
             self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)
@@ -99,6 +110,8 @@ class ProducerOutputs:
         for source in (self.source, self.inbox):
             for queue, count in source.pending().items():
                 out[queue] = out.get(queue, 0) + count
+        if self.media is not None and self.media.pending():
+            out["media"] = self.media.pending()
         return out
 
     def dropped(self) -> dict[str, int]:
@@ -118,9 +131,17 @@ class ProducerOutputs:
     def flush(self, deadline: Deadline) -> bool:
         return self.pipeline.flush(deadline)
 
+    def finish_media(self, deadline: Deadline) -> None:
+        """Write the videos and images handed over (half of what is left of ``deadline`` at most); what is left is lost,
+        each named. Their records go in the next pass. Once: later videos and images are lost the same way."""
+        if self.media is not None:
+            self.pipeline.drain(deadline.left())  # the requests the producer wrote last
+            self.media.close_by(Deadline(deadline.left() / 2))
+
     def close(self, deadline: Deadline) -> None:
         """The system sampler, then the final pass and every sink, by ``deadline`` (the serving loop has stopped)."""
         if self.system is not None:
             self.system.shutdown(Deadline(deadline.left(cap_s=1.0)))
+        self.finish_media(deadline)
         self.pipeline.shutdown(deadline)
         self.inbox.close()

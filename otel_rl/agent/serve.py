@@ -139,6 +139,11 @@ class SegmentServer(BackgroundLoop):
         """The producer closed (or died: its open run ends, or its timeline): close every output within its deadline."""
         producer = self.producer
         identity, source = producer.identity, producer.source
+        configured_s = identity.config.shutdown_timeout_s
+        # A producer that waits bounds the close; one that died leaves the configured deadline (its own is stale).
+        alive = ended is None and pid_running(identity.pid)
+        deadline = ProducerDeadline(self.reader, configured_s) if alive else Deadline(configured_s)
+        producer.finish_media(deadline)  # a killed producer's videos: written (or lost, named) before its run ends
         if ended is not None:
             if source.run is not None:
                 source.end_run(*ended, producer.clock.to_epoch_ns)
@@ -150,10 +155,7 @@ class SegmentServer(BackgroundLoop):
             if self._before_close is not None:
                 self._before_close()
         finally:
-            configured_s = identity.config.shutdown_timeout_s
-            # A producer that waits bounds the close; one that died leaves the configured deadline (its own is stale).
-            alive = ended is None and pid_running(identity.pid)
-            producer.close(ProducerDeadline(self.reader, configured_s) if alive else Deadline(configured_s))
+            producer.close(deadline)
             source.commit()
             self.publish()  # what closing dropped, for the producer's last stats()
             self.reader.set("agent_state", shm.AGENT_DONE)
@@ -186,10 +188,10 @@ def attach(reader: shm.SegmentReader) -> int:
 
 def serve_segment(
     reader: shm.SegmentReader, identity: RunIdentity, sinks: Sequence[RecordSink] = (), before_close=None, durable: bool = True,
-    in_process: bool = False,
+    in_process: bool = False, media_stem: Path | None = None,
 ) -> SegmentServer:
     """Build the producer's outputs from ``identity`` and serve its segment (the caller waits on ``.done``; ``durable`` and
-    ``in_process``: see :class:`SegmentServer`).
+    ``in_process``: see :class:`SegmentServer`; ``media_stem``: how a segment in memory names its handoff files).
 
     An agent taking over from one that died first cuts ``metrics.jsonl`` and
     the previous agent's trace part back to what that one committed: it reads
@@ -201,7 +203,8 @@ def serve_segment(
         _cut_back(identity, takeover, reader.get("committed_jsonl_bytes"), reader.get("committed_trace_bytes"))
     source = SegmentSource(reader, takeover > 0)
     # Before a first commit, the previous agent's pending record is cut off with the rest: this one writes it.
-    producer = ProducerOutputs(identity, source, sinks, takeover, announced=reader.get("commits") > 0, durable=durable)
+    stem = media_stem if reader.path is None else reader.path.with_suffix("")
+    producer = ProducerOutputs(identity, source, sinks, takeover, announced=reader.get("commits") > 0, durable=durable, media_stem=stem)
     if source.run is not None:
         producer.continue_run(source.run)
     return SegmentServer(reader, producer, before_close, durable, in_process)

@@ -43,7 +43,7 @@ SERVE = Extra("otel-rl serve", "aiohttp", "serve")
 POSTGRES = Extra("otel-rl serve --db postgresql://", "psycopg", "serve")
 PLOT = Extra("otel-rl analyze --plot", "matplotlib", "analysis")
 READ = Extra("reading runs into DataFrames (otel_rl.read, otel-rl export)", "pandas", "read")
-MEDIA = {"video": Extra("tel.video() of frames", "imageio_ffmpeg", "media"), "image": Extra("tel.image() of an array", "imageio", "media")}
+MEDIA = {"video": Extra("tel.video() of frames", "imageio_ffmpeg", "media"), "image": Extra("tel.image() of an array", "imageio_ffmpeg", "media")}
 """What turns frames into a file (a file given by its path needs neither)."""
 DEMO = (Extra("otel-rl demo", "torch", "demo"), Extra("otel-rl demo", "gymnasium", "demo"))
 

@@ -4,7 +4,7 @@ They are made in the process that runs the pipeline, so nothing encodes them
 for a segment and decodes them again: an :class:`Inbox` is a
 :class:`~otel_rl.core.pipeline.RecordSource` of two bounded queues that the
 pipeline empties each pass. A record past a queue's bound is dropped at
-once and counted (queue ``scalars`` or ``relay``), as a segment's ring would.
+once and counted (queue ``scalars``, ``relay`` or ``events``), as a segment's ring would.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ class Inbox:
     def __init__(self, capacity: int = CAPACITY) -> None:
         self._scalars: deque[tuple] = deque()
         self._remote: deque[Any] = deque()
+        self._events: deque[tuple] = deque()
         self._capacity = capacity
-        self._dropped = {"scalars": 0, "relay": 0}
+        self._dropped = {"scalars": 0, "relay": 0, "events": 0}
         self._lock = threading.Lock()
         self.closed = False
 
@@ -37,6 +38,10 @@ class Inbox:
     def add_remote(self, cycle: Any) -> None:
         """A cycle relayed from a worker process (:class:`otel_rl.core.records.RemoteCycle`)."""
         self._add(self._remote, cycle, "relay")
+
+    def add_event(self, record: tuple) -> None:
+        """``(time_ns, name, attributes)``: a record made beside the outputs (a video written, one lost)."""
+        self._add(self._events, record, "events")
 
     def _add(self, queue: deque, record: Any, name: str) -> None:
         with self._lock:
@@ -53,6 +58,8 @@ class Inbox:
         with self._lock:
             scalars, self._scalars = self._scalars, deque()
             remote, self._remote = self._remote, deque()
+            events, self._events = self._events, deque()
+        batch.control.extend(events)
         batch.scalars.extend(scalars)
         batch.remote.extend(remote)
 
@@ -61,7 +68,7 @@ class Inbox:
             return dict(self._dropped)
 
     def pending(self) -> dict[str, int]:
-        return {"messages": len(self._scalars) + len(self._remote)}
+        return {"messages": len(self._scalars) + len(self._remote) + len(self._events)}
 
     def close(self) -> None:
         """Take no more records (the outputs are closing)."""

@@ -137,7 +137,8 @@ class Batch:
     * ``distributions``: ``(time_ns, key, array, step, iteration, env_steps)``;
     * ``remote``: relayed worker cycles; ``intervals``: where CUDA-timed phases ran,
       ``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns);
-      ``cuda_fallbacks``: :class:`CudaFallback`.
+      ``cuda_fallbacks``: :class:`CudaFallback`; ``media``: videos and images to write (requests of
+      :class:`otel_rl.training.media_out.MediaOut`), for the pipeline's ``media`` handler.
     """
 
     control: list = field(default_factory=list)
@@ -147,6 +148,7 @@ class Batch:
     remote: list[RemoteCycle] = field(default_factory=list)
     intervals: list = field(default_factory=list)
     cuda_fallbacks: list[CudaFallback] = field(default_factory=list)
+    media: list[dict] = field(default_factory=list)
 
 
 class RecordSource(Protocol):
@@ -177,6 +179,7 @@ class Pipeline:
         step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
         sampler: which records become spans (none by default).
         verdict: the live verdict, said as ``bottleneck`` events while a run is open (none by default).
+        media: takes each video or image to write (:attr:`Batch.media`); none: they are not written.
     """
 
     def __init__(
@@ -189,6 +192,7 @@ class Pipeline:
         step_check: StepCheck | None = None,
         sampler: SpanSampler | None = None,
         verdict: LiveVerdict | None = None,
+        media: Any = None,
     ) -> None:
         self.sources = list(sources)
         self.sinks = list(sinks)
@@ -206,6 +210,7 @@ class Pipeline:
         """The run's latest iteration and env steps, as passes saw them: the axes of records made beside the run (system metrics)."""
         self._final = False
         self.verdict = verdict
+        self.media = media
         self._index_handlers()
 
     def _index_handlers(self) -> None:
@@ -269,6 +274,9 @@ class Pipeline:
         batch = Batch()
         for source in self.sources:
             source.take(batch)
+        if self.media is not None:
+            for request in batch.media:
+                self.media(request)
         now_s = time.monotonic()
         ends: list[RunEnd] = []
         for item in batch.control:

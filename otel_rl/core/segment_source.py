@@ -209,6 +209,8 @@ class SegmentSource:
             batch.remote.append(record)
         elif kind == MessageKind.CUDA_FALLBACK:
             batch.cuda_fallbacks.append(record)
+        elif kind == MessageKind.MEDIA:
+            batch.media.append(record)
 
 
 _SCALARS_KINDS = frozenset((MessageKind.SCALARS, MessageKind.SCALARS_PACKED))

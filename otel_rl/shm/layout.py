@@ -189,6 +189,8 @@ class MessageKind(enum.IntEnum):
     """A ``scalars()`` call of string keys and numbers: :data:`SCALARS_HEADER` and its entries."""
     LOG = 9
     """A warning of the agent, for its producer to log (the log ring)."""
+    MEDIA = 10
+    """A video or image to write: the handoff file holding its frames, or the file it names (:mod:`otel_rl.training.media_out`)."""
 
 
 PICKLED = 0x100

@@ -247,6 +247,10 @@ class Recorder:
         # An agent that takes over mid-run learns the open run from here (it missed its start record).
         self.segment.publish_run(pickle.dumps(record, protocol=5) if record.status == lifecycle.RUNNING else b"")
 
+    def add_media(self, request: dict) -> bool:
+        """A video or image to write (:class:`otel_rl.training.media_out.MediaOut`); False when the control ring is full."""
+        return self._put(MessageKind.MEDIA, request)
+
     def add_device_interval(self, record: tuple) -> None:
         """``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns), from the CUDA resolver thread."""
         if not self._put(MessageKind.DEVICE_INTERVAL, record):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import otel_rl
 from otel_rl.outputs.motrix.backfill import backfill
 from otel_rl.outputs.wandb import STEP_METRIC
 from otel_rl.readers.server import IngestServer
-from otel_rl.run import media
 import wandb_reader
 from browser import Browser
 
@@ -188,28 +186,6 @@ def test_bad_media_input_is_one_warning_each_and_costs_nothing_else(tmp_path, ca
     assert sorted(r["key"] for r in records if r["kind"] == "media") == ["Media/nan", "Media/ok"]
     assert [r["values"] for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]] == [{"Loss/critic": 1.0}]
     assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"
-
-
-def test_what_waits_to_be_written_is_bounded_and_counted(tmp_path):
-    release = threading.Event()
-    written = []
-
-    def record(attributes):  # the writer's thread holds here: everything after the first item waits
-        written.append(attributes)
-        release.wait(60)
-
-    writer = media.MediaWriter(tmp_path / "media", record)
-    frame = np.zeros((2, 4, 4, 3), np.uint8)
-    item = lambda n: media.MediaItem("video", f"Media/{n}", frame, 10.0, n, None, frame.nbytes)  # noqa: E731
-    assert writer.put(item(0))
-    deadline = time.monotonic() + 60
-    while not written and time.monotonic() < deadline:
-        time.sleep(0.01)
-    taken = [writer.put(item(n)) for n in range(1, media.MAX_PENDING + 4)]
-    assert taken == [True] * media.MAX_PENDING + [False] * 3 and writer.dropped == 3
-    release.set()
-    assert writer.close(time.monotonic() + 60) == 0
-    assert writer.written == 1 + media.MAX_PENDING and len(list((tmp_path / "media").glob("*.mp4"))) == 1 + media.MAX_PENDING
 
 
 def _get(url: str, token: str | None = None) -> dict:

@@ -19,6 +19,7 @@ def test_records_from_several_threads_reach_the_sinks_once_each_and_past_the_bou
     def sampler(n: int) -> None:
         for i in range(200):
             inbox.add_scalars((perf_counter_ns(), {f"sys/metric_{n}": float(i)}, None, None, None))
+        inbox.add_event((perf_counter_ns(), "media", {"key": f"Media/{n}"}))
 
     threads = [threading.Thread(target=sampler, args=(n,)) for n in range(4)]
     for thread in threads:
@@ -26,7 +27,8 @@ def test_records_from_several_threads_reach_the_sinks_once_each_and_past_the_bou
     for thread in threads:
         thread.join()
     pipeline.drain()
-    assert len(sink.scalars) == 500 and inbox.dropped() == {"scalars": 300, "relay": 0}
+    assert len(sink.scalars) == 500 and inbox.dropped() == {"scalars": 300, "relay": 0, "events": 0}
+    assert sorted(e.attributes["key"] for e in sink.events if e.name == "media") == [f"Media/{n}" for n in range(4)]
     assert pipeline.dropped()["scalars"] == 300  # reported with the run's other drops
     inbox.add_scalars((perf_counter_ns(), {"sys/metric_0": 1.0}, None, None, None))
     pipeline.drain()
