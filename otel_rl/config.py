@@ -19,7 +19,7 @@ import secrets
 import socket
 import sys
 import time
-import zlib
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -657,9 +657,12 @@ def _tasks_per_node(raw: str) -> list[int]:
 
 
 def host_machine(host: str, machine: str = "") -> int:
-    """A machine's index from its host name and id (:func:`otel_rl.base.user_dir.machine_id`), for a launcher that
-    numbers no machine: 1 to 65,535 (0 is rank 0's). The id tells apart machines that share a host name."""
-    return 1 + zlib.crc32(f"{host}\0{machine}".encode("utf-8", "surrogatepass")) % 65_535
+    """A machine's index from its host name and whole id (:func:`otel_rl.base.user_dir.machine_id`, 128 random bits),
+    for a launcher that numbers no machine: 1 to 2**63 - 1 (0 is rank 0's), 63 bits of their SHA-256. The id tells
+    apart machines that share a host name; two machines of one job share an index fewer than once in 10**13 jobs of
+    1,000 machines (the birthday bound)."""
+    digest = hashlib.sha256(f"{host}\0{machine}".encode("utf-8", "surrogatepass")).digest()
+    return 1 + int.from_bytes(digest[:8], "big") % (2**63 - 1)
 
 
 def _place_on_node(config: TelemetryConfig) -> None:
