@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -134,8 +136,14 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if token and args.insecure:
         logging.getLogger("otel_rl.readers.server").warning("MOTRIX_METRICS_TOKEN is set but --insecure serves without it")
         token = None
-    serve_forever(args.db, args.host, args.port, token, args.lost_after, max_trace_bytes=int(args.max_trace_mb * 1e6),
-                  max_media_bytes=int(args.max_media_mb * 1e6))
+    try:
+        serve_forever(args.db, args.host, args.port, token, args.lost_after, max_trace_bytes=int(args.max_trace_mb * 1e6),
+                      max_media_bytes=int(args.max_media_mb * 1e6))
+    except OSError as exc:
+        if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES) and not isinstance(exc, socket.gaierror):
+            raise
+        print(f"otel-rl serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     return 0
 
 

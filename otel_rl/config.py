@@ -491,7 +491,11 @@ def _run_folder(run_dir: Any, merged: dict[str, Any]) -> Any:
     if raw.lower() in _NO_FOLDER:
         return None
     if raw:
-        return raw
+        blocked = _file_in_the_way(Path(raw))
+        if blocked is None:
+            return raw
+        _logger.warning("otel-rl: %s=%s names no folder (%s is a file); the run records into the default folder", env.OTEL_RL_RUN_DIR,
+                        raw[:200], str(blocked)[:200], extra=once("run-dir-env-file"))  # fmt: skip
     if merged.get("role", "learner") != "learner":
         return None
     name = merged["run_id"] or _job_id()
@@ -506,6 +510,17 @@ def _run_folder(run_dir: Any, merged: dict[str, Any]) -> Any:
     name = name or time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
     parts = [DEFAULT_RUNS_ROOT] + ([safe_name(merged["algorithm"], "run")] if merged.get("algorithm") else [])
     return Path(*parts, safe_name(name, "run"))
+
+
+def _file_in_the_way(path: Path) -> Path | None:
+    """The file (not a folder) that ``path`` or the nearest of its parents that exists is, if it is one."""
+    for candidate in (path, *path.parents):
+        try:
+            if candidate.exists():
+                return None if candidate.is_dir() else candidate
+        except OSError:
+            return None
+    return None
 
 
 def _job_id() -> str | None:

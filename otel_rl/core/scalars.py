@@ -17,6 +17,7 @@ import itertools
 import math
 from collections.abc import Iterable, Iterator
 
+from otel_rl.base.log import logger
 from otel_rl.base.values import INT64_MAX, INT64_MIN, as_step, describe, scalar_number
 from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.keys import KeyPolicy
@@ -24,6 +25,9 @@ from otel_rl.core.records import EventRecord, ScalarsRecord
 from otel_rl.core.scalar_rows import ScalarRows
 from otel_rl.core.step_check import StepCheck
 
+_logger = logger(__name__)
+WARN_NONFINITE_KEYS = 3
+"""Keys whose first NaN or infinity is also a warning (the rest are their ``nonfinite`` events only)."""
 _PLAIN_NUMBERS = frozenset((float, int))
 
 
@@ -116,6 +120,9 @@ class ScalarAssembler:
         if key in self.seen_nonfinite:
             return
         self.seen_nonfinite.add(key)
+        if len(self.seen_nonfinite) <= WARN_NONFINITE_KEYS:  # a collapsed reward or loss: the first thing to see
+            more = " (more keys that go non-finite: their nonfinite events)" if len(self.seen_nonfinite) == WARN_NONFINITE_KEYS else ""
+            _logger.warning("otel-rl: %s is %s; recorded as null, with a nonfinite event%s", key, value, more)
         self._hand_over()
         self._out.append(EventRecord(time_ns, "nonfinite", {"key": key, "value": value}, next(self._seq)))
 

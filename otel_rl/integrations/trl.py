@@ -29,6 +29,7 @@ the run (the trainer's configuration, its algorithm), ended as it ends: a reward
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -74,7 +75,7 @@ class _Steps:
     """One trainer's phases: where each of TRL's timers and methods goes."""
 
     def __init__(self, trainer: Any, tel: TrainingTelemetry) -> None:
-        self.trainer = trainer
+        self._trainer = weakref.ref(trainer)  # the registry's value must not hold its key: a trainer let go is freed
         self.tel = tel
         self.learning: ExitStack | None = None
         self.in_reward = False
@@ -87,8 +88,9 @@ class _Steps:
     def throughput(self, now: float) -> None:
         """The latest generation batch's tokens over the time its steps took (from it to the next one, or the end)."""
         batch, self.batch = self.batch, None
-        if batch is not None and batch[1] and now > batch[0]:
-            self.tel.scalars({schema.TOKENS_PER_S: batch[1] / (now - batch[0])}, step=int(self.trainer.state.global_step))
+        trainer = self._trainer()
+        if trainer is not None and batch is not None and batch[1] and now > batch[0]:
+            self.tel.scalars({schema.TOKENS_PER_S: batch[1] / (now - batch[0])}, step=int(trainer.state.global_step))
 
     # -- TRL's own timers ------------------------------------------------
 
@@ -190,7 +192,13 @@ class _StepCallback(TrainerCallback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if not logs:
             return
-        values = {schema.library_key("trl", key): value for key, value in logs.items() if isinstance(value, (int, float)) and not isinstance(value, bool)}
+        # TRL logs a mean of nothing but NaN as None (a reward function that returned NaN): recorded as NaN, which is
+        # said (a ``nonfinite`` event, one warning) rather than left out.
+        values = {
+            schema.library_key("trl", key): math.nan if value is None else value
+            for key, value in logs.items()
+            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        }
         if values:
             self.steps.tel.scalars(values, step=int(state.global_step))
 

@@ -159,6 +159,12 @@ class RunScope:
             _logger.warning("otel-rl: run() entered %s; it is not recorded", why, extra=once(f"run:{why}"))
             yield
             return
+        if self.status is not None:  # one Telemetry, a second lifecycle (a second trainer.train()): one run id for both
+            _logger.warning(
+                "otel-rl: a run starts again in this Telemetry (its last one ended %s): both are run %r, in one folder, and "
+                "their steps start over; call otel_rl.init() (and close()) once per run to keep them apart",
+                self.status, self._config.run_id, extra=once("run-again"),
+            )  # fmt: skip
         self.open = True
         start_ns = self._start(family, total_steps, num_envs, config)
         if handle_sigterm:

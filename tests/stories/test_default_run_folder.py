@@ -84,6 +84,16 @@ def test_the_folder_can_be_given_by_the_environment_and_the_run_id_names_the_def
     assert json.loads((tmp_path / "runs" / "ppo" / "sweep-7" / "run_summary.json").read_text())["run_id"] == "sweep-7"
 
 
+def test_a_folder_variable_naming_a_file_is_one_warning_and_the_default_folder(tmp_path):
+    (tmp_path / "notes.txt").write_text("not a folder")
+    result = _run(tmp_path, OTEL_RL_RUN_DIR=str(tmp_path / "notes.txt"))
+    said = [line for line in result.stderr.splitlines() if "OTEL_RL_RUN_DIR" in line]
+    assert len(said) == 1 and "is a file" in said[0] and "Traceback" not in result.stderr, result.stderr
+    (folder,) = (tmp_path / "runs" / "ppo").iterdir()
+    assert sorted(read.scalars(folder)["Loss/critic"].dropna()) == [0.5 + i for i in range(20)]
+    assert (tmp_path / "notes.txt").read_text() == "not a folder"
+
+
 def test_every_rank_of_a_torchrun_job_takes_one_default_folder(tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(_LOOP)

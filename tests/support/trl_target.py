@@ -4,7 +4,8 @@
 
 MODE ``plain``: the example's settings; ``raise``: a second reward function raises at the third step; ``trl-wandb``:
 TRL reports to W&B (offline) while otel-rl does not; ``both-wandb``: both ask for W&B; ``rloo``: RLOOTrainer. Under ``accelerate launch``
-each process is a rank of one run (the run folder given).
+each process is a rank of one run (the run folder given). ``nan``: the reward function returns NaN; ``three``: three trainers
+trained one after another with one ``tel``, each let go after (it prints how many of them are still alive).
 """
 
 from __future__ import annotations
@@ -32,7 +33,12 @@ def judge(completions, **kwargs):
     return [0.5] * len(completions)
 
 
-rewards = [trl_grpo.reward_len, judge] if mode == "raise" else None
+def collapsed(completions, **kwargs):
+    """A reward that collapsed: NaN for every completion."""
+    return [float("nan")] * len(completions)
+
+
+rewards = [trl_grpo.reward_len, judge] if mode == "raise" else [collapsed] if mode == "nan" else None
 report_to = ["wandb"] if mode in ("trl-wandb", "both-wandb") else []
 if mode == "rloo":  # RLOOTrainer, which shares GRPO's code path
     import tempfile
@@ -53,6 +59,23 @@ tel = otel_rl.init(run_dir=run_dir, algorithm="grpo", wandb=mode == "both-wandb"
 if mode == "plain":
     instrument(trainer, tel)  # set up twice (a notebook cell run again): each step is still recorded once
 instrument(trainer, tel)
+if mode == "three":
+    import gc
+    import weakref
+
+    alive = [weakref.ref(trainer)]
+    trainer.train()
+    del trainer
+    for _ in range(2):
+        second = trl_grpo.trainer(f"{run_dir}/trl", steps)
+        alive.append(weakref.ref(second))
+        instrument(second, tel)
+        second.train()
+        del second
+    gc.collect()
+    tel.close()
+    print("alive:", sum(ref() is not None for ref in alive))
+    sys.exit(0)
 try:
     trainer.train()
 finally:

@@ -78,3 +78,14 @@ def test_analyze_skips_a_fifo_named_like_a_trace_inside_a_run_folder(tmp_path):
     result = cli("analyze", str(run), timeout_s=60)
     assert result.returncode == 2
     assert result.stderr.strip() == f"otel-rl analyze: no *.perfetto-trace file in {run} (trace.perfetto-trace: not regular files)"
+
+
+def test_serve_on_a_port_in_use_is_one_line_and_a_non_zero_exit(tmp_path):
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        done = cli("serve", "--host", "127.0.0.1", "--port", str(port), "--db", str(tmp_path / "runs.db"), "--insecure")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == f"otel-rl serve: cannot listen on 127.0.0.1:{port}: Address already in use"
+    assert "ingest server on" not in done.stdout  # nothing said about a server that never listened

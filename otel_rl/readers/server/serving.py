@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import resource
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -106,13 +107,20 @@ DECODE_PROCESSES = 2
 
 def serve_forever(db: Path | str, host: str, port: int, token: str | None, lost_after_s: float, **limits: Any) -> None:
     """Foreground server for ``otel-rl serve`` (bodies decoded on :data:`DECODE_PROCESSES` worker processes); ``limits``: of
-    :class:`otel_rl.readers.server.app.Limits`."""
+    :class:`otel_rl.readers.server.app.Limits`.
+
+    Raises:
+        OSError: the address cannot be listened on (a port in use, a host not of this machine), before anything is said.
+    """
     raise_open_files_limit()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listening = socket.create_server((host, port), family=family, backlog=1024)  # first: a port in use is one error, said first
     storage = open_storage(db)
     app = create_app(storage, token=token, lost_after_s=lost_after_s, decode_processes=DECODE_PROCESSES, **limits)
     where = "PostgreSQL" if str(db).startswith(("postgresql://", "postgres://")) else f"database {db}"
+    port = listening.getsockname()[1]
     print(f"otel-rl ingest server on http://{host}:{port} ({where}{', token required' if token else ''}); its runs at http://{host}:{port}/", flush=True)
     if not token:
         _logger.warning("otel-rl serve: %s", NO_TOKEN_WARNING)
-    web.run_app(app, host=host, port=port, print=None, auto_decompress=False, access_log=None, keepalive_timeout=HEADER_TIMEOUT_S)
+    web.run_app(app, sock=listening, print=None, auto_decompress=False, access_log=None, keepalive_timeout=HEADER_TIMEOUT_S)
     storage.close()

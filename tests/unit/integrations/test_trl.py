@@ -120,3 +120,23 @@ def test_rloo_shares_the_code_path_and_its_old_and_reference_passes_are_told_apa
     for name in ("generation", "reward", "old_log_prob", "ref_log_prob"):  # RLOO computes the old policy's log-probs on every generation
         assert phases[name].count + phases[name].stalls == 4, name
     assert [r["step"] for r in records(run_dir) if r["kind"] == "scalars" and "Loss/policy" in r["values"]] == [1, 2, 3, 4]
+
+
+def test_a_reward_that_collapsed_to_nan_is_said_not_left_out(tmp_path):
+    run_dir = tmp_path / "run"
+    done = train(run_dir, 2, "nan")
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = records(run_dir)
+    nonfinite = [r for r in said if r["kind"] == "event" and r["name"] == "nonfinite"]
+    assert any("Train/mean_reward" in json.dumps(r["attributes"]) for r in nonfinite), nonfinite
+    assert "Train/mean_reward" in done.stderr  # one warning names it
+
+
+def test_three_trainers_with_one_tel_are_said_once_and_each_is_freed(tmp_path):
+    run_dir = tmp_path / "run"
+    done = train(run_dir, 2, "three")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "alive: 0" in done.stdout  # instrument() keeps no trainer (nor its model) alive
+    assert done.stderr.count("a run starts again in this Telemetry") == 1
+    runs = [r["status"] for r in records(run_dir) if r["kind"] == "run"]
+    assert runs.count("finished") == 3
