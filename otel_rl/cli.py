@@ -142,7 +142,8 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except OSError as exc:
         if exc.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES) and not isinstance(exc, socket.gaierror):
             raise
-        print(f"otel-rl serve: cannot listen on {args.host}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        why = os.strerror(exc.errno) if exc.errno and exc.errno > 0 else str(exc)
+        print(f"otel-rl serve: cannot listen on {args.host}:{args.port}: {why}", file=sys.stderr)
         return 1
     return 0
 
