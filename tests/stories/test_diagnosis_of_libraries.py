@@ -138,7 +138,7 @@ def test_rllib_ppo_few_epochs_wait_for_the_env_runners_and_many_for_the_learner(
     from otel_rl.readers.analysis.compare import compare_reports
 
     reports = {}
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
     try:
         # Learning against the env runner's 1,000 steps (about 1.3 s here): one update of 1,000 takes about 0.1 s (12x apart,
         # with the second core busy too), 60 epochs of 10 minibatches about 4.4 s (3.4x; 10x with the core busy).

@@ -281,14 +281,22 @@ def reconcile(report: Report, live: dict[str, Any] | None) -> dict[str, Any]:
     return verdict
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number (write null)")
+
+
 def _diagnosis_problem(data: bytes) -> str | None:
     """Why ``data`` is not an analysis report (None: it is one): the shape ``otel-rl analyze --json`` writes, and one that compares."""
     try:
-        data = json.loads(data)
-    except ValueError:
-        return "the diagnosis is not JSON"
+        data = json.loads(data, parse_constant=_no_constant)  # NaN and Infinity: what a browser's JSON.parse refuses
+    except RecursionError:
+        return "the diagnosis is nested too deeply to be a report"
+    except ValueError as exc:
+        return f"the diagnosis is not JSON ({str(exc)[:120]})" if "NaN" in str(exc) or "Infinity" in str(exc) else "the diagnosis is not JSON"
     try:
         report = Report.from_json(data)
+    except RecursionError:
+        return "the diagnosis is nested too deeply to be a report"
     except ValueError as exc:
         return f"the diagnosis is not otel-rl analyze --json's report: {exc}"
     if not report.timelines:

@@ -27,7 +27,7 @@ def receiver(monkeypatch):
     server.stop()
 
 def test_ppo_driver_and_env_runner_actor_share_one_trace(tmp_path, receiver):
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")  # loopback only
     try:
         tel = otel_rl.init(run_dir=tmp_path)  # the fewest lines: no tel.run(), no output options
         config = (

@@ -80,6 +80,12 @@ def test_bad_uploads_cost_only_their_request(run_dir, tmp_path):
                           ({"bottleneck": "x"}, "report.wall_s: missing")):  # fmt: skip
             answer = requests.put(url + "/diagnosis", data=json.dumps(bad), timeout=30)
             assert answer.status_code == 400 and says in answer.json()["error"], answer.text
+        deep = requests.put(url + "/diagnosis", data=b"[" * 100_000 + b"]" * 100_000, timeout=30)
+        assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"], deep.text
+        nan = json.loads(kept)
+        nan["wall_s"] = float("nan")  # json.dumps writes NaN: JSON no browser parses
+        answer = requests.put(url + "/diagnosis", data=json.dumps(nan), timeout=30)
+        assert answer.status_code == 400 and "NaN is not a JSON number" in answer.json()["error"], answer.text
         assert requests.get(url + "/diagnosis", timeout=30).content == kept  # a refused one replaces nothing
         compared = requests.get(server.url + "/api/v1/compare", params={"runs": "traced,traced"}, timeout=30)
         assert compared.status_code == 400  # one run twice is one run
