@@ -324,13 +324,24 @@ class Telemetry:
         The calling thread must hold no open iteration of ``timeline`` (one is said once and nothing recorded).
 
         Raises:
-            ValueError: a phase or the iteration ends before it starts, or a phase lies outside the iteration.
+            ValueError: a phase or the iteration ends before it starts, or a phase lies outside the iteration; an index
+                below 0; a phase that is not ``(name, start_ns, end_ns)``; times in the future (``time.time_ns()``).
         """
+        checked = as_step(index, "iteration index")
+        if checked is None or checked < 0:
+            raise ValueError(f"record_iteration(): index must be an integer from 0, got {describe(index)[:100]}")
         start_ns, end_ns = _timestamp(start_ns, "start_ns"), _timestamp(end_ns, "end_ns")
         if not end_ns >= start_ns:
             raise ValueError(f"iteration {index}: end_ns {end_ns} is before start_ns {start_ns}")
+        ahead_s = (end_ns - perf_counter_ns()) / 1e9
+        if ahead_s > FUTURE_S:  # perf_counter_ns() counts from boot; time.time_ns() from 1970, decades ahead of it
+            raise ValueError(f"iteration {index}: end_ns is {ahead_s:,.0f} s ahead of time.perf_counter_ns() (stamped with time.time_ns()?); "
+                             "record_iteration() takes perf_counter_ns() timestamps")  # fmt: skip
         resolved = []
-        for name, start, end in phases:
+        for n, phase in enumerate(phases):
+            if not isinstance(phase, (tuple, list)) or len(phase) != 3:
+                raise ValueError(f"record_iteration(): phases[{n}] must be (name, start_ns, end_ns), got {describe(phase)[:100]}")
+            name, start, end = phase
             start, end = _timestamp(start, f"phase {name!r}'s start"), _timestamp(end, f"phase {name!r}'s end")
             if not start_ns <= start <= end <= end_ns:
                 raise ValueError(f"phase {name!r} ({start} to {end}) does not lie in iteration {index} ({start_ns} to {end_ns})")
@@ -925,6 +936,10 @@ class _CloseInterrupt:
                     signal.signal(signal.SIGINT, signal.default_int_handler)
             except (ValueError, OSError):
                 pass
+
+
+FUTURE_S = 60.0
+"""How far past ``perf_counter_ns()`` a ``record_iteration()`` may end (clocks of one machine): beyond it, a wrong clock."""
 
 
 def _timestamp(value: Any, what: str) -> int:

@@ -26,6 +26,13 @@ def test_steps_measured_elsewhere_read_as_iterations_and_bad_timestamps_are_clea
             tel.record_iteration(10, now, 10**30)
         with pytest.raises(ValueError, match="does not lie in iteration 10"):
             tel.record_iteration(10, now, now + 10, [("learning", now, now + 20)])
+        wall = time.time_ns()  # the wrong clock: decades ahead of perf_counter_ns()
+        with pytest.raises(ValueError, match=r"ahead of time.perf_counter_ns\(\) \(stamped with time.time_ns\(\)\?\)"):
+            tel.record_iteration(10, wall, wall + 10)
+        with pytest.raises(ValueError, match=r"phases\[1\] must be \(name, start_ns, end_ns\), got"):
+            tel.record_iteration(10, now, now + 10, [("learning", now, now + 5), ("generation", now)])
+        with pytest.raises(ValueError, match="index must be an integer from 0, got -5"):
+            tel.record_iteration(-5, now, now + 10)
         with caplog.at_level(logging.WARNING, logger="otel_rl"), tel.iteration(11):  # inside an open iteration: said, nothing recorded
             tel.record_iteration(12, now, now + 10)
         assert "inside an open learner iteration" in caplog.text
