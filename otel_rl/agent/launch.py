@@ -134,14 +134,18 @@ def start_agent(identity: RunIdentity) -> AgentHost | None:
     try:
         recover_orphans()
         directory = agents.agent_dir(name)
+        sizes = shm.fitted_sizes(config.lane_capacity, _free_bytes(directory))  # no room for a segment: no agent either
+    except OSError as exc:  # no shared memory
+        _logger.warning("otel-rl: no shared memory for the agent (%s); the outputs run on a thread", exc)
+        return None
+    try:
         # The agent starts before the segment exists: a producer killed at any moment after creating it is served.
         process = None if agents.agent_running(directory) else spawn(directory, linger_s)
-    except OSError as exc:  # no shared memory, or no process can be started here
+    except OSError as exc:  # no process can be started here
         _logger.warning("otel-rl: the agent process could not start (%s); the outputs run on a thread", exc)
         return None
     try:
         payload = pickle.dumps(identity)
-        sizes = shm.fitted_sizes(config.lane_capacity, _free_bytes(directory))
         try:
             segment = shm.Segment(segment_path(config, agents.agent_dir(name)), payload, *sizes)
         except FileNotFoundError:  # its idle agent removed the directory just now: the watcher starts a new one

@@ -24,6 +24,7 @@ producers still to come; ``otel-rl agent NAME`` serves until interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import pickle
@@ -131,8 +132,9 @@ class AgentService(BackgroundLoop):
             pass
         gc.set_threshold(*GC_THRESHOLDS)
         try:
-            os.ftruncate(lock, 0)
-            os.write(lock, str(os.getpid()).encode())
+            with contextlib.suppress(OSError):  # a full /dev/shm: the lock holds, it just cannot name this agent
+                os.ftruncate(lock, 0)
+                os.write(lock, str(os.getpid()).encode())
             self.start()
             self.ended.wait()
             if self.linger_s is not None:  # started by a producer: it leaves no directory behind

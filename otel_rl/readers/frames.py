@@ -58,13 +58,20 @@ def is_server(source: str | os.PathLike[str]) -> bool:
 
 
 def run_folders(source: str | os.PathLike[str]) -> list[Path]:
-    """The run folders of ``source``: itself when it holds ``metrics.jsonl``, else its subfolders that do."""
+    """The run folders of ``source``: itself when it holds ``metrics.jsonl``, else its subfolders that do, and theirs
+    (the default layout, ``runs/<algorithm>/<run id>``, read from ``runs``)."""
     path = Path(source)
     if (path / files.JSONL_FILE).is_file():
         return [path]
     if not path.is_dir():
         raise SourceError(f"{path} is not a run folder, a folder of run folders, or a server URL")
-    found = sorted(p for p in path.iterdir() if (p / files.JSONL_FILE).is_file())
+    found = []
+    for child in sorted(p for p in path.iterdir() if p.is_dir()):
+        if (child / files.JSONL_FILE).is_file():
+            found.append(child)
+        else:  # a folder of runs of one algorithm
+            with contextlib.suppress(OSError):
+                found.extend(sorted(p for p in child.iterdir() if (p / files.JSONL_FILE).is_file()))
     if not found:
         raise SourceError(f"no run folder (a folder with {files.JSONL_FILE}) in {path}")
     return found

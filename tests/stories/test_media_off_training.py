@@ -106,6 +106,7 @@ def _handoffs_left(run_id: str) -> list[Path]:
     return [p for p in private_dir().rglob(f"*{media.HANDOFF_MARK}*") if p.name.startswith(run_id)]
 
 
+@pytest.mark.slow  # real BLAS threads beside real videos: pytest -m "not slow" leaves it out
 @pytest.mark.parametrize("agent", ["process", "thread"])
 def test_a_loop_in_multithreaded_blas_beside_real_videos_runs_to_its_end(tmp_path, agent):
     run_dir = tmp_path / "run"
@@ -160,6 +161,7 @@ def test_a_list_past_the_bound_is_refused_before_anything_is_copied(tmp_path, ag
     assert done.stderr.count("dropped: 16 items or 512 MiB of frames wait to be written") == 1
 
 
+@pytest.mark.slow  # a 141 MiB video encoded: pytest -m "not slow" leaves it out
 @pytest.mark.parametrize("agent", ["process", "thread"])
 def test_a_float_video_costs_the_training_process_at_most_one_copy(tmp_path, agent):
     run_dir = tmp_path / "run"
@@ -209,6 +211,7 @@ with tel.run():
     assert not _handoffs_left("kill")
 
 
+@pytest.mark.slow  # noise videos encoded, an agent killed and replaced: pytest -m "not slow" leaves it out
 def test_an_agent_killed_while_it_encodes_leaves_no_half_file_and_loses_nothing_unsaid(tmp_path):
     run_dir = tmp_path / "run"
     tel = otel_rl.init(run_dir=run_dir, run_id="agentkill", panel=False, quiet=True, system_metrics_interval_s=0, shutdown_timeout_s=60)

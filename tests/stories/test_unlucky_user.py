@@ -531,3 +531,28 @@ def test_a_job_killed_at_its_end_can_have_close_wait_for_the_upload(tmp_path):
     (end,) = [line for line in run.stderr.splitlines() if " finished after " in line]
     assert f"still on their way to {url} after 2 s" in end and f"otel-rl backfill {tmp_path / 'down'} --url {url} --trace-only" in end
     assert float(run.stdout.strip().splitlines()[-1]) < 5 + 2 + 5  # the close's deadline, the bound, and margin: never the upload's own
+
+
+def test_a_full_dev_shm_at_init_is_one_line_and_training_records_on_a_thread(tmp_path):
+    # A machine of its own /dev/shm (a mount namespace), 64 KiB and full: no segment, and no agent started for none.
+    loop = tmp_path / "loop.py"
+    loop.write_text(textwrap.dedent(f"""
+        import otel_rl
+        tel = otel_rl.init(run_dir={str(tmp_path / "run")!r}, panel=False, system_metrics_interval_s=0)
+        with tel.run():
+            for i in range(5):
+                with tel.iteration(i, env_steps=i):
+                    pass
+        tel.close()
+        print("agent:", tel.stats()["agent"])
+    """))
+    script = f"mount -t tmpfs -o size=64k tmpfs /dev/shm && (dd if=/dev/zero of=/dev/shm/fill bs=4k count=100 2>/dev/null; true) && " \
+             f"{sys.executable} {loop} && sleep 2"  # fmt: skip
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", script], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "agent: thread" in done.stdout and "Traceback" not in done.stderr, done.stderr
+    said = [line for line in done.stderr.splitlines() if "shared memory" in line]
+    assert len(said) == 1 and "the outputs run on a thread" in said[0], done.stderr
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["kind"] == "run" and records[-1]["status"] == "finished"

@@ -122,6 +122,7 @@ def test_rloo_shares_the_code_path_and_its_old_and_reference_passes_are_told_apa
     assert [r["step"] for r in records(run_dir) if r["kind"] == "scalars" and "Loss/policy" in r["values"]] == [1, 2, 3, 4]
 
 
+@pytest.mark.slow  # a real TRL training
 def test_a_reward_that_collapsed_to_nan_is_said_not_left_out(tmp_path):
     run_dir = tmp_path / "run"
     done = train(run_dir, 2, "nan")
@@ -132,6 +133,7 @@ def test_a_reward_that_collapsed_to_nan_is_said_not_left_out(tmp_path):
     assert "Train/mean_reward" in done.stderr  # one warning names it
 
 
+@pytest.mark.slow  # four real TRL trainings
 def test_three_trainers_with_one_tel_are_said_once_and_each_is_freed(tmp_path):
     run_dir = tmp_path / "run"
     done = train(run_dir, 2, "three")

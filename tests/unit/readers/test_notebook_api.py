@@ -267,3 +267,14 @@ def test_export_writes_runs_and_scalars_files(runs_dir, tmp_path, form):
     same(scalars[scalars["run_id"] == "sac-b"].set_index("env_steps"), jsonl_points(str(runs_dir / "sac-b")))
     missing = subprocess.run([sys.executable, "-m", "otel_rl.cli", "export", str(tmp_path / "nothing")], capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and len(missing.stderr.strip().splitlines()) == 1 and "Traceback" not in missing.stderr
+
+
+def test_the_default_layout_reads_from_its_root(tmp_path):
+    # runs/<algorithm>/<run id>, as a run given no folder makes it: read.runs("runs") reads them all, as the README says
+    a_run(tmp_path / "runs" / "sac", "s1", "p", 0.5, points=5)
+    a_run(tmp_path / "runs" / "sac", "s2", "p", 0.5, points=5)
+    a_run(tmp_path / "runs" / "ppo", "p1", "p", 0.5, points=5)
+    runs = read.runs(tmp_path / "runs")
+    assert sorted(runs["run_id"]) == ["p1", "s1", "s2"] and set(runs["status"]) == {"finished"}
+    assert sorted(read.runs(tmp_path / "runs" / "sac")["run_id"]) == ["s1", "s2"]
+    assert set(read.scalars(tmp_path / "runs")["run_id"]) == {"p1", "s1", "s2"}
