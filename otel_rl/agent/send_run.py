@@ -54,8 +54,12 @@ def send_run(run_dir: Path, url: str, token: str | None, retry_window_s: float =
 
 
 def _send_trace(folder: Path, url: str, token: str | None, retry_window_s: float, records: dict | None = None) -> int:
+    def diagnosis_in(bottleneck: str, until: float) -> None:  # said at once: the trace may be tried for the whole window
+        _note_upload(folder, {"url": url, "sent": False, "diagnosis_sent": True, "records": records, "bottleneck": bottleneck,
+                              "trace": f"being sent, tried until {time.strftime('%H:%M:%S', time.localtime(until))}"})  # fmt: skip
+
     try:
-        sent = upload(folder, url, token, retry_window_s=retry_window_s)
+        sent = upload(folder, url, token, retry_window_s=retry_window_s, diagnosis_sent=diagnosis_in)
     except (UploadError, ValueError, OSError) as exc:  # refused, unreachable, a trace that cannot be read
         diagnosis_sent = getattr(exc, "diagnosis_sent", False)
         what = "the trace is not sent (its diagnosis is)" if diagnosis_sent else "the trace and its diagnosis are not sent"

@@ -14,6 +14,7 @@ import time
 import http.client
 import urllib.parse
 from pathlib import Path
+from typing import Any
 
 from otel_rl.base.http_post import Poster, PostError
 from otel_rl.readers.analysis import analyze, trace_files
@@ -37,13 +38,16 @@ def run_id_of(run_dir: Path) -> str | None:
         return None
 
 
-def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0, retry_window_s: float = 60.0) -> tuple[int, str] | None:
+def upload(
+    run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0, retry_window_s: float = 60.0, diagnosis_sent: Any = None,
+) -> tuple[int, str] | None:
     """Send the folder's trace (its parts merged) and its analysis; returns (trace bytes, bottleneck), None without a trace.
 
     A server that cannot take them now (unreachable, restarting: 5xx, 408, 429) is tried again, with growing
     pauses, for ``retry_window_s``; a refusal (a wrong token, a bad body) or an answer that is not the API's
-    (a login page) is not. A trace that is not sent does not cost the diagnosis: it is sent on its own, tried
-    once more past the window (the error then says ``diagnosis_sent``).
+    (a login page) is not. The diagnosis goes first: a trace that is not sent (refused, or failing past the
+    window) does not cost it (the error then says ``diagnosis_sent``). ``diagnosis_sent(bottleneck, until)``: called
+    once the diagnosis is in, before the trace (``until``: ``time.time()`` at which its tries end).
 
     Raises:
         UploadError: the server refused either, answered something else, or could not be reached in the window.
@@ -66,16 +70,25 @@ def upload(run_dir: Path, url: str, token: str | None, timeout_s: float = 300.0,
     query = urllib.parse.urlencode({"run_id": run_id, **({"trace_id": trace_id} if trace_id else {})})
     give_up = time.monotonic() + retry_window_s
     diagnosis = json.dumps(report.to_json()).encode()
+    # The diagnosis first: small, and what the run's page and its verdict read; a trace the server keeps failing
+    # (a 5xx that lasts the retry window) or refuses (413) then costs only itself.
+    diagnosis_failed: UploadError | None = None
+    try:
+        _put(f"{base}/diagnosis?{query}", diagnosis, token, timeout_s, give_up)
+    except UploadError as exc:
+        diagnosis_failed = exc
+    else:
+        if diagnosis_sent is not None:
+            diagnosis_sent(report.diagnosis.bottleneck if report.diagnosis else "", time.time() + max(give_up - time.monotonic(), 0.0))
     try:
         _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
     except UploadError as trace_failed:
-        try:
-            _put(f"{base}/diagnosis?{query}", diagnosis, token, timeout_s, give_up)
-        except UploadError:
+        if diagnosis_failed is not None:
             raise trace_failed from None  # refused alike (a wrong token, another run's id): the trace's reason says it
         trace_failed.diagnosis_sent = True
         raise
-    _put(f"{base}/diagnosis?{query}", diagnosis, token, timeout_s, give_up)
+    if diagnosis_failed is not None:
+        raise diagnosis_failed
     return len(trace), report.diagnosis.bottleneck if report.diagnosis else ""
 
 

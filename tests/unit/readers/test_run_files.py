@@ -348,3 +348,64 @@ def test_a_server_that_trickles_its_answer_cannot_hold_the_trace_upload(run_dir)
         server.stop()
     assert time.monotonic() - began < 30  # each request 2 s at most, tried again within the 3 s window (a trickle took 27 s a request)
     assert server.requests >= 2
+
+
+def test_a_server_that_keeps_failing_the_trace_still_gets_the_diagnosis_and_the_folder_says_so(run_dir, tmp_path):
+    """A 500 on every trace upload, past the retry window (a proxy before a real server): the diagnosis is sent, and said."""
+    import http.server
+    import shutil
+    import threading
+
+    folder = tmp_path / "traced"
+    shutil.copytree(run_dir, folder)
+    with IngestServer(str(tmp_path / "behind.sqlite3")) as server:
+
+        class Failing(http.server.BaseHTTPRequestHandler):
+            def do_PUT(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                if "/trace" in self.path:
+                    self.send_response(500)
+                    self.end_headers()
+                    self.wfile.write(b"Internal Server Error")
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                answer = requests.put(server.url + self.path, data=body, headers=headers, timeout=30)
+                self.send_response(answer.status_code)
+                self.send_header("Content-Type", answer.headers.get("Content-Type", "application/json"))
+                self.end_headers()
+                self.wfile.write(answer.content)
+
+            do_POST = do_PUT
+
+            def log_message(self, *args):
+                pass
+
+        proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{proxy.server_address[1]}"
+            subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(folder), "--url", server.url, "--retry-window", "0"],
+                           capture_output=True, timeout=120)  # fmt: skip  (the records, straight to the server)
+            (folder / "trace_upload.json").unlink(missing_ok=True)
+            # A window of 60 s: the diagnosis is in, and the folder says so, long before the trace's tries end.
+            trying = subprocess.Popen([sys.executable, "-m", "otel_rl.cli", "backfill", str(folder), "--url", url, "--trace-only",
+                                       "--retry-window", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            deadline = time.monotonic() + 40
+            while requests.get(server.url + "/api/v1/runs/traced/diagnosis", timeout=30).status_code != 200:
+                assert time.monotonic() < deadline and trying.poll() is None, "the diagnosis waited for the trace"
+                time.sleep(0.2)
+            while not (folder / "trace_upload.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            interim = json.loads((folder / "trace_upload.json").read_text())
+            assert trying.poll() is None and interim["diagnosis_sent"] is True and "being sent" in interim["trace"]
+            trying.kill()
+            trying.wait()
+            result = subprocess.run([sys.executable, "-m", "otel_rl.cli", "backfill", str(folder), "--url", url, "--trace-only",
+                                     "--retry-window", "2"], capture_output=True, text=True, timeout=120)  # fmt: skip
+        finally:
+            proxy.shutdown()
+        assert result.returncode == 1 and "the trace is not sent (its diagnosis is)" in result.stderr and "500" in result.stderr, result.stderr
+        diagnosis = requests.get(server.url + "/api/v1/runs/traced/diagnosis", timeout=30)
+        assert diagnosis.status_code == 200 and diagnosis.json()["timelines"]["learner"]["cycles"] == 30
+    outcome = json.loads((folder / "trace_upload.json").read_text())
+    assert outcome["sent"] is False and outcome["diagnosis_sent"] is True and "500" in outcome["error"]
