@@ -23,6 +23,7 @@ function ``instrument`` returns.
 
 from __future__ import annotations
 
+import math
 import numbers
 import re
 import sys
@@ -33,7 +34,7 @@ from typing import Any
 
 from otel_rl.api import TrainingTelemetry
 from otel_rl.base import extras
-from otel_rl.base.log import logger
+from otel_rl.base.log import logger, once
 
 extras.require(extras.INTEGRATIONS["verl"])
 
@@ -91,12 +92,14 @@ class _Steps:
         if not isinstance(data, dict):
             return
         self.tel.start_run(family="rl.onpolicy")  # a no-op when a run is open
-        timings = {key[len(TIMING):]: value for key, value in data.items() if isinstance(key, str) and key.startswith(TIMING) and _number(value)}
+        plain = {key: number for key, value in data.items() if isinstance(key, str) and (number := _scalar(key, value)) is not None}
+        timings = {key[len(TIMING):]: value for key, value in plain.items() if key.startswith(TIMING) and math.isfinite(value)}
         if timings and not self.live:
             self._rebuild(timings, step)
         self.live = 0
-        values = {schema.library_key("verl", key): value for key, value in data.items()
-                  if isinstance(key, str) and not key.startswith(TIMING) and _number(value)}  # fmt: skip
+        # The rest as scalars, and a timing that is NaN or infinite too (its nonfinite event says it; the step is laid
+        # out from the others).
+        values = {schema.library_key("verl", key): value for key, value in plain.items() if not key.startswith(TIMING) or not math.isfinite(value)}
         if values:
             self.tel.scalars(values, step=step)
 
@@ -134,8 +137,24 @@ class _Steps:
             yield
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+def _scalar(key: str, value: Any) -> float | None:
+    """A metric's value as a number: a number, or a tensor or array of one value (0-d, or one element); None otherwise.
+
+    A tensor of several values is said once (verl's trackers take one number too)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    size = getattr(value, "numel", None) or getattr(value, "size", None)
+    if size is None or not hasattr(value, "item"):
+        return None
+    try:
+        count = size() if callable(size) else int(size)
+        if count != 1:
+            _logger.warning("otel-rl: verl metric %r holds %d values, not one; it is not recorded", key[:200], count, extra=once(f"verl-many:{key[:200]}"))
+            return None
+        number = value.item()
+    except Exception:  # an object that only looks like a tensor
+        return None
+    return float(number) if isinstance(number, numbers.Real) and not isinstance(number, bool) else None
 
 
 def instrument(tel: TrainingTelemetry) -> Callable[[], None]:
@@ -147,8 +166,8 @@ def instrument(tel: TrainingTelemetry) -> Callable[[], None]:
     def log(self: Any, data: Any, step: Any = None, *args: Any, **kwargs: Any) -> Any:
         try:
             steps.log(data, step)
-        except Exception:  # never into training
-            _logger.warning("otel-rl: a verl step could not be recorded", exc_info=True)
+        except Exception as exc:  # never into training: one line
+            _logger.warning("otel-rl: a verl step could not be recorded (%s: %s)", type(exc).__name__, str(exc)[:200], extra=once("verl-step"))
         return original_log(self, data, step, *args, **kwargs)
 
     log.__otel_rl_original__ = original_log  # type: ignore[attr-defined]

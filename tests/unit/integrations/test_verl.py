@@ -96,3 +96,36 @@ def test_verls_own_timers_make_live_phases_and_the_logged_step_is_not_laid_out_a
     assert learner.cycles == 5 and learner.phases["generation"].mean_ms >= 21 and learner.phases["learning"].mean_ms >= 8
     said = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert not [r for r in said if r["kind"] == "event" and r["name"] == "timeline_rebuilt"]  # live, not rebuilt
+
+
+def test_a_nan_timing_costs_only_itself_and_tensor_metrics_are_numbers(tmp_path, caplog):
+    import logging
+
+    tel = otel_rl.init(run_dir=tmp_path / "run", system_metrics_interval_s=0, quiet=True)
+    undo = instrument(tel)
+    try:
+        tracking = Tracking("otel-rl-test", "nan", default_backend="console")
+        with caplog.at_level(logging.WARNING, logger="otel_rl"):
+            for step in range(1, 4):
+                metrics = step_metrics(step)
+                if step == 2:
+                    metrics["timing_s/reward"] = float("nan")  # one timer that went wrong
+                    metrics["timing_s/adv"] = float("inf")
+                metrics["actor/kl_loss"] = torch.tensor(0.25 * step)  # 0-d, as a loss is before .item()
+                metrics["actor/grad_norm"] = torch.tensor([1.5])  # one element
+                metrics["actor/per_token"] = torch.ones(4)  # four: not one number
+                tracking.log(metrics, step=step)
+    finally:
+        undo()
+        tel.close()
+    assert "Traceback" not in caplog.text and "could not be recorded" not in caplog.text
+    assert sum("actor/per_token" in r.getMessage() and "holds 4 values" in r.getMessage() for r in caplog.records) == 1
+    said = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    scalars = [r for r in said if r["kind"] == "scalars"]
+    steps = lambda key: [r["step"] for r in scalars if r["values"].get(key) is not None]  # noqa: E731
+    assert steps("Loss/policy") == [1, 2, 3] and steps("Train/mean_reward") == [1, 2, 3]  # step 2's loss and reward kept
+    assert steps("verl/actor/kl_loss") == [1, 2, 3] and steps("Train/grad_norm") == [1, 2, 3]
+    assert [r["values"]["verl/actor/kl_loss"] for r in scalars if "verl/actor/kl_loss" in r["values"]] == [0.25, 0.5, 0.75]
+    nonfinite = {r["attributes"]["key"] for r in said if r["kind"] == "event" and r["name"] == "nonfinite"}
+    assert {"verl/timing_s/reward", "verl/timing_s/adv"} <= nonfinite  # the bad timings are said
+    assert analyze(tmp_path / "run").timelines["learner"].cycles == 3  # step 2 laid out from its other timings
