@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections import deque
 from pathlib import Path
 
@@ -45,11 +46,19 @@ from otel_rl.run import files
 
 _logger = logger(__name__)
 
+_RETRY = "retry"
+"""Marks a write the disk refused, queued again first: it goes on in the file it was meant for."""
 _ROTATE = object()  # a mark in the writer's queue: start the next file here
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 PIECE = 64
 """Iterations of a batch encoded in one piece at first; then as many as the file has room for, at the size they took."""
 QUEUE_CAPACITY = 100_000
+FINISH_S = 0.2
+"""What a closing writer keeps of its deadline to count what it could not write."""
+GIVE_UP_S = 1.0
+"""How long a closing writer tries a failing disk again: the run's end is said in time."""
+MAX_BEHIND_BYTES = 128 * 1024 * 1024
+"""Packets kept for a disk that refuses them (full), to be written once it takes them again; past it, dropped and counted."""
 COUNTER_PREFIXES = ("Perf/total_fps", "Train/mean_reward", "sys/", "Perf/replay_", "Perf/queue", trace.CLOCK_OFFSET_KEY)
 MAX_COUNTER_TRACKS = 64
 """Counter tracks per process at most (the clock offset, which readers need, is always kept)."""
@@ -126,14 +135,16 @@ class PerfettoTraceSink(RecordSink):
         writer = self._writer
         queue = writer.queue
         # The run folder's copy waits for the disk (the pipeline's thread, never training's); a stalled or failing one is not.
-        if len(queue) >= self._capacity and not state and not writer.wait_for_room(
+        behind = writer.error is not None and writer.queued_bytes - writer.written_bytes > MAX_BEHIND_BYTES  # a disk that stays full
+        if not state and (behind or len(queue) >= self._capacity and not writer.wait_for_room(
             lambda: len(queue) < self._capacity, lambda: writer.written, lambda: writer.error is not None
-        ):
+        )):  # fmt: skip
             self.dropped += records
             if self._drops is not None:
                 self._drops.add("perfetto", "records", records)
             return
         data = b"".join(chunks)
+        writer.queued_bytes += len(data)
         queue.append((data, records))
         self._encoded += len(data)
         if self._encoded > self._max_bytes:
@@ -313,10 +324,12 @@ class TraceWriter(BackgroundLoop):
     """Writes encoded packets (and rotates files at the marks, once packets follow) on its own thread: file IO only.
 
     The queue holds ``(packets, records)`` pairs and rotation marks. A write
-    that fails (a full disk) is cut back to the last whole packet, its
-    records are counted as dropped (``perfetto``), and the next write goes on
-    after what the file holds: the trace stays readable up to the failure,
-    and picks up again when the disk does.
+    that fails (a full disk) is cut back to the last whole packet and queued
+    again first: the trace stays readable up to the failure, and what the disk
+    refused is written, in order, once it takes it again (as ``metrics.jsonl``
+    waits for it). Only what a disk that stays full holds back past
+    :data:`MAX_BEHIND_BYTES`, or what is left at the shutdown deadline, is
+    dropped and counted (``perfetto``).
     """
 
     queue_only = True
@@ -336,12 +349,27 @@ class TraceWriter(BackgroundLoop):
         """Writes that reached a file so far (every file): the progress a full queue waits on."""
         self.lost = 0
         """Records whose packets the disk refused."""
+        self._closing_since: float | None = None
+        self.queued_bytes = 0
+        """Bytes of packets ever queued (counted by the sink's thread only)."""
+        self.written_bytes = 0
+        """Bytes of packets ever written (this writer's thread only): what a failing disk holds back is the difference."""
         self.error: str | None = None
         """Why the last write failed (None once one succeeds): a full disk is not waited for."""
         self.start()
 
     def has_work(self) -> bool:
-        return bool(self.queue)
+        """Packets to write; a closing writer whose disk still fails after :data:`GIVE_UP_S` has none left to try."""
+        if not self.queue:
+            return False
+        since = self._closing_since
+        return self.error is None or since is None or time.monotonic() - since < GIVE_UP_S
+
+    def close(self, deadline: Deadline) -> None:
+        """Write what is queued until :data:`FINISH_S` before ``deadline``: what is left is then counted within it."""
+        if self._closing_since is None:
+            self._closing_since = time.monotonic()
+        super().close(Deadline(deadline.left() - FINISH_S))
 
     def run_once(self) -> None:
         queue = self.queue
@@ -350,26 +378,37 @@ class TraceWriter(BackgroundLoop):
         for _ in range(len(queue)):
             item = queue.popleft()
             if item is _ROTATE:
-                self._write(b"".join(chunks), records)
+                if not self._write(b"".join(chunks), records):
+                    queue.appendleft(_ROTATE)  # the file is not whole yet: rotated once it is
+                    queue.appendleft((b"".join(chunks), records, _RETRY))
+                    return self._pause()
                 chunks, records = [], 0
                 self._rotation_due = True
             else:
-                if self._rotation_due:  # rotated once packets follow the mark: a run's last file is never the .1
+                if self._rotation_due and len(item) == 2:  # rotated once packets follow the mark: a run's last file is never the .1
                     self._rotate()
                     self._rotation_due = False
                 chunks.append(item[0])
                 records += item[1]
-        if chunks:
-            self._write(b"".join(chunks), records)
+        if chunks and not self._write(b"".join(chunks), records):
+            queue.appendleft((b"".join(chunks), records, _RETRY))  # kept, in order, until the disk takes it (as metrics.jsonl waits)
+            self._pause()
+
+    def _pause(self) -> None:
+        """After a failed write: a closing writer tries again in a moment, not in a spin."""
+        if self.stopping:
+            time.sleep(0.05)
 
     def release(self) -> None:
         for item in self.queue:  # the writer stops with packets the disk never took
             if item is not _ROTATE:
                 self._lose(item[1])
+
         self.queue.clear()
         self._close_file()
 
-    def _write(self, data: bytes, records: int) -> None:
+    def _write(self, data: bytes, records: int) -> bool:
+        """Append ``data``; False when the disk refused it (the file is cut back to its last whole packet)."""
         done = 0
         try:
             if self._file is None:
@@ -384,11 +423,12 @@ class TraceWriter(BackgroundLoop):
                 with contextlib.suppress(OSError):
                     self._file.truncate(self.size)  # type: ignore[union-attr]
             self._close_file()
-            self._lose(records)
-            return
+            return False
         self.size += len(data)
         self.written += 1
+        self.written_bytes += len(data)
         self.error = None
+        return True
 
     def _open(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
