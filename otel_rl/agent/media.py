@@ -183,7 +183,7 @@ class MediaWriter(BackgroundLoop):
         attributes: dict[str, Any] = {"key": key, "type": kind}
         stem = media.file_stem(key, step, self._suffix)
         self.folder.mkdir(parents=True, exist_ok=True)
-        if handoff is None:  # a file the loop has: copied as it is
+        if meta.get("source"):  # a file the loop has: copied as it is
             source = Path(meta["source"])
             fmt = source.suffix.lower().lstrip(".")
             part = self._part(stem, fmt)

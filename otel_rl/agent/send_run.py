@@ -56,7 +56,7 @@ def send_run(run_dir: Path, url: str, token: str | None, retry_window_s: float =
 def _send_trace(folder: Path, url: str, token: str | None, retry_window_s: float, records: dict | None = None) -> int:
     def diagnosis_in(bottleneck: str, until: float) -> None:  # said at once: the trace may be tried for the whole window
         _note_upload(folder, {"url": url, "sent": False, "diagnosis_sent": True, "records": records, "bottleneck": bottleneck,
-                              "trace": f"being sent, tried until {time.strftime('%H:%M:%S', time.localtime(until))}"})  # fmt: skip
+                              "trace": f"being sent, tried until {time.strftime('%H:%M:%S', time.localtime(until))}"}, interim=True)  # fmt: skip
 
     try:
         sent = upload(folder, url, token, retry_window_s=retry_window_s, diagnosis_sent=diagnosis_in)
@@ -74,11 +74,13 @@ def _send_trace(folder: Path, url: str, token: str | None, retry_window_s: float
     return 0
 
 
-def _note_upload(folder: Path, outcome: dict) -> None:
+def _note_upload(folder: Path, outcome: dict, interim: bool = False) -> None:
     path = folder / TRACE_UPLOAD_FILE
     try:  # at once: the run's user (or a script) may be reading it; never a part of it
         write_atomically(path, json.dumps({**outcome, "ts": time.time()}, indent=2) + "\n")
     except OSError as exc:  # a full disk, a folder that cannot be written: said, with the outcome above it and in the exit status
+        if interim:  # the outcome's own note says it
+            return
         print(f"otel-rl backfill: could not write {path} ({exc.strerror or exc}); the outcome is only in this output", file=sys.stderr)
 
 

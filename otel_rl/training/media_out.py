@@ -72,11 +72,13 @@ class MediaOut:
                 raise ValueError(f"{str(path)[:200]!r} is not one of {', '.join('.' + f for f in formats)}")
             if not path.is_file():
                 raise ValueError(f"{str(path)[:200]!r} is not a file")
-            self._request({**meta, "source": str(path.resolve())})
-            return
-        shape, dtype, parts = measure(source)
-        media.check_shape(shape, meta["kind"])
-        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            # A handoff file of its header only: the agent copies the file it names, and close() waits for it alike.
+            meta, nbytes, parts = {**meta, "source": str(path.resolve())}, 0, []
+        else:
+            shape, dtype, parts = measure(source)
+            media.check_shape(shape, meta["kind"])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            meta = {**meta, "shape": list(shape), "dtype": dtype}
         with self._lock:
             self._forget_taken()
             if len(self._held) >= media.MAX_PENDING or sum(self._held.values()) + nbytes > media.MAX_PENDING_BYTES:
@@ -84,7 +86,6 @@ class MediaOut:
                 raise Refused(f"{media.MAX_PENDING} items or {media.MAX_PENDING_BYTES >> 20} MiB of frames wait to be written")
             self._count += 1
             number = self._count
-        meta = {**meta, "shape": list(shape), "dtype": dtype}
         path = self._fill(number, meta, nbytes, parts)
         with self._lock:
             self._held[str(path)] = nbytes
@@ -189,6 +190,8 @@ def _write(fd: int, header: bytes, meta: dict[str, Any], parts: list[Any]) -> No
     process); tensors, on any device, are copied into a mapping of the file (no host copy first).
     """
     _write_all(fd, memoryview(header), 0)
+    if not parts:  # a file given by its path: the header names it
+        return
     if all(isinstance(part, np.ndarray) for part in parts):
         position = len(header)
         for part in parts:
