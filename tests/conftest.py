@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 import os
-import subprocess
 
 import pytest
+from disks import tmpfs
 
 from otel_rl.core.pipeline import RecordSink
 
@@ -30,14 +30,8 @@ def clean_environment(monkeypatch):
 @pytest.fixture
 def small_disk(tmp_path):
     """A real 256 KiB filesystem (tmpfs) that can be filled up and freed again."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
-    assert result.returncode == 0, f"this test mounts a tmpfs (needs root, as CI has): {result.stderr}"
-    try:
+    with tmpfs(tmp_path / "disk", "256k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 class CaptureSink(RecordSink):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from disks import tmpfs
 
 import otel_rl
 from otel_rl.base.user_dir import private_dir
@@ -241,14 +242,8 @@ def test_an_agent_killed_while_it_encodes_leaves_no_half_file_and_loses_nothing_
 @pytest.fixture
 def media_disk(tmp_path):
     """The run folder's ``media/`` on a real 1 MiB filesystem (tmpfs)."""
-    mount = tmp_path / "run" / "media"
-    mount.mkdir(parents=True)
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True, text=True)
-    assert result.returncode == 0, f"this test mounts a tmpfs (needs root, as CI has): {result.stderr}"
-    try:
+    with tmpfs(tmp_path / "run" / "media", "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.parametrize("agent", ["process", "thread"])
