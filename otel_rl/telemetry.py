@@ -783,7 +783,8 @@ class Telemetry:
         if self._run_folder is not None:
             seconds = self._runs.duration_s if self._runs.duration_s is not None else (self._clock.now_ns() - self._started_ns) / 1e9
             uploaded = self._await_upload(closing_since) if self.config.upload_wait_s and self.config.motrix_url else None
-            notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten, self._last_env_steps, uploaded)
+            notices.ended(self.config, self._runs.status, seconds, counts.failed_outputs, counts.unwritten, self._last_env_steps, uploaded,
+                          counts.trackers_behind)
             terminal.wait_all(deadline.left(cap_s=1.0))  # the end line reaches a terminal that reads; one that stopped costs 1 s at most
         self._report_undelivered(counts.live_undelivered)
         if interrupted.happened:

@@ -46,6 +46,8 @@ class Counts:
     live_undelivered: int = 0
     unwritten: tuple[str, ...] = ()
     """What the run folder's files could not keep (:meth:`otel_rl.outputs.factory.OutputSet.unwritten`)."""
+    trackers_behind: tuple[tuple[str, int, int, float], ...] = ()
+    """The trackers that had records yet to get at the close: title, how many, how many never go, how long it goes on after (:meth:`otel_rl.outputs.factory.OutputSet.trackers_behind`)."""
 
 
 class ProducerOutputs:
@@ -126,6 +128,7 @@ class ProducerOutputs:
             self.outputs.failed,
             self.outputs.live_undelivered,
             self.outputs.unwritten(self.drops),
+            self.outputs.trackers_behind(),
         )
 
     def flush(self, deadline: Deadline) -> bool:

@@ -44,6 +44,7 @@ from otel_rl.core.pipeline import RecordSink
 from otel_rl.core.segment_source import SegmentSource
 from otel_rl.formats import schema
 from otel_rl.outputs.factory import merges_fragments, trace_path
+from otel_rl.outputs.tracker import BACKGROUND_S as TRACKER_BACKGROUND_S
 from otel_rl.run import files
 from otel_rl.shm import segment as shm
 
@@ -144,6 +145,9 @@ class SegmentServer(BackgroundLoop):
         alive = ended is None and pid_running(identity.pid)
         deadline = ProducerDeadline(self.reader, configured_s) if alive else Deadline(configured_s)
         producer.finish_media(deadline)  # a killed producer's videos: written (or lost, named) before its run ends
+        outlives = identity.pid != os.getpid()  # an agent process: its trackers go on after the deadline, nothing waits on them
+        if outlives:
+            producer.outputs.trackers_go_on(TRACKER_BACKGROUND_S)
         if ended is not None:
             if source.run is not None:
                 source.end_run(*ended, producer.clock.to_epoch_ns)
@@ -160,6 +164,8 @@ class SegmentServer(BackgroundLoop):
             self.publish()  # what closing dropped, for the producer's last stats()
             self.reader.set("agent_state", shm.AGENT_DONE)
             send_trace_later(identity.config, producer.outputs.live_undelivered)
+            if outlives:  # the producer has what its end line says; the trackers' records still on their way go now
+                producer.outputs.finish_trackers()
 
     def _commit_file_sizes(self) -> None:
         jsonl, trace = self.producer.outputs.file_sizes()

@@ -147,6 +147,31 @@ class OutputSet:
                 out.append(f"{name} was not written ({why})")
         return tuple(out)
 
+    @property
+    def trackers(self) -> list[Any]:
+        """The experiment trackers' sinks (:class:`otel_rl.outputs.tracker.TrackerSink`)."""
+        from otel_rl.outputs.tracker import TrackerSink
+
+        return [sink for sink in self.sinks if isinstance(sink, TrackerSink)]
+
+    def trackers_go_on(self, seconds: float) -> None:
+        """Let the trackers go on for up to ``seconds`` after the close deadline (this process outlives the producer)."""
+        for sink in self.trackers:
+            sink.go_on_after(seconds)
+
+    def trackers_behind(self) -> tuple[tuple[str, int, int, float], ...]:
+        """Each tracker that had records yet to get when it closed: its title, how many, how many of them it never gets,
+        and how long it goes on after the deadline."""
+        return tuple((sink.writer.title, sink.behind, sink.lost, sink.background_s) for sink in self.trackers if sink.behind)
+
+    def finish_trackers(self) -> None:
+        """After the close, in the background: wait for the trackers that go on; one warning for what one never got."""
+        for sink in self.trackers:
+            lost = sink.finish_in_background()
+            if lost:
+                _logger.warning("otel-rl: %s did not get %d of the run's records in the time it had after the close; metrics.jsonl holds them",
+                                sink.writer.title, lost)
+
     def shutdown(self, deadline: Deadline) -> None:
         """Stop every sink (quietly: for an output set whose pipeline never ran)."""
         for sink in self.sinks:

@@ -53,6 +53,8 @@ def swanlab_sink(config: Any, drops: Drops, resumed_after: int | None = None) ->
 
 class SwanLabWriter(RowWriter):
     """Logs queued items to one SwanLab experiment, started and finished on this output's own thread."""
+    title = "SwanLab"
+
 
     def __init__(self, project: str, name: str, group: str | None, mode: str, folder: Path | None, drops: Drops) -> None:
         super().__init__("swanlab", drops)

@@ -57,6 +57,8 @@ def tensorboard_sink(
 
 class TensorBoardWriter(TrackerWriter):
     """Builds TensorBoard events and writes them with ``tensorboard``'s ``EventFileWriter`` on its own thread."""
+    title = "TensorBoard"
+
 
     def __init__(self, log_dir: Path, drops: Drops) -> None:
         super().__init__("tensorboard", drops)

@@ -31,6 +31,14 @@ the loop's own steps pass them. The queue is bounded: past :data:`CAPACITY` the 
 scalars and distributions make room (counted under the output's name);
 lifecycle and events are kept. A tracker that fails is warned about once
 and stops; what it would have written is counted as dropped.
+
+At close a tracker gets what it took: in an agent process (where nothing
+waits on it) a writer still behind at the producer's deadline goes on for up
+to :data:`BACKGROUND_S` after it (:meth:`TrackerSink.go_on_after`), and the
+producer's end line says how many records it had yet to hand over
+(:attr:`TrackerSink.behind`); where it shares the training process (the
+thread host) what the deadline leaves is counted as dropped, and the end line
+says so. ``metrics.jsonl`` holds every one of them either way.
 """
 
 from __future__ import annotations
@@ -64,6 +72,15 @@ AXIS_ITERATION = "axis/iteration"
 AXIS_ENV_STEPS = "axis/env_steps_total"
 """The env steps so far (the iteration where the loop gives none), written beside its scalars."""
 _DROPPABLE = ("scalars", "distribution")
+_LIFECYCLE = ("start", "end")
+BACKGROUND_S = 120.0
+"""How long an agent process goes on handing a tracker the records it took, after the producer's close deadline."""
+HANDOVER_S = 0.5
+"""How long before the producer's deadline a tracker still writing stops being waited for (its count must reach the producer)."""
+RELEASE_S = 15.0
+"""How long a tracker's run may take to end (W&B's ``finish``) once its records are handed over, in the background."""
+WRITE_SLICE = 256
+"""Items handed to :meth:`TrackerWriter.write` at a time: what is still on its way is known to within one slice."""
 
 
 class TrackerWriter(BackgroundLoop, ABC):
@@ -74,12 +91,16 @@ class TrackerWriter(BackgroundLoop, ABC):
         drops: the shared drop counters.
     """
 
+    title = "a tracker"
+    """How the end line names it (``W&B``, ``SwanLab``...)."""
+
     def __init__(self, name: str, drops: Drops, interval_s: float = 1.0) -> None:
         super().__init__(f"otel-rl-{name}", interval_s)
         self.output = name
         self._drops = drops
         self._queue: deque[tuple] = deque()
         self._lock = threading.Lock()
+        self._writing = 0  # records of the slice being written
         self.failed = False
         self.media_root: Path | None = None
         """The run folder a ``media`` item's ``path`` is in (None: this tracker gets no media)."""
@@ -102,21 +123,42 @@ class TrackerWriter(BackgroundLoop, ABC):
     def has_work(self) -> bool:
         return bool(self._queue) and not self.failed
 
-    def run_once(self) -> None:
-        with self._lock:
-            items = list(self._queue)
-            self._queue.clear()
-        if not items:
-            return
+    def behind(self) -> int:
+        """Records taken and not yet handed to the tracker (queued, or in the slice being written); 0 once it failed (counted as dropped)."""
         if self.failed:
-            self._drops.add(self.output, "records", len(items))
-            return
-        try:
-            self.write(items)
-        except Exception as exc:
-            self.failed = True
-            self._drops.add(self.output, "records", len(items))
-            _logger.warning("otel-rl: %s output failed (%s: %s); it stops, training goes on", self.output, type(exc).__name__, exc, exc_info=True)
+            return 0
+        with self._lock:
+            return self._writing + sum(1 for item in self._queue if item[0] not in _LIFECYCLE)
+
+    def run_once(self) -> None:
+        while True:
+            with self._lock:
+                items = [self._queue.popleft() for _ in range(min(WRITE_SLICE, len(self._queue)))]
+                self._writing = sum(1 for item in items if item[0] not in _LIFECYCLE)
+            if not items:
+                return
+            try:
+                if self.failed:
+                    self._drops.add(self.output, "records", len(items))
+                    continue
+                try:
+                    self.write(items)
+                except Exception as exc:
+                    self.failed = True
+                    self._drops.add(self.output, "records", len(items))
+                    _logger.warning("otel-rl: %s output failed (%s: %s); it stops, training goes on", self.output, type(exc).__name__, exc, exc_info=True)
+            finally:
+                with self._lock:
+                    self._writing = 0
+
+    def abandon(self) -> int:
+        """At the thread's end: the records still queued are lost to the tracker (counted as dropped); how many."""
+        with self._lock:
+            left = [item for item in self._queue if item[0] not in _LIFECYCLE]
+            self._queue.clear()
+        if left and not self.failed:
+            self._drops.add(self.output, "records", len(left))
+        return len(left)
 
     @abstractmethod
     def write(self, items: list[tuple]) -> None:
@@ -337,7 +379,32 @@ class TrackerSink(RecordSink):
     def flush(self, deadline: Deadline) -> bool:
         return self.writer.flush(deadline)
 
+    def go_on_after(self, seconds: float) -> None:
+        """Let the writer go on for up to ``seconds`` after the close deadline (an agent process, where nothing waits on it)."""
+        self.background_s = seconds
+
+    background_s = 0.0
+    behind = 0
+    """Records the tracker had yet to get when :meth:`shutdown` returned (the end line says how many)."""
+    lost = 0
+    """Of those, the ones it will never get (no time after the deadline; counted as dropped)."""
+
     def shutdown(self, deadline: Deadline) -> None:
         self._put_events()
         self._flush_perf()
-        self.writer.shutdown(deadline)
+        writer = self.writer
+        writer.close(Deadline(max(deadline.left(), self.background_s)))
+        # Back a moment before the deadline, so that the count reaches the producer before it stops waiting.
+        writer.join(Deadline(max(deadline.left() - min(HANDOVER_S, deadline.left() / 4), 0.0)))
+        self.behind = writer.behind()
+        if not self.background_s and self.behind:  # what is queued never goes; a slice the deadline caught mid-write, maybe not
+            self.lost = writer.abandon() + writer.behind()
+
+    def finish_in_background(self) -> int:
+        """After :meth:`shutdown` with :meth:`go_on_after`: wait for the writer (up to that long); the records it never got."""
+        if not self.behind:
+            return 0
+        writer = self.writer
+        writer.join(Deadline((writer.time_left() or 0.0) + RELEASE_S))  # its run's end too (W&B's finish syncs its files)
+        self.lost = writer.abandon() + writer.behind()
+        return self.lost

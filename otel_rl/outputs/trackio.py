@@ -48,6 +48,8 @@ def trackio_sink(config: Any, drops: Drops, resumed_after: int | None = None) ->
 
 class TrackioWriter(RowWriter):
     """Logs queued items to one Trackio run, started and finished on this output's own thread."""
+    title = "Trackio"
+
 
     def __init__(self, project: str, name: str, group: str | None, mode: str, resume: bool, drops: Drops) -> None:
         super().__init__("trackio", drops)

@@ -93,6 +93,8 @@ def wandb_sink(config: Any, drops: Drops, pid: int, resumed_after: int | None = 
 
 class WandbWriter(TrackerWriter):
     """Logs queued items to one W&B run, started and finished on this output's own thread."""
+    title = "W&B"
+
 
     def __init__(
         self,

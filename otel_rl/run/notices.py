@@ -63,11 +63,12 @@ def started(config: TelemetryConfig, moved_from: tuple[Path, str] | None = None)
 
 def ended(
     config: TelemetryConfig, status: str | None, seconds: float, failed_outputs: Sequence[str] = (), unwritten: Sequence[str] = (),
-    env_steps: int | None = None, uploaded: dict[str, Any] | None = None,
+    env_steps: int | None = None, uploaded: dict[str, Any] | None = None, trackers_behind: Sequence[tuple[str, int, int, float]] = (),
 ) -> None:
     """How the run ended (after how many env steps, where the loop gave them), and the commands that read what it
     wrote (only files that are there); ``unwritten``: what the run folder could not keep (a full disk), said
-    plainly: its files may not record the end."""
+    plainly: its files may not record the end; ``trackers_behind``: the trackers that had records yet to get
+    (title, how many, how many never go, how long an agent goes on after the deadline), and where those records are."""
     if config.quiet or config.run_dir is None:
         return
     folder = shlex.quote(str(config.run_dir))
@@ -79,6 +80,15 @@ def ended(
         head += f" without {', '.join(failed_outputs)} (could not start; see the warning above)"
     if unwritten:
         head += f", but its folder could not keep everything: {'; '.join(unwritten)}"
+    if trackers_behind:
+        kept = f"{JSONL_FILE} holds every one" if config.jsonl else "only the run's other outputs hold them"
+        lost = [f"{title} ({lost:,} records)" for title, _, lost, _ in trackers_behind if lost]
+        going = [(f"{title} ({behind:,} records)", after_s) for title, behind, lost, after_s in trackers_behind if not lost]
+        if lost:
+            head += f"; {_and(lost)} did not get all they took by the close deadline ({kept}; a longer shutdown_timeout_s gives them the time)"
+        if going:
+            head += (f"; {_and([name for name, _ in going])} still had records to get at the close deadline: the agent process "
+                     f"goes on handing them over for up to {max(s for _, s in going):.0f} s ({kept})")
     trace = trace_path(config)
     if trace is not None and trace.exists() and config.machine is not None:
         hint = f"`otel-rl analyze {folder}` says where the time went, and which rank held the others up; `--merged-trace FILE` writes every machine's part as one trace for https://ui.perfetto.dev"
@@ -97,3 +107,7 @@ def ended(
             waited = f" after {config.upload_wait_s:g} s" if config.upload_wait_s else ""
             hint += f"; its trace and diagnosis are still on their way to {url}{waited} (should the job's end stop that process: {resend})"
     _say(f"{head}: {hint}")
+
+
+def _and(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
