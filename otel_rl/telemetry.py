@@ -118,18 +118,26 @@ class Telemetry:
             self._resume_folder_run(config)  # the id a run given none gets: the folder's, which may have been moved
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
+        # A job of several ranks: its rendezvous tells it apart from another job under the same id (one default folder).
+        job = run_folder.job_key(socket.gethostname()) if config.world_size > 1 and not config.resume else None
         self._run_folder, in_use = None, False
+        self._job_notes: list[Path] = []
         if owner:
             try:
                 self._run_folder = run_folder.claim(config.run_dir)  # type: ignore[arg-type]
             except run_folder.RunFolderInUse:
-                if config.resume or config.world_size > 1:  # it must be this folder: refused, naming the holder
-                    raise
-                in_use = True  # a run that started there an instant before: this one takes the next free name
-        moved_from = self._own_folder(config, in_use) if owner else None
+                if config.resume or (config.world_size > 1 and (job is None or config.outputs_on_every_rank)):
+                    raise  # it must be this folder: refused, naming the holder
+                in_use = True  # a run (another job's) that started there an instant before: this one takes the next free name
+        elif job is not None and config.run_dir is not None and config.role == schema.LEARNER:
+            self._follow_job(config, job)  # where this job's rank 0 writes: the folder, or where it moved from another job's
+        moved_from = self._own_folder(config, in_use, job) if owner else None
+        if owner and job is not None and self._run_folder is not None:
+            self._job_notes.append(run_folder.note_job(config.run_dir, job))  # type: ignore[arg-type]
         try:
             self._start(config, sinks)
         except BaseException:
+            run_folder.forget(self._job_notes)
             run_folder.release(self._run_folder)
             raise
         # The exit hook holds a weak reference: it must not keep a forgotten
@@ -153,7 +161,26 @@ class Telemetry:
                 _logger.warning("otel-rl: resume: %s holds run %r (the folder was moved or renamed); continuing it", config.run_dir, found)
             config.run_id = found
 
-    def _own_folder(self, config: TelemetryConfig, in_use: bool = False) -> tuple[Path, str] | None:
+    @staticmethod
+    def _follow_job(config: TelemetryConfig, job: str) -> None:
+        """A rank other than 0: the folder its rank 0 holds for this job (another job of the same id may hold the one it was given)."""
+        given = config.run_dir
+        found = run_folder.job_folder(given, job)  # type: ignore[arg-type]
+        if found == given:
+            return
+        if found is None:
+            _logger.warning("otel-rl: %s is another job's (the same id) and rank 0 of this one (rendezvous %s) did not say within %.0f s where "
+                            "it went; rank %d records into no folder", given, job, run_folder.FOLLOW_S, config.rank)
+            config.run_dir = None
+            if config.trace_output_dir == given:
+                config.trace_output_dir = None
+            return
+        config.run_dir = found
+        if config.trace_output_dir == given:
+            config.trace_output_dir = found
+        config.run_id = _moved_id(config.run_id, given, found)  # type: ignore[arg-type]
+
+    def _own_folder(self, config: TelemetryConfig, in_use: bool = False, job: str | None = None) -> tuple[Path, str] | None:
         """A run that does not resume never writes into a folder holding another: it gets a fresh one, and an id of its own.
 
         Returns the folder and run id it would have shared, None when it keeps its own. A job of several
@@ -161,7 +188,9 @@ class Telemetry:
         ``in_use``: a live run holds the folder's lock (two started at once): this one moves too.
         """
         run_dir = config.run_dir
-        if config.resume or config.world_size > 1 or run_dir is None or not (in_use or run_folder.holds_run(run_dir)):
+        if config.resume or run_dir is None or not (in_use or run_folder.holds_run(run_dir)):
+            return None
+        if config.world_size > 1 and not (in_use and job is not None):  # its ranks can follow it only away from another live job
             return None
         earlier, earlier_id = run_dir, config.run_id
         claim, fresh = run_folder.claim_fresh(run_dir)
@@ -170,7 +199,9 @@ class Telemetry:
         config.run_dir = fresh
         if config.trace_output_dir == earlier:
             config.trace_output_dir = fresh
-        config.run_id = fresh.name if earlier_id == earlier.resolve().name else f"{earlier_id}-{fresh.name.rsplit('-', 1)[1]}"
+        config.run_id = _moved_id(earlier_id, earlier, fresh)
+        if job is not None:
+            self._job_notes.append(run_folder.note_moved(earlier, job, fresh))  # its other ranks follow
         return earlier, earlier_id  # type: ignore[return-value]
 
     def _start(self, config: TelemetryConfig, sinks: list[RecordSink] | None) -> None:
@@ -778,6 +809,7 @@ class Telemetry:
                 self._host.shutdown(deadline, self._at_exit)
         finally:
             self._runs.sigterm.restore()
+            run_folder.forget(self._job_notes)
             run_folder.release(self._run_folder)
         counts = self._host.counts()  # what the outputs said last, once they closed
         if self._run_folder is not None:
@@ -900,6 +932,12 @@ def _step(step: Any) -> int | None:
 
 INTERRUPTED_S = 0.5
 """What is left of the close deadline after a Ctrl-C during close(): the outputs finish what they can, at once."""
+
+
+def _moved_id(earlier_id: str, earlier: Path, fresh: Path) -> str:
+    """The run id of a run that moved from ``earlier`` to ``fresh`` (``exp`` -> ``exp-2``): the folder's name where the id
+    was the folder's, else the id with the same number."""
+    return fresh.name if earlier_id == earlier.resolve().name else f"{earlier_id}-{fresh.name.rsplit('-', 1)[1]}"
 
 
 class _CloseInterrupt:

@@ -107,6 +107,8 @@ SLURM_JOB_ID = "SLURM_JOB_ID"
 """Shared by the ranks of one Slurm job: their default run folder is named after it."""
 SLURM_STEP_ID = "SLURM_STEP_ID"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+MASTER_ADDR = "MASTER_ADDR"
+MASTER_PORT = "MASTER_PORT"
 """torchrun's rendezvous id (a fresh one per job with ``--standalone``, else ``--rdzv-id``; ``none`` unset)."""
 """The tasks of each machine, as Slurm writes them: ``2(x3),1`` is 2, 2, 2 and 1."""
 

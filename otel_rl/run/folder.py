@@ -12,6 +12,14 @@ file system are not seen. The holder removes the lock file when it is done, so
 lock files do not pile up over a machine's runs (only a killed process leaves
 one, which the folder's next run reuses and removes).
 
+Two jobs of several ranks started at once under one id (one ``SLURM_JOB_ID``,
+so one default folder) are told apart by their rendezvous
+(``MASTER_ADDR:MASTER_PORT``, which every rank of a job shares and no two live
+jobs can): rank 0 notes its job's rendezvous in the folder it holds
+(:data:`JOB_NOTE`); a rank 0 that finds the folder held by another job's
+takes the next free name, as one process does, and leaves a note of where it
+went (:func:`note_moved`), which its other ranks follow (:func:`job_folder`).
+
 A folder that holds an ended run is never written by another one unless it
 resumes it: :func:`claim_fresh` gives the new run a sibling folder of its own
 (``runs/exp`` -> ``runs/exp-2``), so a script run twice leaves two runs, never
@@ -27,14 +35,99 @@ import fcntl
 import hashlib
 import itertools
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from otel_rl.base import environment_variables as env
 from otel_rl.base.log import logger
 from otel_rl.base.user_dir import private_dir
 from otel_rl.run.files import CONFIG_FILE, JSONL_FILE, SUMMARY_FILE
 
 _logger = logger(__name__)
+
+
+JOB_NOTE = ".otel-rl-job"
+"""In a folder a job of several ranks writes: the rendezvous of that job (its other ranks stay)."""
+MOVED_NOTE = ".otel-rl-moved-"
+"""In that folder: ``MOVED_NOTE + digest of a rendezvous`` names the folder another job with the same id moved to."""
+FOLLOW_S = 20.0
+"""How long a rank other than 0 waits, at ``init()``, for its rank 0 to say where its job went (only when another job holds the folder)."""
+
+
+def job_key(host: str) -> str | None:
+    """The rendezvous every rank of this job shares (``MASTER_ADDR:MASTER_PORT``; a loopback address with the
+    machine's name), None where the launcher gives none."""
+    addr, port = os.environ.get(env.MASTER_ADDR, "").strip(), os.environ.get(env.MASTER_PORT, "").strip()
+    if not addr or not port:
+        return None
+    if addr in ("localhost", "::1") or addr.startswith("127."):
+        addr = f"{host}/{addr}"
+    return f"{addr}:{port}"
+
+
+def _digest(key: str) -> str:
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _write(path: Path, text: str) -> None:
+    """Write ``path`` whole (a reader sees the old text or the new, never half); a folder that takes none costs nothing."""
+    part = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)  # the folder of a run that has not written yet
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            part.unlink()
+
+
+def note_job(run_dir: Path, key: str) -> Path:
+    """Rank 0 holds ``run_dir`` for the job of rendezvous ``key``: its other ranks stay there. Returns the note (removed at close)."""
+    _write(run_dir / JOB_NOTE, key)
+    return run_dir / JOB_NOTE
+
+
+def note_moved(run_dir: Path, key: str, fresh: Path) -> Path:
+    """Rank 0 of the job of rendezvous ``key`` found ``run_dir`` held by another job and moved to ``fresh``. Returns the note."""
+    note = run_dir / (MOVED_NOTE + _digest(key))
+    _write(note, fresh.name)
+    return note
+
+
+def forget(notes: list[Path]) -> None:
+    """The job's notes, once its rank 0 closes (its ranks found their folder at their start): a folder keeps only its run."""
+    for note in notes:
+        with contextlib.suppress(OSError):
+            note.unlink()
+    notes.clear()
+
+
+def job_folder(run_dir: Path, key: str, wait_s: float = FOLLOW_S) -> Path | None:
+    """The folder a rank other than 0 of the job of rendezvous ``key`` writes: ``run_dir``, or where its rank 0 moved.
+
+    Only while another job holds ``run_dir`` does it wait (up to ``wait_s``) for its rank 0 to say where it went;
+    None when it does not say (the rank then records into no folder).
+    """
+    moved = run_dir / (MOVED_NOTE + _digest(key))
+    end = time.monotonic() + wait_s
+    while True:
+        name = _read(moved)
+        if name and "/" not in name and name not in (".", ".."):
+            return run_dir.with_name(name)
+        owner = _read(run_dir / JOB_NOTE)
+        if owner is None or owner == key:  # no job holds it yet (this rank is first), or this job does
+            return run_dir
+        if time.monotonic() >= end:
+            return None
+        time.sleep(0.05)
 
 
 class RunFolderInUse(RuntimeError):

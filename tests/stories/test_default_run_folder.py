@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,68 @@ def test_a_job_whose_ranks_share_no_id_records_no_folder_and_says_so_once(tmp_pa
     result = _run(tmp_path, "{'rank': 0, 'world_size': 2}")
     assert not (tmp_path / "runs").exists()
     assert result.stderr.count("given no run_dir records nothing to disk") == 1
+
+
+_HELD = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    import torch, torch.distributed as dist
+    import otel_rl
+    dist.init_process_group("gloo")
+    tel = otel_rl.init(algorithm="ppo", panel=False)
+    release, iterations = Path(sys.argv[1]), int(sys.argv[2])
+    with tel.run():
+        i = 0
+        while i < iterations or (iterations == 0 and not release.exists()):  # 0: until the test lets this job go
+            with tel.iteration(i, env_steps=(i + 1) * 8):
+                with tel.phase("learning"):
+                    time.sleep(0.01)
+            i += 1
+            if i > 20_000:
+                break
+        dist.all_reduce(torch.ones(1))
+    tel.close()
+    dist.destroy_process_group()
+    """
+)
+
+
+@pytest.mark.slow  # two torchrun jobs of two ranks each
+def test_two_jobs_at_once_under_one_slurm_job_id_each_get_a_folder_of_their_own(tmp_path):
+    script = tmp_path / "held.py"
+    script.write_text(_HELD)
+    release = tmp_path / "release"
+    environment = _environment(SLURM_JOB_ID="4242")
+    environment.pop("TORCHELASTIC_RUN_ID", None)
+
+    def job(iterations: int) -> subprocess.Popen:
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                   str(script), str(release), str(iterations)]  # fmt: skip
+        return subprocess.Popen(command, cwd=tmp_path, env=environment, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    first_folder = tmp_path / "runs" / "ppo" / "slurm-4242"
+    first = job(0)
+    try:
+        deadline = time.monotonic() + 120
+        while not (first_folder / "metrics.jsonl").exists() and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert first.poll() is None, first.communicate()[0][-3000:]
+        second = job(20)  # while the first job holds its folder
+        out, _ = second.communicate(timeout=180)
+        assert second.returncode == 0, out[-3000:]
+    finally:
+        release.touch()
+        first_out, _ = first.communicate(timeout=180)
+    assert first.returncode == 0, first_out[-3000:]
+    assert "RunFolderInUse" not in out
+    assert sorted(p.name for p in (tmp_path / "runs" / "ppo").iterdir()) == ["slurm-4242", "slurm-4242-2"]
+    assert "this run is slurm-4242-2" in out
+    for folder, run_id in ((first_folder, "slurm-4242"), (first_folder.with_name("slurm-4242-2"), "slurm-4242-2")):
+        phases = read.phases(folder)
+        assert len(set(phases["process"])) == 2, (folder, phases.groupby("process").size())  # both ranks of the job, none of the other's
+        runs = {json.loads(line)["run_id"] for line in (folder / "metrics.jsonl").read_text().splitlines()}
+        assert runs == {run_id}
+        assert not list(folder.glob(".otel-rl-*"))  # the notes that led the ranks went with their rank 0's close
+    second_counts = read.phases(first_folder.with_name("slurm-4242-2")).groupby("process").size()
+    assert set(second_counts) == {20}
