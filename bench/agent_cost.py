@@ -218,7 +218,7 @@ def _compare_hosts(iterations: int, rounds: int, compare: list[str], services: d
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}, **services}
     for _ in range(rounds):
         for name, host in arms:
-            with tempfile.TemporaryDirectory(prefix="otel-rl-hosts-") as scratch:  # each arm's run folder is gone when it has been measured
+            with tempfile.TemporaryDirectory(prefix="otel-rl-hosts-", ignore_cleanup_errors=True) as scratch:  # each arm's run folder is gone when it has been measured
                 command = [sys.executable, str(HOST_LOOP), str(Path(scratch) / "run"), str(iterations), "default", host, checkouts[name], outputs]  # system metrics as a user has them
                 out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
             if out.returncode != 0:  # an older checkout's host may not keep up (its flush() times out): said, and the rest go on

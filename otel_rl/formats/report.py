@@ -126,6 +126,28 @@ class Diagnosis:
 
 
 @dataclass(frozen=True)
+class Regime:
+    """A part of a run's life with a verdict of its own: its start-up, a warm-up, a steady state, a change midway."""
+
+    kind: str
+    """``start-up`` (one-off costs: imports, compilation, a CUDA context, the first batch), ``warm-up`` (before a phase
+    that every later cycle has starts: learning before ``learning_starts``), ``steady``, or ``changed`` (a steady state
+    whose cycle time moved midway from the one before)."""
+    first_iteration: int
+    last_iteration: int
+    cycles: int
+    start_s: float
+    """Seconds from the trace's start."""
+    seconds: float
+    cycle_p50_ms: float
+    bottleneck: str
+    side: str | None = None
+    phase: str | None = None
+    headline: bool = False
+    """The regime whose verdict is the run's (the longest steady one)."""
+
+
+@dataclass(frozen=True)
 class Report:
     """Where a run's time goes, and why."""
 
@@ -142,6 +164,8 @@ class Report:
     straggler: Straggler | None = None
     diagnosis: Diagnosis | None = None
     engine: str | None = field(default=None, metadata={"omit_empty": True})
+    regimes: tuple[Regime, ...] = field(default=(), metadata={"omit_empty": True})
+    """The run's regimes, in order, when it has more than one: the tables and the diagnosis are then the headline regime's."""
 
     def to_json(self) -> dict[str, Any]:
         """The report as JSON-ready values (what ``otel-rl analyze --json`` prints)."""

@@ -21,7 +21,7 @@ from otel_rl.formats import schema
 from otel_rl.formats import diagnosis as rules
 from otel_rl.readers.analysis import host, ranks
 from otel_rl.readers.analysis.operators import operators_by_phase
-from otel_rl.formats.report import CycleStats, PhaseStats, Report, Timeline, Turns
+from otel_rl.formats.report import CycleStats, PhaseStats, Regime, Report, Timeline, Turns
 from otel_rl.readers.analysis.trace_model import Slice, TraceModel
 
 STALL_FACTOR = 10.0
@@ -162,18 +162,160 @@ def _timeline_entry(timeline: str, cycles: list[Slice], own: list[Slice], is_top
 
 
 def analyze_model(model: TraceModel) -> Report:
-    """The analysis report of a trace: what :func:`measure` finds, with the diagnosis of :func:`.rules.diagnose`."""
-    report = measure(model)
-    return dataclasses.replace(report, diagnosis=rules.diagnose(report))
+    """The analysis report of a trace: what :func:`measure` finds, with the diagnosis of :func:`.rules.diagnose`.
+
+    A run of several regimes (:func:`regimes`: a start-up, a warm-up, a change of pace midway) is reported by its
+    headline regime, the longest steady one: its tables and its diagnosis, never a blend with the warm-up; each
+    regime is listed with its own verdict.
+    """
+    found = regimes(model)
+    if len(found) < 2:
+        report = measure(model)
+        return dataclasses.replace(report, diagnosis=rules.diagnose(report))
+    whole = measure(model)
+    origin = min((s.start_ns for s in model.slices if s.category in schema.TIMELINES), default=0)
+    listed, reports = [], []
+    for part in found:
+        report = measure(model, (part.lo_ns, part.hi_ns))
+        diagnosis = rules.diagnose(report)
+        if part.kind == START_UP:
+            text, side, phase = f"start-up: {part.seconds:.1f} s in {_iterations(part)}", None, None
+        else:
+            text, side, phase = diagnosis.bottleneck, diagnosis.side, diagnosis.phase
+        listed.append(Regime(kind=part.kind, first_iteration=part.first, last_iteration=part.last, cycles=part.cycles,
+                             start_s=round((part.start_ns - origin) / 1e9, 3), seconds=round(part.seconds, 3), cycle_p50_ms=round(part.p50_ms, 3),
+                             bottleneck=text, side=side, phase=phase))  # fmt: skip
+        reports.append(dataclasses.replace(report, diagnosis=diagnosis))
+    steady = [i for i, part in enumerate(found) if part.kind in (STEADY, CHANGED)]
+    head = max(steady, key=lambda i: found[i].seconds)
+    listed[head] = dataclasses.replace(listed[head], headline=True)
+    return dataclasses.replace(reports[head], wall_s=whole.wall_s, regimes=tuple(listed))
 
 
-def measure(model: TraceModel) -> Report:
-    """Where the time goes in a trace, without a diagnosis."""
+START_UP = "start-up"
+WARM_UP = "warm-up"
+STEADY = "steady"
+CHANGED = "changed"
+START_UP_FACTOR = 10.0
+"""A first cycle this many times the median of the rest (and over :data:`STALL_MIN_MS`) holds one-off costs: the start-up."""
+START_UP_MAX_CYCLES = 3
+WARM_UP_PRESENT = 0.9
+"""A phase a run's first cycles lack and at least this share of every later cycle has ends its warm-up when it starts."""
+MIN_REGIME_CYCLES = 20
+"""A warm-up's steady state, and each side of a change, hold at least this many cycles."""
+CHANGE_RATIO = 1.5
+"""Two parts of a steady state whose median cycles differ by this factor are two regimes."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Part:
+    kind: str
+    first: int
+    last: int
+    start_ns: int
+    lo_ns: int
+    hi_ns: int
+    seconds: float
+    p50_ms: float
+
+    @property
+    def cycles(self) -> int:
+        return self.last - self.first + 1
+
+
+def _iterations(part: _Part) -> str:
+    return f"iteration {part.first}" if part.first == part.last else f"iterations {part.first}-{part.last}"
+
+
+def regimes(model: TraceModel) -> list[_Part]:
+    """The run's regimes from the cycles of its pace-setting timeline (the learner's, else the collector's; of the process with most).
+
+    In order: a start-up (up to :data:`START_UP_MAX_CYCLES` first cycles each over :data:`START_UP_FACTOR` times
+    the median), a warm-up (the cycles before a phase that the rest nearly all have begins: the learning after
+    ``learning_starts``), then the steady state, cut in two where its median cycle changes by :data:`CHANGE_RATIO`.
+    One regime (a list of one, or none) when the run has none of these.
+    """
     slices = model.slices
+    cycles: list[tuple[int, Slice]] = []
+    for timeline in (schema.LEARNER, schema.COLLECTOR):
+        by_process: dict[str, list[tuple[int, Slice]]] = {}
+        for index, s in enumerate(slices):
+            if s.category == timeline and s.name == f"{timeline} iteration":
+                by_process.setdefault(s.process, []).append((index, s))
+        if by_process:
+            cycles = sorted(max(by_process.values(), key=len), key=lambda c: c[1].start_ns)
+            break
+    n = len(cycles)
+    if n < MIN_REGIME_CYCLES:
+        return []
+    timeline = cycles[0][1].category
+    ms = [s.duration_ns / 1e6 for _, s in cycles]
+    first = 0
+    rest = sorted(ms[START_UP_MAX_CYCLES:])
+    typical = nearest_rank(rest, 0.5)
+    while first < START_UP_MAX_CYCLES and ms[first] > max(START_UP_FACTOR * typical, STALL_MIN_MS):
+        first += 1
+    position = {index: k for k, (index, _) in enumerate(cycles)}
+    names: list[set[str]] = [set() for _ in cycles]
+    for s in slices:
+        k = position.get(s.parent) if s.category == timeline else None
+        if k is not None:
+            names[k].add(phase_name(timeline, s.name))
+    warm = first
+    for name in set().union(*names[first:]) - {_WAITS[timeline]}:
+        begins = next(k for k in range(first, n) if name in names[k])
+        later = n - begins
+        if begins - first >= 2 and later >= MIN_REGIME_CYCLES and sum(name in names[k] for k in range(begins, n)) >= WARM_UP_PRESENT * later:
+            warm = max(warm, begins)
+    bounds = [(START_UP, 0, first), (WARM_UP, first, warm)]
+    steady = ms[warm:]
+    cut = _change(steady)
+    if cut is None:
+        bounds.append((STEADY, warm, n))
+    else:
+        bounds += [(STEADY, warm, warm + cut), (CHANGED, warm + cut, n)]
+    bounds = [b for b in bounds if b[2] > b[1]]
+    if len(bounds) < 2:
+        return []
+    parts = []
+    for number, (kind, lo, hi) in enumerate(bounds):
+        start_ns = cycles[lo][1].start_ns
+        end_ns = cycles[hi - 1][1].end_ns
+        parts.append(_Part(
+            kind, lo, hi - 1, start_ns, -(2**63) if number == 0 else start_ns, 2**63 if number == len(bounds) - 1 else cycles[hi][1].start_ns,
+            (end_ns - start_ns) / 1e9, nearest_rank(sorted(ms[lo:hi]), 0.5),
+        ))  # fmt: skip
+    return parts
+
+
+def _change(ms: list[float]) -> int | None:
+    """Where a steady state's cycles change pace (the split that most separates the two sides' means, each side
+    :data:`MIN_REGIME_CYCLES` long at least), when their medians differ by :data:`CHANGE_RATIO`; else None."""
+    n = len(ms)
+    if n < 2 * MIN_REGIME_CYCLES:
+        return None
+    prefix = [0.0]
+    for x in ms:
+        prefix.append(prefix[-1] + x)
+    best, cut = 0.0, None
+    for k in range(MIN_REGIME_CYCLES, n - MIN_REGIME_CYCLES + 1):
+        left, right = prefix[k] / k, (prefix[n] - prefix[k]) / (n - k)
+        if left > 0 and right > 0 and (gap := abs(math.log(left / right))) > best:
+            best, cut = gap, k
+    if cut is None:
+        return None
+    low, high = sorted((nearest_rank(sorted(ms[:cut]), 0.5), nearest_rank(sorted(ms[cut:]), 0.5)))
+    return cut if low > 0 and high / low >= CHANGE_RATIO else None
+
+
+def measure(model: TraceModel, window: tuple[int, int] | None = None) -> Report:
+    """Where the time goes in a trace (``window``: only what starts in ``[lo, hi)`` ns), without a diagnosis."""
+    slices = model.slices
+    lo, hi = window if window is not None else (-(2**63), 2**63)
     iterations: dict[str, list[Slice]] = {}
     phases: dict[str, list[Slice]] = {}
     for s in slices:
-        if s.category not in schema.TIMELINES:
+        if s.category not in schema.TIMELINES or not lo <= s.start_ns < hi:
             continue
         if s.name == f"{s.category} iteration":
             iterations.setdefault(s.category, []).append(s)
@@ -186,7 +328,7 @@ def measure(model: TraceModel) -> Report:
             parent = slices[parent].parent  # a profiler's slice around the phase (torch.profiler's record_function)
         return parent == -1 or slices[parent].name == f"{slices[parent].category} iteration"
 
-    everything = [s for s in slices if s.category in schema.TIMELINES]
+    everything = [s for s in slices if s.category in schema.TIMELINES and lo <= s.start_ns < hi]
     span_start = min((s.start_ns for s in everything), default=0)
     span_end = max((s.end_ns for s in everything), default=0)
     span = max(span_end - span_start, 1)
@@ -205,10 +347,10 @@ def measure(model: TraceModel) -> Report:
 
     gpu: dict[str, float] = {}
     for s in slices:
-        if s.category == "gpu":
+        if s.category == "gpu" and lo <= s.start_ns < hi:
             gpu.setdefault(s.track, 0)
     for track in gpu:
-        intervals = _union([(s.start_ns, s.end_ns) for s in slices if s.category == "gpu" and s.track == track])
+        intervals = _union([(s.start_ns, s.end_ns) for s in slices if s.category == "gpu" and s.track == track and lo <= s.start_ns < hi])
         gpu[track] = _total(intervals) / span
 
     job_steps, rank_steps = _throughput(iterations)

@@ -15,6 +15,13 @@ def render_text(report: Report) -> str:
     lines = [f"bottleneck: {diagnosis.bottleneck if diagnosis else 'not diagnosed'}"]
     if report.straggler is not None:
         lines.append(f"straggler: {report.straggler.verdict}")
+    if report.regimes:
+        lines.append("regimes (the tables below are the one marked *):")
+        for regime in report.regimes:
+            span = f"iteration {regime.first_iteration}" if regime.cycles == 1 else f"iterations {regime.first_iteration}-{regime.last_iteration}"
+            mark = "*" if regime.headline else " "
+            verdict = "" if regime.kind == "start-up" else f": {regime.bottleneck}"
+            lines.append(f" {mark} {regime.kind} at {regime.start_s:.1f} s, {regime.seconds:.1f} s, {span} (cycle p50 {regime.cycle_p50_ms:,.2f} ms){verdict}")
     lines.append("")
     findings = diagnosis.findings if diagnosis else ()
     for finding in findings:
