@@ -119,7 +119,7 @@ class Telemetry:
         # The process that writes the run folder owns it (a second one is refused, a resume waits for none).
         owner = config.run_dir is not None and config.role == schema.LEARNER and (config.rank == 0 or config.outputs_on_every_rank)
         # A job of several ranks: its rendezvous tells it apart from another job under the same id (one default folder).
-        job = run_folder.job_key(socket.gethostname()) if config.world_size > 1 and not config.resume else None
+        job = run_folder.job_key() if config.world_size > 1 and not config.resume else None
         self._run_folder, in_use = None, False
         self._job_notes: list[Path] = []
         if owner:

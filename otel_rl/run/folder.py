@@ -55,15 +55,11 @@ FOLLOW_S = 20.0
 """How long a rank other than 0 waits, at ``init()``, for its rank 0 to say where its job went (only when another job holds the folder)."""
 
 
-def job_key(host: str) -> str | None:
-    """The rendezvous every rank of this job shares (``MASTER_ADDR:MASTER_PORT``; a loopback address with the
-    machine's name), None where the launcher gives none."""
+def job_key() -> str | None:
+    """The rendezvous every rank of this job shares (``MASTER_ADDR:MASTER_PORT``, as every rank has it, on every
+    machine), None where the launcher gives none."""
     addr, port = os.environ.get(env.MASTER_ADDR, "").strip(), os.environ.get(env.MASTER_PORT, "").strip()
-    if not addr or not port:
-        return None
-    if addr in ("localhost", "::1") or addr.startswith("127."):
-        addr = f"{host}/{addr}"
-    return f"{addr}:{port}"
+    return f"{addr}:{port}" if addr and port else None
 
 
 def _digest(key: str) -> str:

@@ -426,3 +426,22 @@ def test_runs_started_at_one_instant_onto_an_ended_runs_folder_each_get_a_folder
         records = _records_of(tmp_path / name)
         assert {r["run_id"] for r in records} == {name} and len({r["writer"] for r in records}) == 1  # one writer a folder
         assert [r["status"] for r in records if r["kind"] == "run"] == ["pending", "running", "finished"]
+
+
+def test_two_runs_started_at_once_through_a_link_and_its_folder_get_a_folder_each(tmp_path):
+    """One run names ``link`` (a symbolic link to ``real``), the other ``real``, started at one instant: one folder
+    each, never two lifecycles in one ``metrics.jsonl`` (the lock is the folder's real path's)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_"))}
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    runs = [subprocess.Popen([sys.executable, "-c", TWICE, str(tmp_path / name)], stderr=subprocess.PIPE, text=True, env=env)
+            for name in ("link", "real")]  # fmt: skip
+    for run in runs:
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+    folders = sorted(p.name for p in tmp_path.iterdir() if p.is_dir() and not p.is_symlink())
+    assert folders == ["real", "real-2"], folders
+    for folder in folders:
+        records = _records_of(tmp_path / folder)
+        assert [r["status"] for r in records if r["kind"] == "run"] == ["pending", "running", "finished"], folder
+        assert sum(1 for r in records if r["kind"] == "scalars" and "Loss/critic" in r["values"]) == 30
