@@ -1,7 +1,7 @@
 """W&B and SwanLab both on, closing while the machine's other core is busy: every record reaches them, or the end line
 says how many did not and where they are.
 
-The close deadline is short (0.5 s) so that the trackers are still behind when it comes on any machine; what is
+The close deadline is short (2 s) so that the trackers are still behind when it comes on any machine; what is
 asserted holds whether they are or not: with an agent process they get every record (it goes on after the
 deadline, and the end line says so), with the thread host the end line's count covers exactly what they lack.
 """
@@ -33,7 +33,8 @@ SCRIPT = textwrap.dedent(
     import otel_rl
 
     tel = otel_rl.init(run_dir=sys.argv[1], agent=sys.argv[2], wandb=True, swanlab=True, project="close",
-                       shutdown_timeout_s=0.5, system_metrics_interval_s=0)
+                       shutdown_timeout_s=2.0, system_metrics_interval_s=0)
+    assert tel.flush(timeout_s=120)  # the agent is up (on a busy machine it takes a while): the close is what is tested
     with tel.run():
         for i in range(%d):
             with tel.iteration(i):
@@ -93,7 +94,7 @@ def _run(tmp_path, agent):
 
 def test_an_agent_process_hands_the_trackers_every_record_after_the_deadline(tmp_path):
     run_dir, result, end_line, stderr = _run(tmp_path, "process")
-    assert result["close_s"] < 2.0  # close() kept its deadline (0.5 s, with room for a loaded machine)
+    assert result["close_s"] < 5.0  # close() kept its deadline (2 s, with room for a loaded machine)
     assert "goes on in the background" not in stderr  # the agent said what it does, in the end line
     behind = re.search(r"still had records to get at the close deadline: the agent process goes on handing them over for up to (\d+) s "
                        r"\(metrics\.jsonl holds every one\)", end_line)
@@ -107,7 +108,7 @@ def test_an_agent_process_hands_the_trackers_every_record_after_the_deadline(tmp
 
 def test_the_thread_host_says_how_many_records_each_tracker_did_not_get(tmp_path):
     run_dir, result, end_line, _ = _run(tmp_path, "thread")
-    assert result["close_s"] < 2.0
+    assert result["close_s"] < 5.0
     time.sleep(1.0)  # the process has exited: its files are what they are
     said = {name: int(count.replace(",", "")) for name, count in re.findall(r"(W&B|SwanLab) \(([\d,]+) records\)", end_line)}
     if said:
