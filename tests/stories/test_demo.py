@@ -95,8 +95,10 @@ def test_wandb_has_reward_and_loss_curves(demo_run):
     run_dir, _, _ = demo_run
     (run,) = run_dirs(run_dir)
     rows = history(run)
-    for key in ("Train/mean_reward", "Loss/critic", "Loss/actor", "Perf/learning_time", "Policy/replay_action/p50"):
+    for key in ("Train/mean_reward", "Loss/critic", "Loss/actor", "Policy/replay_action/p50"):
         assert sum(key in row for row in rows) >= 2, key
+    # Perf/* is one row per second of wall time: a fast machine learns for under two of them
+    assert any("Perf/learning_time" in row for row in rows)
     steps = [row["env_steps"] for row in rows if "Loss/critic" in row]
     assert steps == sorted(steps) and steps[0] > 0
     state = summary(run)
