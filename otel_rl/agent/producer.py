@@ -25,6 +25,7 @@ from otel_rl.core.records import RunStart
 from otel_rl.core.sampling import SpanBudget, SpanSampler
 from otel_rl.core.inbox import Inbox
 from otel_rl.core.live_verdict import LiveVerdict
+from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.segment_source import SegmentSource
 from otel_rl.core.step_check import StepCheck
 from otel_rl.core.system_metrics import SystemSampler
@@ -86,7 +87,8 @@ class ProducerOutputs:
             suffix = "" if config.role == schema.LEARNER and config.rank == 0 else f"-{config.role}{config.rank}"
             self.media = MediaWriter(Path(folder) / media.MEDIA_DIR, suffix, self.inbox.add_event, self.drops, media_stem, takeover > 0)
         self.pipeline = Pipeline([source, self.inbox], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget),
-                                 verdict=LiveVerdict(), media=None if self.media is None else self.media.take)
+                                 verdict=LiveVerdict(), media=None if self.media is None else self.media.take,
+                                 perf=PerfWindows(config.perf_interval_s, derive_fps=config.world_size == 1))
         self.system: SystemSampler | None = None
         if config.system_metrics_interval_s:
             self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)

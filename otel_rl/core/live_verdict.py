@@ -15,13 +15,16 @@ seconds, a slow loop's verdict reads enough of it. A window has sums, not every 
 per cycle (its median is not known), stalls are not told apart (one long
 stall weighs on its window), and taking turns is read from the two sides'
 working time (their cycles less their waits for each other) fitting in the
-window's time. A verdict is said when it changes and the change held for
-:data:`HOLD` evaluations in a row (one window's noise is not a change), as a
+window's time. Each timeline's first cycle is left out (its one-off costs, imports, a CUDA context or a compilation,
+are a start-up, not the loop's pace). A verdict is said when it changes and the change held for
+:data:`HOLD` evaluations in a row and over :data:`CHANGE_CYCLES` cycles (one window's noise is not a change;
+a loop near the line between two verdicts is ``balanced``, :data:`otel_rl.formats.diagnosis.BALANCE_BAND`), as a
 ``bottleneck`` event: its text (the line ``analyze`` prints), ``side``,
-``phase``, ``rank`` (a straggler's), the window's throughput and cycles, the
+``phase``, ``rank`` (a straggler's), the learner's ``iteration`` then, the window's throughput and cycles, the
 previous verdict, and its confidence: ``low`` with fewer than
 :data:`MIN_CYCLES` cycles in the window or on a busy host (the reasons in
-``caveat``), as ``analyze`` says of a trace.
+``caveat``), as ``analyze`` says of a trace. The same verdict, more or less sure,
+is said again without a previous one: it is not a change.
 """
 
 from __future__ import annotations
@@ -46,6 +49,9 @@ EVERY_S = 0.5
 """How often the window is read."""
 HOLD = 2
 """Evaluations in a row a new verdict must hold before it is said."""
+CHANGE_CYCLES = 20
+"""Cycles a change of verdict must hold over (besides :data:`HOLD` evaluations) before it is said; a loop slower than
+that changes once the new verdict held for :data:`MAX_WINDOW_S`."""
 MIN_CYCLES = 10
 """Fewer cycles than this in the window: the verdict is said with low confidence."""
 TURNS_SLACK = 0.10
@@ -79,6 +85,12 @@ class LiveVerdict:
         self._said_text = ""
         self._pending: tuple | None = None
         self._pending_count = 0
+        self._pending_since: tuple[int, int] = (0, 0)  # (time, cycles) when the pending verdict was first read
+        self._confidence = ""
+        self._iteration: int | None = None  # the learner's latest
+        self._cycles = 0  # cycles added since start, the busiest timeline's per pass
+        self._last_cycles: tuple[int, dict[str, CycleTotals]] | None = None  # the newest bucket that had cycles
+        self._started: set[str] = set()  # timelines whose first cycle (the start-up's: imports, a CUDA context) is behind them
 
     def start(self) -> None:
         """A run opened: a window of its own, nothing said of it yet."""
@@ -97,12 +109,22 @@ class LiveVerdict:
         if not self._buckets or self._buckets[-1][0] != start:
             self._buckets.append((start, {}))
         sums = self._buckets[-1][1]
+        most = 0
         for timeline, cycles in totals.timelines.items():
+            if cycles.cycles and timeline not in self._started:
+                self._started.add(timeline)  # the pass that ends a timeline's first cycle: one-off costs, not its pace
+                continue
+            most = max(most, cycles.cycles)
             own = sums.get(timeline)
             if own is None:
                 own = sums[timeline] = CycleTotals()
             own.add(cycles)
+        self._cycles += most
+        if most:
+            self._last_cycles = self._buckets[-1]  # kept past the window: an iteration longer than it is read from here
         learner = totals.timelines.get(schema.LEARNER)
+        if learner is not None and learner.index is not None:
+            self._iteration = learner.index
         if learner is not None and learner.env_steps is not None:
             self._steps.append((totals.time_ns, learner.env_steps))
 
@@ -151,18 +173,23 @@ class LiveVerdict:
         if self._load is not None and now_ns - self._load[0] <= self.max_window_ns and self._load[1] >= rules.BUSY_LOAD_PER_CPU:
             caveats.append(f"a busy host (load per CPU {self._load[1]:.1f})")
         confidence = "low" if caveats else "high"
-        key = (diagnosis.side, diagnosis.phase, diagnosis.rank, confidence)
+        key = (diagnosis.side, diagnosis.phase, diagnosis.rank)
         if key == self._said:
             self._pending, self._pending_count = None, 0
-            return None
+            if confidence == self._confidence:
+                return None
+            self._confidence = confidence  # the same verdict, now more (or less) sure: said again, with no previous verdict
+            return _attributes(diagnosis, report, cycles, confidence, caveats, round(report.wall_s, 1), "", self._iteration)
         if key == self._pending:
             self._pending_count += 1
         else:
-            self._pending, self._pending_count = key, 1
+            self._pending, self._pending_count, self._pending_since = key, 1, (now_ns, self._cycles)
         if self._pending_count < self.hold:
             return None
-        self._said, self._pending, self._pending_count = key, None, 0
-        attributes = _attributes(diagnosis, report, cycles, confidence, caveats, round(report.wall_s, 1), self._said_text)
+        if self._said is not None and self._cycles - self._pending_since[1] < CHANGE_CYCLES and now_ns - self._pending_since[0] < self.max_window_ns:
+            return None  # a change holds over enough cycles (or a slow loop's longest window) before it is said
+        self._said, self._pending, self._pending_count, self._confidence = key, None, 0, confidence
+        attributes = _attributes(diagnosis, report, cycles, confidence, caveats, round(report.wall_s, 1), self._said_text, self._iteration)
         self._said_text = diagnosis.bottleneck
         return attributes
 
@@ -170,7 +197,8 @@ class LiveVerdict:
         """The window as a report without its diagnosis; None when no cycle or phase ended in it.
 
         The newest buckets of :data:`WINDOW_S`, and older ones (up to :data:`MAX_WINDOW_S`) while it holds fewer than
-        :data:`ENOUGH_CYCLES` cycles.
+        :data:`ENOUGH_CYCLES` cycles; where none of them holds a cycle, the newest bucket that did (iterations longer
+        than the longest window).
         """
         sums: dict[str, CycleTotals] = {}
         first_ns = now_ns
@@ -179,6 +207,11 @@ class LiveVerdict:
                 break
             first_ns = start
             for timeline, own in bucket.items():
+                sums.setdefault(timeline, CycleTotals()).add(own)
+        last = self._last_cycles
+        if last is not None and last[0] < first_ns and not any(own.cycles for own in sums.values()):
+            first_ns, sums = last[0], {}  # no cycle ended in the longest window: the last ones that did (a long rollout)
+            for timeline, own in last[1].items():
                 sums.setdefault(timeline, CycleTotals()).add(own)
         timelines = {name: _timeline(name, own) for name, own in sums.items() if own.cycles or own.loose}
         if not timelines:
@@ -237,7 +270,8 @@ def _timeline(timeline: str, own: CycleTotals) -> Timeline:
     for name, ns in own.top.items():
         put(name, ns, own.cycles, False, False)
     for name, ns in own.nested.items():
-        put(name, ns, own.cycles, True, False)
+        if name not in own.top:  # a phase inside one of its own name: its time is the outer one's
+            put(name, ns, own.cycles, True, False)
     for name, ns in own.loose.items():
         if name not in phases:
             put(name, ns, own.counts.get(name, 1), False, bool(own.cycles))  # beside the cycles: background work
@@ -268,7 +302,7 @@ def _turns(sums: dict[str, CycleTotals], span_ns: int) -> Turns | None:
 
 
 def _attributes(diagnosis: Diagnosis, report: Report, cycles: int, confidence: str, caveats: list[str], window_s: float,
-                previous: str) -> dict[str, Any]:  # fmt: skip
+                previous: str, iteration: int | None) -> dict[str, Any]:  # fmt: skip
     attributes: dict[str, Any] = {
         "text": diagnosis.bottleneck,
         "side": diagnosis.side or "",
@@ -287,4 +321,6 @@ def _attributes(diagnosis: Diagnosis, report: Report, cycles: int, confidence: s
         attributes["env_steps_per_s"] = round(report.env_steps_per_s, 3)
     if previous:
         attributes["previous"] = previous
+    if iteration is not None:
+        attributes["iteration"] = iteration  # the learner's latest when it was said
     return attributes

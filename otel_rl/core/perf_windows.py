@@ -12,14 +12,21 @@ and a learner ``gradient_sync`` phase is also ``Perf/dp_gradient_sync_ms_per_ran
 its occurrences per iteration ``Perf/dp_gradient_sync_calls_per_rank`` (each rank's
 own, rank 0's in its outputs). With ``derive_fps`` (a run of
 one rank), a loop that does not log ``Perf/total_fps`` gets it derived: the
-learner's env steps over the window's time.
+learner's env steps over the window's time. A ``Perf/*`` key the loop (or its
+library: RSL-RL's ``Perf/collection_time``) logs itself is its own: the window
+leaves it out.
+
+One instance, the pipeline's (:class:`otel_rl.core.pipeline.Pipeline`), makes
+the windows for every output (:meth:`otel_rl.core.pipeline.RecordSink.on_perf`):
+``metrics.jsonl``, the live service, TensorBoard and W&B get the same values at
+the same steps.
 """
 
 from __future__ import annotations
 
 import time
 
-from otel_rl.core.pipeline import CycleTotals, PassTotals
+from otel_rl.core.totals import CycleTotals, PassTotals
 from otel_rl.formats import schema
 
 
@@ -42,6 +49,8 @@ class _Window:
         phase_ns, phase_count = self.phase_ns, self.phase_count
         for part in (totals.top, totals.nested, totals.loose):
             for name, ns in part.items():
+                if part is totals.nested and name in totals.top:
+                    continue  # a phase inside one of its own name: its time is the outer one's
                 phase_ns[name] = phase_ns.get(name, 0) + ns
         for name, n in totals.counts.items():
             phase_count[name] = phase_count.get(name, 0) + n
@@ -74,14 +83,26 @@ class PerfWindows:
         self._last = time.monotonic()
         self.axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
         """The learner's latest ``env_steps`` and ``iteration``."""
-        self._derive_fps = derive_fps
+        self._derive_fps = self._derive_at_start = derive_fps
         self._steps: tuple[int, int] | None = None  # (pass end, the learner's env steps) of the latest pass that had them
         self._steps_mark: tuple[int, int] | None = None  # the same at the last take
+        self._own: set[str] = set()  # Perf/* keys the loop logs itself
+        self._seen: set[tuple[str, ...]] = set()  # key sets looked at (a loop logs the same ones call after call)
 
     def note_scalars(self, names: tuple[str, ...]) -> None:
-        """Keys the loop logs: one that logs its own ``Perf/total_fps`` gets none derived."""
+        """Keys the loop logs: a ``Perf/*`` key it logs (``Perf/total_fps`` too) is left to it."""
+        if names in self._seen:
+            return
+        if len(self._seen) >= 256:
+            self._seen.clear()
+        self._seen.add(names)
+        self._own.update(name for name in names if name.startswith("Perf/"))
         if self._derive_fps and schema.TOTAL_FPS in names:
             self._derive_fps = False
+
+    def reset(self) -> None:
+        """A new run: nothing measured yet, no key its own."""
+        self.__init__(self.interval_s, self._derive_at_start)
 
     def add(self, totals: PassTotals) -> None:
         learner = totals.timelines.get(schema.LEARNER)
@@ -105,6 +126,8 @@ class PerfWindows:
         for timeline, window in self._windows.items():
             values.update(window.values(timeline))
         self._windows = {}
+        for key in self._own.intersection(values):
+            del values[key]
         mark, now = self._steps_mark, self._steps
         if self._derive_fps and values and mark is not None and now is not None and now[0] > mark[0] and now[1] >= mark[1]:
             values[schema.TOTAL_FPS] = (now[1] - mark[1]) / ((now[0] - mark[0]) / 1e9)

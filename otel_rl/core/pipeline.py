@@ -38,6 +38,7 @@ from otel_rl.core.assembly import LaneAssembler
 from otel_rl.core.batches import IterationBatch, PhaseBatch, ScalarBatch
 from otel_rl.core.keys import KeyPolicy
 from otel_rl.core.live_verdict import LiveVerdict
+from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.records import (
     CudaFallback,
     DeviceIntervalRecord,
@@ -89,6 +90,10 @@ class RecordSink:
 
     def on_scalars(self, batch: ScalarBatch) -> None:
         """Consecutive ``scalars()`` calls of one key set, values already made finite or None."""
+
+    def on_perf(self, record: ScalarsRecord) -> None:
+        """A ``Perf/*`` window (:mod:`otel_rl.core.perf_windows`), made once for every output that shows phase time as
+        scalars; ``step`` is the learner's env steps, ``iteration`` its latest."""
 
     def on_distribution(self, record: DistributionRecord) -> None:
         """One ``distribution()`` call, summarised; its statistics also arrive through :meth:`on_scalars`."""
@@ -179,6 +184,8 @@ class Pipeline:
         step_check: reports scalar steps that go back (a resumed run's starts from its last steps).
         sampler: which records become spans (none by default).
         verdict: the live verdict, said as ``bottleneck`` events while a run is open (none by default).
+        perf: makes the ``Perf/*`` windows handed to :meth:`RecordSink.on_perf` (none by default): the last of a run
+            before its end, and one at the final pass.
         media: takes each video or image to write (:attr:`Batch.media`); none: they are not written.
     """
 
@@ -193,6 +200,7 @@ class Pipeline:
         sampler: SpanSampler | None = None,
         verdict: LiveVerdict | None = None,
         media: Any = None,
+        perf: PerfWindows | None = None,
     ) -> None:
         self.sources = list(sources)
         self.sinks = list(sinks)
@@ -211,6 +219,7 @@ class Pipeline:
         self._final = False
         self.verdict = verdict
         self.media = media
+        self.perf = perf
         self._index_handlers()
 
     def _index_handlers(self) -> None:
@@ -219,7 +228,7 @@ class Pipeline:
             method: [getattr(s, method) for s in self.sinks if getattr(type(s), method) is not getattr(RecordSink, method)]
             for method in _METHODS
         }
-        self._want_totals = bool(self._handlers["on_cycles"]) or self.verdict is not None  # summed only for a reader
+        self._want_totals = bool(self._handlers["on_cycles"]) or self.verdict is not None or self.perf is not None  # summed only for a reader
 
     def add_sink(self, sink: RecordSink) -> None:
         """Add a sink while running; it sees records from the next pass on."""
@@ -284,6 +293,8 @@ class Pipeline:
                 self._fanout("on_run_start", replace(item, seq=next(self._seq)))
                 if self.verdict is not None:
                     self.verdict.start()
+                if self.perf is not None:
+                    self.perf.reset()
             elif isinstance(item, RunEnd):
                 ends.append(item)  # after the records written before it
             else:
@@ -309,6 +320,13 @@ class Pipeline:
         self._scalars_out()
         self._pass_end(ends)
 
+    def _perf_out(self, now_ns: int) -> None:
+        assert self.perf is not None
+        values = self.perf.take()
+        if values:
+            axes = self.perf.axes
+            self._fanout("on_perf", ScalarsRecord(now_ns, values, axes["env_steps"], axes["iteration"], axes["env_steps"], next(self._seq)))
+
     def _hand_over(self, batch: IterationBatch | PhaseBatch) -> None:
         if isinstance(batch, IterationBatch):
             if self._want_totals:
@@ -325,6 +343,8 @@ class Pipeline:
             self._fanout("on_scalars" if isinstance(out, ScalarBatch) else "on_event", out)
             if self.verdict is not None and isinstance(out, ScalarBatch):
                 self.verdict.note_scalars(out)
+            if self.perf is not None and isinstance(out, ScalarBatch):
+                self.perf.note_scalars(out.names)
 
     def _distribution(self, raw: tuple) -> None:
         """Summarise one ``distribution()`` call: a :class:`DistributionRecord`, and its statistics as scalars."""
@@ -352,6 +372,10 @@ class Pipeline:
             self._fanout("on_cycles", totals)
             if self.verdict is not None:
                 self.verdict.add(totals)
+            if self.perf is not None:
+                self.perf.add(totals)
+        if self.perf is not None and (ends or self._final or self.perf.due()):
+            self._perf_out(now_ns)  # the last window of a run goes before its end
         if self.verdict is not None and (said := self.verdict.take(now_ns)) is not None:
             self._fanout("on_event", EventRecord(now_ns, schema.EVENT_BOTTLENECK, said, next(self._seq)))
         self.dropped()  # the sources' counters, mirrored

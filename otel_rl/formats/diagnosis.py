@@ -41,6 +41,11 @@ from otel_rl.formats.report import Diagnosis, Finding, PhaseStats, RankTimeline,
 
 HIGH_WAIT = 0.25
 """A wait phase above this share of its cycle means the other side holds it up."""
+BALANCE_BAND = 0.05
+"""A wait within this of :data:`HIGH_WAIT` (20% to 30% of its cycle): neither side clearly sets the pace, the verdict is
+``balanced`` (a loop near the line would otherwise be named collector-bound one window and learner-bound the next)."""
+BALANCED = "balanced"
+"""A verdict's side when neither side clearly sets the pace."""
 HIGH_INFERENCE = 0.25
 HIGH_REPLAY_BATCH_WAIT = 0.15
 HIGH_REPLAY_WRITE = 0.30
@@ -135,6 +140,12 @@ def _bottleneck(report: Report) -> tuple[str, str | None, str | None, list[Findi
 
     if report.turns is not None:
         bottleneck, side, phase, finding = _in_turns(report, report.turns)
+        findings.append(finding)
+    elif (have_l and abs(collector_wait - HIGH_WAIT) < BALANCE_BAND) or (
+        have_c and collector_wait < HIGH_WAIT and abs(action_wait - HIGH_WAIT) < BALANCE_BAND
+    ):
+        bottleneck, finding = _balanced(report, collector_wait, action_wait)
+        side = BALANCED
         findings.append(finding)
     elif have_l and collector_wait >= HIGH_WAIT:
         culprit, where = _pace_setter(report, C) if have_c else (None, None)
@@ -255,6 +266,27 @@ def _unaccounted_finding(report: Report, timeline: str) -> Finding:
     return Finding(finding=f"much of the {timeline}'s {word} is in no phase",
         evidence=f"Other is {_pct(_other(report, timeline))} of {whose}",
         check="time the loop's remaining work as phases (the update's parts, bookkeeping, logging) before blaming a phase",
+    )
+
+
+def _balanced(report: Report, collector_wait: float, action_wait: float) -> tuple[str, Finding]:
+    """The line for a loop whose waits sit near :data:`HIGH_WAIT`: each side's largest phase and its wait, by their shares."""
+    L, C = schema.LEARNER, schema.COLLECTOR
+    parts = []
+    for timeline, wait, wait_share in ((L, "collector_wait", collector_wait), (C, "learner_action_wait", action_wait)):
+        if timeline not in report.timelines:
+            continue
+        culprit = _largest(report, timeline, exclude=tuple(_WAITS.values()))
+        if culprit is not None:
+            parts.append(f"{timeline} {_title(report, timeline, culprit).lower()} {_pct(_share(report, timeline, culprit))}")
+        if wait in report.timelines[timeline].phases:
+            parts.append(f"{_title(report, timeline, wait).lower()} {_pct(wait_share)}")  # its title names whom it waits for
+    low, high = _pct(HIGH_WAIT - BALANCE_BAND), _pct(HIGH_WAIT + BALANCE_BAND)
+    return f"{BALANCED}: {', '.join(parts)}", Finding(
+        finding="neither side clearly sets the pace",
+        evidence=f"a wait of {_pct(max(collector_wait, action_wait))} of its cycle is between {low} and {high}: "
+        "the side that waits is held up a quarter of its time, the other is not idle",
+        check="both: a faster collector and a faster learner each shorten the iteration, neither alone by much",
     )
 
 

@@ -73,7 +73,9 @@ tracker's scalar."""
 EVENT_BOTTLENECK = "bottleneck"
 """The live verdict changed (:mod:`otel_rl.core.live_verdict`): ``text`` (the line ``otel-rl analyze`` prints), ``side``,
 ``phase``, ``rank`` (a straggler's), ``confidence`` (``high`` or ``low``, ``caveat`` says why), ``cycles`` and ``window_s``
-(what it read), ``env_steps_per_s``, ``evidence`` and ``previous`` (the verdict it replaces)."""
+(what it read), ``env_steps_per_s``, ``evidence``, ``iteration`` (the learner's latest) and ``previous`` (the verdict it
+replaces; absent where the same verdict is said again, more or less sure). ``side`` is ``balanced`` where neither side
+clearly sets the pace."""
 METRIC_BOTTLENECK = "rl.bottleneck"
 """1 for the run's current live verdict, labelled with its ``rl.timeline`` (the side) and ``rl.phase``."""
 EVENT_MEDIA = "media"

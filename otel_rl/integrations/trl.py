@@ -7,8 +7,9 @@ Each optimizer step is a ``learner`` iteration (its index TRL's global step). In
 - ``reward``: scoring them, each reward function a nested phase named after it (``reward_len``...);
 - ``old_log_prob`` and ``ref_log_prob``: the log-prob passes of the old policy (``num_iterations > 1``, vLLM's
   importance sampling) and of the reference model (``beta > 0``);
-- ``learning``: the loss and its backward pass (``compute_loss``, ``backward``, nested), and the optimizer step
-  (``optimizer``, nested).
+- ``learning``: once per micro-batch, its loss and backward pass (``compute_loss``, ``backward``, nested); the
+  last micro-batch's goes on through gradient clipping and the optimizer step (``optimizer``, nested), so a step
+  without gradient accumulation has one learning phase.
 
 TRL generates a whole generation batch at once, every ``steps_per_generation * num_iterations`` steps, so the steps
 in between hold only their learning: that is how TRL spends its time. The phases come from TRL's own timers
@@ -82,6 +83,8 @@ class _Steps:
         self.in_loss = False
         self.step: Any = None
         self.old_done = False
+        self.learned = False
+        """The open learning phase ran a backward pass: it stays open through clipping and the optimizer step."""
         self.batch: tuple[float, int] | None = None
         """When the latest generation began, and the tokens it made: its steps' throughput once the next one begins."""
 
@@ -171,9 +174,9 @@ class _StepCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         steps = self.steps
-        _close_learning(steps)
-        steps.learning = ExitStack()
-        steps.learning.enter_context(steps.tel.phase("learning"))
+        if steps.learning is None:  # the last micro-batch's learning (its loss and backward pass) goes on into the optimizer
+            steps.learning = ExitStack()
+            steps.learning.enter_context(steps.tel.phase("learning"))
         steps.learning.enter_context(steps.tel.phase("optimizer"))
 
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -204,7 +207,7 @@ class _StepCallback(TrainerCallback):
 
 
 def _close_learning(steps: _Steps) -> None:
-    learning, steps.learning = steps.learning, None
+    learning, steps.learning, steps.learned = steps.learning, None, False
     if learning is not None:
         learning.close()
 
@@ -290,18 +293,26 @@ def instrument(trainer: Any, tel: TrainingTelemetry) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
             try:
                 with phase:
-                    return original(*args, **kwargs)
-            finally:
+                    result = original(*args, **kwargs)
+            except BaseException:
                 _close_learning(steps)
+                raise
+            steps.learned = steps.learning is not None  # learning goes on: the step's end, or its optimizer, closes it
+            return result
 
         return wrapped
 
     def training_step(original: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            _close_learning(steps)  # a micro-batch of its own: what comes before its loss (a generation) is no learning
+            ok = False
             try:
-                return original(*args, **kwargs)
+                result = original(*args, **kwargs)
+                ok = True
+                return result
             finally:
-                _close_learning(steps)  # a step without a backward pass (nothing to learn from) closes it here
+                if not (ok and steps.learned):
+                    _close_learning(steps)  # a step without a backward pass (nothing to learn from), or one that raised
 
         return wrapped
 

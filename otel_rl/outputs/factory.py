@@ -291,8 +291,7 @@ class _Builder:
 
         sink = MotrixSink(
             config.run_id, protocol.writer_id(config.run_id, identity.pid, identity.started_ns), context.seq, context.drops,
-            project=config.project, group=config.group, meta=config.meta, perf_interval_s=config.perf_interval_s,
-            trace_id=f"{identity.trace_id:032x}", derive_fps=config.world_size == 1,
+            project=config.project, group=config.group, meta=config.meta, trace_id=f"{identity.trace_id:032x}",
         )  # fmt: skip
         self.sinks.append(sink)  # stopped if a later output fails to start
         if config.jsonl:
@@ -345,8 +344,7 @@ class _Builder:
         from otel_rl.outputs.tensorboard import tensorboard_sink
 
         config = self.config
-        return tensorboard_sink(config.tensorboard_folder, self.context.drops, config.perf_interval_s, self.resumed_after, config.world_size == 1,
-                                media_root=config.run_dir or config.trace_output_dir)  # fmt: skip
+        return tensorboard_sink(config.tensorboard_folder, self.context.drops, self.resumed_after, media_root=config.run_dir or config.trace_output_dir)
 
     @property
     def resumed_after(self) -> int | None:

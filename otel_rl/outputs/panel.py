@@ -184,6 +184,8 @@ class PanelState:
         self.status: str | None = None
         """The loop's latest ``tel.status()``."""
         self.bottleneck: str | None = None
+        self._last: dict[str, tuple[int, int, int, dict[str, int], dict[str, int]]] = {}
+        """Per timeline, the latest pass's cycles (time, count, wall, top, nested): shown when none ended in the window."""
         """The live verdict's latest line, with its caveat when it is not sure."""
         self.warmed_up = False
         """A ``warmup_done`` event or a first iteration came."""
@@ -198,6 +200,7 @@ class PanelState:
                 self.warmed_up = True  # the first iteration ends the warm-up
                 target = self.learner if timeline == schema.LEARNER else self.collector
                 target.add(totals.time_ns, {"wall": cycles.wall_ns}, cycles.top, cycles.nested, records=cycles.cycles)
+                self._last[timeline] = (totals.time_ns, cycles.cycles, cycles.wall_ns, dict(cycles.top), dict(cycles.nested))
             if cycles.env_steps is not None and (steps is None or cycles.env_steps > steps):
                 steps = cycles.env_steps
             if cycles.index is not None and (timeline == schema.LEARNER or schema.LEARNER not in totals.timelines):
@@ -298,14 +301,23 @@ class PanelState:
             job = self.job_timing()
             if job is not None:
                 return job
-        n, (wall, top, nested), _ = (self.learner if timeline == schema.LEARNER else self.collector).read(self._clock())
+        now = self._clock()
+        n, (wall, top, nested), _ = (self.learner if timeline == schema.LEARNER else self.collector).read(now)
+        extra: dict[str, Any] = {}
         if not n:
-            return {"n": 0}
+            last = self._last.get(schema.LEARNER if timeline == schema.LEARNER else schema.COLLECTOR)
+            if last is None:
+                return {"n": 0}
+            # Cycles longer than the window (a long rollout and its update): the last complete ones, and how long ago they ended.
+            at_ns, n, wall_ns, top, nested = last
+            wall = {"wall": wall_ns}
+            extra["ago_s"] = max(now - at_ns, 0) / 1e9
         return {
             "n": n,
             "wall_ms": wall.get("wall", 0) / n / 1e6,
             "top": {k: v / n / 1e6 for k, v in top.items()},
             "nested": {k: v / n / 1e6 for k, v in nested.items()},
+            **extra,
         }
 
     def scalar_means(self) -> dict[str, float]:
@@ -315,6 +327,14 @@ class PanelState:
             if value is not None:
                 means.setdefault(key, value)  # keys not updated in the window keep their last value
         return means
+
+
+def _window_words(timing: dict[str, Any]) -> str:
+    """What the timing table is over: the window's average, or the last iterations where none ended in the window."""
+    n = timing.get("n", 0)
+    if "ago_s" in timing:
+        return f"Last {n} iteration{'s' if n > 1 else ''} ({_duration(timing['ago_s'])} ago)"
+    return f"Avg {WINDOW_S:.0f}s (n={n})"
 
 
 def _learner_phase(key: str) -> str | None:
@@ -536,7 +556,7 @@ class PanelView:
             collector_rows = reported
         gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU")) * self.machines  # the job's: machines of one size
         ranks = [f"{learner['ranks']} ranks"] if learner.get("ranks") else []
-        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), f"Avg {WINDOW_S:.0f}s (n={learner.get('n', 0)})", *ranks, f"GPUs {gpus}"])
+        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), _window_words(learner), *ranks, f"GPUs {gpus}"])
         if short:
             timing = self._timing_table(
                 "Timing", learner_rows + [("Collector", "", "")] + [("  " + r[0], r[1], r[2]) for r in collector_rows]

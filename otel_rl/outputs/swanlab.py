@@ -48,7 +48,7 @@ def swanlab_sink(config: Any, drops: Drops, resumed_after: int | None = None) ->
     folder = None if config.run_dir is None else config.run_dir / "swanlab"
     writer = SwanLabWriter(fields["project"], fields["name"], fields["group"], config.swanlab_mode or "offline", folder, drops)
     writer.media_root = config.run_dir  # images (and GIF videos) go with the run
-    return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after, derive_fps=config.world_size == 1)
+    return TrackerSink(writer, resumed_after=resumed_after)
 
 
 class SwanLabWriter(RowWriter):

@@ -37,13 +37,11 @@ _STATUS = {lifecycle.FINISHED: "STATUS_SUCCESS", lifecycle.FAILED: "STATUS_FAILU
 
 
 def tensorboard_sink(
-    log_dir: Path, drops: Drops, perf_interval_s: float = 1.0, resumed_after: int | None = None, derive_fps: bool = False,
-    media_root: Path | None = None,
+    log_dir: Path, drops: Drops, resumed_after: int | None = None, media_root: Path | None = None,
 ) -> TrackerSink:
     """The TensorBoard output: a :class:`TrackerSink` feeding a :class:`TensorBoardWriter`.
 
-    ``resumed_after``: a resumed run's last step so far, which its steps stay above; ``derive_fps``: derive
-    ``Perf/total_fps`` when the loop does not log it (a run of one rank); ``media_root``: the run folder, whose
+    ``resumed_after``: a resumed run's last step so far, which its steps stay above; ``media_root``: the run folder, whose
     videos (as animated GIFs, which TensorBoard's Images tab plays) and images are written too.
 
     Raises:
@@ -52,7 +50,7 @@ def tensorboard_sink(
     extras.require(extras.OUTPUTS["tensorboard"])  # here, rather than failing later on the writer's thread
     writer = TensorBoardWriter(Path(log_dir), drops)
     writer.media_root = media_root
-    return TrackerSink(writer, perf_interval_s, resumed_after=resumed_after, derive_fps=derive_fps)
+    return TrackerSink(writer, resumed_after=resumed_after)
 
 
 class TensorBoardWriter(TrackerWriter):

@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Iterator
@@ -59,10 +58,8 @@ from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.batches import ScalarBatch
-from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import DistributionRecord, EventRecord, RunEnd, RunStart
-from otel_rl.core.totals import PassTotals
+from otel_rl.core.records import DistributionRecord, EventRecord, RunEnd, RunStart, ScalarsRecord
 
 _logger = logger(__name__)
 
@@ -278,11 +275,10 @@ def without_variables(names: tuple[str, ...]) -> Iterator[None]:
 class TrackerSink(RecordSink):
     """Queues scalars, distributions, events, run records and ``Perf/*`` windows for a :class:`TrackerWriter`."""
 
-    def __init__(self, writer: TrackerWriter, perf_interval_s: float = 1.0, resumed_after: int | None = None, derive_fps: bool = False) -> None:
-        """``resumed_after``: a resumed run's last step so far (the earlier parts'), which its steps stay above;
-        ``derive_fps``: derive ``Perf/total_fps`` when the loop does not log it (a run of one rank)."""
+    def __init__(self, writer: TrackerWriter, resumed_after: int | None = None) -> None:
+        """``resumed_after``: a resumed run's last step so far (the earlier parts'), which its steps stay above."""
         self.writer = writer
-        self._perf = PerfWindows(perf_interval_s, derive_fps)
+        self._axes: dict[str, int | None] = {"env_steps": None, "iteration": None}  # the learner's latest, as Perf/* windows said
         self._step: int | None = None
         self._next_free = None if resumed_after is None else resumed_after + 1  # None once the loop's steps passed it
         self._lifted: tuple[int, int] | None = None  # the loop's latest step behind, and where it was written
@@ -296,11 +292,9 @@ class TrackerSink(RecordSink):
 
     def on_run_end(self, run: RunEnd) -> None:
         self._put_events()
-        self._flush_perf()
         self.writer.put(("end", run.end_ns, run.status, run.reason))
 
     def on_scalars(self, batch: ScalarBatch) -> None:
-        self._perf.note_scalars(batch.names)
         for record in batch:
             step = record.axis_step
             if step is None:  # a loop that gives neither a step nor env steps: its iterations are the axis, never step 0 for all
@@ -351,7 +345,7 @@ class TrackerSink(RecordSink):
 
     def _put_event(self, event: EventRecord) -> None:
         # The step of the latest scalars before it, else of the iterations (a run that logs no scalars).
-        step = next((s for s in (self._step, self._perf.axes.get("env_steps"), self._perf.axes.get("iteration")) if s is not None), None)
+        step = next((s for s in (self._step, self._axes["env_steps"], self._axes["iteration"]) if s is not None), None)
         if event.name == schema.EVENT_CLOCK_OFFSET:  # the readers' (the trace's), not a curve
             return
         if event.name == schema.EVENT_MEDIA:  # a video or image at its own step, for the trackers that show one
@@ -361,20 +355,15 @@ class TrackerSink(RecordSink):
             return
         self.writer.put(("event", event.time_ns, self._above_floor(step), event.name, event.attributes))
 
-    def on_cycles(self, totals: PassTotals) -> None:
-        self._perf.add(totals)
+    def on_perf(self, record: ScalarsRecord) -> None:
+        """The pipeline's ``Perf/*`` window, at the learner's env steps (its iterations for a loop that counts none)."""
+        self._put_events_before(record.time_ns)
+        self._axes = {"env_steps": record.env_steps, "iteration": record.iteration}
+        step = record.env_steps if record.env_steps is not None else record.iteration
+        self.writer.put(("scalars", record.time_ns, self._above_floor(step), dict(record.values), None))
 
     def on_drain(self, now_ns: int) -> None:
         self._put_events()
-        if self._perf.due():
-            self._flush_perf()
-
-    def _flush_perf(self) -> None:
-        values = self._perf.take()
-        if values:
-            axes = self._perf.axes
-            step = axes["env_steps"] if axes["env_steps"] is not None else axes["iteration"]
-            self.writer.put(("scalars", time.time_ns(), self._above_floor(step), values, None))
 
     def flush(self, deadline: Deadline) -> bool:
         return self.writer.flush(deadline)
@@ -391,7 +380,6 @@ class TrackerSink(RecordSink):
 
     def shutdown(self, deadline: Deadline) -> None:
         self._put_events()
-        self._flush_perf()
         writer = self.writer
         writer.close(Deadline(max(deadline.left(), self.background_s)))
         # Back a moment before the deadline, so that the count reaches the producer before it stops waiting.

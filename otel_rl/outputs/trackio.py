@@ -43,7 +43,7 @@ def trackio_sink(config: Any, drops: Drops, resumed_after: int | None = None) ->
     fields = config.wandb_fields()
     writer = TrackioWriter(fields["project"], fields["name"], fields["group"], config.trackio_mode or "local", config.resume, drops)
     writer.media_root = config.run_dir  # videos and images go with the run
-    return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after, derive_fps=config.world_size == 1)
+    return TrackerSink(writer, resumed_after=resumed_after)
 
 
 class TrackioWriter(RowWriter):

@@ -88,7 +88,7 @@ def wandb_sink(config: Any, drops: Drops, pid: int, resumed_after: int | None = 
     extras.require(extras.OUTPUTS["wandb"])  # here, rather than failing later on the writer's thread
     writer = WandbWriter(config.run_id, config.run_dir, drops, fields=config.wandb_fields(), resume=config.resume, pid=pid)
     writer.media_root = config.run_dir  # videos and images go with the run
-    return TrackerSink(writer, config.perf_interval_s, resumed_after=resumed_after, derive_fps=config.world_size == 1)
+    return TrackerSink(writer, resumed_after=resumed_after)
 
 
 class WandbWriter(TrackerWriter):

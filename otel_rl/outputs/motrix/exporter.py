@@ -6,8 +6,9 @@ counter), and the same record goes to every output: ``metrics.jsonl`` and
 the ingest service, each with its own thread and bounded queue. A record is
 encoded to JSON once, here, for every output; one that cannot be encoded is
 dropped alone (counted, one warning naming the field). Phase timings leave as
-``Perf/*`` scalars, one record per ``perf_interval_s`` at most (averaged over
-the window when iterations are faster), aligned on ``axes.env_steps``.
+the pipeline's ``Perf/*`` windows (:meth:`~otel_rl.core.pipeline.RecordSink.on_perf`,
+one record per ``perf_interval_s`` at most), aligned on ``axes.env_steps``: the
+values every other output gets.
 """
 
 from __future__ import annotations
@@ -21,10 +22,8 @@ from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
 from otel_rl.base.log import logger, once
 from otel_rl.core.batches import ScalarBatch
-from otel_rl.core.perf_windows import PerfWindows
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import EventRecord, RunEnd, RunStart
-from otel_rl.core.totals import PassTotals
+from otel_rl.core.records import EventRecord, RunEnd, RunStart, ScalarsRecord
 from otel_rl.formats import schema
 from otel_rl.formats.protocol import ProtocolError, encode_record, media_fields, record
 from otel_rl.outputs.motrix.record_queue import Item
@@ -46,8 +45,6 @@ class MotrixSink(RecordSink):
         drops: where records that cannot be encoded are counted (queue ``encode``).
         project, group, meta: sent on every run record (``meta`` already JSON-safe).
         trace_id: the run's trace id (32 hex digits), sent on every run record.
-        derive_fps: derive ``Perf/total_fps`` when the loop does not log it (a run of one rank).
-        perf_interval_s: at most one ``Perf/*`` record per this many seconds.
     """
 
     def __init__(
@@ -60,9 +57,7 @@ class MotrixSink(RecordSink):
         project: str | None = None,
         group: str | None = None,
         meta: dict[str, Any] | None = None,
-        perf_interval_s: float = 1.0,
         trace_id: str | None = None,
-        derive_fps: bool = False,
     ) -> None:
         self.run_id = run_id
         self.writer = writer
@@ -72,7 +67,6 @@ class MotrixSink(RecordSink):
         self._run_fields = {"project": project, "group": group, "meta": meta or {}}
         if trace_id is not None:  # the run's identity beyond its id: a second run with the same id is told apart (a resumed one keeps it)
             self._run_fields["trace_id"] = trace_id
-        self._perf = PerfWindows(perf_interval_s, derive_fps)
         self._closed = False
 
     # -- records built here ---------------------------------------------
@@ -129,8 +123,7 @@ class MotrixSink(RecordSink):
 
     def on_run_end(self, run: RunEnd) -> None:
         fields: dict[str, Any] = dict(self._run_fields)
-        # The last Perf/* window goes out first, in the end record's place in the sequence (seqs stay increasing).
-        seq = None if self._emit_perf(run.seq) else run.seq
+        seq = run.seq
         if run.reason is not None:
             fields["reason"] = run.reason
         if run.status == lifecycle.FAILED:
@@ -138,7 +131,6 @@ class MotrixSink(RecordSink):
         self._emit(self.make("run", ts=run.end_ns / 1e9, seq=seq, status=run.status, **fields))
 
     def on_scalars(self, batch: ScalarBatch) -> None:
-        self._perf.note_scalars(batch.names)
         items = batch_lines(self.run_id, self.writer, batch, self.encode)
         for writer in self.writers:
             writer.submit(items)
@@ -154,20 +146,9 @@ class MotrixSink(RecordSink):
                 if wake is not None:
                     wake()
 
-    def on_cycles(self, totals: PassTotals) -> None:
-        self._perf.add(totals)
-
-    def on_drain(self, now_ns: int) -> None:
-        if self._perf.due():
-            self._emit_perf()
-
-    def _emit_perf(self, seq: int | None = None) -> bool:
-        """The pending ``Perf/*`` window as a scalars record (``seq``: default the next); False when it was empty."""
-        values = self._perf.take()
-        if values:
-            axes = dict(self._perf.axes)
-            self._emit(self.make("scalars", seq=seq, step=axes["env_steps"], axes=axes, values=values))
-        return bool(values)
+    def on_perf(self, record: ScalarsRecord) -> None:
+        axes = {"env_steps": record.env_steps, "iteration": record.iteration}
+        self._emit(self.make("scalars", ts=record.time_ns / 1e9, seq=record.seq, step=record.step, axes=axes, values=dict(record.values)))
 
     # -- lifecycle ------------------------------------------------------
 
@@ -179,7 +160,6 @@ class MotrixSink(RecordSink):
         if self._closed:
             return
         self._closed = True
-        self._emit_perf()
         for writer in self.writers:
             writer.close(deadline)
         for writer in self.writers:

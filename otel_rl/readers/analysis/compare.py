@@ -182,23 +182,45 @@ def verdict(comparison: dict[str, Any]) -> str:
         return f"too few cycles to tell (n={min(counts)}; a verdict needs {MIN_CYCLES} on each side): see the table{tail}"
     caveat = _caveat(comparison)
     medians = [abs(e["cycle_p50_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_p50_ms")]
-    if not changed and not moved_throughput:
-        return f"{caveat}nothing changed beyond noise: every cycle's median within {max(medians, default=0.0):.0%} of the baseline{tail}"
-    if not changed and medians:  # the throughput moved, no cycle's median did: the slow cycles, or the steps a cycle does
-        means = [abs(e["cycle_mean_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_mean_ms")]
-        within = f"every cycle's median within {max(medians):.0%} of the baseline"
-        if max(means, default=0.0) > NOISE:
-            return f"{caveat}no phase changed ({within}), but the slow cycles did: stalls in one run (often the host), not the code{tail}"
-        return f"{caveat}no phase changed ({within}): each cycle did {'more' if throughput > 0 else 'fewer'} env steps{tail}"
     contributions = _contributions(comparison)
+    if not changed:
+        within = f"every cycle's median within {max(medians, default=0.0):.0%} of the baseline"
+        if contributions and abs(contributions[0][0]) > NOISE:  # a phase of some cycles only (learning after learning_starts)
+            moved, timeline, title, change = contributions[0]
+            return f"{caveat}{within}, but {_moved(contributions)} in the cycles that have it: the {timeline} got {'slower' if moved > 0 else 'faster'}{tail}"
+        aside = _aside(contributions)
+        if not moved_throughput:
+            return f"{caveat}nothing changed beyond noise: {within}{aside}{tail}"
+        if medians:  # the throughput moved, no cycle's median did: the slow cycles, or the steps a cycle does
+            means = [abs(e["cycle_mean_ms"][2] or 0.0) for e in comparison["timelines"].values() if e.get("cycle_mean_ms")]
+            if max(means, default=0.0) > NOISE:
+                return f"{caveat}no phase changed ({within}{aside}), but the slow cycles did: stalls in one run (often the host), not the code{tail}"
+            return f"{caveat}no phase changed ({within}{aside}): each cycle did {'more' if throughput > 0 else 'fewer'} env steps{tail}"
     if not contributions:
         return f"{caveat}the runs share no timeline to compare{tail}"
     moved, timeline, title, change = contributions[0]
     rest = max((abs(c[0]) for c in contributions[1:]), default=0.0)
+    side = f"the {timeline} got {'slower' if moved > 0 else 'faster'}"
+    return f"{caveat}{_moved(contributions)}, no other phase moved the wall time by more than {rest:.0%}: {side}{tail}"
+
+
+def _how(contribution: tuple[float, str, str, float | None]) -> str:
+    moved, timeline, title, change = contribution
     unit = "per iteration" if timeline == schema.LEARNER else "per cycle"
     how = f"{change:+.0%} {unit}" if change is not None else ("new" if moved > 0 else "gone")
-    side = f"the {timeline} got {'slower' if moved > 0 else 'faster'}"
-    return f"{caveat}{title} {how} ({moved:+.0%} of wall time), no other phase moved the wall time by more than {rest:.0%}: {side}{tail}"
+    return f"{title} {how}"
+
+
+def _moved(contributions: list[tuple[float, str, str, float | None]]) -> str:
+    return f"{_how(contributions[0])} ({contributions[0][0]:+.0%} of wall time)"
+
+
+def _aside(contributions: list[tuple[float, str, str, float | None]]) -> str:
+    """Phases whose time per cycle moved beyond noise while weighing too little to move the run: named, as the table shows them."""
+    moved = [c for c in contributions if c[2] != "Other" and (c[3] is None or abs(c[3]) > 2 * NOISE)][:2]
+    if not moved:
+        return ""
+    return "; " + " and ".join(_how(c) for c in moved) + f", too little of the wall time to move it (at most {max(abs(c[0]) for c in moved):.1%})"
 
 
 def render_comparison(comparison: dict[str, Any]) -> str:

@@ -134,6 +134,17 @@ def _throughput(iterations: dict[str, list[Slice]]) -> tuple[float | None, dict[
     return None, {}
 
 
+def _inside_itself(slices: list[Slice], s: Slice) -> bool:
+    """A phase opened inside one of its own name (a library's wrapper and the loop's both time it): its time is the outer one's."""
+    parent = s.parent
+    while parent != -1:
+        outer = slices[parent]
+        if outer.name == s.name and outer.category == s.category:
+            return True
+        parent = outer.parent
+    return False
+
+
 def _timeline_entry(timeline: str, cycles: list[Slice], own: list[Slice], is_top: Callable[[Slice], bool]) -> tuple[Timeline, list[Slice]]:
     """A timeline's table (cycles, phases, accounted and other shares) from its cycles and phases, and its top-level phases."""
     # Top-level phases inside cycles (or all of them for a timeline without cycles).
@@ -319,7 +330,7 @@ def measure(model: TraceModel, window: tuple[int, int] | None = None) -> Report:
             continue
         if s.name == f"{s.category} iteration":
             iterations.setdefault(s.category, []).append(s)
-        else:
+        elif not _inside_itself(slices, s):
             phases.setdefault(s.category, []).append(s)
 
     def is_top(s: Slice) -> bool:

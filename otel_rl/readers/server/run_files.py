@@ -33,7 +33,7 @@ from aiohttp import web
 
 from otel_rl.formats.protowire import TRACE_PACKET, length_delimited, read_varint
 from otel_rl.readers.analysis.compare import compare_reports
-from otel_rl.formats.report import Report
+from otel_rl.formats.report import Regime, Report
 from otel_rl.run.media import CONTENT_TYPES
 from otel_rl.readers.server.answers import error, file_name, run_id_of
 from otel_rl.readers.server.storage import other_run
@@ -271,14 +271,31 @@ def reconcile(report: Report, live: dict[str, Any] | None) -> dict[str, Any]:
         live = live.get("live")  # a diagnosis sent again: reconciled with the same live verdict
     if live:
         verdict["live"] = {k: live[k] for k in ("text", "side", "phase", "rank", "confidence", "since") if k in live}
-        same = (live.get("side") or None, live.get("phase") or None, live.get("rank")) == (diagnosis.side, diagnosis.phase, diagnosis.rank)
+        said = (live.get("side") or None, live.get("phase") or None, live.get("rank"))
+        same = said == (diagnosis.side, diagnosis.phase, diagnosis.rank)
         verdict["agrees"] = same
-        verdict["reconciled"] = (
-            f"the trace agrees with the live verdict: {diagnosis.bottleneck}" if same
-            else f"the trace says {diagnosis.bottleneck} over the whole run; the live verdict said {live.get('text')} at the end "
-                 "(its last seconds): the bottleneck moved while the run went, or the last window was not the run's steady state"
-        )  # fmt: skip
+        head = next((r for r in report.regimes if r.headline), None)
+        whole = f"its steady state ({_iterations(head)})" if head is not None else "the whole run"
+        last = report.regimes[-1] if report.regimes else None
+        if same:
+            verdict["reconciled"] = f"the trace agrees with the live verdict: {diagnosis.bottleneck}"
+        elif last is not None and last is not head and (last.side, last.phase) == said[:2]:
+            verdict["reconciled"] = (
+                f"the trace says {diagnosis.bottleneck} of {whole}; the live verdict at the end, {live.get('text')}, "
+                f"is the trace's own of its last regime ({last.kind}, {_iterations(last)}): the bottleneck moved while the run went"
+            )
+        else:
+            verdict["reconciled"] = (
+                f"the trace says {diagnosis.bottleneck} of {whole}; the live verdict said {live.get('text')} at the end "
+                "(its last seconds): the bottleneck moved while the run went, or the last window was not the run's steady state"
+            )
     return verdict
+
+
+def _iterations(regime: Regime) -> str:
+    if regime.first_iteration == regime.last_iteration:
+        return f"iteration {regime.first_iteration}"
+    return f"iterations {regime.first_iteration}-{regime.last_iteration}"
 
 
 def _no_constant(name: str) -> Any:

@@ -8,7 +8,7 @@ import time
 import otel_rl
 import otel_rl.read
 from otel_rl.core.batches import ScalarBatch
-from otel_rl.core.live_verdict import HOLD, MIN_CYCLES, LiveVerdict
+from otel_rl.core.live_verdict import CHANGE_CYCLES, HOLD, MIN_CYCLES, LiveVerdict
 from otel_rl.core.records import ScalarsRecord
 from otel_rl.core.totals import CycleTotals, PassTotals
 from otel_rl.formats import schema
@@ -148,3 +148,69 @@ def test_a_real_loop_records_its_verdict_changes_in_its_run_folder(tmp_path):
     assert len(said) == 2 and "learner (learning)" in said[1], said  # TensorBoard shows each change as text
     (row,) = otel_rl.read.runs(tmp_path).to_dict("records")  # what a script reads of the run: its latest verdict
     assert (row["bottleneck"], row["bottleneck_side"], row["bottleneck_phase"]) == ("learner (learning)", "learner", "learning")
+
+
+def test_the_same_verdict_more_sure_is_said_again_without_being_a_change():
+    """Too few cycles, then many: one verdict said twice, low then high, and the second names no previous verdict."""
+    verdict = LiveVerdict()
+    verdict.start()
+    said = feed(verdict, 3, {schema.LEARNER: learner(3, 300, learning=290)})
+    said += feed(verdict, 4, {schema.LEARNER: learner(100, 10, learning=9.5)}, start_ns=13 * SECOND)
+    assert [(s["text"], s["confidence"]) for s in said] == [("learner (learning)", "low"), ("learner (learning)", "high")]
+    assert "previous" not in said[1]
+
+
+def test_a_change_holds_over_its_cycles_before_it_is_said():
+    """A slow loop (5 cycles a second) turns collector-bound: said only once CHANGE_CYCLES of its cycles held the new verdict."""
+    verdict = LiveVerdict()
+    verdict.start()
+    feed(verdict, 12, {schema.LEARNER: learner(5, 200, collector_wait=5, learning=190)})
+    after = feed(verdict, 12, {schema.LEARNER: learner(5, 200, collector_wait=150, learning=45)}, start_ns=22 * SECOND)
+    assert [s["text"] for s in after] == ["collector (not instrumented)"]
+    assert after[0]["at_s"] * 5 >= CHANGE_CYCLES  # not on its first readings, 2 s and 10 cycles in
+
+
+def test_a_loop_near_the_line_is_balanced_and_said_once_after_its_start_up(tmp_path):
+    """Iteration 0 spends 2 s outside any phase (an import); then Collector Wait is a quarter of each iteration, at the
+    line between collector- and learner-bound: one verdict, balanced, said once, and analyze says the same of the trace."""
+    from otel_rl.readers.analysis import analyze
+
+    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0)
+    with tel.run():
+        start = time.monotonic()
+        i = 0
+        while time.monotonic() - start < 8:
+            with tel.iteration(i, env_steps=8 * i):
+                if i == 0:
+                    time.sleep(2.0)
+                with tel.phase("collector_wait"):
+                    time.sleep(0.010)
+                with tel.phase("learning"):
+                    time.sleep(0.030)
+            i += 1
+    tel.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    said = [r["attributes"] for r in records if r["kind"] == "event" and r["name"] == schema.EVENT_BOTTLENECK]
+    assert [(s["side"], s["text"].split(":")[0]) for s in said] == [("balanced", "balanced")], said
+    assert "learner learning" in said[0]["text"] and "collector wait" in said[0]["text"]
+    report = analyze(tmp_path)
+    assert report.diagnosis.side == "balanced", report.diagnosis.bottleneck
+    assert report.regimes and report.regimes[0].kind == "start-up"
+    (row,) = otel_rl.read.runs(tmp_path).to_dict("records")
+    assert row["bottleneck_side"] == "balanced"
+
+
+def test_iterations_longer_than_the_longest_window_are_read_from_the_last_ones():
+    """A 14 s iteration (a long rollout and its update): 14 s after it ended the window still reads it, with low confidence."""
+    verdict = LiveVerdict()
+    verdict.start()
+    said = []
+    for tick in range(60):  # a pass every half second; the first iteration (its start-up) ends at 1 s, the second at 15 s
+        now = 10 * SECOND + tick * SECOND // 2
+        totals = {schema.LEARNER: learner(1, 14_000, collector_wait=500, learning=13_000)} if tick in (2, 30) else {}
+        verdict.add(PassTotals(now, totals))
+        if (out := verdict.take(now)) is not None:
+            said.append(out)
+    report = verdict.report(10 * SECOND + 59 * SECOND // 2)
+    assert report is not None and report.timelines[schema.LEARNER].cycles == 1
+    assert [s["text"] for s in said] == ["learner (learning)"] and said[0]["confidence"] == "low", said

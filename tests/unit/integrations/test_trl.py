@@ -44,6 +44,9 @@ def test_each_step_is_an_iteration_of_generation_reward_log_probs_and_learning(g
     assert {"generation", "reward", "old_log_prob", "ref_log_prob", "learning"} <= set(phases), sorted(phases)
     assert not phases["generation"].nested and phases["reward_len"].nested and phases["optimizer"].nested  # each reward function inside reward
     assert phases["generation"].count + phases["generation"].stalls == 3  # num_iterations=2: a generation batch serves two steps
+    learning = phases["learning"]  # once a step (no gradient accumulation), its backward pass and optimizer inside it
+    assert learning.count + learning.stalls == 6 and phases["optimizer"].count + phases["optimizer"].stalls == 6
+    assert learning.total_ms + learning.stall_ms >= phases["backward"].total_ms + phases["backward"].stall_ms + phases["optimizer"].total_ms
     assert learner.other_share < 0.2 and learner.accounted_share + learner.stall_share > 0.8, learner  # the phases account for the step
     assert report.diagnosis.side == "learner" and report.diagnosis.phase in phases, report.diagnosis
     assert report.diagnosis.bottleneck.startswith("learner (")

@@ -408,3 +408,17 @@ def test_a_collector_reporting_its_own_averages_is_shown_in_ms_without_shares():
     assert "Perf/collector_mlp_infer_ms" not in dict(PanelView(state, "run").sections(short=False)["metrics"])  # not a metric row too
     recorded = state_with_data()  # a collector that records phases keeps its shares
     assert "Collector (EMA)" not in render(recorded, 140)
+
+
+def test_iterations_longer_than_the_window_show_the_last_ones_and_when_they_ended():
+    """SB3 PPO's defaults: a 2,048-step rollout and an update per iteration, longer than the window: the table is the
+    last iteration's, and the title says it is, never "(n=0)" and "(no data yet)"."""
+    now = [NOW]
+    state = PanelState(clock=lambda: now[0])
+    add_iteration(state, iteration(NOW, {"collector_wait": 4000.0, "learning": 3000.0}, 7500.0))
+    now[0] = NOW + 5_000_000_000  # 5 s on, the next iteration under way
+    learner = state.timing("learner")
+    assert learner["n"] == 1 and learner["wall_ms"] == 7500.0 and learner["ago_s"] == 5.0
+    assert learner["top"] == {"collector_wait": 4000.0, "learning": 3000.0}
+    text = render(state, 120)
+    assert "Last 1 iteration (5s ago)" in text and "(no data yet)" not in text.split("Collector")[0] and "n=0" not in text, text

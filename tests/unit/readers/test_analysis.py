@@ -186,7 +186,9 @@ def test_the_run_summary_quantiles_agree_with_analyze(tmp_path):
                     while time.perf_counter() < end:
                         pass
     tel.close()
-    exact = analyze(tmp_path).timelines["learner"]
+    from otel_rl.readers.analysis.measure import measure
+
+    exact = measure(read_trace(tmp_path)[0]).timelines["learner"]  # the whole run, as the summary has it (analyze's tables are its steady state's)
     summary = json.loads((tmp_path / "run_summary.json").read_text())["timelines"]["learner"]
     for quantile in ("p50_ms", "p95_ms"):
         truth = getattr(exact.phases["learning"], quantile)
@@ -218,3 +220,24 @@ def test_the_plots_share_labels_never_overlap(tmp_path):
     boxes = [t.get_window_extent(renderer) for t in shares.texts]
     assert {t.get_text() for t in shares.texts} == {"Collector Wait", "Learning"}  # the narrow ones went to the legend
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_a_phase_inside_one_of_its_own_name_is_counted_once(tmp_path):
+    """A library's wrapper and the loop both time ``learning``: analyze, Perf/* and the live verdict count the outer one."""
+    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0)
+    with tel.run():
+        for i in range(40):
+            with tel.iteration(i, env_steps=i):
+                with tel.phase("collector_wait"):
+                    time.sleep(0.002)
+                with tel.phase("learning"):
+                    with tel.phase("learning"):
+                        time.sleep(0.020)
+    tel.close()
+    learner = analyze(tmp_path).timelines["learner"]
+    learning = learner.phases["learning"]
+    assert learning.count + learning.stalls == 40 and not learning.nested
+    assert learner.accounted_share + learner.stall_share <= 1.0 and learner.other_share < 0.2
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    perf = [r["values"] for r in records if r["kind"] == "scalars" and "Perf/learning_time" in r["values"]]
+    assert perf and all(v["Perf/learning_time"] <= v["Perf/iteration_time"] for v in perf), perf

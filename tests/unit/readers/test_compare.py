@@ -90,7 +90,8 @@ def test_a_throughput_moved_by_the_slow_cycles_alone_is_not_put_down_to_a_phase(
     from otel_rl.readers.analysis.compare import verdict
 
     def timeline(p50: float, mean: float) -> dict:
-        return {"changed": False, "cycles": (120, 120), "cycle_mean_ms": (6.7, 6.7 * (1 + mean), mean), "cycle_p50_ms": (6.0, 6.0 * (1 + p50), p50)}
+        return {"changed": False, "cycles": (120, 120), "cycle_mean_ms": (6.7, 6.7 * (1 + mean), mean), "cycle_p50_ms": (6.0, 6.0 * (1 + p50), p50),
+                "phases": {}, "other_share": (0.0, 0.0), "other_wall": 0.0}  # fmt: skip
 
     stalls = {"timelines": {"learner": timeline(-0.01, -0.07)}, "env_steps_per_s": (1194.0, 1263.0, 0.06), "host": {"differences": [], "busy_in_both": None}, "same_settings": True}
     assert verdict(stalls).startswith("no phase changed (every cycle's median within 1% of the baseline), but the slow cycles did")
@@ -131,3 +132,29 @@ def test_too_few_cycles_get_no_verdict_and_enough_get_one(tmp_path, cycles):
     else:
         assert verdict.startswith("Learning +50% per iteration (+50% of wall time), no other phase moved the wall time by more than 0%"), verdict
         assert "the learner got slower" in verdict
+
+
+def test_a_phase_of_some_iterations_that_moved_is_named_though_no_median_did(tmp_path):
+    """Learning runs every 10th iteration, 1 ms then 30 ms: the median iteration is the same, the wall time is not; the
+    sentence names Learning as the table shows it, never "no phase changed" beside it."""
+
+    def sparse(run_dir, learning_s: float) -> str:
+        tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0, quiet=True)
+        with tel.run():
+            for i in range(200):
+                with tel.iteration(i, env_steps=8 * i):
+                    with tel.phase("collector_wait"):
+                        time.sleep(0.003)
+                    if i % 10 == 5:
+                        with tel.phase("learning"):
+                            time.sleep(learning_s)
+        tel.close()
+        return str(run_dir)
+
+    baseline, slower = sparse(tmp_path / "a", 0.001), sparse(tmp_path / "b", 0.040)
+    comparison = json.loads(analyze(slower, "--compare", baseline, "--json").stdout)
+    learning = comparison["timelines"]["learner"]["phases"]["learning"]
+    assert learning["per_cycle_ms"][2] > 5.0, learning  # the table: many times the time per iteration
+    said = comparison["verdict"]
+    assert "no phase changed" not in said and "nothing changed" not in said, said
+    assert "Learning +" in said and "the learner got slower" in said, said
