@@ -66,3 +66,35 @@ def test_a_ranks_gradient_all_reduces_per_iteration_are_counted_under_seed_001s_
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     calls = [r["values"]["Perf/dp_gradient_sync_calls_per_rank"] for r in records if r["kind"] == "scalars" and "Perf/dp_gradient_sync_calls_per_rank" in r["values"]]
     assert calls and set(calls) == {2.0}
+
+
+def test_every_output_gets_the_same_perf_windows_and_a_key_the_loop_logs_stays_its_own(tmp_path):
+    """metrics.jsonl and TensorBoard hold one set of Perf/* windows (made once, in the pipeline), at the same steps; the
+    loop's own Perf/collection_time is never overwritten by a window's."""
+    import json
+    import time
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import otel_rl
+
+    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0, tensorboard=True, perf_interval_s=0.2)
+    with tel.run():
+        for i in range(150):
+            with tel.iteration(i, env_steps=8 * (i + 1)):
+                with tel.phase("collector_wait"):
+                    time.sleep(0.001)
+                with tel.phase("learning"):
+                    time.sleep(0.004)
+            tel.scalars({"Perf/collection_time": 123.0}, env_steps=8 * (i + 1))
+    tel.close()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    windows = [r for r in records if r["kind"] == "scalars" and "Perf/learning_time" in r["values"]]
+    assert len(windows) >= 2
+    assert all(r["values"].get("Perf/collection_time", 123.0) == 123.0 for r in records if r["kind"] == "scalars")
+    board = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
+    board.Reload()
+    written = [(e.step, e.value) for e in board.Scalars("Perf/learning_time")]
+    assert [step for step, _ in written] == [r["step"] for r in windows]
+    assert all(abs(value - r["values"]["Perf/learning_time"]) <= 1e-6 * r["values"]["Perf/learning_time"] for (_, value), r in zip(written, windows, strict=True))
+    assert {e.value for e in board.Scalars("Perf/collection_time")} == {123.0}
