@@ -216,6 +216,9 @@ MIN_REGIME_CYCLES = 20
 """A warm-up's steady state, and each side of a change, hold at least this many cycles."""
 CHANGE_RATIO = 1.5
 """Two parts of a steady state whose median cycles differ by this factor are two regimes."""
+SHIFT_SHARE = 0.25
+"""Two parts of a steady state whose median wait (Collector Wait, a share of each cycle) differs by this much are two
+regimes: the pace-setter changed sides at about the same cycle time."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -243,7 +246,8 @@ def regimes(model: TraceModel) -> list[_Part]:
 
     In order: a start-up (up to :data:`START_UP_MAX_CYCLES` first cycles each over :data:`START_UP_FACTOR` times
     the median), a warm-up (the cycles before a phase that the rest nearly all have begins: the learning after
-    ``learning_starts``), then the steady state, cut in two where its median cycle changes by :data:`CHANGE_RATIO`.
+    ``learning_starts``), then the steady state, cut in two where its median cycle changes by :data:`CHANGE_RATIO`,
+    or else where its median wait (a share of the cycle) moves by :data:`SHIFT_SHARE`.
     One regime (a list of one, or none) when the run has none of these.
     """
     slices = model.slices
@@ -268,10 +272,14 @@ def regimes(model: TraceModel) -> list[_Part]:
         first += 1
     position = {index: k for k, (index, _) in enumerate(cycles)}
     names: list[set[str]] = [set() for _ in cycles]
+    waits = [0] * n
     for s in slices:
         k = position.get(s.parent) if s.category == timeline else None
         if k is not None:
-            names[k].add(phase_name(timeline, s.name))
+            name = phase_name(timeline, s.name)
+            names[k].add(name)
+            if name == _WAITS[timeline]:
+                waits[k] += s.duration_ns
     warm = first
     for name in set().union(*names[first:]) - {_WAITS[timeline]}:
         begins = next(k for k in range(first, n) if name in names[k])
@@ -281,6 +289,8 @@ def regimes(model: TraceModel) -> list[_Part]:
     bounds = [(START_UP, 0, first), (WARM_UP, first, warm)]
     steady = ms[warm:]
     cut = _change(steady)
+    if cut is None:
+        cut = _shift([w / max(c.duration_ns, 1) for w, (_, c) in zip(waits[warm:], cycles[warm:], strict=True)])
     if cut is None:
         bounds.append((STEADY, warm, n))
     else:
@@ -299,20 +309,34 @@ def regimes(model: TraceModel) -> list[_Part]:
     return parts
 
 
-def _change(ms: list[float]) -> int | None:
-    """Where a steady state's cycles change pace (the split that most separates the two sides' means, each side
-    :data:`MIN_REGIME_CYCLES` long at least), when their medians differ by :data:`CHANGE_RATIO`; else None."""
-    n = len(ms)
+def _best_split(values: list[float], gap: Callable[[float, float], float]) -> int | None:
+    """The split of ``values`` whose two sides' means are furthest apart by ``gap``, each side :data:`MIN_REGIME_CYCLES` long."""
+    n = len(values)
     if n < 2 * MIN_REGIME_CYCLES:
         return None
     prefix = [0.0]
-    for x in ms:
+    for x in values:
         prefix.append(prefix[-1] + x)
     best, cut = 0.0, None
     for k in range(MIN_REGIME_CYCLES, n - MIN_REGIME_CYCLES + 1):
-        left, right = prefix[k] / k, (prefix[n] - prefix[k]) / (n - k)
-        if left > 0 and right > 0 and (gap := abs(math.log(left / right))) > best:
-            best, cut = gap, k
+        if (apart := gap(prefix[k] / k, (prefix[n] - prefix[k]) / (n - k))) > best:
+            best, cut = apart, k
+    return cut
+
+
+def _shift(shares: list[float]) -> int | None:
+    """Where a steady state's wait (its share of each cycle) moves, when the two sides' medians differ by :data:`SHIFT_SHARE`."""
+    cut = _best_split(shares, lambda left, right: abs(left - right))
+    if cut is None:
+        return None
+    left, right = nearest_rank(sorted(shares[:cut]), 0.5), nearest_rank(sorted(shares[cut:]), 0.5)
+    return cut if abs(left - right) >= SHIFT_SHARE else None
+
+
+def _change(ms: list[float]) -> int | None:
+    """Where a steady state's cycles change pace (the split that most separates the two sides' means, each side
+    :data:`MIN_REGIME_CYCLES` long at least), when their medians differ by :data:`CHANGE_RATIO`; else None."""
+    cut = _best_split(ms, lambda left, right: abs(math.log(left / right)) if left > 0 and right > 0 else 0.0)
     if cut is None:
         return None
     low, high = sorted((nearest_rank(sorted(ms[:cut]), 0.5), nearest_rank(sorted(ms[cut:]), 0.5)))
