@@ -54,8 +54,11 @@ def send_run(run_dir: Path, url: str, token: str | None, retry_window_s: float =
 
 
 def _send_trace(folder: Path, url: str, token: str | None, retry_window_s: float, records: dict | None = None) -> int:
-    def diagnosis_in(bottleneck: str, until: float) -> None:  # said at once: the trace may be tried for the whole window
-        _note_upload(folder, {"url": url, "sent": False, "diagnosis_sent": True, "records": records, "bottleneck": bottleneck,
+    verdict: dict = {}  # the trace's, once the service has it: the folder's readers then say what the service says
+
+    def diagnosis_in(bottleneck: str, until: float, of_trace: dict) -> None:  # said at once: the trace may be tried for the whole window
+        verdict.update(of_trace)
+        _note_upload(folder, {"url": url, "sent": False, "diagnosis_sent": True, "records": records, "bottleneck": bottleneck, "verdict": verdict,
                               "trace": f"being sent, tried until {time.strftime('%H:%M:%S', time.localtime(until))}"}, interim=True)  # fmt: skip
 
     try:
@@ -64,11 +67,13 @@ def _send_trace(folder: Path, url: str, token: str | None, retry_window_s: float
         diagnosis_sent = getattr(exc, "diagnosis_sent", False)
         what = "the trace is not sent (its diagnosis is)" if diagnosis_sent else "the trace and its diagnosis are not sent"
         print(f"otel-rl backfill: {what}: {exc}", file=sys.stderr)
-        _note_upload(folder, {"url": url, "sent": False, "diagnosis_sent": diagnosis_sent, "records": records, "error": str(exc)})
+        _note_upload(folder, {"url": url, "sent": False, "diagnosis_sent": diagnosis_sent, "records": records, "error": str(exc),
+                              **({"verdict": verdict} if diagnosis_sent and verdict else {})})  # fmt: skip
         return 1
     if sent is not None:
         print(f"sent the trace ({sent[0] / 1e6:,.1f} MB) and its diagnosis (bottleneck: {sent[1]})")
-        _note_upload(folder, {"url": url, "sent": True, "diagnosis_sent": True, "records": records, "trace_bytes": sent[0], "bottleneck": sent[1]})
+        _note_upload(folder, {"url": url, "sent": True, "diagnosis_sent": True, "records": records, "trace_bytes": sent[0], "bottleneck": sent[1],
+                              "verdict": verdict})  # fmt: skip
     elif records is not None:
         _note_upload(folder, {"url": url, "sent": True, "records": records})
     return 0

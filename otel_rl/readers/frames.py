@@ -117,6 +117,7 @@ def folder_run(folder: Path) -> dict[str, Any]:
             statuses.append(record)
         elif record.get("kind") == "event" and record.get("name") == schema.EVENT_BOTTLENECK and isinstance(record.get("attributes"), dict):
             verdict = record["attributes"]
+    verdict = _sent_verdict(folder) or verdict  # the trace's, where it reached a service: what the service says of the run
     started = next((r for r in statuses if r.get("status") == lifecycle.RUNNING), statuses[0] if statuses else {})
     last = statuses[-1] if statuses else {}
     scalars = folder_scalars(folder)
@@ -130,6 +131,16 @@ def folder_run(folder: Path) -> dict[str, Any]:
         present = scalars[key].dropna()
         row[key] = present.iloc[-1] if len(present) else None
     return row
+
+
+def _sent_verdict(folder: Path) -> dict[str, Any] | None:
+    """The trace's verdict from the folder's upload note, where its diagnosis reached the service; else None."""
+    try:
+        note = orjson.loads((folder / files.TRACE_UPLOAD_FILE).read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    verdict = note.get("verdict") if isinstance(note, dict) and note.get("diagnosis_sent") else None
+    return verdict if isinstance(verdict, dict) and verdict.get("text") else None
 
 
 def folder_events(folder: Path) -> pd.DataFrame:

@@ -47,7 +47,8 @@ def upload(
     pauses, for ``retry_window_s``; a refusal (a wrong token, a bad body) or an answer that is not the API's
     (a login page) is not. The diagnosis goes first: a trace that is not sent (refused, or failing past the
     window) does not cost it (the error then says ``diagnosis_sent``). ``diagnosis_sent(bottleneck, until)``: called
-    once the diagnosis is in, before the trace (``until``: ``time.time()`` at which its tries end).
+    once the diagnosis is in, before the trace (``until``: ``time.time()`` at which its tries end; ``verdict``: the
+    trace's, :func:`trace_verdict`).
 
     Raises:
         UploadError: the server refused either, answered something else, or could not be reached in the window.
@@ -79,7 +80,7 @@ def upload(
         diagnosis_failed = exc
     else:
         if diagnosis_sent is not None:
-            diagnosis_sent(report.diagnosis.bottleneck if report.diagnosis else "", time.time() + max(give_up - time.monotonic(), 0.0))
+            diagnosis_sent(report.diagnosis.bottleneck if report.diagnosis else "", time.time() + max(give_up - time.monotonic(), 0.0), trace_verdict(report))
     try:
         _put(f"{base}/trace?{query}", trace, token, timeout_s, give_up)
     except UploadError as trace_failed:
@@ -90,6 +91,17 @@ def upload(
     if diagnosis_failed is not None:
         raise diagnosis_failed
     return len(trace), report.diagnosis.bottleneck if report.diagnosis else ""
+
+
+def trace_verdict(report: Any) -> dict[str, Any]:
+    """The trace's verdict as the service keeps it (``text``, ``side``, ``phase``, ``rank``): what ``read.runs`` reads of the folder too."""
+    diagnosis = report.diagnosis
+    if diagnosis is None:
+        return {}
+    verdict = {"source": "trace", "text": diagnosis.bottleneck, "side": diagnosis.side, "phase": diagnosis.phase}
+    if diagnosis.rank is not None:
+        verdict["rank"] = diagnosis.rank
+    return verdict
 
 
 def _trace_id_of(run_dir: Path) -> str | None:

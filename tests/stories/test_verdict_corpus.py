@@ -44,3 +44,24 @@ def test_every_surface_names_the_truth(tmp_path, loop, host):
         # Followed once the window turned and the new verdict held: within the longest window's iterations at this pace.
         assert CHANGE_AT <= iteration <= CHANGE_AT + CHANGE_CYCLES + int(MAX_WINDOW_S / 0.016), found
 
+
+
+def test_a_folder_and_the_service_it_sent_its_trace_to_give_one_verdict(tmp_path):
+    """Learner-bound for 5 s, then collector-bound for its last 2.5 s: the live verdict's last word is the tail's, the
+    trace's headline the steady state's. Once the trace's diagnosis reached the service, read.runs says the same of the
+    folder as of the service (the folder gave the live verdict, the service the trace's)."""
+    import otel_rl
+    import otel_rl.read
+    from verdict_corpus import Loop, run
+
+    from otel_rl.readers.server import IngestServer
+
+    tail = Loop("tail", "learner", 7.5, lambda i, t: (0.0, 0.015, 0.003) if t > 5.0 else (0.0, 0.001, 0.015))
+    with IngestServer(str(tmp_path / "runs.sqlite3")) as server:
+        run(tail, tmp_path / "tail", motrix_url=server.url, upload_wait_s=120)
+        (served,) = otel_rl.read.runs(server.url).to_dict("records")
+    (folder,) = otel_rl.read.runs(tmp_path / "tail").to_dict("records")
+    assert served["bottleneck_side"] == "learner", served["bottleneck"]  # the trace's: its steady state
+    assert (folder["bottleneck"], folder["bottleneck_side"], folder["bottleneck_phase"]) == (
+        served["bottleneck"], served["bottleneck_side"], served["bottleneck_phase"]
+    )

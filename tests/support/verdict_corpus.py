@@ -61,8 +61,8 @@ LOOPS = (
 )
 
 
-def run(loop: Loop, run_dir: Path) -> None:
-    tel = otel_rl.init(run_dir=run_dir, quiet=True)
+def run(loop: Loop, run_dir: Path, **options) -> None:
+    tel = otel_rl.init(run_dir=run_dir, quiet=True, **options)
     with tel.run():
         start = time.monotonic()
         i = 0
