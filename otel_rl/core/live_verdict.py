@@ -59,7 +59,6 @@ TURNS_SLACK = 0.10
 RANK_STALE_S = MAX_WINDOW_S
 """A rank's timings older than this are not compared (a log window that stopped)."""
 LOAD_KEY = "sys/load_per_cpu"
-_LEARNER_PHASE_KEY = re.compile(r"^Perf/learner_([a-z][a-z0-9_]*)_ms$")
 
 
 class LiveVerdict:
@@ -236,9 +235,10 @@ class LiveVerdict:
             fresh = {key: value for key, (time_ns, value) in values.items() if now_ns - time_ns <= RANK_STALE_S * 1e9}
             phases = {}
             for key, value in fresh.items():
-                name = "learning" if key == schema.phase_key(schema.LEARNER, "learning") else (m[1] if (m := _LEARNER_PHASE_KEY.match(key)) else None)
-                if name is None:
+                parsed = schema.parse_phase_key(key)
+                if parsed is None or parsed[0] != schema.LEARNER:
                     continue
+                name = parsed[1]
                 ms = value / schema.phase_key_scale(schema.LEARNER, name)
                 spec = _spec(schema.LEARNER, name)
                 phases[name] = PhaseStats(count=1, mean_ms=ms, p50_ms=ms, total_ms=ms, title=spec[0], nested=spec[1])
@@ -252,7 +252,7 @@ def _spec(timeline: str, name: str) -> tuple[str, bool]:
     try:
         spec = schema.phase_spec(timeline, name)
     except schema.SchemaError:
-        return name.replace("_", " ").title(), False
+        return schema.phase_title(timeline, name), False
     return spec.title, spec.parent is not None
 
 

@@ -228,6 +228,25 @@ def phase_key(timeline: str, phase: str) -> str:
     return _SECONDS_PHASE_KEYS.get((timeline, phase), f"Perf/{timeline}_{phase}_ms")
 
 
+_PHASE_KEY = re.compile(r"^Perf/(" + "|".join(TIMELINES) + r")_([a-z][a-z0-9_]*)_ms$")
+_SECONDS_PHASES = {key: spec for spec, key in _SECONDS_PHASE_KEYS.items()}
+
+
+def parse_phase_key(key: str) -> tuple[str, str] | None:
+    """``(timeline, phase)`` of a :func:`phase_key`; None for any other key. The one reader of the key grammar."""
+    found = _SECONDS_PHASES.get(key)
+    if found is not None:
+        return found
+    match = _PHASE_KEY.match(key)
+    return (match[1], match[2]) if match else None
+
+
+def phase_title(timeline: str, phase: str) -> str:
+    """A phase's title: the canonical one, else its name in words (``env_reset``: ``Env Reset``)."""
+    spec = PHASES.get((timeline, phase))
+    return spec.title if spec is not None else phase.replace("_", " ").title()
+
+
 def phase_key_scale(timeline: str, phase: str) -> float:
     """Factor from milliseconds to the unit of :func:`phase_key`."""
     return 1e-3 if (timeline, phase) in _SECONDS_PHASE_KEYS else 1.0
@@ -252,7 +271,7 @@ def phase_spec(timeline: str, phase: str, *, strict: bool = False) -> PhaseSpec:
             f"phase {phase!r} is not a canonical {timeline} phase (strict mode); "
             f"known: {', '.join(n for (t, n) in PHASES if t == timeline)}"
         )
-    return PhaseSpec(phase, timeline, phase.replace("_", " ").title())
+    return PhaseSpec(phase, timeline, phase_title(timeline, phase))
 
 
 SIDE_WAITS = {LEARNER: "collector_wait", COLLECTOR: "learner_action_wait"}
@@ -645,7 +664,10 @@ def parse_rank_key(key: str) -> tuple[int, str] | None:
 
 def is_learner_timing(key: str) -> bool:
     """A learner timing of a log window (:meth:`otel_rl.Telemetry.window_timings`): each rank's is kept per rank."""
-    return key == "Perf/iteration_time" or key in _LEARNER_TIMING_KEYS or (key.startswith("Perf/learner_") and key.endswith("_ms"))
+    if key == "Perf/iteration_time" or key in _LEARNER_TIMING_KEYS:
+        return True
+    parsed = parse_phase_key(key)
+    return parsed is not None and parsed[0] == LEARNER
 
 
 _LEARNER_TIMING_KEYS = frozenset(key for (timeline, _), key in _SECONDS_PHASE_KEYS.items() if timeline == LEARNER)

@@ -339,14 +339,11 @@ def _window_words(timing: dict[str, Any]) -> str:
 
 def _learner_phase(key: str) -> str | None:
     """The learner phase a job's timing key is of (``Perf/learner_replay_sample_ms``: ``replay_sample``), None for others."""
-    if key.startswith("Perf/learner_") and key.endswith("_ms"):
-        return key[len("Perf/learner_") : -len("_ms")]
-    return "learning" if key == schema.phase_key(schema.LEARNER, "learning") else None
+    parsed = schema.parse_phase_key(key)
+    return parsed[1] if parsed is not None and parsed[0] == schema.LEARNER else None
 
 
-def _title(timeline: str, name: str) -> str:
-    spec = schema.PHASES.get((timeline, name))
-    return spec.title if spec else name.replace("_", " ").title()
+_title = schema.phase_title
 
 
 def timing_rows(timing: dict[str, Any], timeline: str, parents: dict[str, str] | None = None) -> list[tuple[str, str, str]]:

@@ -78,9 +78,10 @@ def test_every_output_gets_the_same_perf_windows_and_a_key_the_loop_logs_stays_i
 
     import otel_rl
 
-    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0, tensorboard=True, perf_interval_s=0.2)
+    tel = otel_rl.init(run_dir=tmp_path, quiet=True, system_metrics_interval_s=0, tensorboard=True, perf_interval_s=0.2,
+                       pipeline_interval_s=0.05)  # fmt: skip
     with tel.run():
-        for i in range(150):
+        for i in range(300):  # 1.5 s at least: windows of 0.2 s, passes every 50 ms
             with tel.iteration(i, env_steps=8 * (i + 1)):
                 with tel.phase("collector_wait"):
                     time.sleep(0.001)
