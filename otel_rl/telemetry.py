@@ -324,7 +324,8 @@ class Telemetry:
 
         reason = cuda_unavailable_reason()
         if reason is not None:
-            _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
+            if not self.config.panel:  # a panel says it above itself: a line printed here would land inside its frame
+                _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
             self._recorder.add_cuda_fallback(CudaFallback(timeline, name, reason))
             phase = host
         else:

@@ -53,7 +53,7 @@ from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import EventRecord, RunStart
+from otel_rl.core.records import CudaFallback, EventRecord, RunStart
 from otel_rl.core.totals import PassTotals
 from otel_rl.formats import schema
 
@@ -651,6 +651,10 @@ class PanelSink(RecordSink):
             if _says_error(text):
                 self._painter.wake()  # an error is shown now, not at the next redraw
 
+    def on_cuda_fallback(self, fallback: CudaFallback) -> None:
+        # Said here, above the panel, rather than by the training process over it (a line between two frames garbles both).
+        self._painter.note(f"otel-rl: {fallback.reason}; CUDA phases are timed on the host")
+
     def shutdown(self, deadline: Deadline) -> None:
         self._painter.shutdown(deadline)
 
@@ -663,6 +667,8 @@ class PanelPainter(BackgroundLoop):
         super().__init__("otel-rl-panel", 1.0 / REFRESH_HZ if terminal else PLAIN_EVERY_S)
         self._view = view
         self._console = console
+        self._notes: deque[str] = deque(maxlen=8)
+        self._said: set[str] = set()
         self._live: Live | None = None
         if terminal:
             # Never take over the training script's stdout and stderr: its prints go where they always went.
@@ -671,7 +677,19 @@ class PanelPainter(BackgroundLoop):
             self._live.update(view.render(console.width), refresh=True)  # a frame at once, before the first iteration
         self.start()
 
+    def note(self, line: str) -> None:
+        """A line to print above the panel (once per text), by the painter's thread: a blocked terminal holds no other."""
+        if line not in self._said and len(self._said) < 64:
+            self._said.add(line)
+            self._notes.append(line)
+            self.wake()
+
+    def _print_notes(self) -> None:
+        while self._notes:
+            self._console.print(self._notes.popleft(), highlight=False, soft_wrap=True, markup=False)  # above a live panel
+
     def run_once(self) -> None:
+        self._print_notes()
         if self.stopping:
             return
         if self._live is None:
@@ -683,6 +701,7 @@ class PanelPainter(BackgroundLoop):
         self.interval_s = max(1.0 / REFRESH_HZ, (time.thread_time() - started) / MAX_DUTY)
 
     def release(self) -> None:
+        self._print_notes()
         if self._live is not None:
             self._live.update(self._view.render(self._console.width), refresh=True)
             self._live.stop()

@@ -200,3 +200,33 @@ def test_a_terminal_that_stops_reading_holds_neither_close_nor_the_exit(tmp_path
         process.kill()
         os.close(leader)
     assert json.loads(result.read_text())["close_s"] < 5.0  # within its deadline (1 s here, the end line's bound)
+
+
+CUDA_LOOP = """
+import sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+with tel.run():
+    for i in range(100):
+        with tel.iteration(i, env_steps=8 * (i + 1)):
+            with tel.phase("learning", cuda=True):  # no CUDA on this machine: timed on the host, and said once
+                time.sleep(0.02)
+tel.close()
+print("otel-rl-test: done", flush=True)
+"""
+
+
+def test_a_warning_while_the_panel_draws_is_said_above_it_and_leaves_one_frame(tmp_path):
+    """The README's loop with a CUDA phase on a machine without CUDA: the one-line notice is printed above the panel,
+    once, and the terminal shows one frame at the end (a line printed over a frame left an old header on the screen)."""
+    import pyte
+
+    raw = in_terminal(tmp_path, environment(), CUDA_LOOP)
+    assert "otel-rl-test: done" in raw
+    screen = pyte.Screen(140, 50)
+    stream = pyte.Stream(screen)
+    stream.feed(raw.replace("\n", "\r\n"))
+    shown = [line.rstrip() for line in screen.display]
+    headers = [line for line in shown if line.lstrip().startswith("╭─ otel-rl")]
+    said = [line for line in shown if "CUDA phases are timed on the host" in line]
+    assert len(headers) == 1 and len(said) == 1, "\n".join(shown)
+    assert shown.index(said[0]) < shown.index(headers[0])  # above the panel
