@@ -133,7 +133,7 @@ class SegmentServer(BackgroundLoop):
         deadline = Deadline(1.0)
         if not self._durable or self.producer.outputs.flush_files(deadline):
             self._commit_file_sizes()  # first: a death between the two re-reads (never skips) one pass
-            self.producer.source.commit()
+            self.producer.source.commit(self.producer.pipeline.lanes.held)  # an open iteration: read again whole by a next agent
             self.reader.set("commits", self.reader.get("commits") + 1)
 
     def _end(self, ended: tuple[str, str] | None) -> None:

@@ -105,6 +105,8 @@ class _Open:
     cpu: int | None
     depth: int
     phases: list[_Node] = field(default_factory=list)
+    at: int = 0
+    """Its start mark's position among the lane's records (counted from the first this assembler read)."""
 
 
 @dataclass
@@ -142,16 +144,28 @@ class LaneAssembler:
         if lane is None:
             lane = self._lanes[key] = _Lane(self)
         lane.thread, lane.names, lane.now_s = thread, names, now_s
+        base = lane.consumed
         done = 0
         for first, last in steady_stretches(records, self.specs):
-            lane.records(records[done:first])
+            lane.records(records[done:first], base + done)
             if lane.idle():
                 lane.emit(self._steady(records[first:last], thread, names, now_s))
+                lane.emitted_upto = base + last
             else:  # a pass began inside an iteration: this run's records are that iteration's, record by record
-                lane.records(records[first:last])
+                lane.records(records[first:last], base + first)
             done = last
-        lane.records(records[done:])
+        lane.records(records[done:], base + done)
+        lane.consumed = base + len(records)
         return lane.take()
+
+    def held(self, key: object) -> int:
+        """Records of lane ``key`` read but kept back: those of an iteration still open (from its start mark), which a
+        reader taking over must read again to assemble it whole; 0 where a record after its start was written out."""
+        lane = self._lanes.get(key)
+        if lane is None or not lane.open:
+            return 0
+        first = min(opened.at for opened in lane.open.values())
+        return lane.consumed - first if lane.emitted_upto <= first else 0
 
     # -- the steady state ---------------------------------------------------
 
@@ -262,6 +276,11 @@ class _Lane:
         self._done_timeline: str | None = None
         self._loose: list[_Node] = []
         self._out: list[IterationBatch | PhaseBatch] = []
+        self.consumed = 0
+        """Records of the lane read so far."""
+        self.emitted_upto = 0
+        """The position after the latest record that made output (an iteration's end, a loose phase)."""
+        self._at = 0
 
     def idle(self) -> bool:
         """Nothing open: no iteration, and no phase, flow or correlation waiting for its enclosing phase."""
@@ -277,18 +296,19 @@ class _Lane:
         out, self._out = self._out, []
         return out
 
-    def records(self, records: np.ndarray) -> None:
-        """Records in order, one at a time."""
+    def records(self, records: np.ndarray, at: int = 0) -> None:
+        """Records in order, one at a time (``at``: the first one's position among the lane's records)."""
         if not len(records):
             return
         columns = [records[name].tolist() for name in _FIELDS]  # column by column: a third of the rows' tolist()
         offset = self.assembler.offset_ns
-        for start, end, a, b, name, depth, kind, flags, exc in zip(*columns):
+        for position, (start, end, a, b, name, depth, kind, flags, exc) in enumerate(zip(*columns), at):
+            self._at = position
             if kind == RecordKind.PHASE:
                 self._phase(name, start + offset, end + offset, depth, exc)
             elif kind == RecordKind.ITERATION_START:
                 timeline = _timeline(name, self.names)
-                self.open[timeline] = _Open(start + offset, a, None if b == layout.NO_STEPS else b, None if end < 0 else end, depth)
+                self.open[timeline] = _Open(start + offset, a, None if b == layout.NO_STEPS else b, None if end < 0 else end, depth, at=position)
             elif kind == RecordKind.ITERATION_END:
                 self._iteration_end(_timeline(name, self.names), start + offset, end)
             elif kind == RecordKind.FLOW:
@@ -331,6 +351,7 @@ class _Lane:
         if self._done:
             self._flush()
         self._loose.append(node)
+        self.emitted_upto = self._at + 1
 
     def _iteration_end(self, timeline: str, end: int, cpu: int) -> None:
         opened = self.open.pop(timeline, None)
@@ -345,6 +366,7 @@ class _Lane:
         if self._loose or (self._done and self._done_timeline != timeline):
             self._flush()
         self._done_timeline = timeline
+        self.emitted_upto = self._at + 1
         cpu_ns = None if cpu < 0 or opened.cpu is None else cpu - opened.cpu
         self._done.append(_Done(opened.index, opened.env_steps, opened.start, end, cpu_ns, rows))
 

@@ -54,6 +54,7 @@ class SegmentSource:
         self.reader = reader
         self._commits = commits
         self._lane_dropped: list[int] = []
+        self._lane_keys: list[tuple] = []  # each lane's key in the pass's batch (the assembler's)
         self._decode_dropped = 0
         self._key_names: dict[tuple, tuple] = {}
         self._extra: list[RunEnd | tuple] = []
@@ -77,7 +78,9 @@ class SegmentSource:
         for index, (thread_id, thread_name, dropped) in enumerate(reader.lanes()):
             if index == len(self._lane_dropped):
                 self._lane_dropped.append(0)
+                self._lane_keys.append(())
             self._lane_dropped[index] = dropped
+            self._lane_keys[index] = (id(self), index, thread_id)
             records = reader.take_lane(index, RECORDS_PER_PASS)
             behind |= len(records) == RECORDS_PER_PASS
             if len(records):
@@ -108,9 +111,14 @@ class SegmentSource:
         if self._commits:
             reader.commit()
 
-    def commit(self) -> None:
-        """The outputs wrote everything taken so far: the producer may reuse its room."""
-        self.reader.commit()
+    def commit(self, held: Any = None) -> None:
+        """The outputs wrote everything taken so far: the producer may reuse its room.
+
+        ``held(key)``: how many of a lane's records taken are not written yet (an iteration still open, kept by the
+        assembly: :meth:`otel_rl.core.assembly.LaneAssembler.held`); they stay uncommitted, so that a reader taking
+        over reads the whole iteration again rather than its end alone.
+        """
+        self.reader.commit([held(key) if key else 0 for key in self._lane_keys] if held is not None else None)
 
     def dropped(self) -> dict[str, int]:
         """The producer's drops (its lanes' and rings') and the records this agent could not read."""

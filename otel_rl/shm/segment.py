@@ -648,13 +648,16 @@ class SegmentReader:
         self._lanes_taken[index] = end
         return out
 
-    def commit(self) -> None:
+    def commit(self, held: list[int] | None = None) -> None:
         """Publish what was taken from every lane and ring: the outputs have written it (see the agent's server).
 
         A reader that dies before committing leaves those records to the next one, which reads them again.
+        ``held``: per lane, how many of the records taken last are kept back (read again by a next reader); at most a
+        quarter of the lane, so that the writer always has room.
         """
-        for (_, read, _, _, _), taken in zip(self._lanes, self._lanes_taken):
-            read.value = taken
+        for lane, ((_, read, _, _, records), taken) in enumerate(zip(self._lanes, self._lanes_taken)):
+            back = held[lane] if held is not None and lane < len(held) else 0
+            read.value = max(read.value, taken - min(back, len(records) // 4))
         self.control.commit()
         self.data.commit()
 

@@ -590,3 +590,32 @@ def test_a_backlog_larger_than_the_jsonl_queue_reaches_the_file_whole(tmp_path):
     steps = [json.loads(line)["step"] for line in jsonl.read_text().splitlines() if '"kind":"scalars"' in line]
     assert steps == list(range(calls))
     assert not {k: v for k, v in server.producer.pipeline.dropped().items() if v}
+
+
+def test_an_agent_killed_inside_an_iteration_leaves_it_whole_to_the_next(tmp_path):
+    """SIGKILL the agent while an iteration is open (its Collector Wait read, its Learning not yet): the next agent reads
+    that iteration again from its start, so the trace has every iteration once with its phases (it had 6 cycles for
+    7 Learning phases, Learning 102% of Iter Wall)."""
+    from otel_rl.readers.analysis import analyze
+
+    run_dir = tmp_path / unique("agent-killed-inside")
+    script = f"""
+import os, signal, time, otel_rl
+tel = otel_rl.init(run_dir={str(run_dir)!r}, system_metrics_interval_s=0, panel=False, pipeline_interval_s=0.05)
+with tel.run():
+    for i in range(7):
+        with tel.iteration(i, env_steps=100 * (i + 1)):
+            with tel.phase("collector_wait"):
+                time.sleep(0.05)
+            with tel.phase("learning"):
+                time.sleep(0.3)  # the agent has read this iteration's start and its wait by now
+                if i == 2:
+                    os.kill(tel.stats()["agent_pid"], signal.SIGKILL)
+tel.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "starting a new one" in done.stderr, done.stderr[-2000:]
+    learner = analyze(run_dir).timelines["learner"]
+    assert learner.cycles == 7
+    assert {name: stat.count + stat.stalls for name, stat in learner.phases.items()} == {"collector_wait": 7, "learning": 7}
+    assert learner.accounted_share + learner.stall_share <= 1.0 + 1e-9
