@@ -89,6 +89,8 @@ class ProducerOutputs:
         self.pipeline = Pipeline([source, self.inbox], self.outputs.sinks, self.clock, seq, self.drops, step_check, SpanSampler(budget),
                                  verdict=LiveVerdict(), media=None if self.media is None else self.media.take,
                                  perf=PerfWindows(config.perf_interval_s, derive_fps=config.world_size == 1))
+        if source.run is not None and self.pipeline.verdict is not None:
+            self.pipeline.verdict.start()  # taken over mid-run: the run is open, its verdict goes on being said
         self.system: SystemSampler | None = None
         if config.system_metrics_interval_s:
             self.system = SystemSampler(self._system_scalars, config.system_metrics_interval_s, identity.pid)
