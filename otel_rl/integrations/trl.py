@@ -22,7 +22,8 @@ is ``Train/mean_reward``, ``kl`` is ``Policy/approx_kl``...; the rest under ``tr
 completion tokens are ``Train/prompt_tokens`` and ``Train/completion_tokens``, and the step's tokens per second
 ``Perf/tokens_per_s``.
 
-TRL's own ``report_to`` goes on as configured. When otel-rl's W&B output is on and TRL reports to W&B too, TRL's
+Where otel-rl's panel draws, transformers' progress bar and printed logs are left out (said once): they would be
+written between the panel's frames. TRL's own ``report_to`` goes on as configured. When otel-rl's W&B output is on and TRL reports to W&B too, TRL's
 W&B callback is left out (one W&B run, otel-rl's, with every scalar; said once). When no run is open, ``train()`` is
 the run (the trainer's configuration, its algorithm), ended as it ends: a reward function that raises ends it
 ``failed`` with its reason.
@@ -336,6 +337,7 @@ def instrument(trainer: Any, tel: TrainingTelemetry) -> Any:
         return wrapped
 
     _take_over_wandb(trainer, tel)
+    _leave_out_progress(trainer, tel)
     wrap(trainer, "_generate", generate)
     wrap(trainer, "_calculate_rewards", rewards)
     wrap(trainer, "_get_per_token_logps_and_entropies", log_probs)
@@ -347,6 +349,23 @@ def instrument(trainer: Any, tel: TrainingTelemetry) -> Any:
         trainer.remove_callback(_StepCallback)
     trainer.add_callback(_StepCallback(steps))
     return trainer
+
+
+def _leave_out_progress(trainer: Any, tel: TrainingTelemetry) -> None:
+    """With otel-rl's panel drawing, transformers' progress bar and printed logs are left out: written between two of
+    its frames, each leaves a stacked partial frame on the terminal; the panel shows the step and every value."""
+    if not bool(getattr(getattr(tel, "config", None), "panel", False)):
+        return
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    handler = getattr(trainer, "callback_handler", None)
+    left_out = False
+    for kind in (ProgressCallback, PrinterCallback):
+        if handler is not None and any(isinstance(c, kind) for c in handler.callbacks):
+            trainer.remove_callback(kind)
+            left_out = True
+    if left_out:
+        _logger.warning("otel-rl: transformers' progress bar is left out while otel-rl's panel draws (panel=False brings it back)")
 
 
 def _take_over_wandb(trainer: Any, tel: TrainingTelemetry) -> None:

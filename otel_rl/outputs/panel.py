@@ -80,6 +80,8 @@ NOT_METRICS = ("Perf/", "sys/", "reward/", "Episode/", "axis/", "events/")
 """Families shown elsewhere (timings, system, rewards) or not at all."""
 MPS_STATES = {0: "off", 1: "on", 2: "ambient"}
 MAX_CUSTOM_ROWS = 24
+MAX_FAMILY_ROWS = 8
+"""Keys shown of one of the loop's own groups (TRL's two dozen ``trl/*``): the rest are counted on a line."""
 """Rows of custom groups the Metrics column shows at most."""
 STATUS_EVENT = "status"
 """The event ``tel.status(text)`` records: its ``text`` is the panel's status line."""
@@ -464,6 +466,8 @@ class PanelView:
         derived = None if rows or not self.state.derive_fps else self.state.steps_per_s()
         if derived is not None:  # the loop logs none: from its env steps and the time
             rows = [("Steps/s", _fmt(derived))]
+        if schema.TOKENS_PER_S in means:  # an LLM-RL step's tokens per second (TRL, verl)
+            rows.append(("Tokens/s", _fmt(means[schema.TOKENS_PER_S])))
         rate = self.state.learner_rate() if self.state.derive_fps and "Train/batch_size" in means else None
         if rate is not None:  # the replay rows the learner takes: shown, never persisted
             rows.append(("Rows/s", _fmt(means["Train/batch_size"] * rate)))
@@ -493,7 +497,9 @@ class PanelView:
         custom: list[tuple[str, Any]] = []
         for family, keys in sorted(groups.items()):  # the loop's own groups, each under its name
             custom.append((Text(family or "custom", style="bold"), ""))
-            custom += [("  " + (key.split("/", 1)[1] if "/" in key else key), value(key)) for key in keys]
+            custom += [("  " + (key.split("/", 1)[1] if "/" in key else key), value(key)) for key in keys[:MAX_FAMILY_ROWS]]
+            if len(keys) > MAX_FAMILY_ROWS:
+                custom.append((Text(f"  ... {len(keys) - MAX_FAMILY_ROWS} more {family or 'custom'} keys", style="dim"), ""))
         if len(custom) > MAX_CUSTOM_ROWS:  # hundreds of keys: the panel stays a panel
             hidden = sum(1 for name, _ in custom[MAX_CUSTOM_ROWS - 1 :] if isinstance(name, str))
             custom = [*custom[: MAX_CUSTOM_ROWS - 1], (Text(f"... {hidden:,} more keys (metrics.jsonl has them all)", style="dim"), "")]

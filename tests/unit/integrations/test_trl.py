@@ -19,7 +19,7 @@ TARGET = SUPPORT / "trl_target.py"
 
 def train(run_dir: Path, steps: int, mode: str, **env: str) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "MOTRIX_", "WANDB_")) or k == "OTEL_RL_RUN_DIR"}
-    clean.update(OTEL_RL_PANEL="0", PYTHONPATH=str(SUPPORT), **env)
+    clean.update({"OTEL_RL_PANEL": "0", "PYTHONPATH": str(SUPPORT), **env})
     return subprocess.run([sys.executable, str(TARGET), str(run_dir), str(steps), mode], capture_output=True, text=True, timeout=600,
                           env=clean, cwd=run_dir.parent)  # fmt: skip
 
@@ -145,3 +145,14 @@ def test_three_trainers_with_one_tel_are_said_once_and_each_is_freed(tmp_path):
     assert done.stderr.count("a run starts again in this Telemetry") == 1
     runs = [r["status"] for r in records(run_dir) if r["kind"] == "run"]
     assert runs.count("finished") == 3
+
+
+def test_with_the_panel_on_transformers_progress_bar_is_left_out(tmp_path):
+    """The panel draws: transformers' bar (and its printed logs) would land between its frames; left out, said once."""
+    run_dir = tmp_path / "run"
+    done = train(run_dir, 2, "plain", OTEL_RL_PANEL="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("transformers' progress bar is left out") == 1, done.stderr[-3000:]
+    training = done.stderr[done.stderr.index("progress bar is left out"):]  # the model's loading bars come before
+    assert "/2 [" not in training and "{'loss'" not in done.stdout, training[-3000:]  # the trainer's bar: "1/2 [00:01<00:01, ...]"
+    assert [r["step"] for r in records(run_dir) if r["kind"] == "scalars" and "Loss/policy" in r["values"]] == [1, 2]

@@ -422,3 +422,14 @@ def test_iterations_longer_than_the_window_show_the_last_ones_and_when_they_ende
     assert learner["top"] == {"collector_wait": 4000.0, "learning": 3000.0}
     text = render(state, 120)
     assert "Last 1 iteration (5s ago)" in text and "(no data yet)" not in text.split("Collector")[0] and "n=0" not in text, text
+
+
+def test_an_llm_rl_step_shows_its_tokens_per_second_and_a_trainers_many_keys_in_a_few_rows():
+    """TRL logs two dozen trl/* keys and Perf/tokens_per_s: the panel shows Tokens/s, and eight trl rows and a count."""
+    state = state_with_data()
+    values = {f"trl/rewards/func_{k}/mean": float(k) for k in range(24)}
+    values[schema.TOKENS_PER_S] = 1234.0
+    state.add_scalars(ScalarBatch.of([ScalarsRecord(NOW - 10, values, None, None, None)]))
+    text = render(state, 140)
+    assert re.search(r"Tokens/s\s+1,?234", text), text
+    assert "... 16 more trl keys" in text and text.count("rewards/func_") == 8, text
