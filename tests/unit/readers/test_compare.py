@@ -44,15 +44,17 @@ def test_a_demo_whose_learning_is_slower_names_the_learner(tmp_path):
     assert comparison["env_steps_per_s"][2] < 0  # fewer env steps per second
 
 
-def loop(run_dir, learning_s: float, extra_phase: bool = False) -> str:
+def loop(run_dir, learning_s: float, extra_phase: bool = False, iterations: int = 120, wait_s: float = 0.002, every: int = 1) -> str:
+    """``every``: learning in one iteration of that many (the 5th of each 10, say), the others only wait."""
     tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0, quiet=True)
     with tel.run():
-        for i in range(120):
+        for i in range(iterations):
             with tel.iteration(i, env_steps=8 * i):
                 with tel.phase("collector_wait"):
-                    time.sleep(0.002)
-                with tel.phase("learning"):
-                    time.sleep(learning_s)
+                    time.sleep(wait_s)
+                if i % every == every // 2:
+                    with tel.phase("learning"):
+                        time.sleep(learning_s)
                 if extra_phase:
                     with tel.phase("weight_publish"):
                         time.sleep(0.001)
@@ -135,23 +137,9 @@ def test_too_few_cycles_get_no_verdict_and_enough_get_one(tmp_path, cycles):
 
 
 def test_a_phase_of_some_iterations_that_moved_is_named_though_no_median_did(tmp_path):
-    """Learning runs every 10th iteration, 1 ms then 30 ms: the median iteration is the same, the wall time is not; the
+    """Learning runs every 10th iteration, 1 ms then 40 ms: the median iteration is the same, the wall time is not; the
     sentence names Learning as the table shows it, never "no phase changed" beside it."""
-
-    def sparse(run_dir, learning_s: float) -> str:
-        tel = otel_rl.init(run_dir=run_dir, system_metrics_interval_s=0, quiet=True)
-        with tel.run():
-            for i in range(200):
-                with tel.iteration(i, env_steps=8 * i):
-                    with tel.phase("collector_wait"):
-                        time.sleep(0.003)
-                    if i % 10 == 5:
-                        with tel.phase("learning"):
-                            time.sleep(learning_s)
-        tel.close()
-        return str(run_dir)
-
-    baseline, slower = sparse(tmp_path / "a", 0.001), sparse(tmp_path / "b", 0.040)
+    baseline, slower = (loop(tmp_path / name, learning_s, iterations=200, wait_s=0.003, every=10) for name, learning_s in (("a", 0.001), ("b", 0.040)))
     comparison = json.loads(analyze(slower, "--compare", baseline, "--json").stdout)
     learning = comparison["timelines"]["learner"]["phases"]["learning"]
     assert learning["per_cycle_ms"][2] > 5.0, learning  # the table: many times the time per iteration
