@@ -86,7 +86,7 @@ class SegmentSource:
             if len(records):
                 self._note_time(records)
                 # Keyed by its thread too: the producer gives a lane to another thread once its own ended.
-                batch.lanes.append(Lane((id(self), index, thread_id), thread_id, thread_name, records, names))
+                batch.lanes.append(Lane(self._lane_keys[index], thread_id, thread_name, records, names))
         ends, scalars = [], []
         for ring in (reader.control, reader.data):
             frames = ring.take(MESSAGE_BYTES_PER_PASS)
