@@ -19,6 +19,11 @@ with tel.run(config={"constructor": 1, "__proto__": {"x": 2}}):
             with tel.phase("learning"):
                 pass
         tel.scalars({key: float(i + n) for n, key in enumerate(keys)})
+    # The live queue holds 10,000 records and makes room by dropping the oldest scalars (metrics.jsonl keeps them): the
+    # points go before the events, and the events in parts the queue holds, however slowly this machine sends them.
+    tel.flush(120)
     for n in range(event_count):
         tel.event("note", n=n)
+        if n % 5000 == 4999:
+            tel.flush(120)
 tel.close()
