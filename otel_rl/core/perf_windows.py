@@ -79,11 +79,16 @@ class PerfWindows:
 
     def __init__(self, interval_s: float = 1.0, derive_fps: bool = False) -> None:
         self.interval_s = interval_s
+        self._derive_at_start = derive_fps
+        self.reset()
+
+    def reset(self) -> None:
+        """A new run: nothing measured yet, no key its own."""
         self._windows: dict[str, _Window] = {}
         self._last = time.monotonic()
         self.axes: dict[str, int | None] = {"env_steps": None, "iteration": None}
         """The learner's latest ``env_steps`` and ``iteration``."""
-        self._derive_fps = self._derive_at_start = derive_fps
+        self._derive_fps = self._derive_at_start
         self._steps: tuple[int, int] | None = None  # (pass end, the learner's env steps) of the latest pass that had them
         self._steps_mark: tuple[int, int] | None = None  # the same at the last take
         self._own: set[str] = set()  # Perf/* keys the loop logs itself
@@ -99,10 +104,6 @@ class PerfWindows:
         self._own.update(name for name in names if name.startswith("Perf/"))
         if self._derive_fps and schema.TOTAL_FPS in names:
             self._derive_fps = False
-
-    def reset(self) -> None:
-        """A new run: nothing measured yet, no key its own."""
-        self.__init__(self.interval_s, self._derive_at_start)
 
     def add(self, totals: PassTotals) -> None:
         learner = totals.timelines.get(schema.LEARNER)

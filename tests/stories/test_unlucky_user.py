@@ -374,7 +374,7 @@ def test_an_exception_between_init_and_the_run_ends_the_announced_run_failed_wit
     assert runs[-1]["reason"] == "RuntimeError: the environment config is missing"
     summary = json.loads((tmp_path / "run_summary.json").read_text())
     assert summary["status"] == "failed" and summary["reason"] == "RuntimeError: the environment config is missing"
-    assert result.stderr.strip().splitlines()[-1].startswith(f"otel-rl: run {tmp_path.name} failed after ")
+    assert result.stderr.strip().splitlines()[-1].startswith(f"otel-rl: run {tmp_path.name} failed after "), result.stderr
 
 
 def test_a_service_down_from_the_start_is_said_early_once_and_the_end_line_times_the_run_not_the_close(tmp_path):

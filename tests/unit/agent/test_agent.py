@@ -610,6 +610,8 @@ with tel.run():
             with tel.phase("learning"):
                 time.sleep(0.2)  # the agent has read this iteration's start and its wait by now
                 if i == 2:
+                    while tel.stats()["agent_pid"] is None:  # a loaded machine: the agent process may not have attached yet
+                        time.sleep(0.05)
                     os.kill(tel.stats()["agent_pid"], signal.SIGKILL)
 tel.close()
 """
