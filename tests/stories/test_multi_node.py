@@ -149,6 +149,14 @@ def test_the_analysis_names_the_straggler_per_rank(job):
     said = [json.loads(line) for line in (job["run_dir"] / "metrics.jsonl").read_text().splitlines()]
     verdicts = [r["attributes"] for r in said if r.get("kind") == "event" and r.get("name") == schema.EVENT_BOTTLENECK]
     assert any(v["text"].startswith(f"learner rank {SLOW_RANK} (learning, ") and v.get("rank") == SLOW_RANK for v in verdicts), verdicts
+    # One verdict on every surface: the live verdict's last word, the trace's headline and read.runs over the folder.
+    import otel_rl.read
+
+    (row,) = otel_rl.read.runs(job["run_dir"]).to_dict("records")
+    last = verdicts[-1]
+    assert (last["side"], last.get("phase"), last.get("rank")) == (report.diagnosis.side, "learning", SLOW_RANK), (last, report.diagnosis)
+    assert (row["bottleneck_side"], row["bottleneck_phase"]) == (report.diagnosis.side, "learning"), row
+    assert report.diagnosis.rank == SLOW_RANK and report.diagnosis.bottleneck.startswith(f"learner rank {SLOW_RANK} (learning, "), report.diagnosis
     cli = subprocess.run([sys.executable, "-m", "otel_rl.cli", "analyze", str(job["run_dir"])], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert "straggler: rank 3 on node1: Learning" in cli.stdout and "the others wait in their Gradient Sync" in cli.stdout, cli.stdout
