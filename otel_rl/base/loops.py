@@ -19,14 +19,20 @@ Every one of them takes a :class:`~otel_rl.base.deadline.Deadline`, as every
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import threading
 import time
+import weakref
 from collections.abc import Callable
 
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.log import logger, once
 
 _logger = logger(__name__)
+
+EXIT_STOP_S = 1.0
+"""How long the interpreter's exit waits, in all, for the :attr:`BackgroundLoop.stop_at_exit` loops it stops."""
 
 STALL_S = 10.0
 """How long a writer may write nothing while its caller waits for room (:meth:`BackgroundLoop.wait_for_room`) before it is given up on."""
@@ -54,6 +60,13 @@ class BackgroundLoop:
         self._stalled_at: int | None = None  # the progress at which wait_for_room gave up on this loop
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
+    stop_at_exit = False
+    """A loop whose rounds run a library's code (a tracker's SDK, with its Rust or C++ parts) that may still be running
+    when the interpreter exits (past a close deadline): it is stopped then, before the interpreter tears threads down.
+    Python before 3.14 ends a daemon thread that wakes during its finalization with ``pthread_exit``, which aborts the
+    whole process where a Rust or C++ frame is on that thread's stack ("FATAL: exception not rethrown", exit status
+    134: pydantic-core under SwanLab's and W&B's ``init``). See :func:`stop_loops_at_exit`."""
+
     queue_only = False
     """A subclass whose :meth:`has_work` covers every pending item sets this: flushing it while :attr:`settled` wakes no round."""
 
@@ -73,6 +86,8 @@ class BackgroundLoop:
 
     def start(self) -> None:
         self._thread.start()
+        if self.stop_at_exit:
+            _AT_EXIT.add(self)
 
     @property
     def alive(self) -> bool:
@@ -203,11 +218,14 @@ class BackgroundLoop:
                         self._cond.wait(min(self.interval_s, 0.2, max(stop_at - time.monotonic(), 0.0)))
         finally:
             try:
-                self.release()
+                if not self._exiting:  # stopped at the interpreter's exit: no more of the library's code
+                    self.release()
             except Exception:
                 _logger.warning("otel-rl: %s failed to release its resources", self.name, exc_info=True, extra=once(f"release:{self.name}"))
             with self._cond:
                 self._cond.notify_all()
+
+    _exiting = False
 
     def _round(self) -> None:
         try:
@@ -250,3 +268,30 @@ def run_bounded(fn: Callable[[], object], deadline: Deadline, name: str) -> bool
     if not finished:
         _logger.warning("otel-rl: %s did not finish within %.1f s; continuing without it", name, waited)
     return finished
+
+
+_AT_EXIT: weakref.WeakSet[BackgroundLoop] = weakref.WeakSet()
+
+
+def stop_loops_at_exit(timeout_s: float = EXIT_STOP_S) -> int:
+    """Stop the :attr:`BackgroundLoop.stop_at_exit` loops still running (the interpreter is exiting): each is told to
+    run no more of its library's code, ``SystemExit`` is raised in its thread at its next Python instruction, and
+    they are waited for up to ``timeout_s`` in all. Returns how many still ran then (a thread blocked in a call that
+    does not return). What they had not written was counted when their close deadline passed."""
+    loops = [loop for loop in list(_AT_EXIT) if loop.alive]
+    if not loops:
+        return 0
+    for loop in loops:
+        loop._exiting = True  # noqa: SLF001 - the module's own
+        ident = loop._thread.ident  # noqa: SLF001
+        if ident is not None:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), ctypes.py_object(SystemExit))
+        with loop._cond:  # noqa: SLF001 - one waiting between rounds wakes to it
+            loop._cond.notify_all()  # noqa: SLF001
+    end = time.monotonic() + timeout_s
+    for loop in loops:
+        loop._thread.join(max(end - time.monotonic(), 0.0))  # noqa: SLF001
+    return sum(1 for loop in loops if loop.alive)
+
+
+atexit.register(stop_loops_at_exit)  # at import, before any Telemetry's own exit hook: atexit runs the latest first, so it runs after them

@@ -91,6 +91,8 @@ class TrackerWriter(BackgroundLoop, ABC):
     title = "a tracker"
     """How the end line names it (``W&B``, ``SwanLab``...)."""
 
+    stop_at_exit = True  # its SDK may still be at work when the process exits (see BackgroundLoop.stop_at_exit)
+
     def __init__(self, name: str, drops: Drops, interval_s: float = 1.0) -> None:
         super().__init__(f"otel-rl-{name}", interval_s)
         self.output = name
