@@ -167,6 +167,14 @@ class LaneAssembler:
         first = min(opened.at for opened in lane.open.values())
         return lane.consumed - first if lane.emitted_upto <= first else 0
 
+    def under_way(self, key: object) -> list[tuple[str, int, int | None, int]]:
+        """The iterations of lane ``key`` still open after its latest pass, as ``(timeline, index, env steps, start)``
+        (epoch ns): what a long iteration (a rollout and its update) has done so far is its start."""
+        lane = self._lanes.get(key)
+        if lane is None:
+            return []
+        return [(timeline, opened.index, opened.env_steps, opened.start) for timeline, opened in lane.open.items()]
+
     # -- the steady state ---------------------------------------------------
 
     def _steady(self, region: np.ndarray, thread: tuple[int, str], names: Sequence[str], now_s: float) -> IterationBatch:

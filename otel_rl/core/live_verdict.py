@@ -110,6 +110,8 @@ class LiveVerdict:
         sums = self._buckets[-1][1]
         most = 0
         for timeline, cycles in totals.timelines.items():
+            if not (cycles.cycles or cycles.counts):
+                continue  # only an iteration still open: nothing measured yet
             if cycles.cycles and timeline not in self._started:
                 self._started.add(timeline)  # the pass that ends a timeline's first cycle: one-off costs, not its pace
                 continue

@@ -112,6 +112,8 @@ class PerfWindows:
             if learner.env_steps is not None:
                 self._steps = (totals.time_ns, learner.env_steps)
         for timeline, cycles in totals.timelines.items():
+            if not (cycles.cycles or cycles.counts):
+                continue  # only an iteration still open: nothing measured yet
             window = self._windows.get(timeline)
             if window is None:
                 window = self._windows[timeline] = _Window()

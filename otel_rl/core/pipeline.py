@@ -305,6 +305,11 @@ class Pipeline:
         for lane in batch.lanes:
             for assembled in self.lanes.assemble(lane.key, (lane.thread_id, lane.thread_name), lane.records, lane.names, now_s):
                 self._hand_over(assembled)
+            if self._want_totals:
+                for timeline, index, env_steps, start_ns in self.lanes.under_way(lane.key):
+                    totals = self._totals(timeline)
+                    if totals.under_way is None or index > totals.under_way[0]:
+                        totals.under_way = (index, env_steps, start_ns)
         for cycle in batch.remote:
             if self._want_totals:
                 self._totals(cycle.timeline).add_cycle(cycle.wall_ns, cycle.top, cycle.nested)

@@ -34,9 +34,11 @@ class CycleTotals:
     """The top-level phase each custom nested phase ran in (a canonical one names its parent in the schema)."""
     sync_calls: int = 0
     """``gradient_sync`` phases within the cycles (a rank's gradient all-reduces: one per bucket or per update)."""
+    under_way: tuple[int, int | None, int] | None = None
+    """The local iteration still open at the pass's end, as ``(index, env steps, start epoch ns)``: progress counts it."""
 
     def add(self, other: CycleTotals) -> None:
-        """Another pass's totals of the same timeline (a window adding up passes); its ``index`` and ``env_steps`` are not kept."""
+        """Another pass's totals of the same timeline (a window adding up passes); its ``index``, ``env_steps`` and ``under_way`` are not kept."""
         self.cycles += other.cycles
         self.wall_ns += other.wall_ns
         self.sync_calls += other.sync_calls

@@ -181,6 +181,8 @@ class PanelState:
         self._steps: deque[tuple[int, int]] = deque(maxlen=STEP_HISTORY)  # (time, env steps), one per pass
         self.iteration: int | None = None
         """The index of the latest local iteration (of the learner's, when there is one), None before any."""
+        self.under_way: dict[str, tuple[int, int | None, int]] = {}
+        """Per timeline, the iteration still open (index, env steps at its start, start epoch ns): progress counts it."""
         self.parents: dict[str, str] = {}
         """Each custom nested phase's top-level phase."""
         self.status: str | None = None
@@ -205,6 +207,14 @@ class PanelState:
                 self._last[timeline] = (totals.time_ns, cycles.cycles, cycles.wall_ns, dict(cycles.top), dict(cycles.nested))
             if cycles.env_steps is not None and (steps is None or cycles.env_steps > steps):
                 steps = cycles.env_steps
+            opened = self.under_way.get(timeline)
+            if cycles.under_way is not None:
+                self.under_way[timeline] = opened = cycles.under_way
+            elif opened is not None and cycles.index is not None and cycles.index >= opened[0]:
+                del self.under_way[timeline]  # it ended, and no other opened after it
+                opened = None
+            if opened is not None and opened[1] is not None and (steps is None or opened[1] > steps):
+                steps = opened[1]  # the env steps done before the iteration under way began
             if cycles.index is not None and (timeline == schema.LEARNER or schema.LEARNER not in totals.timelines):
                 self.iteration = cycles.index
             if cycles.parents:
@@ -224,6 +234,20 @@ class PanelState:
             if self.total_steps and t1 > t0 and s1 > s0:
                 out["eta_s"] = max(self.total_steps - s1, 0) / ((s1 - s0) / ((t1 - t0) / 1e9))
         return out
+
+    def iteration_under_way(self) -> tuple[int, float] | None:
+        """The learner's (else another timeline's) iteration open for longer than the window, and for how many seconds:
+        a long iteration (a rollout and its update) is counted while it runs; None where none is."""
+        for timeline in (schema.LEARNER, *self.under_way):
+            opened = self.under_way.get(timeline)
+            if opened is None:
+                continue
+            index, _, start_ns = opened
+            if self.iteration is not None and index <= self.iteration and timeline == schema.LEARNER:
+                return None
+            seconds = max(self._clock() - start_ns, 0) / 1e9
+            return (index, seconds) if seconds >= WINDOW_S else None
+        return None
 
     def steps_per_s(self) -> float | None:
         """Env steps per second over the window, from the passes' env steps (None without two of them in it)."""
@@ -331,11 +355,15 @@ class PanelState:
         return means
 
 
-def _window_words(timing: dict[str, Any]) -> str:
-    """What the timing table is over: the window's average, or the last iterations where none ended in the window."""
+def _window_words(timing: dict[str, Any], under_way: tuple[int, float] | None = None) -> str:
+    """What the timing table is over: the window's average, or the last iterations where none ended in the window
+    (and the iteration under way, when one has run for longer than the window)."""
     n = timing.get("n", 0)
+    now = "" if under_way is None else f"iteration {under_way[0]:,} under way for {_duration(under_way[1])}"
     if "ago_s" in timing:
-        return f"Last {n} iteration{'s' if n > 1 else ''} ({_duration(timing['ago_s'])} ago)"
+        return f"Last {n} iteration{'s' if n > 1 else ''} ({_duration(timing['ago_s'])} ago{'; ' + now if now else ''})"
+    if not n and now:
+        return now[0].upper() + now[1:]
     return f"Avg {WINDOW_S:.0f}s (n={n})"
 
 
@@ -559,7 +587,7 @@ class PanelView:
             collector_rows = reported
         gpus = sum(1 for k, _ in parts["system"] if k.startswith("GPU")) * self.machines  # the job's: machines of one size
         ranks = [f"{learner['ranks']} ranks"] if learner.get("ranks") else []
-        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), _window_words(learner), *ranks, f"GPUs {gpus}"])
+        title = " · ".join(["otel-rl", self.run_id, *self.progress_parts(), _window_words(learner, self.state.iteration_under_way()), *ranks, f"GPUs {gpus}"])
         if short:
             timing = self._timing_table(
                 "Timing", learner_rows + [("Collector", "", "")] + [("  " + r[0], r[1], r[2]) for r in collector_rows]
@@ -585,13 +613,15 @@ class PanelView:
     def progress_parts(self) -> list[str]:
         """Elapsed time, env steps (of the total, when known) and the ETA; "waiting for the first iteration" before any.
 
-        A loop that gives no env steps shows its latest iteration instead.
+        A loop that gives no env steps shows its latest iteration instead (the one under way, when it has run for
+        longer than the window).
         """
         progress = self.state.progress()
         parts = [] if progress["elapsed_s"] is None else [_duration(progress["elapsed_s"])]
         steps, total = progress["env_steps"], progress["total_steps"]
         if steps is None:
-            iteration = self.state.iteration
+            under_way = self.state.iteration_under_way()
+            iteration = self.state.iteration if under_way is None else under_way[0]
             return [*parts, "waiting for the first iteration" if iteration is None else f"iteration {iteration:,}"]
         if total:
             parts.append(f"{_fmt(steps)}/{_fmt(total)} steps ({100 * min(steps / total, 1):.0f}%)")
@@ -609,6 +639,9 @@ class PanelView:
             parts.append(f"iter {learner['wall_ms']:.2f} ms (n={learner['n']})")
             shares = sorted(learner["top"].items(), key=lambda kv: -kv[1])[:3]
             parts.append(", ".join(f"{_title(schema.LEARNER, k)} {100 * v / learner['wall_ms']:.0f}%" for k, v in shares))
+        under_way = self.state.iteration_under_way()
+        if under_way is not None:
+            parts.append(f"iteration {under_way[0]:,} under way for {_duration(under_way[1])}")
         fps = means.get("Perf/total_fps", self.state.steps_per_s() if self.state.derive_fps else None)
         if fps is not None:
             parts.append(f"{fps:.0f} steps/s")

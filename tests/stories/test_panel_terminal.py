@@ -230,3 +230,32 @@ def test_a_warning_while_the_panel_draws_is_said_above_it_and_leaves_one_frame(t
     said = [line for line in shown if "CUDA phases are timed on the host" in line]
     assert len(headers) == 1 and len(said) == 1, "\n".join(shown)
     assert shown.index(said[0]) < shown.index(headers[0])  # above the panel
+
+
+LONG_ITERATION = """
+import os, sys, time, otel_rl
+tel = otel_rl.init(run_dir=sys.argv[1], system_metrics_interval_s=0)
+with tel.run():
+    for i in range(4):  # SB3 PPO's shape: each iteration's env steps include the rollout it learns from
+        with tel.iteration(i, env_steps=2048 * (i + 1)):
+            with tel.phase("learning"):
+                began = time.monotonic()
+                while i == 3 and not os.path.exists(sys.argv[2]) and time.monotonic() - began < 60:
+                    time.sleep(0.05)  # the last one runs until the terminal has shown it under way
+                time.sleep(0.05)
+    print("otel-rl-test: the loop ended", flush=True)
+tel.close()
+print("otel-rl-test: done", flush=True)
+"""
+
+
+def test_an_iteration_longer_than_the_window_is_counted_while_it_runs(tmp_path):
+    """Progress counts the iteration under way: its env steps, and that it has run for a while (it lagged one
+    iteration: the steps of the last one that ended, and 'Avg 2s (n=0)' while a long one ran)."""
+    screen = in_terminal(tmp_path, environment(TERM="dumb"), LONG_ITERATION, seen=b"iteration 3 under way for")
+    assert "otel-rl-test: done" in screen, screen[-2000:]
+    line = next(line for line in screen.splitlines() if "iteration 3 under way for" in line)
+    assert "| 8,192 steps |" in line, line  # iteration 3's start: 2,048 of each of its 4 rollouts
+    assert screen.index("iteration 3 under way for") < screen.index("otel-rl-test: the loop ended")
+    framed = in_terminal(tmp_path / "framed", environment(), LONG_ITERATION, seen=b"iteration 3 under way for")
+    assert re.search(r"8,192 steps · Last 3 iterations \(\d+s ago; iteration 3 under way for \d+s\)", framed), framed[-3000:]

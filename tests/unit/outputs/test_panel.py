@@ -422,6 +422,15 @@ def test_iterations_longer_than_the_window_show_the_last_ones_and_when_they_ende
     assert learner["top"] == {"collector_wait": 4000.0, "learning": 3000.0}
     text = render(state, 120)
     assert "Last 1 iteration (5s ago)" in text and "(no data yet)" not in text.split("Collector")[0] and "n=0" not in text, text
+    # The pipeline says the next one opened 5 s ago, after 4,096 env steps: progress counts it.
+    state.add_pass(PassTotals(now[0], {"learner": CycleTotals(under_way=(1, 4096, NOW))}))
+    assert state.progress()["env_steps"] == 4096 and state.iteration_under_way() == (1, 5.0)
+    assert "4,096 steps · Last 1 iteration (5s ago; iteration 1 under way for 5s)" in render(state, 140)
+    ended = CycleTotals()
+    ended.add_cycle(5_000_000_000, {"learning": 5_000_000_000}, {})
+    ended.index = 1
+    state.add_pass(PassTotals(now[0], {"learner": ended}))
+    assert state.iteration_under_way() is None  # it ended, and none opened after it
 
 
 def test_an_llm_rl_step_shows_its_tokens_per_second_and_a_trainers_many_keys_in_a_few_rows():
