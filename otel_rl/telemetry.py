@@ -48,6 +48,7 @@ from otel_rl.run import files, media, notices
 from otel_rl.run import folder as run_folder
 from otel_rl.run.provenance import redact
 from otel_rl.shm import layout
+from otel_rl.training import panel_warnings
 from otel_rl.training.media_out import HANDOFF_FOLDER, MediaOut, Refused
 from otel_rl.training.recorder import Iteration, Phase
 from otel_rl.training.run_scope import RunScope
@@ -134,6 +135,8 @@ class Telemetry:
         moved_from = self._own_folder(config, in_use, job) if owner else None
         if owner and job is not None and self._run_folder is not None:
             self._job_notes.append(run_folder.note_job(config.run_dir, job))  # type: ignore[arg-type]
+        if self._run_folder is not None:  # said before a panel can draw (the thread host's draws at once): a line printed over its frame garbles it
+            notices.started(config, moved_from)
         try:
             self._start(config, sinks)
         except BaseException:
@@ -142,13 +145,13 @@ class Telemetry:
             raise
         # The exit hook holds a weak reference: it must not keep a forgotten
         # Telemetry alive, and it is bounded by the shutdown timeout.
+        # While a panel draws, otel-rl's warnings are said by it, above its frame (printed here, they land inside it).
+        self._panel_warnings = panel_warnings.install(self._recorder) if config.panel else None
         ref = weakref.ref(self)
         self._at_exit = False
         self._atexit = lambda: (t := ref()) is not None and t._close_at_exit()  # noqa: SLF001 - its own method
         atexit.register(self._atexit)
         _live.add(self)
-        if self._run_folder is not None:
-            notices.started(config, moved_from)
 
     @staticmethod
     def _resume_folder_run(config: TelemetryConfig) -> None:
@@ -324,8 +327,7 @@ class Telemetry:
 
         reason = cuda_unavailable_reason()
         if reason is not None:
-            if not self.config.panel:  # a panel says it above itself: a line printed here would land inside its frame
-                _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
+            _logger.warning("otel-rl: %s; CUDA phases are timed on the host", reason)
             self._recorder.add_cuda_fallback(CudaFallback(timeline, name, reason))
             phase = host
         else:
@@ -807,8 +809,13 @@ class Telemetry:
                 self._workers.shutdown(deadline)  # records made for the run first: a crashed worker's event, the last relayed cycles
                 if self._cuda_timer is not None:
                     self._cuda_timer.shutdown(Deadline(deadline.left(cap_s=1.0)))
+                if self._panel_warnings is not None:
+                    self._host.relay_logs()  # the agent's latest warnings, while its panel still draws
+                panel_warnings.closing(self._panel_warnings)  # what the outputs say as they close is never lost to a panel that has stopped
                 self._host.shutdown(deadline, self._at_exit)
         finally:
+            panel_warnings.remove(self._panel_warnings)  # the panel has stopped: later lines go to the terminal as before
+            self._panel_warnings = None
             self._runs.sigterm.restore()
             run_folder.forget(self._job_notes)
             run_folder.release(self._run_folder)
@@ -865,6 +872,7 @@ class Telemetry:
         """In a forked child: closed, and the parent's segment written no more."""
         self._closed = True
         atexit.unregister(self._atexit)
+        panel_warnings.remove(getattr(self, "_panel_warnings", None))  # a child draws no panel: its lines go to its terminal
         self._recorder.after_fork()
 
     def _hurry(self) -> None:

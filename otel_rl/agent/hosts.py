@@ -59,6 +59,9 @@ class Host(Protocol):
 
     def agent_pid(self) -> int | None: ...
 
+    def relay_logs(self) -> None:
+        """Log here, now, the warnings the agent forwarded (an agent process's; a thread's are logged where they are said)."""
+
     def add_sink(self, sink: RecordSink) -> bool: ...
 
     def tracer_provider(self) -> Any: ...
@@ -107,6 +110,9 @@ class ThreadHost:
 
     def agent_pid(self) -> None:
         return None
+
+    def relay_logs(self) -> None:
+        """Nothing to relay: the outputs' warnings are logged in this process as they are said."""
 
     def add_sink(self, sink: RecordSink) -> bool:
         self._server.producer.add_sink(sink)

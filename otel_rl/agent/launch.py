@@ -203,6 +203,9 @@ class AgentHost:
 
     # -- the Host protocol ------------------------------------------------
 
+    def relay_logs(self) -> None:
+        relay_logs(self.segment)
+
     def flush(self, deadline: Deadline) -> bool:
         self.recorder.publish_unlaned()
         flushed = handshake.flush(self.segment, deadline, self.alive)

@@ -16,7 +16,9 @@ Every module logs through ``logger(__name__)``: a standard :class:`logging.Logge
   passes unless this process already logged the same text itself;
 * debug and info records always pass.
 
-otel-rl never adds handlers: where the lines go is the application's choice.
+Where the lines go is the application's choice: otel-rl adds a handler only while its panel draws on the
+terminal and the application has none of its own (:mod:`otel_rl.training.panel_warnings`: the panel prints
+them above itself, where Python would have printed them over its frame).
 """
 
 from __future__ import annotations

@@ -104,6 +104,9 @@ class RecordSink:
     def on_cuda_fallback(self, fallback: CudaFallback) -> None:
         """A CUDA phase timed on the host, and why."""
 
+    def on_notice(self, text: str) -> None:
+        """A warning line of the training process, written while a panel draws (the panel prints it above itself)."""
+
     def on_drain(self, now_ns: int) -> None:
         """End of one pipeline pass: a chance to emit windowed aggregates."""
 
@@ -143,7 +146,8 @@ class Batch:
     * ``remote``: relayed worker cycles; ``intervals``: where CUDA-timed phases ran,
       ``(spec, device, stream, start_ns, end_ns, correlation)`` (epoch ns);
       ``cuda_fallbacks``: :class:`CudaFallback`; ``media``: videos and images to write (requests of
-      :class:`otel_rl.training.media_out.MediaOut`), for the pipeline's ``media`` handler.
+      :class:`otel_rl.training.media_out.MediaOut`), for the pipeline's ``media`` handler; ``notices``: the
+      training process's warning lines while a panel draws.
     """
 
     control: list = field(default_factory=list)
@@ -154,6 +158,7 @@ class Batch:
     intervals: list = field(default_factory=list)
     cuda_fallbacks: list[CudaFallback] = field(default_factory=list)
     media: list[dict] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)
 
 
 class RecordSource(Protocol):
@@ -302,6 +307,8 @@ class Pipeline:
                 self._fanout("on_event", EventRecord(self._clock.to_epoch_ns(time_ns), name, attributes, next(self._seq)))
         for fallback in batch.cuda_fallbacks:
             self._fanout("on_cuda_fallback", fallback)
+        for text in batch.notices:
+            self._fanout("on_notice", text if isinstance(text, str) else str(text))
         for lane in batch.lanes:
             for assembled in self.lanes.assemble(lane.key, (lane.thread_id, lane.thread_name), lane.records, lane.names, now_s):
                 self._hand_over(assembled)

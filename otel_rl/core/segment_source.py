@@ -219,6 +219,8 @@ class SegmentSource:
             batch.cuda_fallbacks.append(record)
         elif kind == MessageKind.MEDIA:
             batch.media.append(record)
+        elif kind == MessageKind.NOTICE:
+            batch.notices.append(record)
 
 
 _SCALARS_KINDS = frozenset((MessageKind.SCALARS, MessageKind.SCALARS_PACKED))

@@ -53,7 +53,7 @@ from otel_rl.base.deadline import Deadline
 from otel_rl.base.loops import BackgroundLoop
 from otel_rl.core.batches import ScalarBatch
 from otel_rl.core.pipeline import RecordSink
-from otel_rl.core.records import CudaFallback, EventRecord, RunStart
+from otel_rl.core.records import EventRecord, RunStart
 from otel_rl.core.totals import PassTotals
 from otel_rl.formats import schema
 
@@ -690,9 +690,9 @@ class PanelSink(RecordSink):
             if _says_error(text):
                 self._painter.wake()  # an error is shown now, not at the next redraw
 
-    def on_cuda_fallback(self, fallback: CudaFallback) -> None:
+    def on_notice(self, text: str) -> None:
         # Said here, above the panel, rather than by the training process over it (a line between two frames garbles both).
-        self._painter.note(f"otel-rl: {fallback.reason}; CUDA phases are timed on the host")
+        self._painter.note(text)
 
     def shutdown(self, deadline: Deadline) -> None:
         self._painter.shutdown(deadline)
@@ -706,7 +706,7 @@ class PanelPainter(BackgroundLoop):
         super().__init__("otel-rl-panel", 1.0 / REFRESH_HZ if terminal else PLAIN_EVERY_S)
         self._view = view
         self._console = console
-        self._notes: deque[str] = deque(maxlen=8)
+        self._notes: deque[str] = deque(maxlen=256)
         self._said: set[str] = set()
         self._live: Live | None = None
         if terminal:
@@ -718,10 +718,12 @@ class PanelPainter(BackgroundLoop):
 
     def note(self, line: str) -> None:
         """A line to print above the panel (once per text), by the painter's thread: a blocked terminal holds no other."""
-        if line not in self._said and len(self._said) < 64:
+        if line in self._said:
+            return
+        if len(self._said) < 1024:
             self._said.add(line)
-            self._notes.append(line)
-            self.wake()
+        self._notes.append(line)
+        self.wake()
 
     def _print_notes(self) -> None:
         while self._notes:

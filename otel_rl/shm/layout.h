@@ -10,7 +10,7 @@ typedef union { double f; int64_t i; } ScalarValue;
 #define RING_HEADER_BYTES 64
 
 enum { RECORD_KIND_PHASE = 1, RECORD_KIND_ITERATION_START = 2, RECORD_KIND_ITERATION_END = 3, RECORD_KIND_FLOW = 4, RECORD_KIND_CORRELATE = 5 };
-enum { MESSAGE_KIND_SKIP = 0, MESSAGE_KIND_RUN = 1, MESSAGE_KIND_EVENT = 2, MESSAGE_KIND_SCALARS = 3, MESSAGE_KIND_DISTRIBUTION = 4, MESSAGE_KIND_DEVICE_INTERVAL = 5, MESSAGE_KIND_REMOTE_CYCLE = 6, MESSAGE_KIND_CUDA_FALLBACK = 7, MESSAGE_KIND_SCALARS_PACKED = 8, MESSAGE_KIND_LOG = 9, MESSAGE_KIND_MEDIA = 10 };
+enum { MESSAGE_KIND_SKIP = 0, MESSAGE_KIND_RUN = 1, MESSAGE_KIND_EVENT = 2, MESSAGE_KIND_SCALARS = 3, MESSAGE_KIND_DISTRIBUTION = 4, MESSAGE_KIND_DEVICE_INTERVAL = 5, MESSAGE_KIND_REMOTE_CYCLE = 6, MESSAGE_KIND_CUDA_FALLBACK = 7, MESSAGE_KIND_SCALARS_PACKED = 8, MESSAGE_KIND_LOG = 9, MESSAGE_KIND_MEDIA = 10, MESSAGE_KIND_NOTICE = 11 };
 enum { VALUE_TAG_FLOAT = 0, VALUE_TAG_INT = 1, VALUE_TAG_NONE = 2, VALUE_TAG_BOOL = 3 };
 
 /* One record of a lane: what its thread recorded, names as ids of the segment's string table. */
@@ -76,7 +76,7 @@ typedef struct {
 static PyObject *layout_of_build(void) {
     return Py_BuildValue(
         "{"
-        "s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n}"
+        "s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n},s:{s:n,s:n,s:n,s:n}"
         "}",
         "LaneRecord", LAYOUT_FIELD(LaneRecord, start), LAYOUT_FIELD(LaneRecord, end), LAYOUT_FIELD(LaneRecord, a), LAYOUT_FIELD(LaneRecord, b), LAYOUT_FIELD(LaneRecord, name), LAYOUT_FIELD(LaneRecord, depth), LAYOUT_FIELD(LaneRecord, kind), LAYOUT_FIELD(LaneRecord, flags), LAYOUT_FIELD(LaneRecord, exc), LAYOUT_FIELD(LaneRecord, reserved), "itemsize", (Py_ssize_t)sizeof(LaneRecord),
         "LaneHeader", LAYOUT_FIELD(LaneHeader, write), LAYOUT_FIELD(LaneHeader, read), LAYOUT_FIELD(LaneHeader, dropped), LAYOUT_FIELD(LaneHeader, capacity), LAYOUT_FIELD(LaneHeader, thread_id), LAYOUT_FIELD(LaneHeader, thread_name), "itemsize", (Py_ssize_t)sizeof(LaneHeader),
@@ -85,7 +85,7 @@ static PyObject *layout_of_build(void) {
         "ScalarsHeader", LAYOUT_FIELD(ScalarsHeader, time), LAYOUT_FIELD(ScalarsHeader, step), LAYOUT_FIELD(ScalarsHeader, iteration), LAYOUT_FIELD(ScalarsHeader, env_steps), LAYOUT_FIELD(ScalarsHeader, count), LAYOUT_FIELD(ScalarsHeader, reserved), "itemsize", (Py_ssize_t)sizeof(ScalarsHeader),
         "ScalarEntry", LAYOUT_FIELD(ScalarEntry, key), LAYOUT_FIELD(ScalarEntry, tag), LAYOUT_FIELD(ScalarEntry, reserved), LAYOUT_FIELD(ScalarEntry, value), "itemsize", (Py_ssize_t)sizeof(ScalarEntry),
         "RecordKind", "PHASE", (Py_ssize_t)RECORD_KIND_PHASE, "ITERATION_START", (Py_ssize_t)RECORD_KIND_ITERATION_START, "ITERATION_END", (Py_ssize_t)RECORD_KIND_ITERATION_END, "FLOW", (Py_ssize_t)RECORD_KIND_FLOW, "CORRELATE", (Py_ssize_t)RECORD_KIND_CORRELATE,
-        "MessageKind", "SKIP", (Py_ssize_t)MESSAGE_KIND_SKIP, "RUN", (Py_ssize_t)MESSAGE_KIND_RUN, "EVENT", (Py_ssize_t)MESSAGE_KIND_EVENT, "SCALARS", (Py_ssize_t)MESSAGE_KIND_SCALARS, "DISTRIBUTION", (Py_ssize_t)MESSAGE_KIND_DISTRIBUTION, "DEVICE_INTERVAL", (Py_ssize_t)MESSAGE_KIND_DEVICE_INTERVAL, "REMOTE_CYCLE", (Py_ssize_t)MESSAGE_KIND_REMOTE_CYCLE, "CUDA_FALLBACK", (Py_ssize_t)MESSAGE_KIND_CUDA_FALLBACK, "SCALARS_PACKED", (Py_ssize_t)MESSAGE_KIND_SCALARS_PACKED, "LOG", (Py_ssize_t)MESSAGE_KIND_LOG, "MEDIA", (Py_ssize_t)MESSAGE_KIND_MEDIA,
+        "MessageKind", "SKIP", (Py_ssize_t)MESSAGE_KIND_SKIP, "RUN", (Py_ssize_t)MESSAGE_KIND_RUN, "EVENT", (Py_ssize_t)MESSAGE_KIND_EVENT, "SCALARS", (Py_ssize_t)MESSAGE_KIND_SCALARS, "DISTRIBUTION", (Py_ssize_t)MESSAGE_KIND_DISTRIBUTION, "DEVICE_INTERVAL", (Py_ssize_t)MESSAGE_KIND_DEVICE_INTERVAL, "REMOTE_CYCLE", (Py_ssize_t)MESSAGE_KIND_REMOTE_CYCLE, "CUDA_FALLBACK", (Py_ssize_t)MESSAGE_KIND_CUDA_FALLBACK, "SCALARS_PACKED", (Py_ssize_t)MESSAGE_KIND_SCALARS_PACKED, "LOG", (Py_ssize_t)MESSAGE_KIND_LOG, "MEDIA", (Py_ssize_t)MESSAGE_KIND_MEDIA, "NOTICE", (Py_ssize_t)MESSAGE_KIND_NOTICE,
         "ValueTag", "FLOAT", (Py_ssize_t)VALUE_TAG_FLOAT, "INT", (Py_ssize_t)VALUE_TAG_INT, "NONE", (Py_ssize_t)VALUE_TAG_NONE, "BOOL", (Py_ssize_t)VALUE_TAG_BOOL);
 }
 

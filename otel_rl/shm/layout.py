@@ -191,6 +191,8 @@ class MessageKind(enum.IntEnum):
     """A warning of the agent, for its producer to log (the log ring)."""
     MEDIA = 10
     """A video or image to write: the handoff file holding its frames, or the file it names (:mod:`otel_rl.training.media_out`)."""
+    NOTICE = 11
+    """An otel-rl warning of the training process while a panel draws, for the panel to print above itself (:mod:`otel_rl.training.panel_warnings`)."""
 
 
 PICKLED = 0x100

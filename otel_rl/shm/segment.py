@@ -110,7 +110,7 @@ _LANE_WRITE, _LANE_READ, _LANE_DROPPED, _LANE_CAPACITY, _LANE_THREAD = map(
 _LANE_IDENTITY = struct.Struct("<q24s")
 """The thread id and name of a lane's header."""
 
-CONTROL_KINDS = frozenset({MessageKind.RUN, MessageKind.EVENT, MessageKind.CUDA_FALLBACK, MessageKind.MEDIA})
+CONTROL_KINDS = frozenset({MessageKind.RUN, MessageKind.EVENT, MessageKind.CUDA_FALLBACK, MessageKind.MEDIA, MessageKind.NOTICE})
 """Messages of the control ring (the data ring takes the rest): scalars never take their room."""
 FOREIGN = "\x00otel-rl foreign"
 """First item of the stand-in ``(FOREIGN, type name, repr)`` sent for a key or value of a marshalled

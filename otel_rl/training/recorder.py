@@ -49,7 +49,7 @@ _logger = logger(__name__)
 _RECORDER_IDS = itertools.count()
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-_MARSHALLED = frozenset({MessageKind.SCALARS, MessageKind.EVENT})
+_MARSHALLED = frozenset({MessageKind.SCALARS, MessageKind.EVENT, MessageKind.NOTICE})
 """Kinds whose records hold plain values (``marshal`` would turn an array into bytes: the others are pickled)."""
 _PLAIN = (str, int, float, bool, type(None))
 
@@ -259,6 +259,10 @@ class Recorder:
     def add_cuda_fallback(self, fallback: Any) -> None:
         """A CUDA phase timed on the host (:class:`otel_rl.core.records.CudaFallback`): its spans say why."""
         self._put(MessageKind.CUDA_FALLBACK, fallback)
+
+    def add_notice(self, text: str) -> bool:
+        """A warning line for the panel to print above itself; False where the control ring has no room (or this is a forked child)."""
+        return self._put(MessageKind.NOTICE, text)
 
     def add_remote(self, cycle: Any) -> None:
         """A cycle relayed from a worker process (:class:`otel_rl.core.records.RemoteCycle`)."""

@@ -210,26 +210,35 @@ with tel.run():
         with tel.iteration(i, env_steps=8 * (i + 1)):
             with tel.phase("learning", cuda=True):  # no CUDA on this machine: timed on the host, and said once
                 time.sleep(0.02)
+        if i == 10:
+            tel.scalars({"Train/mean_reward": float("nan")})  # said by the agent, logged here
+        if i == 20:
+            tel.scalars({"Loss/a b?": 1.0})  # said by the agent, logged here
+        if i == 30:
+            tel.reward_terms([1.0])  # said here, on the training thread
 tel.close()
 print("otel-rl-test: done", flush=True)
 """
 
 
-def test_a_warning_while_the_panel_draws_is_said_above_it_and_leaves_one_frame(tmp_path):
-    """The README's loop with a CUDA phase on a machine without CUDA: the one-line notice is printed above the panel,
-    once, and the terminal shows one frame at the end (a line printed over a frame left an old header on the screen)."""
+@pytest.mark.parametrize("agent", ["process", "thread"])
+def test_warnings_while_the_panel_draws_are_said_above_it_and_leave_one_frame(tmp_path, agent):
+    """The README's loop with a CUDA phase on a machine without CUDA, a reward gone NaN and a key of the wrong shape
+    (the agent says them) and reward terms that are not a mapping (the training thread says it): each line is printed above the panel, once, and the terminal shows one
+    frame at the end (a line printed over a frame left an old frame's header on the screen)."""
     import pyte
 
-    raw = in_terminal(tmp_path, environment(), CUDA_LOOP)
+    raw = in_terminal(tmp_path, environment(OTEL_RL_AGENT=agent), CUDA_LOOP)
     assert "otel-rl-test: done" in raw
-    screen = pyte.Screen(140, 50)
+    screen = pyte.Screen(140, 60)
     stream = pyte.Stream(screen)
     stream.feed(raw.replace("\n", "\r\n"))
     shown = [line.rstrip() for line in screen.display]
     headers = [line for line in shown if line.lstrip().startswith("╭─ otel-rl")]
-    said = [line for line in shown if "CUDA phases are timed on the host" in line]
-    assert len(headers) == 1 and len(said) == 1, "\n".join(shown)
-    assert shown.index(said[0]) < shown.index(headers[0])  # above the panel
+    assert len(headers) == 1, "\n".join(shown)
+    for words in ("CUDA phases are timed on the host", "Train/mean_reward is nan", "reward_terms() takes a mapping", "must be namespaced"):
+        said = [line for line in shown if words in line and "│" not in line]
+        assert len(said) == 1 and shown.index(said[0]) < shown.index(headers[0]), (words, "\n".join(shown))  # once, above the panel
 
 
 LONG_ITERATION = """
