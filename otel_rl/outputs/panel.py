@@ -355,11 +355,16 @@ class PanelState:
         return means
 
 
+def _under_way_words(under_way: tuple[int, float] | None) -> str:
+    """``iteration 3 under way for 12s`` (:meth:`PanelState.iteration_under_way`), empty for none."""
+    return "" if under_way is None else f"iteration {under_way[0]:,} under way for {_duration(under_way[1])}"
+
+
 def _window_words(timing: dict[str, Any], under_way: tuple[int, float] | None = None) -> str:
     """What the timing table is over: the window's average, or the last iterations where none ended in the window
     (and the iteration under way, when one has run for longer than the window)."""
     n = timing.get("n", 0)
-    now = "" if under_way is None else f"iteration {under_way[0]:,} under way for {_duration(under_way[1])}"
+    now = _under_way_words(under_way)
     if "ago_s" in timing:
         return f"Last {n} iteration{'s' if n > 1 else ''} ({_duration(timing['ago_s'])} ago{'; ' + now if now else ''})"
     if not n and now:
@@ -639,9 +644,9 @@ class PanelView:
             parts.append(f"iter {learner['wall_ms']:.2f} ms (n={learner['n']})")
             shares = sorted(learner["top"].items(), key=lambda kv: -kv[1])[:3]
             parts.append(", ".join(f"{_title(schema.LEARNER, k)} {100 * v / learner['wall_ms']:.0f}%" for k, v in shares))
-        under_way = self.state.iteration_under_way()
-        if under_way is not None:
-            parts.append(f"iteration {under_way[0]:,} under way for {_duration(under_way[1])}")
+        under_way = _under_way_words(self.state.iteration_under_way())
+        if under_way:
+            parts.append(under_way)
         fps = means.get("Perf/total_fps", self.state.steps_per_s() if self.state.derive_fps else None)
         if fps is not None:
             parts.append(f"{fps:.0f} steps/s")
