@@ -36,10 +36,22 @@ class PanelWarnings(logging.Handler):
             self.handleError(record)
 
 
+def draws_frames() -> bool:
+    """Whether the panel redraws frames on this terminal (the panel's own test: a terminal, not a dumb one). Printing
+    plain lines to a pipe or a dumb terminal, it garbles nothing: warnings stay on stderr, where logs and CI read them."""
+    from rich.console import Console
+
+    console = Console(file=sys.stdout)
+    return console.is_terminal and not console.is_dumb_terminal
+
+
 def install(recorder: Any) -> PanelWarnings | None:
-    """Send otel-rl's warnings to the panel while it draws; None (nothing changed) where the application handles them itself."""
+    """Send otel-rl's warnings to the panel while it draws; None (nothing changed) where the application handles them
+    itself or the panel draws no frames."""
     log = logging.getLogger(LOGGER)
     if log.hasHandlers():  # the application's own handlers, or the root logger's: where its lines go is its choice
+        return None
+    if not draws_frames():
         return None
     handler = PanelWarnings(recorder)
     log.addHandler(handler)
