@@ -15,10 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter_ns
+from typing import Any
 
 from otel_rl.base.clock import Clock
 from otel_rl.base.deadline import Deadline
 from otel_rl.base.drops import Drops
+from otel_rl.base.log import logger
 from otel_rl.core.identity import RunIdentity
 from otel_rl.core.pipeline import Pipeline, RecordSink
 from otel_rl.core.records import RunStart
@@ -33,6 +35,8 @@ from otel_rl.agent.media import MediaWriter
 from otel_rl.formats import protocol, schema
 from otel_rl.run import media
 from otel_rl.outputs.factory import FLUSH_DRIVEN_S, OWN_PERIOD_S, Context, build_outputs
+
+_logger = logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,7 @@ class ProducerOutputs:
         file_interval_s = FLUSH_DRIVEN_S if durable else OWN_PERIOD_S
         context = Context(self.drops, seq, self.clock, takeover, announced, self.pending, self.dropped, file_interval_s)
         self.outputs = build_outputs(identity, context, sinks)
+        self._state_too_large = False
         budget = SpanBudget(config.span_budget_per_s) if self.outputs.exports_spans else None
         previous = identity.previous
         step_check = StepCheck(None if previous is None else previous.last_steps)
@@ -102,6 +107,20 @@ class ProducerOutputs:
         # They carry the run's latest iteration and env steps, so that they plot against the run's axes.
         iteration, env_steps = self.pipeline.latest_axes
         self.inbox.add_scalars((perf_counter_ns(), values, None, iteration, env_steps))
+
+    def save_state(self, held: Any) -> None:
+        """Save the outputs' counts for the commit with ``held`` about to be made (an agent taking over goes on from them)."""
+        payload = self.outputs.state()
+        if not self.source.save_state(held, payload) and not self._state_too_large:
+            self._state_too_large = True
+            _logger.warning("otel-rl: the outputs' counts (%d KiB) are too large to keep for an agent that takes over; "
+                            "after one, run_summary.json counts from its start", len(payload) >> 10)  # fmt: skip
+
+    def restore_state(self) -> None:
+        """Go on from the counts the previous agent saved at its last commit (where this one reads on from)."""
+        payload = self.source.saved_state()
+        if payload is not None:
+            self.outputs.restore(payload)
 
     def continue_run(self, run: RunStart) -> None:
         """A run another agent started (its start record is out): what the spans and the panel need of it."""

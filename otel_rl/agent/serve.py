@@ -132,8 +132,11 @@ class SegmentServer(BackgroundLoop):
         """Commit what the pipeline read, once the files hold it (at once where nothing can take over)."""
         deadline = Deadline(1.0)
         if not self._durable or self.producer.outputs.flush_files(deadline):
+            held = self.producer.pipeline.lanes.held
+            if self._durable:  # the counts as they stand at this commit, for an agent that takes over to go on from
+                self.producer.save_state(held)
             self._commit_file_sizes()  # first: a death between the two re-reads (never skips) one pass
-            self.producer.source.commit(self.producer.pipeline.lanes.held)  # an open iteration: read again whole by a next agent
+            self.producer.source.commit(held)  # an open iteration: read again whole by a next agent
             self.reader.set("commits", self.reader.get("commits") + 1)
 
     def _end(self, ended: tuple[str, str] | None) -> None:
@@ -211,6 +214,8 @@ def serve_segment(
     # Before a first commit, the previous agent's pending record is cut off with the rest: this one writes it.
     stem = media_stem if reader.path is None else reader.path.with_suffix("")
     producer = ProducerOutputs(identity, source, sinks, takeover, announced=reader.get("commits") > 0, durable=durable, media_stem=stem)
+    if not first:
+        producer.restore_state()  # what the previous agent counted up to its last commit: counted once, on from there
     if source.run is not None:
         producer.continue_run(source.run)
     return SegmentServer(reader, producer, before_close, durable, in_process)

@@ -118,7 +118,18 @@ class SegmentSource:
         assembly: :meth:`otel_rl.core.assembly.LaneAssembler.held`); they stay uncommitted, so that a reader taking
         over reads the whole iteration again rather than its end alone.
         """
-        self.reader.commit([held(key) if key else 0 for key in self._lane_keys] if held is not None else None)
+        self.reader.commit(self._held(held))
+
+    def _held(self, held: Any) -> list[int] | None:
+        return [held(key) if key else 0 for key in self._lane_keys] if held is not None else None
+
+    def save_state(self, held: Any, payload: bytes) -> bool:
+        """Keep the outputs' counts (``payload``) as they stand at the :meth:`commit` with ``held`` about to be made."""
+        return self.reader.save_state(self.reader.mark_after(self._held(held)), payload)
+
+    def saved_state(self) -> bytes | None:
+        """The outputs' counts the previous reader saved at its last commit, where this one starts; None if none match."""
+        return self.reader.saved_state()
 
     def dropped(self) -> dict[str, int]:
         """The producer's drops (its lanes' and rings') and the records this agent could not read."""

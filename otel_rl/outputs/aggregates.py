@@ -352,6 +352,30 @@ class Aggregates:
             "max_ms": bins.maximum if bins.count else 0.0,
         }
 
+    # -- an agent taking over ----------------------------------------------
+
+    _STATE = ("_start_ns", "_phases", "_iterations", "_accounted_ms", "_gauges", "_gauge_times", "_env_steps", "_scalar_env_steps",
+              "_run_info", "_bottleneck", "_run_active", "_events", "_distributions")  # fmt: skip
+
+    def state(self) -> dict[str, Any]:
+        """Everything counted so far, for an agent that takes over to go on from (:meth:`restore`); folded first."""
+        with self._lock:
+            self._fold()
+            return {name: getattr(self, name) for name in self._STATE}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Go on from the counts of the agent that served the producer before (what it committed, of :meth:`state`)."""
+        with self._lock:
+            for name in self._STATE:
+                if name in state:
+                    setattr(self, name, state[name])
+            self._by_spec = {}
+            self._spec_refs = []
+            for (_, _, clock), (spec, bins) in self._phases.items():  # the pipeline's own specs join these by name
+                self._by_spec.setdefault(clock, {})[id(spec)] = bins
+                self._spec_refs.append(spec)
+            self._by_spec.setdefault("host", {})
+
     def snapshot(self, now_ns: int) -> Snapshot:
         """Every series as it stands, copied under the lock; exemplars are handed out once."""
         with self._lock:

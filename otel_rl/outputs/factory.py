@@ -12,6 +12,7 @@ started stopped again.
 from __future__ import annotations
 
 import functools
+import pickle
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from otel_rl.core.identity import RunIdentity
 from otel_rl.core.pipeline import RecordSink
 from otel_rl.formats import protocol, schema, trace
 from otel_rl.outputs.aggregates import Aggregates, AggregatorSink
+from otel_rl.outputs.summary import SummarySink
 from otel_rl.run import files
 
 _logger = logger(__name__)
@@ -114,6 +116,27 @@ class OutputSet:
         self.otel.on_run_start(run)
         if self.panel is not None:
             self.panel.on_run_start(run)
+
+    def state(self) -> bytes:
+        """What the outputs counted so far (the aggregates, the summary's fields), for an agent that takes over."""
+        state: dict[str, Any] = {"aggregates": self.aggregates.state()}
+        for sink in self.sinks:
+            if isinstance(sink, SummarySink):
+                state["summary"] = sink.state()
+        return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def restore(self, payload: bytes) -> bool:
+        """Go on from what the previous agent counted up to its last commit (:meth:`state`); False where it cannot be read."""
+        try:
+            state = pickle.loads(payload)
+            self.aggregates.restore(state["aggregates"])
+        except Exception as exc:  # another version's state, say: the counts start from here, as before
+            _logger.warning("otel-rl: the previous agent's counts could not be read (%s); run_summary.json counts from here on", exc)
+            return False
+        for sink in self.sinks:
+            if isinstance(sink, SummarySink) and "summary" in state:
+                sink.restore(state["summary"])
+        return True
 
     def flush_files(self, deadline: Deadline) -> bool:
         """Write out the run folder's streamed files (``metrics.jsonl``, the trace part); True when both hold everything."""
@@ -234,8 +257,6 @@ class _Builder:
         )  # fmt: skip
         self.sinks += [otel, AggregatorSink(aggregates, context.dropped)]
         if config.run_dir is not None and speaks_for_job(config):
-            from otel_rl.outputs.summary import SummarySink
-
             previous = identity.previous
             self.sinks.append(SummarySink(config, aggregates, identity.trace_id, 0 if previous is None else previous.resumes + 1))
         live = self._motrix()

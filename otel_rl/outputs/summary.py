@@ -74,6 +74,17 @@ class SummarySink(RecordSink):
     def on_scalars(self, batch: ScalarBatch) -> None:
         self._last_scalars.update(batch.latest_values())
 
+    _STATE = ("_status", "_reason", "_start_ns", "_end_ns", "_last_scalars", "_algorithm", "_fields")
+
+    def state(self) -> dict[str, Any]:
+        """What the summary holds besides the aggregates, for an agent that takes over (:meth:`restore`)."""
+        return {name: getattr(self, name) for name in self._STATE}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        for name in self._STATE:
+            if name in state:
+                setattr(self, name, state[name])
+
     def summary(self) -> dict[str, Any]:
         timelines = self._aggregates.phase_summary()
         return {

@@ -15,6 +15,8 @@ integers little-endian)::
     control ring         run records and events: scalars never take their room
     data ring            scalars, distributions, GPU intervals, relayed cycles
     lanes                one ring of fixed 48-byte records per recording thread
+    states   2 x 128 KiB   the agent's cumulative aggregates at its last two commits, each with the mark it
+                           matches, for an agent taking over (written by the agent, two slots in turn)
 
 Every ring has one writer and one reader and moves two counters: the writer
 publishes ``write`` after the bytes it covers, the reader publishes ``read``
@@ -61,6 +63,8 @@ HEADER_BYTES = 4096
 NAMES_BYTES = 1 << 20
 CONFIG_BYTES = 1 << 20
 SLOT_BYTES = 64 << 10
+STATE_BYTES = 128 << 10
+_MARK = struct.Struct("<QQQ")
 LOG_BYTES = 256 << 10
 MAX_LANES = 8
 """Recording threads per process with a lane; the records of further threads are dropped (one warning)."""
@@ -90,16 +94,20 @@ def fitted_sizes(lane_capacity: int, free_bytes: int) -> tuple[int, int, int]:
     full = _Regions(lane_capacity, CONTROL_BYTES, DATA_BYTES)
     if full.total <= budget:
         return lane_capacity, CONTROL_BYTES, DATA_BYTES
-    fixed = _Regions(0, 0, 0).total
-    scale = max(budget - fixed, 0) / (full.total - fixed)
-    sizes = (
-        min(lane_capacity, max(MIN_LANE_CAPACITY, int(lane_capacity * scale))),
-        max(MIN_CONTROL_BYTES, int(CONTROL_BYTES * scale) & ~4095),
-        max(MIN_DATA_BYTES, int(DATA_BYTES * scale) & ~4095),
-    )
-    if _Regions(*sizes).total > budget:
+    def scaled(scale: float) -> tuple[int, int, int]:
+        return (
+            min(lane_capacity, max(MIN_LANE_CAPACITY, int(lane_capacity * scale))),
+            max(MIN_CONTROL_BYTES, int(CONTROL_BYTES * scale) & ~4095),
+            max(MIN_DATA_BYTES, int(DATA_BYTES * scale) & ~4095),
+        )
+
+    if _Regions(*scaled(0.0)).total > budget:
         raise OSError(errno.ENOSPC, f"{free_bytes >> 20} MiB free in the shared-memory filesystem: too little for a segment")
-    return sizes
+    low, high = 0.0, 1.0  # the largest scale that fits (a part held at its minimum leaves the others less room)
+    for _ in range(30):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _Regions(*scaled(middle)).total <= budget else (low, middle)
+    return scaled(low)
 
 RECORD = np.dtype(layout.LANE_RECORD.numpy())
 """:data:`otel_rl.shm.layout.LANE_RECORD`, a lane's record, as a ``numpy`` dtype."""
@@ -166,6 +174,7 @@ _FIELDS = {
     "commits": 200,
     "dropped_phase_misuse": 208,
     "dropped_unlaned": 216,  # phases of threads beyond the lanes (counted by the producer, reported by the agent)
+    "states_saved": 224,  # how many states the agent saved (SegmentReader.save_state): the next goes to slot states_saved % 2
 }
 DROP_FIELDS = {"scalars": "dropped_scalars", "events": "dropped_events", "distributions": "dropped_distributions",
                "device_intervals": "dropped_device_intervals", "relay": "dropped_relay",
@@ -194,9 +203,9 @@ def _i64(buffer: mmap.mmap, offset: int) -> ctypes.c_int64:
     return ctypes.c_int64.from_buffer(buffer, offset)
 
 
-def _write_slot(buffer: mmap.mmap, offset: int, payload: bytes) -> bool:
+def _write_slot(buffer: mmap.mmap, offset: int, payload: bytes, size: int = SLOT_BYTES) -> bool:
     """Replace a slot's payload (one writer): its version is odd while it is written (a seqlock)."""
-    if len(payload) > SLOT_BYTES - 16:
+    if len(payload) > size - 16:
         return False
     version = _u64(buffer, offset)
     version.value += 1
@@ -206,7 +215,7 @@ def _write_slot(buffer: mmap.mmap, offset: int, payload: bytes) -> bool:
     return True
 
 
-def _read_slot(buffer: mmap.mmap, offset: int) -> bytes | None:
+def _read_slot(buffer: mmap.mmap, offset: int, size: int = SLOT_BYTES) -> bytes | None:
     """A slot's payload as one whole version; None before the first write (or if it kept changing)."""
     version = _u64(buffer, offset)
     for _ in range(100):
@@ -214,7 +223,7 @@ def _read_slot(buffer: mmap.mmap, offset: int) -> bytes | None:
         if before % 2:  # being written
             continue
         (length,) = struct.unpack_from("<Q", buffer, offset + 8)
-        payload = bytes(buffer[offset + 16 : offset + 16 + min(length, SLOT_BYTES - 16)])
+        payload = bytes(buffer[offset + 16 : offset + 16 + min(length, size - 16)])
         if version.value == before:
             return payload if before else None
     return None
@@ -236,7 +245,8 @@ class _Regions:
         self.data_bytes = data_bytes
         self.lanes = self.data + RING_HEADER_BYTES + data_bytes
         self.lane_bytes = LANE_HEADER_BYTES + lane_capacity * RECORD.itemsize
-        self.total = self.lanes + MAX_LANES * self.lane_bytes
+        self.states = self.lanes + MAX_LANES * self.lane_bytes
+        self.total = self.states + 2 * STATE_BYTES
 
     def lane(self, index: int) -> int:
         return self.lanes + index * self.lane_bytes
@@ -655,11 +665,52 @@ class SegmentReader:
         ``held``: per lane, how many of the records taken last are kept back (read again by a next reader); at most a
         quarter of the lane, so that the writer always has room.
         """
-        for lane, ((_, read, _, _, records), taken) in enumerate(zip(self._lanes, self._lanes_taken)):
-            back = held[lane] if held is not None and lane < len(held) else 0
-            read.value = max(read.value, taken - min(back, len(records) // 4))
+        for read, value in self._lane_targets(held):
+            read.value = value
         self.control.commit()
         self.data.commit()
+
+    def _lane_targets(self, held: list[int] | None) -> list[tuple[ctypes.c_uint64, int]]:
+        out = []
+        for lane, ((_, read, _, _, records), taken) in enumerate(zip(self._lanes, self._lanes_taken)):
+            back = held[lane] if held is not None and lane < len(held) else 0
+            out.append((read, max(read.value, taken - min(back, len(records) // 4))))
+        return out
+
+    def _unseen_lanes_read(self) -> int:
+        """The read positions of the lanes registered that this reader has not looked at yet (it moves none of them)."""
+        count = min(self.get("lane_count"), MAX_LANES)
+        return sum(_u64(self.buffer, self.regions.lane(i) + _LANE_READ).value for i in range(len(self._lanes), count))
+
+    def mark_after(self, held: list[int] | None = None) -> tuple[int, int, int]:
+        """The mark :meth:`commit` with ``held`` will publish: the rings' read positions and the lanes' summed (each only
+        moves forward, so equal marks are the same commit)."""
+        rings = tuple(ring.read.value if ring.taken is None else ring.taken for ring in (self.control, self.data))
+        return (*rings, sum(value for _, value in self._lane_targets(held)) + self._unseen_lanes_read())  # type: ignore[return-value]
+
+    def committed_mark(self) -> tuple[int, int, int]:
+        """The mark of the last commit (any reader's): where a reader taking over starts."""
+        lanes = sum(read.value for _, read, _, _, _ in self._lanes) + self._unseen_lanes_read()
+        return (self.control.read.value, self.data.read.value, lanes)
+
+    def save_state(self, mark: tuple[int, int, int], payload: bytes) -> bool:
+        """Keep the outputs' cumulative state as it stands at ``mark`` (a commit about to be published), in the slot the
+        previous commit's state is not in; False if it is too large."""
+        slot = self.regions.states + (self.get("states_saved") % 2) * STATE_BYTES
+        if not _write_slot(self.buffer, slot, _MARK.pack(*mark) + payload, STATE_BYTES):
+            return False
+        self.set("states_saved", self.get("states_saved") + 1)
+        return True
+
+    def saved_state(self) -> bytes | None:
+        """The outputs' state saved at the last commit (None: none saved that matches it, as after a death between
+        saving a state and committing, when the other slot's does)."""
+        mark = self.committed_mark()
+        for index in (0, 1):
+            payload = _read_slot(self.buffer, self.regions.states + index * STATE_BYTES, STATE_BYTES)
+            if payload is not None and len(payload) >= _MARK.size and _MARK.unpack_from(payload) == mark:
+                return payload[_MARK.size :]
+        return None
 
     def claim(self) -> bool:
         """Become the one reader of this segment's file: True, or False when another holds it.

@@ -115,6 +115,10 @@ def test_a_killed_agent_costs_no_training_and_its_work_is_finished_at_close(tmp_
     steps = [r["step"] for r in found if r["kind"] == "scalars" and "Loss/critic" in r["values"]]
     # The dead agent committed only what its files held: every step arrives, once.
     assert steps == [10 * (i + 1) for i in range(100)]
+    # What the dead agent had counted is counted once: the summary's are the whole run's, as the trace's.
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    assert summary["timelines"]["learner"]["phases"]["learning"]["count"] == learning_slices(run_dir) == 100, summary["timelines"]
+    assert summary["timelines"]["learner"]["iterations"]["count"] == 100
     assert not _segments_of(run_dir.name)
 
 
@@ -137,6 +141,11 @@ def test_a_new_agent_takes_over_while_training_runs(tmp_path):
     # The new agent's trace part sits next to the first agent's; the run span closes in its part.
     assert (run_dir / "trace.agent-1.perfetto-trace").exists()
     assert learning_slices(run_dir) >= 40
+    # What the first agent had counted is counted once: the summary's are the whole run's, as the trace's.
+    summary = json.loads((run_dir / "run_summary.json").read_text())
+    learner = summary["timelines"]["learner"]
+    assert learner["phases"]["learning"]["count"] == learning_slices(run_dir), learner
+    assert learner["iterations"]["count"] == 100 and summary["env_steps"] == 1000
     assert not _segments_of(run_dir.name)
 
 

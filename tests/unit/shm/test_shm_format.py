@@ -310,3 +310,24 @@ def test_any_number_of_segments_map_in_one_process_and_their_guards_are_freed_wi
     del held, view, mapping
     gc.collect()
     assert len(os.listdir(f"/proc/{os.getpid()}/fd")) <= descriptors  # every descriptor went with its mapping
+
+
+def test_the_counts_saved_with_a_commit_are_the_ones_a_reader_taking_over_finds():
+    """An agent saves its counts just before each commit; one taking over finds those of the last commit made, also
+    when its predecessor died between saving the next counts and committing them (it re-reads that pass)."""
+    recorder, pipeline, _ = _segment_pipeline()
+    (source,) = [s for s in pipeline.sources if isinstance(s, SegmentSource)]
+    assert source.saved_state() is None  # nothing saved: a first reader starts from nothing
+    recorder.add_scalars((perf_counter_ns(), {"Loss/a": 1.0}, 1, None, None))
+    pipeline.drain()
+    assert source.save_state(None, b"counts at the first commit")
+    source.commit()
+    assert SegmentSource(shm.SegmentReader(source.reader.buffer)).saved_state() == b"counts at the first commit"
+    recorder.add_scalars((perf_counter_ns(), {"Loss/a": 2.0}, 2, None, None))
+    pipeline.drain()
+    assert source.save_state(None, b"counts at the second commit")  # and the reader dies before it commits
+    assert SegmentSource(shm.SegmentReader(source.reader.buffer)).saved_state() == b"counts at the first commit"
+    source.commit()
+    assert SegmentSource(shm.SegmentReader(source.reader.buffer)).saved_state() == b"counts at the second commit"
+    assert not source.save_state(None, b"x" * shm.STATE_BYTES)  # too large: refused, the last ones kept
+    assert SegmentSource(shm.SegmentReader(source.reader.buffer)).saved_state() == b"counts at the second commit"
