@@ -37,6 +37,8 @@ def test_every_surface_names_the_truth(tmp_path, loop, host):
     found = {**surfaces(loop, tmp_path / "run"), "host": host}
     print("\n" + table([found]))
     assert found["live"] == found["trace"] == found["read"] == loop.truth, found
+    if loop.phase is not None:
+        assert set(found["phases"]) == {loop.phase}, found
     if loop.change_at is None and loop.name != "warm-up then steady":
         assert found["changes"] == 0, found  # steady: said once, never flipped
     if loop.change_at is not None:

@@ -5,7 +5,8 @@
 MODE ``plain``: the example's settings; ``raise``: a second reward function raises at the third step; ``trl-wandb``:
 TRL reports to W&B (offline) while otel-rl does not; ``both-wandb``: both ask for W&B; ``rloo``: RLOOTrainer. Under ``accelerate launch``
 each process is a rank of one run (the run folder given). ``nan``: the reward function returns NaN; ``three``: three trainers
-trained one after another with one ``tel``, each let go after (it prints how many of them are still alive).
+trained one after another with one ``tel``, each let go after (it prints how many of them are still alive);
+``slow-judge``: the reward is a judge that takes 0.8 s a call.
 """
 
 from __future__ import annotations
@@ -33,12 +34,20 @@ def judge(completions, **kwargs):
     return [0.5] * len(completions)
 
 
+def slow_judge(completions, **kwargs):
+    """A reward judge that takes 0.8 s a call (a model served elsewhere): scoring sets the pace."""
+    import time
+
+    time.sleep(0.8)
+    return [0.5] * len(completions)
+
+
 def collapsed(completions, **kwargs):
     """A reward that collapsed: NaN for every completion."""
     return [float("nan")] * len(completions)
 
 
-rewards = [trl_grpo.reward_len, judge] if mode == "raise" else [collapsed] if mode == "nan" else None
+rewards = {"raise": [trl_grpo.reward_len, judge], "nan": [collapsed], "slow-judge": [slow_judge]}.get(mode)
 report_to = ["wandb"] if mode in ("trl-wandb", "both-wandb") else []
 if mode == "rloo":  # RLOOTrainer, which shares GRPO's code path
     import tempfile
@@ -54,7 +63,7 @@ if mode == "rloo":  # RLOOTrainer, which shares GRPO's code path
                       max_completion_length=8, beta=0.04, logging_steps=1, save_strategy="no")  # fmt: skip
     trainer = RLOOTrainer(model=str(model_dir), processing_class=trl_grpo.tokenizer(), reward_funcs=[trl_grpo.reward_len], args=args, train_dataset=prompts)
 else:
-    trainer = trl_grpo.trainer(f"{run_dir}/trl", steps, rewards, report_to=report_to, num_iterations=1 if mode == "raise" else 2)
+    trainer = trl_grpo.trainer(f"{run_dir}/trl", steps, rewards, report_to=report_to, num_iterations=1 if mode in ("raise", "slow-judge") else 2)
 tel = otel_rl.init(run_dir=run_dir, algorithm="grpo", wandb=mode == "both-wandb", system_metrics_interval_s=0)
 if mode == "plain":
     instrument(trainer, tel)  # set up twice (a notebook cell run again): each step is still recorded once

@@ -1,7 +1,9 @@
-"""Loops whose bottleneck is known by construction (sleeps), and what each surface of otel-rl says of them.
+"""Loops whose bottleneck is known by construction (sleeps, and real libraries slowed where the truth says), and what
+each surface of otel-rl says of them.
 
-Each loop is a learner whose Collector Wait stands for the collector it waits on; ``truth`` is the side that sets
-its pace in its steady state (``balanced`` where the wait sits at the line). :func:`surfaces` runs one and reads
+Each sleeping loop is a learner whose Collector Wait stands for the collector it waits on; ``truth`` is the side that
+sets its pace in its steady state (``balanced`` where the wait sits at the line). SB3's PPO with its defaults (long
+iterations, an environment made slow) and TRL's GRPO (a slow reward judge) are the libraries', as users train them. :func:`surfaces` runs one and reads
 the live verdict's last word (``metrics.jsonl``: what the panel, the page, TensorBoard and W&B show), the
 trace's headline (``otel-rl analyze``), and ``otel_rl.read.runs`` over the folder.
 """
@@ -30,6 +32,10 @@ class Loop:
     """(iteration, seconds since start) -> (seconds outside any phase, collector wait, learning: 0 for none)."""
     change_at: int | None = None
     """The iteration where the pace-setter changes (a regime change), if it does."""
+    runner: Callable[[Path], None] | None = None
+    """A real library's training into the folder given, in place of ``step``'s sleeps."""
+    phase: str | None = None
+    """The phase that sets the pace, where the loop's truth names one."""
 
 
 def _steady(wait: float, learning: float) -> Callable[[int, float], tuple[float, float, float]]:
@@ -51,6 +57,48 @@ def _change(i: int, t: float) -> tuple[float, float, float]:
     return (0.0, 0.015, 0.003) if i < CHANGE_AT else (0.0, 0.001, 0.015)  # collector-bound, then learner-bound
 
 
+
+
+SLEEP_S = 0.001
+
+
+def sb3_ppo_defaults(run_dir: Path) -> None:
+    """SB3's PPO as its README trains it (defaults: 2,048-step rollouts, 10 epochs of 64) on a CartPole whose every
+    step takes 1 ms more: each iteration is a rollout of 3 s or more and an update of under a second."""
+    import gymnasium as gym
+    from stable_baselines3 import PPO
+
+    from otel_rl.integrations.sb3 import TelemetryCallback
+
+    class SlowStep(gym.Wrapper):
+        def step(self, action):
+            time.sleep(SLEEP_S)
+            return self.env.step(action)
+
+    tel = otel_rl.init(run_dir=run_dir, quiet=True)
+    model = PPO("MlpPolicy", SlowStep(gym.make("CartPole-v1")), device="cpu", seed=0)
+    model.learn(3 * 2048, callback=TelemetryCallback(tel))
+    tel.close()
+
+
+def trl_grpo_slow_reward(run_dir: Path) -> None:
+    """TRL's GRPO on the tiny model of ``examples/trl_grpo.py``, its reward a judge that takes 0.4 s a call."""
+    import subprocess
+    import sys
+
+    from locations import REPO
+
+    done = subprocess.run([sys.executable, str(REPO / "tests/support/trl_target.py"), str(run_dir), "6", "slow-judge"],
+                          capture_output=True, text=True, timeout=600, env=subprocess_env())  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def subprocess_env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "OTEL_RL_QUIET": "1"}
+
+
 LOOPS = (
     Loop("learner-bound", "learner", 5, _steady(0.001, 0.015)),
     Loop("collector-bound", "collector", 5, _steady(0.015, 0.003)),
@@ -58,10 +106,15 @@ LOOPS = (
     Loop("warm-up then steady", "learner", 6, _warm_up),
     Loop("one-off start-up", "learner", 6, _start_up),
     Loop("regime change", "learner", 8, _change, change_at=CHANGE_AT),
+    Loop("SB3 PPO, defaults", "collector", 0, _steady(0, 0), runner=sb3_ppo_defaults, phase="env_step"),
+    Loop("TRL GRPO", "learner", 0, _steady(0, 0), runner=trl_grpo_slow_reward, phase="reward"),
 )
 
 
 def run(loop: Loop, run_dir: Path, **options) -> None:
+    if loop.runner is not None:
+        loop.runner(run_dir)
+        return
     tel = otel_rl.init(run_dir=run_dir, quiet=True, **options)
     with tel.run():
         start = time.monotonic()
@@ -94,6 +147,7 @@ def surfaces(loop: Loop, run_dir: Path) -> dict:
         "live": said[-1]["side"] if said else None,
         "trace": report.diagnosis.side,
         "read": row["bottleneck_side"],
+        "phases": (said[-1].get("phase") if said else None, report.diagnosis.phase, row["bottleneck_phase"]),
         "said": [s["text"] for s in said],
         "changes": len(changes),
         "change_iterations": [s.get("iteration") for s in changes],
