@@ -104,11 +104,19 @@ class SegmentServer(BackgroundLoop):
         request = reader.get("flush_request")
         flushing = request > reader.get("flush_done")
         if closing or ended is not None or flushing or time.monotonic() >= self._next_pass:
-            self._passes()
+            try:
+                self._passes()
+            except Exception:
+                if not (closing or ended is not None):
+                    raise  # said once by the loop, and tried again next round
+                _logger.warning("otel-rl: reading the segment of process %d failed; its run ends with what was read",
+                                self.producer.identity.pid, exc_info=True)  # fmt: skip
             self._next_pass = time.monotonic() + self._pass_every_s
         if closing or ended is not None:
-            self._end(ended)
-            self.close(Deadline(0))
+            try:
+                self._end(ended)  # a pass that keeps failing never keeps the agent past its producer's end
+            finally:
+                self.close(Deadline(0))
         elif flushing:
             self.producer.flush(ProducerDeadline(reader, 5.0))
             reader.set("flush_done", request)

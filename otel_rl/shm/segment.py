@@ -581,6 +581,12 @@ class SegmentReader:
         self.regions = regions = _Regions(
             self.header["lane_capacity"].value, self.header["control_bytes"].value, self.header["data_bytes"].value
         )
+        if len(buffer) < regions.total:  # laid out by another otel-rl version (or cut short): none of it is read
+            length = len(buffer)
+            self.header.clear()
+            if self._mapping is not None:
+                self._mapping.close()
+            raise ValueError(f"{source} holds {length} bytes where its header says {regions.total}: a segment of another otel-rl version, or cut short")
         self.control = Ring(buffer, regions.control, regions.control_bytes)
         self.data = Ring(buffer, regions.data, regions.data_bytes)
         self.logs = Ring(buffer, regions.logs, LOG_BYTES)

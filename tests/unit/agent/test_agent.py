@@ -632,3 +632,40 @@ tel.close()
     assert learner.accounted_share + learner.stall_share <= 1.0 + 1e-9
     said = [r["attributes"] for r in records(run_dir) if r["kind"] == "event" and r["name"] == "bottleneck"]
     assert any(s.get("iteration", -1) >= 4 for s in said), said  # the next agent says the live verdict of the run it took over
+
+
+def test_a_pass_that_keeps_failing_never_keeps_the_agent_past_its_producers_close(tmp_path, monkeypatch, caplog):
+    """A segment the agent cannot read (say, laid out by another otel-rl version: a pass raised every round, commit
+    never came, and the agent outlived its producer for good): once the producer closes, the run ends with what was
+    read and the agent is done."""
+    from otel_rl.agent import serve
+    from otel_rl.base.clock import Clock
+    from otel_rl.config import TelemetryConfig
+    from otel_rl.core.identity import RunIdentity
+
+    def fails(self):
+        raise IndexError("a pass that cannot read its segment")
+
+    monkeypatch.setattr(serve.SegmentServer, "_passes", fails)  # the fault injected; the server's own handling is tested
+    config = TelemetryConfig.from_options(tmp_path / "run", None, jsonl=True, trace_enabled=False, panel=False, system_metrics_interval_s=0)
+    clock = Clock()
+    identity = RunIdentity(config, 0x1234, None, os.getpid(), clock.now_ns(), clock.offset_ns)
+    segment = shm.Segment(None, b"", 64)
+    server = serve.serve_segment(shm.SegmentReader(segment.buffer), identity)
+    time.sleep(0.5)  # rounds that fail while the producer lives: said, and tried again
+    assert not server.done.is_set()
+    segment.set("state", shm.CLOSING)
+    assert server.done.wait(30)
+    assert segment.get("agent_state") == shm.AGENT_DONE
+    assert any("its run ends with what was read" in r.getMessage() for r in caplog.records)
+
+
+def test_a_segment_of_another_layout_is_refused_whole(tmp_path):
+    """A file shorter than its header's layout (another otel-rl version's segment) is not read past its end: refused, said why."""
+    path = tmp_path / "old.seg"
+    segment = shm.Segment(path, b"", 64)
+    total = segment.regions.total
+    os.truncate(path, total - shm.STATE_BYTES)
+    with pytest.raises(ValueError, match="another otel-rl version"):
+        shm.SegmentReader(path)
+    segment.close()
