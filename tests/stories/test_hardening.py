@@ -378,13 +378,13 @@ def test_close_waits_for_every_output_within_one_deadline(tmp_path):
                         pass
                 tel.scalars({"Loss/critic": float(i)})
         started = time.monotonic()
-        tel.close(timeout_s=1.5)
+        tel.close(timeout_s=4.0)  # the agent process starts and writes: seconds on a loaded 2-core host
         took = time.monotonic() - started
         lines = read_jsonl(tmp_path)  # right after close(): no join, no sleep
     finally:
         del os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"], os.environ["OTEL_EXPORTER_OTLP_PROTOCOL"]
         silent.stop()
-    assert took < 2.0
+    assert took < 5.0
     assert [r["status"] for r in lines if r["kind"] == "run"] == ["pending", "running", "finished"]
     assert sum(1 for r in lines if r["kind"] == "scalars" and "Loss/critic" in r["values"]) == 20
     assert not [t for t in threading.enumerate() if t.name in ("otel-rl-jsonl", "otel-rl-pipeline", "otel-rl-system", "otel-rl-workers")]

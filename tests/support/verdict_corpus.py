@@ -59,12 +59,13 @@ def _change(i: int, t: float) -> tuple[float, float, float]:
 
 
 
-SLEEP_S = 0.001
+SLEEP_S = 0.002
 
 
 def sb3_ppo_defaults(run_dir: Path) -> None:
     """SB3's PPO as its README trains it (defaults: 2,048-step rollouts, 10 epochs of 64) on a CartPole whose every
-    step takes 1 ms more: each iteration is a rollout of 3 s or more and an update of under a second."""
+    step takes 2 ms more: each iteration is a rollout of 4 s or more and an update of under a second (a few on a
+    loaded host)."""
     import gymnasium as gym
     from stable_baselines3 import PPO
 
@@ -75,6 +76,9 @@ def sb3_ppo_defaults(run_dir: Path) -> None:
             time.sleep(SLEEP_S)
             return self.env.step(action)
 
+    import torch
+
+    torch.set_num_threads(1)  # two OpenMP threads on two cores, one of them busy, make an update tens of times slower
     tel = otel_rl.init(run_dir=run_dir, quiet=True)
     model = PPO("MlpPolicy", SlowStep(gym.make("CartPole-v1")), device="cpu", seed=0)
     model.learn(3 * 2048, callback=TelemetryCallback(tel))

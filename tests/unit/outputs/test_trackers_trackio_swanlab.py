@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 
 import numpy as np
+import psutil
 import pytest
 import torch
 import trackio_reader
@@ -36,7 +38,11 @@ def train(tel, n=20, fail=None):
                 tel.distribution("Policy/action", torch.linspace(-1, 1, 101))
         if fail is not None:
             raise fail
+    agent = tel.stats().get("agent_pid") if tel.stats().get("agent") == "process" else None
     tel.close()
+    if agent:  # past the close deadline the agent process goes on handing a slow SDK its records: read once it is done
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(agent).wait(timeout=150)
 
 
 def test_scalars_axes_timings_histograms_events_and_config_reach_trackio(tmp_path):
