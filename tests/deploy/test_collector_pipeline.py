@@ -32,7 +32,7 @@ import generate as dashboards  # noqa: E402
 
 from otel_rl.formats import schema  # noqa: E402
 
-SLEEP_MS = {"collector_wait": 2.0, "learning": 20.0, "env_step": 7.0, "learner_action_wait": 1.5}
+SLEEP_MS = {"collector_wait": 1.0, "learning": 12.0, "env_step": 7.0, "learner_action_wait": 1.5}
 LOOP = textwrap.dedent(
     """
     import threading, time
@@ -176,7 +176,7 @@ def test_prometheus_names_follow_the_opentelemetry_translation(pipeline):
     assert labels["rl_timeline"] == "learner" and labels["rl_run_id"] == "e2e-run"
     assert labels["service_name"] == "e2e-service" and labels["rl_rank"] == "0"
     assert float(series["value"][1]) == 200
-    # The live verdict, as a state: 1 for the side and phase that set the pace (the learner's Learning, 90% of its iteration; a wait of 20% to 30% is balanced).
+    # The live verdict, as a state: 1 for the side and phase that set the pace (the learner's Learning, 92% of its iteration; a wait of 20% to 30% is balanced).
     (verdict,) = prometheus.query('rl_bottleneck{rl_run_id="e2e-run"}')
     assert (verdict["metric"]["rl_timeline"], verdict["metric"]["rl_phase"], verdict["value"][1]) == ("learner", "learning", "1")
     (changes,) = prometheus.query('rl_events_total{rl_event="bottleneck"}')  # what the alert rule reads

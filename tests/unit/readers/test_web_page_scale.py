@@ -87,6 +87,7 @@ def test_keys_and_settings_named_like_an_objects_members_open(site):
     server, browser = site
     browser.goto(f"{server.url}/runs/traps")
     for trap in TRAPS:
+        assert browser.wait_for(f"document.querySelector('[data-key=\"{trap}\"]') !== null", 20)  # the page draws its cards as it reads
         browser.eval(f"document.querySelector('[data-key=\"{trap}\"]').scrollIntoView()")
         assert browser.wait_for(f"window.otelRl.charts[{trap!r}] === 12", 20)
     assert browser.eval("document.querySelector('.error')") is None
