@@ -16,7 +16,6 @@ demo: $(BIN)/python
 	$(BIN)/pip install -q -e '.[demo]'
 	$(BIN)/otel-rl demo
 
-# The suite runs on two workers, a test file each at a time (a file's module fixtures are set up once).
 # verl is installed without its dependencies: its tensordict pin (<= 0.10) refuses TorchRL 0.14's, and its tracking and
 # metrics run on either; the rest of its dependencies are in the test extra.
 test: $(BIN)/python
@@ -27,7 +26,7 @@ test: $(BIN)/python
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus postgresql-15 chromium-headless-shell util-linux gcc)
 	bash collector-config/build.sh
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -n 2 --dist loadfile
+	$(BIN)/python -m pytest
 
 bench: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
