@@ -20,7 +20,7 @@ from otel_rl.base.processes import pid_alive, pid_running
 from otel_rl.base.user_dir import private_dir as segment_dir
 from otel_rl.run.media import HANDOFF_MARK
 from otel_rl.config import AGENT_NAME
-from otel_rl.shm.segment import AGENT_DONE, peek_header
+from otel_rl.shm.segment import AGENT_DONE, laid_out_here, peek_header
 
 AGENT_LOCK = "agent.lock"
 """In an agent's directory: the file its agent holds an exclusive ``flock`` on while it serves."""
@@ -160,6 +160,8 @@ def tidy(directory: Path) -> tuple[list[Path], set[Path]]:
                     removed.append(path)
                 continue
             if pid_running(header["pid"]) or pid_running(header["agent_pid"]):
+                continue
+            if not laid_out_here(path, header):  # another otel-rl version's: an agent of this one would refuse it again and again
                 continue
             if header["agent_state"] == AGENT_DONE or header["agents"] >= MAX_RECOVERIES:
                 path.unlink()

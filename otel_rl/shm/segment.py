@@ -185,6 +185,12 @@ RING_HEADER_BYTES = layout.RING_HEADER.itemsize
 _FRAME = layout.FRAME_HEADER.struct()
 
 
+def laid_out_here(path: Path, header: dict[str, int]) -> bool:
+    """Whether this otel-rl's reader can read the segment at ``path`` (its file as long as its header's layout here):
+    another version's is left to an agent of that version."""
+    return path.stat().st_size >= _Regions(header["lane_capacity"], header["control_bytes"], header["data_bytes"]).total
+
+
 def peek_header(path: Path) -> dict[str, int] | None:
     """The header fields of a segment file (None when it is not one, or not yet)."""
     with open(path, "rb") as f:

@@ -386,6 +386,11 @@ def test_segments_left_by_dead_producers_and_agents_are_removed_or_finished(tmp_
         segment.set("agent_state", state)
         segment.close()
     (directory / "young.seg").write_bytes(b"\0" * 64)  # not a segment yet: maybe being created by another process
+    (directory / "older-version").mkdir()  # both gone mid-run, its layout another otel-rl version's: left to that version
+    older = shm.Segment(directory / "older-version" / "older.seg", b"", 8, control_bytes=4096, data_bytes=4096)
+    older.set("pid", dead_pid), older.set("agent_pid", dead_pid), older.set("agent_state", shm.AGENT_ATTACHED)
+    older.close()
+    os.truncate(directory / "older-version" / "older.seg", older.regions.total - 2 * shm.STATE_BYTES)
     for name, age_s in (("ended-agent", 3600), ("serving-agent", 3600), ("young-agent", 0)):  # agents' directories
         (directory / name).mkdir()
         (directory / name / agents.AGENT_LOCK).touch()
@@ -397,7 +402,7 @@ def test_segments_left_by_dead_producers_and_agents_are_removed_or_finished(tmp_
         os.close(serving)
     assert [p.name for p in removed] == ["done.seg"] and orphaned == {directory / "orphans"}
     assert sorted(p.name for p in directory.iterdir()) == [
-        "agent-alive.seg", "orphans", "producer-alive.seg", "serving-agent", "young-agent", "young.seg"
+        "agent-alive.seg", "older-version", "orphans", "producer-alive.seg", "serving-agent", "young-agent", "young.seg"
     ]  # an old agent directory with no segment and no agent is gone
 
 
