@@ -120,9 +120,9 @@ class OutputSet:
     def state(self) -> bytes:
         """What the outputs counted so far (the aggregates, the summary's fields), for an agent that takes over."""
         state: dict[str, Any] = {"aggregates": self.aggregates.state()}
-        for sink in self.sinks:
-            if isinstance(sink, SummarySink):
-                state["summary"] = sink.state()
+        summary = self._summary()
+        if summary is not None:
+            state["summary"] = summary.state()
         return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
     def restore(self, payload: bytes) -> bool:
@@ -133,10 +133,13 @@ class OutputSet:
         except Exception as exc:  # another version's state, say: the counts start from here, as before
             _logger.warning("otel-rl: the previous agent's counts could not be read (%s); run_summary.json counts from here on", exc)
             return False
-        for sink in self.sinks:
-            if isinstance(sink, SummarySink) and "summary" in state:
-                sink.restore(state["summary"])
+        summary = self._summary()
+        if summary is not None and "summary" in state:
+            summary.restore(state["summary"])
         return True
+
+    def _summary(self) -> SummarySink | None:
+        return next((sink for sink in self.sinks if isinstance(sink, SummarySink)), None)
 
     def flush_files(self, deadline: Deadline) -> bool:
         """Write out the run folder's streamed files (``metrics.jsonl``, the trace part); True when both hold everything."""
